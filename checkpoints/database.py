@@ -1,0 +1,170 @@
+"""Database URLs and connections: which database a run lives in, and how to reach it.
+
+loopwright keeps checkpoints, the action journal and run leases in one database, named by one
+URL. With nothing configured it uses an embedded SQLite file under LOOPWRIGHT_HOME, so a first
+run needs no server; DATABASE_URL (or an explicit URL) points it at Postgres instead.
+
+Two URL forms, nothing else:
+
+* `sqlite:///<path>`: everything after the third slash is the file path, so
+  `sqlite:///rel/db.sqlite3` is relative and `sqlite:////abs/db.sqlite3` is absolute.
+* `postgresql://...` or `postgres://...`: a libpq URL, passed to psycopg unchanged.
+
+Messages never carry a password: the URL is redacted before it goes into an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from enum import StrEnum
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+
+SQLITE_PREFIX = "sqlite:///"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+DEFAULT_HOME = "./.loopwright"
+DEFAULT_SQLITE_FILE = "loopwright.sqlite3"
+CONNECT_TIMEOUT_S = 5
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+
+
+class DatabaseKind(StrEnum):
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+
+
+class DatabaseUrlError(ValueError):
+    """The URL names no database loopwright can use."""
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The URL is well formed but the database cannot be reached or opened."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"cannot open database {url}: {reason}")
+
+
+def resolve_database_url(explicit: str | None = None) -> str:
+    """The URL to use: `explicit`, else DATABASE_URL, else the embedded SQLite file.
+
+    The default lives in `loopwright_home()`, created on first use so that the file can be
+    opened right away. The result is validated, so a bad URL fails at startup rather than at
+    the first write.
+    """
+    url = explicit or os.environ.get("DATABASE_URL") or _default_sqlite_url()
+    database_kind(url)
+    return url
+
+
+def loopwright_home() -> Path:
+    """Where loopwright keeps local files: LOOPWRIGHT_HOME, else ./.loopwright (created here)."""
+    home = Path(os.environ.get("LOOPWRIGHT_HOME") or DEFAULT_HOME).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def _default_sqlite_url() -> str:
+    return f"{SQLITE_PREFIX}{loopwright_home() / DEFAULT_SQLITE_FILE}"
+
+
+def database_kind(url: str) -> DatabaseKind:
+    if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
+        return DatabaseKind.SQLITE
+    if urlsplit(url).scheme in POSTGRES_SCHEMES:
+        return DatabaseKind.POSTGRES
+    raise DatabaseUrlError(
+        f"unsupported database URL {redact(url)!r}: "
+        "expected sqlite:///<path>, postgresql://... or postgres://..."
+    )
+
+
+def sqlite_path(url: str) -> str:
+    if database_kind(url) is not DatabaseKind.SQLITE:
+        raise DatabaseUrlError(f"not a SQLite URL: {redact(url)!r}")
+    return url[len(SQLITE_PREFIX) :]
+
+
+def redact(url: str) -> str:
+    """The URL without its password (in the user info or as a `password=` query parameter)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            host = netloc.rpartition("@")[2]
+            netloc = f"{parts.username}@{host}" if parts.username else host
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "password"])
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    except ValueError:  # unparsable (e.g. a bad port): show only the scheme
+        return url.partition(":")[0] + "://..."
+
+
+def _one_line(error: Exception, url: str) -> str:
+    text = " ".join(str(error).split())
+    password = _password(url)
+    return text.replace(password, "***") if password else text
+
+
+def _password(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        return parts.password or dict(parse_qsl(parts.query)).get("password")
+    except ValueError:
+        return None
+
+
+def connect_postgres(url: str) -> psycopg.Connection[DictRow]:
+    """An autocommit connection: every write opens its own explicit transaction.
+
+    The session time zone is UTC so that timestamps read back are UTC-aware. prepare_threshold=0
+    (no server-side prepared statements, as langgraph's savers do) keeps a transaction-mode
+    pooler such as pgbouncer usable.
+    """
+    try:
+        conn = psycopg.Connection.connect(
+            url,
+            autocommit=True,
+            row_factory=dict_row,
+            prepare_threshold=0,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        )
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(redact(url), _one_line(e, url)) from None
+    conn.execute("SET TIME ZONE 'UTC'")
+    return conn
+
+
+async def aconnect_postgres(url: str) -> psycopg.AsyncConnection[DictRow]:
+    """The async twin of `connect_postgres`, for langgraph's async saver."""
+    try:
+        return await psycopg.AsyncConnection.connect(
+            url,
+            autocommit=True,
+            row_factory=dict_row,
+            prepare_threshold=0,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        )
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(redact(url), _one_line(e, url)) from None
+
+
+def connect_sqlite(path: str) -> sqlite3.Connection:
+    """A connection shareable across threads (callers serialise use with a lock).
+
+    WAL lets readers proceed while a writer commits; the busy timeout makes a second writer
+    wait for the first instead of failing at once. synchronous stays at its default (FULL),
+    so a committed journal write survives a power cut.
+    """
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    except sqlite3.Error as e:
+        url = f"{SQLITE_PREFIX}{path}"
+        raise DatabaseUnavailable(url, _one_line(e, url)) from None
+    return conn

@@ -1,0 +1,53 @@
+"""Checkpointers by URL: the embedded SQLite default or Postgres, set up and ready to use.
+
+`open_checkpointer` is what the CLI and the workers use: a sync saver that can be fenced to a
+run's lease (see `checkpoints.fenced`). `open_async_checkpointer` is for the LangGraph server,
+which drives graphs with `ainvoke`; it is the stock async saver, unfenced: the server keeps one
+writer per run itself, and the runtime's own workers go through the sync saver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, closing, contextmanager
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from checkpoints.database import (
+    DatabaseKind,
+    aconnect_postgres,
+    connect_postgres,
+    connect_sqlite,
+    database_kind,
+    sqlite_path,
+)
+from checkpoints.fenced import Fence, FencedPostgresSaver, FencedSaver, FencedSqliteSaver
+
+
+@contextmanager
+def open_checkpointer(url: str, *, fence: Fence | None = None) -> Iterator[FencedSaver]:
+    """A set-up saver on its own connection to the database at `url`, closed on exit."""
+    if database_kind(url) is DatabaseKind.POSTGRES:
+        with connect_postgres(url) as conn:
+            saver = FencedPostgresSaver(conn, fence=fence)
+            saver.setup()
+            yield saver
+    else:
+        with closing(connect_sqlite(sqlite_path(url))) as sconn:
+            yield FencedSqliteSaver(sconn, fence=fence)
+
+
+@asynccontextmanager
+async def open_async_checkpointer(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
+    """A set-up async saver on its own connection to the database at `url`."""
+    if database_kind(url) is DatabaseKind.POSTGRES:
+        async with await aconnect_postgres(url) as conn:
+            saver = AsyncPostgresSaver(conn)
+            await saver.setup()
+            yield saver
+    else:
+        async with AsyncSqliteSaver.from_conn_string(sqlite_path(url)) as asaver:
+            await asaver.setup()
+            yield asaver

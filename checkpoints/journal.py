@@ -1,0 +1,327 @@
+"""The action journal: one row per business intent, moved only along legal, fresh transitions.
+
+The journal is what keeps one intent from becoming two effects. Its rules:
+
+* An intent key maps to one action forever. Proposing it again with the same arguments (say,
+  under a new model call id) returns the first action; with different arguments it is refused,
+  because a write's parameters can never change under the same key.
+* A status moves only along `TRANSITIONS`, by compare-and-set on the status the caller last saw,
+  and only for a writer whose fence is current: for the action's row, and for the run's lease.
+* Every move is its own committed transaction and leaves an event, so the full history of an
+  action can be read back, and DISPATCHED is durable before the request it announces is sent.
+
+The journal lives in the run's database, next to the checkpoints; `SqlJournal` is the one
+implementation, for SQLite and Postgres alike (see `checkpoints.sql`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from checkpoints.leases import RUNS_SCHEMA, refuse_if_superseded
+from checkpoints.sql import Database, Row, open_database
+from graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus
+
+PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})
+
+JOURNAL_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS lw_actions (
+        action_id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        call_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        args {json} NOT NULL,
+        args_digest TEXT NOT NULL,
+        intent_key TEXT NOT NULL UNIQUE,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        fence BIGINT NOT NULL,
+        outcome {json},
+        created_at {timestamp} NOT NULL,
+        updated_at {timestamp} NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS lw_actions_by_run ON lw_actions (run_id, created_at)",
+    "CREATE INDEX IF NOT EXISTS lw_actions_by_status ON lw_actions (status)",
+    """CREATE TABLE IF NOT EXISTS lw_action_events (
+        action_id TEXT NOT NULL REFERENCES lw_actions (action_id),
+        seq INTEGER NOT NULL,
+        from_status TEXT,
+        to_status TEXT NOT NULL,
+        fence BIGINT NOT NULL,
+        at {timestamp} NOT NULL,
+        detail {json},
+        PRIMARY KEY (action_id, seq)
+    )""",
+)
+
+# Timestamps come last: they are not taken from the caller but from the database clock.
+_WRITTEN = (
+    "action_id",
+    "run_id",
+    "call_id",
+    "tool",
+    "args",
+    "args_digest",
+    "intent_key",
+    "status",
+    "attempts",
+    "fence",
+    "outcome",
+)
+_COLUMNS = ", ".join((*_WRITTEN, "created_at", "updated_at"))
+_SELECT = "SELECT " + _COLUMNS + " FROM lw_actions"
+# Creation order; the id breaks ties between actions planned in the same clock tick.
+_CREATED_ORDER = " ORDER BY created_at, action_id"
+
+
+class ActionEvent(BaseModel):
+    """One status change of an action; `from_status` is None for the planning event."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action_id: str
+    seq: int
+    from_status: ActionStatus | None
+    to_status: ActionStatus
+    fence: int
+    at: datetime
+    detail: dict[str, Any] | None = None
+
+
+class ActionNotFound(LookupError):
+    def __init__(self, action_id: str) -> None:
+        self.action_id = action_id
+        super().__init__(f"no action {action_id} in the journal")
+
+
+class IntentConflict(RuntimeError):
+    """The intent key is already journaled with different arguments."""
+
+    def __init__(self, existing: Action, proposed: Action) -> None:
+        self.existing = existing
+        self.proposed = proposed
+        super().__init__(
+            f"intent {existing.intent_key} is journaled as action {existing.action_id} with"
+            f" args digest {existing.args_digest}; refusing changed args digest"
+            f" {proposed.args_digest}"
+        )
+
+
+class IllegalTransition(ValueError):
+    """A move that `TRANSITIONS` does not allow, whatever the row says."""
+
+    def __init__(self, from_status: ActionStatus | None, to_status: ActionStatus) -> None:
+        self.from_status = from_status
+        self.to_status = to_status
+        start = from_status.value if from_status else "(new)"
+        super().__init__(f"illegal action transition {start} -> {to_status.value}")
+
+
+class StaleTransition(RuntimeError):
+    """The row moved on since the caller read it (status changed, or a newer fence wrote it)."""
+
+    def __init__(self, current: Action, expected: ActionStatus, fence: int) -> None:
+        self.current = current
+        super().__init__(
+            f"stale transition on action {current.action_id}: expected {expected.value} at"
+            f" fence {fence}, found {current.status.value} at fence {current.fence}"
+        )
+
+
+class ActionJournal(Protocol):
+    """What the executor, reconciler and approval flow need from the journal."""
+
+    def setup(self) -> None: ...
+
+    def plan(self, action: Action) -> Action:
+        """Journal a new intent, or return the action already journaled for it."""
+        ...
+
+    def transition(
+        self,
+        action_id: str,
+        expected: ActionStatus,
+        to: ActionStatus,
+        *,
+        fence: int,
+        outcome: dict[str, Any] | None = None,
+        count_attempt: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> Action:
+        """Compare-and-set the status; see `SqlJournal.transition`."""
+        ...
+
+    def get(self, action_id: str) -> Action | None: ...
+
+    def by_intent(self, intent_key: str) -> Action | None: ...
+
+    def for_run(self, run_id: str) -> list[Action]: ...
+
+    def events(self, action_id: str) -> list[ActionEvent]: ...
+
+    def unresolved(self) -> list[Action]:
+        """Actions of any run whose outcome is not known yet (DISPATCHED, UNKNOWN, RECONCILING)."""
+        ...
+
+
+class SqlJournal:
+    """`ActionJournal` on the lw_actions / lw_action_events tables of a SQLite or Postgres db."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def setup(self) -> None:
+        """Create the journal tables, and lw_runs, which `transition` checks leases against."""
+        with self.db.transaction():
+            for statement in (*RUNS_SCHEMA, *JOURNAL_SCHEMA):
+                self.db.execute(statement)
+
+    def plan(self, action: Action) -> Action:
+        """Insert `action` unless its intent is journaled already; return the journaled action.
+
+        Atomic under concurrency: of two writers planning one intent, one inserts and the other
+        gets the first one's row (or `IntentConflict` if its arguments differ).
+        """
+        if action.status not in PLANNABLE_STATUSES:
+            raise IllegalTransition(None, action.status)
+        data = action.model_dump(mode="json")
+        data["args"] = self.db.to_json(data["args"])
+        data["outcome"] = self.db.to_json(data["outcome"])
+        with self.db.transaction():
+            inserted = self.db.one(
+                "INSERT INTO lw_actions ("
+                + _COLUMNS
+                + ") VALUES ("
+                + ", ".join("%s" for _ in _WRITTEN)
+                + ", now(), now()) ON CONFLICT (intent_key) DO NOTHING RETURNING "
+                + _COLUMNS,
+                [data[column] for column in _WRITTEN],
+            )
+            if inserted is not None:
+                self._append_event(action.action_id, None, action.status, action.fence, None)
+                return self._action(inserted)
+        existing = self.by_intent(action.intent_key)
+        assert existing is not None, "an intent key that conflicted has a row"
+        if existing.args_digest != action.args_digest:
+            raise IntentConflict(existing, action)
+        return existing
+
+    def transition(
+        self,
+        action_id: str,
+        expected: ActionStatus,
+        to: ActionStatus,
+        *,
+        fence: int,
+        outcome: dict[str, Any] | None = None,
+        count_attempt: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> Action:
+        """Move an action from `expected` to `to`, in one committed transaction.
+
+        Refuses with `IllegalTransition` if the move is not in `TRANSITIONS`; with
+        `StaleTransition` if the row is no longer in `expected` or was written under a newer
+        fence; with `StaleWriter` if the run's lease has moved past `fence`. `outcome=None`
+        keeps the recorded outcome; `count_attempt` counts one more attempt (a send).
+        """
+        if to not in TRANSITIONS[expected]:
+            raise IllegalTransition(expected, to)
+        with self.db.transaction():
+            row = self.db.one(_SELECT + " WHERE action_id = %s{for_update}", (action_id,))
+            if row is None:
+                raise ActionNotFound(action_id)
+            current = self._action(row)
+            if current.status != expected or current.fence > fence:
+                raise StaleTransition(current, expected, fence)
+            refuse_if_superseded(self.db, current.run_id, fence)
+            updated = self.db.execute(
+                "UPDATE lw_actions SET status = %s, fence = %s, outcome = COALESCE(%s, outcome),"
+                " attempts = attempts + %s, updated_at = now() WHERE action_id = %s"
+                " RETURNING " + _COLUMNS,
+                (to.value, fence, self.db.to_json(outcome), int(count_attempt), action_id),
+            )[0]
+            self._append_event(action_id, expected, to, fence, detail)
+        return self._action(updated)
+
+    def get(self, action_id: str) -> Action | None:
+        return self._first(_SELECT + " WHERE action_id = %s", action_id)
+
+    def by_intent(self, intent_key: str) -> Action | None:
+        return self._first(_SELECT + " WHERE intent_key = %s", intent_key)
+
+    def for_run(self, run_id: str) -> list[Action]:
+        rows = self.db.execute(_SELECT + " WHERE run_id = %s" + _CREATED_ORDER, (run_id,))
+        return [self._action(row) for row in rows]
+
+    def events(self, action_id: str) -> list[ActionEvent]:
+        rows = self.db.execute(
+            "SELECT action_id, seq, from_status, to_status, fence, at, detail"
+            " FROM lw_action_events WHERE action_id = %s ORDER BY seq",
+            (action_id,),
+        )
+        return [
+            ActionEvent.model_validate({**row, "detail": self.db.from_json(row["detail"])})
+            for row in rows
+        ]
+
+    def unresolved(self) -> list[Action]:
+        statuses = sorted(s.value for s in UNRESOLVED_STATUSES)
+        placeholders = ", ".join("%s" for _ in statuses)
+        rows = self.db.execute(
+            _SELECT + " WHERE status IN (" + placeholders + ")" + _CREATED_ORDER, statuses
+        )
+        return [self._action(row) for row in rows]
+
+    def _append_event(
+        self,
+        action_id: str,
+        from_status: ActionStatus | None,
+        to_status: ActionStatus,
+        fence: int,
+        detail: dict[str, Any] | None,
+    ) -> None:
+        # Called inside the transaction that moved the action, which holds the action's row, so
+        # no other writer can take the same sequence number.
+        seq = self.db.execute(
+            "SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM lw_action_events WHERE action_id = %s",
+            (action_id,),
+        )[0]["seq"]
+        self.db.execute(
+            "INSERT INTO lw_action_events (action_id, seq, from_status, to_status, fence, at,"
+            " detail) VALUES (%s, %s, %s, %s, %s, now(), %s)",
+            (
+                action_id,
+                seq,
+                from_status.value if from_status else None,
+                to_status.value,
+                fence,
+                self.db.to_json(detail),
+            ),
+        )
+
+    def _first(self, sql: str, key: str) -> Action | None:
+        row = self.db.one(sql, (key,))
+        return self._action(row) if row else None
+
+    def _action(self, row: Row) -> Action:
+        return Action.model_validate(
+            {
+                **row,
+                "args": self.db.from_json(row["args"]),
+                "outcome": self.db.from_json(row["outcome"]),
+            }
+        )
+
+
+@contextlib.contextmanager
+def open_journal(url: str) -> Iterator[ActionJournal]:
+    """A set-up journal on its own connection to the database at `url`."""
+    with open_database(url) as db:
+        journal = SqlJournal(db)
+        journal.setup()
+        yield journal

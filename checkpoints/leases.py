@@ -1,0 +1,221 @@
+"""Run leases with fencing tokens: one writer per run, and a way to refuse the stale one.
+
+A worker claims a run for a short time (the lease) and renews it while it works. If it stalls
+past the expiry, another worker may take the run over. The stalled worker may wake up and keep
+writing; the fencing token is what stops it: every (re)acquisition of a run bumps `fence`, every
+durable write carries the writer's fence, and the checkpointer and the journal refuse a write
+whose fence is behind the run's, in the same transaction that would write.
+
+Expiry is compared in SQL against the database clock (`now()`), never against a worker's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from checkpoints.sql import Database, open_database
+from graph.state import Phase
+
+RUNS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS lw_runs (
+        run_id TEXT PRIMARY KEY,
+        owner TEXT,
+        fence BIGINT NOT NULL,
+        lease_expires_at {timestamp},
+        phase TEXT NOT NULL,
+        task TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        next_attempt_at {timestamp},
+        created_at {timestamp} NOT NULL,
+        updated_at {timestamp} NOT NULL
+    )""",
+)
+
+_SELECT_RUN = (
+    "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
+    " created_at, updated_at, COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
+    " FROM lw_runs WHERE run_id = %s"
+)
+_LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at"
+
+
+class Lease(BaseModel):
+    """A claim on a run: valid while the run's row still has this owner and fence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    owner: str
+    fence: int
+    expires_at: datetime
+    ttl_s: float
+
+
+class RunRecord(BaseModel):
+    """A row of lw_runs. `lease_live` is as of the read, by the database clock."""
+
+    run_id: str
+    owner: str | None
+    fence: int
+    lease_expires_at: datetime | None
+    lease_live: bool
+    phase: str
+    task: str
+    user_id: str
+    next_attempt_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunNotFound(LookupError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} is not registered")
+
+
+class LeaseHeld(RuntimeError):
+    """Another owner's lease on the run is still live."""
+
+    def __init__(self, owner: str, expires_at: datetime | None, *, run_id: str) -> None:
+        self.owner = owner
+        self.expires_at = expires_at
+        self.run_id = run_id
+        super().__init__(f"run {run_id} is leased by {owner} until {expires_at}")
+
+
+class LeaseLost(RuntimeError):
+    """The run was released or taken over since this lease was granted."""
+
+    def __init__(self, lease: Lease, current: RunRecord | None) -> None:
+        self.lease = lease
+        self.current = current
+        now_held = f"owner {current.owner}, fence {current.fence}" if current else "no such run"
+        super().__init__(
+            f"lease on run {lease.run_id} lost: held as {lease.owner} with fence {lease.fence},"
+            f" now {now_held}"
+        )
+
+
+class StaleWriter(RuntimeError):
+    """A durable write refused because the writer's fence no longer owns the run."""
+
+    def __init__(self, run_id: str, fence: int, current_fence: int | None, reason: str) -> None:
+        self.run_id = run_id
+        self.fence = fence
+        self.current_fence = current_fence
+        super().__init__(
+            f"stale writer refused on run {run_id}: my fence {fence},"
+            f" current fence {current_fence}: {reason}"
+        )
+
+
+def lock_run(db: Database, run_id: str, *, exclusive: bool = False) -> RunRecord | None:
+    """Read a run's row and lock it until the transaction ends (call inside one).
+
+    Writers that check a fence take the row shared; a claim takes it exclusively, so it waits
+    until every write that checked the old fence has committed: a takeover can never slip in
+    between a fence check and the write it guards.
+    """
+    lock = "{for_update}" if exclusive else "{for_share}"
+    row = db.one(_SELECT_RUN + lock, (run_id,))
+    return RunRecord.model_validate(row) if row else None
+
+
+def refuse_if_superseded(db: Database, run_id: str, fence: int) -> None:
+    """Refuse a write with `fence` if the run has moved to a later fence (inside a transaction).
+
+    Runs without a row (not leased by any worker) are not checked.
+    """
+    run = lock_run(db, run_id)
+    if run is not None and run.fence > fence:
+        raise StaleWriter(run_id, fence, run.fence, f"the run was taken over by {run.owner}")
+
+
+class LeaseStore:
+    """Leases on runs, in the lw_runs table of the run's database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def setup(self) -> None:
+        with self.db.transaction():
+            for statement in RUNS_SCHEMA:
+                self.db.execute(statement)
+
+    def register(self, run_id: str, *, task: str, user_id: str) -> RunRecord:
+        """Record a run (unowned, fence 0). Registering an existing run changes nothing."""
+        with self.db.transaction():
+            self.db.execute(
+                "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, created_at,"
+                " updated_at) VALUES (%s, NULL, 0, %s, %s, %s, now(), now())"
+                " ON CONFLICT (run_id) DO NOTHING",
+                (run_id, Phase.READY.value, task, user_id),
+            )
+            return RunRecord.model_validate(self.db.execute(_SELECT_RUN, (run_id,))[0])
+
+    def get(self, run_id: str) -> RunRecord | None:
+        row = self.db.one(_SELECT_RUN, (run_id,))
+        return RunRecord.model_validate(row) if row else None
+
+    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        """Lease the run to `owner` for `ttl_s` seconds.
+
+        The same owner re-claiming a live lease extends it under the same fence. Any other
+        acquisition (first claim, after a release, after expiry, or a takeover by a different
+        owner) bumps the fence, so that every earlier holder's writes are refused from now on.
+        """
+        if ttl_s <= 0:
+            raise ValueError(f"lease ttl must be positive, got {ttl_s}")
+        with self.db.transaction():
+            run = lock_run(self.db, run_id, exclusive=True)
+            if run is None:
+                raise RunNotFound(run_id)
+            if run.owner is not None and run.owner != owner and run.lease_live:
+                raise LeaseHeld(run.owner, run.lease_expires_at, run_id=run_id)
+            extends = run.owner == owner and run.lease_live
+            rows = self.db.execute(
+                "UPDATE lw_runs SET owner = %s, fence = fence + %s,"
+                " lease_expires_at = {after_seconds}, updated_at = now()"
+                " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
+                (owner, 0 if extends else 1, ttl_s, run_id),
+            )
+        return Lease.model_validate({**rows[0], "ttl_s": ttl_s})
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend the lease by its ttl, unless the run changed hands meanwhile (`LeaseLost`).
+
+        A lease that expired but was not taken over can still be renewed: nobody else wrote
+        under a newer fence, so continuing is safe.
+        """
+        with self.db.transaction():
+            run = lock_run(self.db, lease.run_id, exclusive=True)
+            if run is None or run.fence != lease.fence or run.owner != lease.owner:
+                raise LeaseLost(lease, run)
+            rows = self.db.execute(
+                "UPDATE lw_runs SET lease_expires_at = {after_seconds}, updated_at = now()"
+                " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
+                (lease.ttl_s, lease.run_id),
+            )
+        return Lease.model_validate({**rows[0], "ttl_s": lease.ttl_s})
+
+    def release(self, lease: Lease) -> None:
+        """Give the run up now rather than at expiry. A lease already lost releases nothing."""
+        with self.db.transaction():
+            self.db.execute(
+                "UPDATE lw_runs SET owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                " WHERE run_id = %s AND owner = %s AND fence = %s",
+                (lease.run_id, lease.owner, lease.fence),
+            )
+
+
+@contextlib.contextmanager
+def open_lease_store(url: str) -> Iterator[LeaseStore]:
+    """A set-up `LeaseStore` on its own connection to the database at `url`."""
+    with open_database(url) as db:
+        store = LeaseStore(db)
+        store.setup()
+        yield store

@@ -1,0 +1,154 @@
+"""The one SQL helper the journal, the leases and the fenced savers share.
+
+Each statement is written once, in Postgres spelling with `%s` placeholders plus a few named
+fragments where the two dialects differ; `Database.spell` turns it into the backend's text:
+
+    {for_update} {for_share}   row locks in Postgres; nothing in SQLite, whose BEGIN IMMEDIATE
+                               already makes the writing transaction exclusive
+    {json} {timestamp}         column types: JSONB / TIMESTAMPTZ, or TEXT in SQLite
+    {after_seconds}            "now + %s seconds", for lease expiry
+
+`now()` is the database clock in Postgres (the start of the transaction). SQLite has no such
+function, so `Database` registers one on the connection that reads the Python clock and returns
+fixed-width ISO-8601 UTC text; fixed width keeps string comparison chronological, so expiry
+checks can stay in SQL on both backends.
+
+Writes go through `transaction()` only: one committed transaction per call, because the
+executor relies on, e.g., DISPATCHED being durable before it sends a request.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+
+from checkpoints.database import (
+    DatabaseKind,
+    connect_postgres,
+    connect_sqlite,
+    database_kind,
+    sqlite_path,
+)
+from graph.state import canonical_json
+
+Row = dict[str, Any]
+
+_FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
+    DatabaseKind.POSTGRES: {
+        "for_update": " FOR UPDATE",
+        "for_share": " FOR SHARE",
+        "json": "JSONB",
+        "timestamp": "TIMESTAMPTZ",
+        "after_seconds": "now() + make_interval(secs => %s)",
+    },
+    DatabaseKind.SQLITE: {
+        "for_update": "",
+        "for_share": "",
+        "json": "TEXT",
+        "timestamp": "TEXT",
+        "after_seconds": "now_plus(%s)",
+    },
+}
+
+
+def _sqlite_timestamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _sqlite_now() -> str:
+    return _sqlite_timestamp(datetime.now(UTC))
+
+
+def _sqlite_now_plus(seconds: float) -> str:
+    return _sqlite_timestamp(datetime.now(UTC) + timedelta(seconds=seconds))
+
+
+class Database:
+    """A connection, the lock that serialises its use, and its SQL dialect.
+
+    `lock` is re-entrant so that a transaction can call `execute` and, for the fenced savers,
+    so that langgraph's own statements (which take the saver's lock) can run inside it.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[DictRow] | sqlite3.Connection,
+        *,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        self.conn = conn
+        self.kind = (
+            DatabaseKind.SQLITE if isinstance(conn, sqlite3.Connection) else DatabaseKind.POSTGRES
+        )
+        self._lock = lock or threading.RLock()
+        if isinstance(conn, sqlite3.Connection):
+            conn.create_function("now", 0, _sqlite_now)
+            conn.create_function("now_plus", 1, _sqlite_now_plus)
+
+    def spell(self, sql: str) -> str:
+        text = sql.format(**_FRAGMENTS[self.kind])
+        return text.replace("%s", "?") if self.kind is DatabaseKind.SQLITE else text
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One committed transaction; rolled back if the block raises."""
+        with self._lock:
+            if isinstance(self.conn, sqlite3.Connection):
+                # IMMEDIATE takes the write lock up front: a read-then-write (compare-and-set)
+                # cannot interleave with another writer, and waits on busy_timeout instead.
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                except BaseException:
+                    self.conn.rollback()
+                    raise
+                # commit() is a no-op if the block already committed (langgraph's SqliteSaver
+                # commits its own statements when they run inside a fenced transaction).
+                self.conn.commit()
+            else:
+                with self.conn.transaction():
+                    yield
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run one statement; its rows as dicts (empty for statements that return none)."""
+        with self._lock:
+            if isinstance(self.conn, sqlite3.Connection):
+                with closing(self.conn.cursor()) as cur:
+                    cur.row_factory = sqlite3.Row
+                    cur.execute(self.spell(sql), params)
+                    return [dict(row) for row in cur.fetchall()]
+            with self.conn.cursor(row_factory=dict_row) as pcur:
+                pcur.execute(self.spell(sql), params)
+                return pcur.fetchall() if pcur.description else []
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = self.execute(sql, params)
+        return rows[0] if rows else None
+
+    def to_json(self, value: Any) -> str | None:
+        """A JSON parameter. Postgres casts the text to JSONB on insert; SQLite stores it."""
+        return None if value is None else canonical_json(value)
+
+    def from_json(self, value: Any) -> Any:
+        if self.kind is DatabaseKind.SQLITE and value is not None:
+            return json.loads(value)
+        return value
+
+
+@contextmanager
+def open_database(url: str) -> Iterator[Database]:
+    """A `Database` on its own connection, closed on exit."""
+    if database_kind(url) is DatabaseKind.POSTGRES:
+        with connect_postgres(url) as conn:
+            yield Database(conn)
+    else:
+        with closing(connect_sqlite(sqlite_path(url))) as sconn:
+            yield Database(sconn)

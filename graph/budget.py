@@ -1,0 +1,97 @@
+"""Budgets as a small typed value with pure checks against the projected usage.
+
+In the spirit of pydantic-ai's `UsageLimits`: `Budget` holds the limits (from the run context),
+`Usage` what the run has used so far (in state, B). The checks are pure functions of both and of
+the clock, so a resumed run decides exactly as the original would have.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict
+
+from graph.state import StopReason
+
+
+class Usage(BaseModel):
+    steps: int = 0
+    model_requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    tool_calls: int = 0
+    tool_attempts: int = 0
+    tool_result_bytes: int = 0
+
+
+class BudgetExceeded(BaseModel):
+    reason: StopReason
+    detail: str
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    max_steps: int = 20
+    deadline_s: float = 300.0
+    max_input_tokens: int = 200_000
+    max_output_tokens: int = 50_000
+    max_cost_usd: float = 5.0
+    max_parallel_tools: int = 4
+    max_tool_result_bytes: int = 1_000_000
+    max_tool_attempts: int = 50
+
+    def deadline(self, started_at: datetime) -> datetime:
+        return started_at + timedelta(seconds=self.deadline_s)
+
+    def check_deadline(self, started_at: datetime, now: datetime) -> BudgetExceeded | None:
+        if now >= self.deadline(started_at):
+            return BudgetExceeded(
+                reason=StopReason.DEADLINE_EXCEEDED,
+                detail=f"the run passed its {self.deadline_s:g}s deadline",
+            )
+        return None
+
+    def check_before_request(
+        self, usage: Usage, started_at: datetime, now: datetime
+    ) -> BudgetExceeded | None:
+        """May the run ask the model once more?"""
+        if usage.steps + 1 > self.max_steps:
+            return BudgetExceeded(
+                reason=StopReason.MAX_STEPS, detail=f"{usage.steps} of {self.max_steps} steps used"
+            )
+        if (late := self.check_deadline(started_at, now)) is not None:
+            return late
+        for used, limit, what in (
+            (usage.input_tokens, self.max_input_tokens, "input tokens"),
+            (usage.output_tokens, self.max_output_tokens, "output tokens"),
+        ):
+            if used >= limit:
+                return BudgetExceeded(
+                    reason=StopReason.BUDGET_EXHAUSTED, detail=f"{used} of {limit} {what} used"
+                )
+        if usage.cost_usd >= self.max_cost_usd:
+            return BudgetExceeded(
+                reason=StopReason.BUDGET_EXHAUSTED,
+                detail=f"${usage.cost_usd:.4f} of ${self.max_cost_usd:.2f} spent",
+            )
+        return None
+
+    def check_before_tool_call(
+        self, usage: Usage, started_at: datetime, now: datetime, *, calls: int = 1
+    ) -> BudgetExceeded | None:
+        """May the run start `calls` more tool calls?"""
+        if (late := self.check_deadline(started_at, now)) is not None:
+            return late
+        if usage.tool_attempts + calls > self.max_tool_attempts:
+            return BudgetExceeded(
+                reason=StopReason.BUDGET_EXHAUSTED,
+                detail=f"{usage.tool_attempts} of {self.max_tool_attempts} tool attempts used",
+            )
+        if usage.tool_result_bytes >= self.max_tool_result_bytes:
+            return BudgetExceeded(
+                reason=StopReason.BUDGET_EXHAUSTED,
+                detail=f"{usage.tool_result_bytes} of {self.max_tool_result_bytes} result bytes",
+            )
+        return None

@@ -1,0 +1,95 @@
+"""The loop as a LangGraph graph: topology and routing.
+
+```
+START -> guard -+-> compile_context -> model_step -+- tool calls -> validate -+-> approval -> validate
+                |                                  |                          +-> execute -+-> reconcile -> guard
+                +-> reconcile (unknown outcomes)   |                          |            +-> guard
+                +-> END (stopped, typed reason)    |                          +-> guard (all answered)
+                                                   +- final answer -> verify -+-> END (completed, verified)
+                                                                              +-> guard (not verified)
+```
+
+One node per superstep and `durability="sync"` (see `RUN_DURABILITY`): each node's update is
+committed before the next node starts. Every INCOMPLETE end passes through guard; the only
+COMPLETED end is verify's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from graph.context import RunContext
+from graph.state import CallVerdict, Phase, RunState, StopReason
+from graph.views import pending_of
+from nodes.approval import approval
+from nodes.compile_context import compile_context
+from nodes.execute import execute
+from nodes.guard import guard
+from nodes.model_step import model_step
+from nodes.reconcile import reconcile
+from nodes.validate import validate
+from nodes.verify import verify
+
+RUN_DURABILITY: Literal["sync"] = "sync"
+NODES = ("guard", "compile_context", "model_step", "validate", "approval", "execute", "reconcile", "verify")
+
+
+def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__end__"]:
+    if state.get("stop_reason"):
+        return END
+    if state.get("phase") == Phase.RECONCILING:
+        return "reconcile"
+    return "compile_context"
+
+
+def after_model_step(state: RunState) -> Literal["validate", "verify", "guard"]:
+    if state.get("stop_reason"):
+        return "guard"
+    return "validate" if state.get("pending") else "verify"
+
+
+def after_validate(state: RunState) -> Literal["approval", "execute", "guard"]:
+    verdicts = {c.verdict for c in pending_of(state)}
+    if CallVerdict.NEEDS_APPROVAL in verdicts:
+        return "approval"
+    if CallVerdict.READY in verdicts:
+        return "execute"
+    return "guard"
+
+
+def after_execute(state: RunState) -> Literal["reconcile", "guard"]:
+    return "reconcile" if state.get("phase") == Phase.RECONCILING else "guard"
+
+
+def after_verify(state: RunState) -> Literal["guard", "__end__"]:
+    return END if state.get("stop_reason") == StopReason.COMPLETED else "guard"
+
+
+def build_graph() -> StateGraph[RunState, RunContext]:
+    builder = StateGraph(RunState, context_schema=RunContext)
+    builder.add_node("guard", guard)
+    builder.add_node("compile_context", compile_context)
+    builder.add_node("model_step", model_step)
+    builder.add_node("validate", validate)
+    builder.add_node("approval", approval)
+    builder.add_node("execute", execute)
+    builder.add_node("reconcile", reconcile)
+    builder.add_node("verify", verify)
+    builder.add_edge(START, "guard")
+    builder.add_conditional_edges("guard", after_guard)
+    builder.add_edge("compile_context", "model_step")
+    builder.add_conditional_edges("model_step", after_model_step)
+    builder.add_conditional_edges("validate", after_validate)
+    builder.add_edge("approval", "validate")
+    builder.add_conditional_edges("execute", after_execute)
+    builder.add_edge("reconcile", "guard")
+    builder.add_conditional_edges("verify", after_verify)
+    return builder
+
+
+def compile_graph(checkpointer: BaseCheckpointSaver | None = None) -> CompiledStateGraph:
+    return build_graph().compile(checkpointer=checkpointer, name="loopwright")

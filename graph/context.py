@@ -1,0 +1,39 @@
+"""The run context: what nodes use but the checkpoint does not hold.
+
+LangGraph injects it into every node (`Runtime[RunContext]`). It carries live objects (the model,
+the journal, the HTTP client) and the trusted principal. Nothing in it is ever derived from model
+output. A resumed run gets a fresh context from its new process; the principal of a run is taken
+from the context once, on the run's first step, and kept in state (P) from then on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from langchain_core.language_models import BaseChatModel
+
+from checkpoints.journal import ActionJournal
+from graph.budget import Budget
+from graph.state import Principal, utcnow
+from tools.contract import ToolEnv
+from tools.registry import ToolRegistry
+
+PROMPT_VERSION = "refund-agent/1"
+
+
+@dataclass
+class RunContext:
+    model: BaseChatModel
+    tools: ToolRegistry
+    env: ToolEnv
+    journal: ActionJournal
+    principal: Principal | None = None
+    budget: Budget = field(default_factory=Budget)
+    approval_ttl: timedelta = timedelta(hours=24)
+    prompt_version: str = PROMPT_VERSION
+    # The writer's fencing token; journal writes carry it (a stale writer's are refused).
+    fence: int = 0
+
+    def now(self) -> datetime:
+        return utcnow()

@@ -1,0 +1,56 @@
+"""Named crash points: every crash window of the runtime is a place a test can arm.
+
+In the spirit of DBOS's debug triggers. A test (or a user testing their own tools) arms one point
+by name through the environment of the process under test:
+
+    LOOPWRIGHT_CRASH_AT=executor:after_dispatch_record loopwright run ...
+
+and that process exits hard (`os._exit`, no cleanup, no flush, as a kill -9 would) the first time
+it reaches the point. `LOOPWRIGHT_CRASH_AT` may name several points, comma separated.
+
+Points in the runtime (`POINTS`):
+  node:<name>:start                     a node begins; with durability="sync" this is also
+                                        "after the previous node's checkpoint committed"
+  executor:after_dispatch_record        DISPATCHED is committed, the request is not sent
+  executor:after_send                   the business system applied the write, the response
+                                        has not been read (armed through the payments fault
+                                        switch, which delays the answer; see tests)
+  executor:before_outcome_record        the response was read, the outcome is not recorded
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV_VAR = "LOOPWRIGHT_CRASH_AT"
+EXIT_CODE = 137  # what a shell reports for a process killed by SIGKILL
+
+NODE_NAMES = (
+    "guard",
+    "compile_context",
+    "model_step",
+    "validate",
+    "approval",
+    "execute",
+    "reconcile",
+    "verify",
+)
+POINTS = (
+    *(f"node:{name}:start" for name in NODE_NAMES),
+    "executor:after_dispatch_record",
+    "executor:after_send",
+    "executor:before_outcome_record",
+)
+
+
+def armed() -> frozenset[str]:
+    return frozenset(p.strip() for p in os.environ.get(ENV_VAR, "").split(",") if p.strip())
+
+
+def crash_point(name: str) -> None:
+    """Exit the process at once if `name` is armed. Costs one environment lookup otherwise."""
+    if name in armed():
+        sys.stderr.write(f"loopwright: crash point {name} reached, exiting hard\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)

@@ -1,0 +1,289 @@
+"""The run state S = (H, E, J, P, B, V) plus run control.
+
+Two layers:
+
+* Typed pydantic models for each part (`Principal`, `Action`, `Evidence`, ...). Nodes work with
+  these.
+* `RunState`, the LangGraph channel layout. Channels hold JSON-native values (dicts, lists,
+  strings), so a checkpoint is plain data: readable by any process and replayable as a golden
+  state per schema version. The one exception is history, which holds langchain messages, the
+  protocol items themselves, which LangGraph's serializer knows and Studio shows as a chat.
+
+Storage stays linear in the number of steps: the two lists that grow with every step, history (H)
+and evidence (E), are `DeltaChannel`s, so a checkpoint stores only the items a step appended, not
+the whole list again. Everything else is small and bounded by the task, not by the step count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
+
+from langchain_core.messages import AnyMessage
+from langgraph.channels import DeltaChannel
+from pydantic import BaseModel, ConfigDict, Field
+
+STATE_SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling per value: sorted keys, no spaces. Digests are taken over this."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+class Phase(StrEnum):
+    READY = "READY"
+    MODEL_STEP = "MODEL_STEP"
+    WAITING_TOOLS = "WAITING_TOOLS"
+    WAITING_APPROVAL = "WAITING_APPROVAL"
+    RECONCILING = "RECONCILING"
+    VERIFYING = "VERIFYING"
+    COMPLETED = "COMPLETED"
+    INCOMPLETE = "INCOMPLETE"
+
+
+class StopReason(StrEnum):
+    """Why a run ended. Only `completed` means the outcome was verified in the business system."""
+
+    COMPLETED = "completed"
+    MAX_STEPS = "max_steps"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    NO_PROGRESS = "no_progress"
+    PERMISSION_DENIED = "permission_denied"
+    TOOL_UNAVAILABLE = "tool_unavailable"
+    CANCELLED = "cancelled"
+    NEEDS_HUMAN = "needs_human"
+
+
+class ActionStatus(StrEnum):
+    PLANNED = "PLANNED"
+    NEEDS_APPROVAL = "NEEDS_APPROVAL"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+    DISPATCHED = "DISPATCHED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+    RECONCILING = "RECONCILING"
+    ESCALATED = "ESCALATED"
+    CANCELLED = "CANCELLED"
+
+
+S = ActionStatus
+# The legal moves of an action. A journal refuses any other (and any move from a stale status).
+# DISPATCHED -> UNKNOWN is the crash/timeout edge; RECONCILING -> DISPATCHED is a re-send under
+# the same intent key after the business system said the intent is definitively absent.
+TRANSITIONS: dict[ActionStatus, frozenset[ActionStatus]] = {
+    S.PLANNED: frozenset({S.NEEDS_APPROVAL, S.APPROVED, S.DISPATCHED, S.REJECTED, S.CANCELLED}),
+    S.NEEDS_APPROVAL: frozenset({S.APPROVED, S.REJECTED, S.CANCELLED}),
+    S.APPROVED: frozenset({S.DISPATCHED, S.REJECTED, S.CANCELLED}),
+    S.DISPATCHED: frozenset({S.SUCCEEDED, S.FAILED, S.UNKNOWN}),
+    S.UNKNOWN: frozenset({S.RECONCILING}),
+    S.RECONCILING: frozenset({S.SUCCEEDED, S.DISPATCHED, S.UNKNOWN, S.ESCALATED, S.FAILED}),
+    S.REJECTED: frozenset(),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.ESCALATED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+TERMINAL_STATUSES = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+UNRESOLVED_STATUSES = frozenset({S.DISPATCHED, S.UNKNOWN, S.RECONCILING})
+
+
+class Principal(BaseModel):
+    """Who the run acts for. Set by the trusted caller (CLI flag, server auth), never by a model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_id: str
+    tenant: str = "default"
+    roles: tuple[str, ...] = ("customer",)
+    # Resources this run may touch, e.g. ("order:O-42",). Empty means "whatever the task names".
+    scope: tuple[str, ...] = ()
+
+
+class Action(BaseModel):
+    """One journaled action: the state's view (J) of a row in the action journal."""
+
+    action_id: str
+    run_id: str
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+    args_digest: str
+    intent_key: str
+    status: ActionStatus
+    attempts: int = 0
+    fence: int = 0
+    outcome: dict[str, Any] | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def digest(self) -> str:
+        """What an approval is bound to: the tool, its canonical arguments and the intent."""
+        return digest({"tool": self.tool, "args": self.args, "intent_key": self.intent_key})
+
+
+class Evidence(BaseModel):
+    """An observation from a tool: kept raw, cited by id, never confused with a plan."""
+
+    evidence_id: str
+    source: str
+    call_id: str
+    version: str | None = None
+    observed_at: datetime = Field(default_factory=utcnow)
+    content_hash: str
+    content: Any
+    verified: bool = False
+
+
+class ApprovalRequest(BaseModel):
+    """The interrupt payload a human sees. Bound to one action's digest, valid until expiry."""
+
+    kind: Literal["approval"] = "approval"
+    approval_id: str
+    run_id: str
+    action_id: str
+    digest: str
+    tool: str
+    args: dict[str, Any]
+    summary: str
+    requested_by: str
+    expires_at: datetime
+
+
+class ApprovalDecision(BaseModel):
+    """The resume value of an approval interrupt, validated before it means anything."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approval_id: str
+    digest: str
+    decision: Literal["approve", "reject"]
+    approver: str = Field(min_length=1)
+    comment: str = ""
+
+
+class ApprovalRecord(BaseModel):
+    approval_id: str
+    action_id: str
+    digest: str
+    decision: Literal["approve", "reject"]
+    approver: str
+    decided_at: datetime
+    expires_at: datetime
+    comment: str = ""
+
+
+class CallVerdict(StrEnum):
+    READY = "ready"
+    NEEDS_APPROVAL = "needs_approval"
+    REJECTED = "rejected"
+    DONE = "done"
+
+
+class PendingCall(BaseModel):
+    """A tool call of the current model decision and what validation made of it."""
+
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+    verdict: CallVerdict | None = None
+    error: dict[str, Any] | None = None
+    action_id: str | None = None
+    approval: ApprovalRequest | None = None
+
+
+class Versions(BaseModel):
+    state_schema: int = STATE_SCHEMA_VERSION
+    model_id: str = ""
+    prompt_version: str = ""
+    tool_schemas: dict[str, str] = Field(default_factory=dict)
+
+
+class Verification(BaseModel):
+    """What verify found in the business system. `completed` is only ever set from this."""
+
+    verified: bool
+    summary: str
+    facts: dict[str, Any] = Field(default_factory=dict)
+    problems: list[str] = Field(default_factory=list)
+
+
+def extend(current: list[Any], batches: Sequence[list[Any]]) -> list[Any]:
+    """DeltaChannel reducer: append each batch. Batching-invariant, as DeltaChannel requires."""
+    out = list(current)
+    for batch in batches:
+        out.extend(batch)
+    return out
+
+
+def merge_actions(
+    current: dict[str, dict[str, Any]], batches: Sequence[dict[str, dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    out = dict(current)
+    for batch in batches:
+        out.update(batch)
+    return out
+
+
+class RunState(TypedDict):
+    """LangGraph channels. Values are JSON-native; see the models above for their shapes."""
+
+    schema_version: int
+    run_id: str
+    task: str
+    # P: set once from the trusted run context by the first guard step.
+    principal: NotRequired[dict[str, Any]]
+    # H: protocol items (langchain messages), appended only.
+    history: Annotated[list[AnyMessage], DeltaChannel(extend)]
+    # E: evidence items (Evidence dumps), appended only.
+    evidence: Annotated[list[dict[str, Any]], DeltaChannel(extend)]
+    # J: action_id -> Action dump; a projection of the journal table, merged by action id.
+    journal: NotRequired[Annotated[dict[str, dict[str, Any]], DeltaChannel(merge_actions)]]
+    # The tool calls of the current decision (PendingCall dumps), replaced every model step.
+    pending: NotRequired[list[dict[str, Any]]]
+    approvals: NotRequired[list[dict[str, Any]]]
+    # B: usage so far (Usage dump); limits come from the run context.
+    usage: NotRequired[dict[str, Any]]
+    # V
+    versions: NotRequired[dict[str, Any]]
+    # What compile_context decided the next model step sees (small: no copies of history).
+    context: NotRequired[dict[str, Any]]
+    # Run control.
+    phase: NotRequired[str]
+    step: NotRequired[int]
+    stop_reason: NotRequired[str | None]
+    stop_detail: NotRequired[str]
+    feedback: NotRequired[list[str]]
+    verification: NotRequired[dict[str, Any] | None]
+    started_at: NotRequired[str]
+    cancel_requested: NotRequired[bool]
+
+
+def initial_state(run_id: str, task: str) -> RunState:
+    return RunState(
+        schema_version=STATE_SCHEMA_VERSION,
+        run_id=run_id,
+        task=task,
+        history=[],
+        evidence=[],
+        phase=Phase.READY.value,
+        step=0,
+        stop_reason=None,
+        started_at=utcnow().isoformat(),
+    )

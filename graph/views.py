@@ -1,0 +1,64 @@
+"""Typed reads of the plain-data run state, and the small updates every node builds.
+
+Channels hold JSON-native values (see `graph.state`); nodes go through these helpers so that the
+parsing and the shape of common updates live in one place.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from langchain_core.messages import BaseMessage, ToolMessage
+
+from graph.budget import Usage
+from graph.protocol import ToolEnvelope, render_tool_content
+from graph.state import Action, PendingCall, Phase, Principal, RunState, StopReason
+
+
+def principal_of(state: RunState) -> Principal:
+    return Principal.model_validate(state["principal"])
+
+
+def usage_of(state: RunState) -> Usage:
+    return Usage.model_validate(state.get("usage") or {})
+
+
+def started_at(state: RunState) -> datetime:
+    return datetime.fromisoformat(state["started_at"])
+
+
+def pending_of(state: RunState) -> list[PendingCall]:
+    return [PendingCall.model_validate(p) for p in state.get("pending") or []]
+
+
+def actions_of(state: RunState) -> list[Action]:
+    return [Action.model_validate(a) for a in (state.get("journal") or {}).values()]
+
+
+def messages_of(state: RunState) -> list[BaseMessage]:
+    return list(state["history"])
+
+
+def dump_pending(calls: list[PendingCall]) -> list[dict[str, Any]]:
+    return [c.model_dump(mode="json") for c in calls]
+
+
+def dump_actions(actions: list[Action]) -> dict[str, dict[str, Any]]:
+    """A journal-projection update: merged into J by action id."""
+    return {a.action_id: a.model_dump(mode="json") for a in actions}
+
+
+def tool_result(call: PendingCall, envelope: ToolEnvelope) -> ToolMessage:
+    """The protocol item that answers one tool call, rendered as untrusted data."""
+    return ToolMessage(
+        content=render_tool_content(call.tool, call.call_id, envelope),
+        tool_call_id=call.call_id,
+        name=call.tool,
+        status="error" if envelope.status == "error" else "success",
+    )
+
+
+def stop(reason: StopReason, detail: str) -> dict[str, Any]:
+    """The update that ends a run as INCOMPLETE with a typed reason."""
+    return {"phase": Phase.INCOMPLETE.value, "stop_reason": reason.value, "stop_detail": detail}

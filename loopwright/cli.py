@@ -1,0 +1,276 @@
+"""The `loopwright` command: demo, run, resume, show, approvals, graph, services.
+
+Errors a user can cause (a bad database URL, an unknown user, order or run) end with one line
+on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import httpx
+import typer
+from rich.console import Console
+
+from checkpoints.database import DEFAULT_HOME, DatabaseUnavailable, DatabaseUrlError, resolve_database_url
+from graph.build import compile_graph
+from graph.state import ApprovalDecision, ApprovalRequest, Principal
+from loopwright.runner import RunOutcome, Runner, UnknownRun, new_run_id, open_runner
+from loopwright.timeline import TimelinePrinter, describe_step
+from models.factory import make_model
+from services.endpoints import ServiceEndpoints
+from services.launcher import ServicesFailedToStart, start_services
+from tools.refunds import ORDER_IN_TEXT, task_scope
+
+DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
+DEMO_USER = "u-1"
+DEMO_APPROVER = "a-1"
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+approvals_app = typer.Typer(no_args_is_help=True, help="List and decide pending approvals.")
+app.add_typer(approvals_app, name="approvals")
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", help="Database URL (sqlite:///FILE or postgresql://...). Default: $DATABASE_URL, else the embedded SQLite file."),
+]
+ModelOption = Annotated[str | None, typer.Option("--model", help="scripted (default) or openai:<model>.")]
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+def services_dir() -> Path:
+    return Path(os.environ.get("LOOPWRIGHT_HOME") or DEFAULT_HOME) / "services"
+
+
+@contextmanager
+def business_services(*, fresh: bool = False) -> Iterator[ServiceEndpoints]:
+    """The reference services: those named by $LOOPWRIGHT_SERVICES, or started here."""
+    configured = ServiceEndpoints.from_env()
+    if configured is not None:
+        yield configured
+        return
+    if fresh:
+        shutil.rmtree(services_dir(), ignore_errors=True)
+    with start_services(services_dir()) as running:
+        yield running.endpoints
+
+
+@contextmanager
+def session(db: str | None, model: str | None = None, *, fresh_services: bool = False) -> Iterator[Runner]:
+    with ExitStack() as stack:
+        endpoints = stack.enter_context(business_services(fresh=fresh_services))
+        runner = stack.enter_context(open_runner(resolve_database_url(db), endpoints, model=make_model(model)))
+        yield runner
+
+
+def principal_for(runner: Runner, user_id: str, task: str) -> Principal:
+    """The trusted principal of a new run: a known user, scoped to the orders the task names."""
+    endpoints = runner.env.endpoints
+    response = runner.env.http.get(f"{endpoints.orders}/users/{user_id}", timeout=5.0)
+    if response.status_code == 404:
+        raise UsageError(f"unknown user {user_id!r}")
+    response.raise_for_status()
+    for order_id in ORDER_IN_TEXT.findall(task):
+        if runner.env.http.get(f"{endpoints.orders}/orders/{order_id}", timeout=5.0).status_code == 404:
+            raise UsageError(f"unknown order {order_id!r}")
+    roles = tuple(response.json().get("roles", ["customer"]))
+    return Principal(user_id=user_id, roles=roles, scope=task_scope(task))
+
+
+def require_approver(runner: Runner, approver: str) -> None:
+    endpoints = runner.env.endpoints
+    response = runner.env.http.get(f"{endpoints.orders}/users/{approver}", timeout=5.0)
+    if response.status_code == 404 or "approver" not in response.json().get("roles", []):
+        raise UsageError(f"{approver!r} is not an approver")
+
+
+def decide(request: dict[str, Any], decision: str, approver: str, comment: str = "") -> dict[str, Any]:
+    parsed = ApprovalRequest.model_validate(request)
+    return ApprovalDecision(
+        approval_id=parsed.approval_id, digest=parsed.digest, decision=decision,  # type: ignore[arg-type]
+        approver=approver, comment=comment,
+    ).model_dump(mode="json")
+
+
+def report(outcome: RunOutcome) -> None:
+    console.print()
+    if outcome.stop_reason == "completed":
+        facts = (outcome.verification or {}).get("facts", {})
+        console.print(f"[bold green]COMPLETED[/] run {outcome.run_id}, verified in the business system:")
+        for write in facts.get("writes", []):
+            console.print(
+                f"  refund [bold]{write.get('refund_id')}[/] order {write.get('order_id')} "
+                f"{write.get('amount')} {write.get('currency')} ({write.get('status')})"
+            )
+        if not facts.get("writes"):
+            console.print("  no business effect was needed")
+        console.print(f"  answer: {facts.get('answer', '')}")
+    elif outcome.waiting_for_approval:
+        request = outcome.waiting_for_approval[0]
+        console.print(f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {request['summary']}")
+        console.print(f"  approve: loopwright approvals approve {request['approval_id']} --as {DEMO_APPROVER}")
+        console.print(f"  reject:  loopwright approvals reject {request['approval_id']} --as {DEMO_APPROVER}")
+    else:
+        console.print(f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {outcome.stop_detail}")
+    unconfirmed = [a for a in outcome.actions if a.status in ("DISPATCHED", "UNKNOWN", "RECONCILING", "ESCALATED")]
+    for action in unconfirmed:
+        console.print(f"  [bold red]unconfirmed write[/] {action.action_id} {action.tool} {action.args}: {action.status}")
+
+
+def drive(runner: Runner, outcome: RunOutcome, *, yes: bool, approver: str, printer: TimelinePrinter) -> RunOutcome:
+    """Answer approval interrupts on the terminal (or with --yes) until the run stops asking."""
+    while outcome.waiting_for_approval:
+        request = outcome.waiting_for_approval[0]
+        if yes:
+            decision = "approve"
+        elif sys.stdin.isatty():
+            prompt = f"Approve '{request['summary']}' (digest {request['digest'][:12]}) as {approver}?"
+            decision = "approve" if typer.confirm(prompt, default=False) else "reject"
+        else:
+            return outcome
+        outcome = runner.resume(outcome.run_id, decide(request, decision, approver), on_step=printer)
+    return outcome
+
+
+@app.command()
+def demo(
+    db: DbOption = None,
+    yes: Annotated[bool, typer.Option("--yes", help=f"Approve as the demo approver {DEMO_APPROVER}.")] = False,
+) -> None:
+    """Run the refund scenario end to end on fresh reference services and print its timeline."""
+    with session(db, fresh_services=True) as runner:
+        principal = principal_for(runner, DEMO_USER, DEMO_TASK)
+        console.rule("[bold]loopwright demo")
+        console.print(f"task: {DEMO_TASK}\nuser: {DEMO_USER}\n")
+        printer = TimelinePrinter(console)
+        outcome = runner.start(DEMO_TASK, principal, on_step=printer)
+        outcome = drive(runner, outcome, yes=yes, approver=DEMO_APPROVER, printer=printer)
+        report(outcome)
+
+
+@app.command()
+def run(
+    task: str,
+    user: Annotated[str, typer.Option("--user", help="The trusted principal the run acts for.")],
+    db: DbOption = None,
+    model: ModelOption = None,
+    run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+) -> None:
+    """Start a run of TASK for USER."""
+    with session(db, model) as runner:
+        principal = principal_for(runner, user, task)
+        run_id = run_id or new_run_id()
+        console.print(f"run {run_id}")
+        report(runner.start(task, principal, run_id=run_id, on_step=TimelinePrinter(console)))
+
+
+@app.command()
+def resume(run_id: str, db: DbOption = None, model: ModelOption = None) -> None:
+    """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
+    with session(db, model) as runner:
+        report(runner.resume(run_id, on_step=TimelinePrinter(console)))
+
+
+@app.command()
+def show(run_id: str, db: DbOption = None) -> None:
+    """Print a run's timeline from the database: every committed step, then its actions."""
+    with session(db) as runner:
+        history = list(runner.graph.get_state_history(runner.config(run_id)))
+        if not history:
+            raise UnknownRun(run_id)
+        printer = TimelinePrinter(console)
+        for snapshot in reversed(history):
+            for node, update in (snapshot.metadata or {}).get("writes", {}).items() if snapshot.metadata else []:
+                printer(node, update or {})
+        report(runner.outcome(run_id))
+
+
+def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
+    found = []
+    for run_id in runner.run_ids():
+        found += runner.outcome(run_id).waiting_for_approval
+    return found
+
+
+@approvals_app.command("list")
+def approvals_list(db: DbOption = None) -> None:
+    """Pending approvals across runs."""
+    with session(db) as runner:
+        pending = _pending_approvals(runner)
+        for request in pending:
+            console.print(f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}")
+        if not pending:
+            console.print("no pending approvals")
+
+
+def _decide_command(approval_id: str, decision: str, approver: str, db: str | None, comment: str) -> None:
+    with session(db) as runner:
+        require_approver(runner, approver)
+        match = [r for r in _pending_approvals(runner) if r["approval_id"] == approval_id]
+        if not match:
+            raise UsageError(f"no pending approval {approval_id!r}")
+        request = match[0]
+        outcome = runner.resume(request["run_id"], decide(request, decision, approver, comment), on_step=TimelinePrinter(console))
+        report(outcome)
+
+
+ApproverOption = Annotated[str, typer.Option("--as", help="The approver's user id.")]
+
+
+@approvals_app.command("approve")
+def approvals_approve(approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = "") -> None:
+    """Approve one pending action (exactly the digest it names) and resume its run."""
+    _decide_command(approval_id, "approve", approver, db, comment)
+
+
+@approvals_app.command("reject")
+def approvals_reject(approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = "") -> None:
+    """Reject one pending action and resume its run."""
+    _decide_command(approval_id, "reject", approver, db, comment)
+
+
+@app.command()
+def graph() -> None:
+    """Print the loop's graph as Mermaid text."""
+    console.print(compile_graph().get_graph().draw_mermaid(), markup=False)
+
+
+@app.command()
+def services() -> None:
+    """Run the reference services in the foreground (their URLs are printed)."""
+    with start_services(services_dir()) as running:
+        for name, value in running.endpoints.to_env().items():
+            console.print(f"export {name}='{value}'", markup=False)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except (UsageError, UnknownRun, DatabaseUrlError, DatabaseUnavailable, ServicesFailedToStart, ValueError) as exc:
+        errors.print(f"loopwright: error: {exc}", markup=False)
+        raise SystemExit(2) from None
+    except httpx.TransportError as exc:
+        errors.print(f"loopwright: error: a business service is unreachable: {exc}", markup=False)
+        raise SystemExit(2) from None
+    except (typer.Abort, KeyboardInterrupt):
+        raise SystemExit(130) from None
+    except click.ClickException as exc:
+        exc.show()
+        raise SystemExit(exc.exit_code) from None

@@ -1,0 +1,45 @@
+"""Choose the chat model a run uses, from a spec string or the environment.
+
+The scripted model is the default so that the demo and the tests run offline and
+deterministically; a real model is opted into with `LOOPWRIGHT_MODEL=openai:<model>`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from langchain_core.language_models import BaseChatModel
+
+from models.refund_procedure import RefundProcedure
+from models.scripted import ScriptedChatModel
+
+ENV_VAR = "LOOPWRIGHT_MODEL"
+ACCEPTED_SPECS = ("scripted", "openai:<model>")
+
+
+def make_model(spec: str | None = None) -> BaseChatModel:
+    """Build the model named by `spec`, or by `$LOOPWRIGHT_MODEL` when `spec` is None.
+
+    For `openai:<model>`, the endpoint, key, API flavour and retry count come from the
+    environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `LOOPWRIGHT_OPENAI_API` = "responses" or
+    anything else for chat completions, `LOOPWRIGHT_MODEL_RETRIES`). A missing key becomes a
+    placeholder so that keyless OpenAI-compatible local servers work.
+    """
+    if spec is None:
+        spec = os.environ.get(ENV_VAR) or "scripted"
+    if spec == "scripted":
+        return ScriptedChatModel(policy=RefundProcedure())
+    provider, _, name = spec.partition(":")
+    if provider == "openai" and name:
+        # Imported here: the OpenAI client is slow to import and unused by scripted runs.
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model=name,
+            base_url=os.environ.get("OPENAI_BASE_URL"),
+            api_key=os.environ.get("OPENAI_API_KEY") or "unused",
+            use_responses_api=os.environ.get("LOOPWRIGHT_OPENAI_API", "responses") == "responses",
+            max_retries=int(os.environ.get("LOOPWRIGHT_MODEL_RETRIES", "2")),
+        )
+    msg = f"unknown model spec {spec!r}; expected one of: {', '.join(ACCEPTED_SPECS)}"
+    raise ValueError(msg)

@@ -1,0 +1,57 @@
+"""approval: a human decides about one action, through a LangGraph interrupt.
+
+The node has no side effect before `interrupt()`: on resume it runs again from its start, so
+everything before the interrupt must be a pure function of the committed state. The request
+(approval id, action digest, summary, expiry) was fixed by validate and committed there, so the
+human sees the same request however often this node runs. The decision is only recorded here;
+validate applies it, checking digest, expiry and every rule again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+from pydantic import ValidationError
+
+from graph.context import RunContext
+from graph.crashpoints import crash_point
+from graph.state import ApprovalDecision, ApprovalRecord, CallVerdict, Phase, RunState
+from graph.views import pending_of, principal_of
+
+
+def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    crash_point("node:approval:start")
+    decided = {r["approval_id"] for r in state.get("approvals") or []}
+    waiting = [
+        c.approval
+        for c in pending_of(state)
+        if c.verdict is CallVerdict.NEEDS_APPROVAL and c.approval is not None and c.approval.approval_id not in decided
+    ]
+    if not waiting:
+        return {}
+    request = waiting[0]
+    raw = interrupt(request.model_dump(mode="json"))
+    try:
+        decision = ApprovalDecision.model_validate(raw)
+    except ValidationError as exc:
+        return {"feedback": [f"approval {request.approval_id}: invalid decision ignored ({exc.error_count()} errors)"]}
+    if decision.approval_id != request.approval_id:
+        return {"feedback": [f"decision for {decision.approval_id} ignored: waiting for {request.approval_id}"]}
+    if decision.approver == principal_of(state).user_id:
+        return {"feedback": [f"{decision.approver} cannot approve their own run"]}
+    record = ApprovalRecord(
+        approval_id=request.approval_id,
+        action_id=request.action_id,
+        digest=decision.digest,
+        decision=decision.decision,
+        approver=decision.approver,
+        decided_at=runtime.context.now(),
+        expires_at=request.expires_at,
+        comment=decision.comment,
+    )
+    return {
+        "approvals": [*(state.get("approvals") or []), record.model_dump(mode="json")],
+        "phase": Phase.WAITING_TOOLS.value,
+    }

@@ -1,0 +1,69 @@
+"""model_step: ask the model once and commit its decision.
+
+With durability="sync" the update returned here (the AI message and its tool calls) is committed
+before validate starts, so a crash from here on never asks the model again for this decision.
+Only complete, parsed calls become pending calls; unparsable ones are recorded as such and are
+answered with an error by validate, never executed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, SystemMessage
+from langgraph.runtime import Runtime
+
+from graph.context import RunContext
+from graph.crashpoints import crash_point
+from graph.state import PendingCall, Phase, RunState, StopReason
+from graph.views import dump_pending, messages_of, stop, usage_of
+
+
+def _pending_calls(message: AIMessage) -> list[PendingCall]:
+    calls = [
+        PendingCall(call_id=str(c["id"]), tool=c["name"], args=dict(c["args"]))
+        for c in message.tool_calls
+    ]
+    calls += [
+        PendingCall(
+            call_id=str(c.get("id")),
+            tool=str(c.get("name")),
+            args={},
+            error={"code": "invalid_arguments", "detail": f"unparsable arguments: {c.get('error')}"},
+        )
+        for c in message.invalid_tool_calls
+    ]
+    return calls
+
+
+def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    crash_point("node:model_step:start")
+    context = runtime.context
+    compiled = state.get("context") or {}
+    allowed = [c.openai_schema() for c in context.tools if c.name in compiled.get("tools", [])]
+    messages = [SystemMessage(content=compiled.get("system", "")), *messages_of(state)[compiled.get("window_start", 0):]]
+    try:
+        reply = context.model.bind_tools(allowed).invoke(messages)
+    except Exception as exc:  # the model client already retried transient faults (one layer)
+        return stop(StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}")
+    if not isinstance(reply, AIMessage):
+        return stop(StopReason.TOOL_UNAVAILABLE, f"model returned {type(reply).__name__}")
+    usage = usage_of(state)
+    meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    usage = usage.model_copy(
+        update={
+            "steps": usage.steps + 1,
+            "model_requests": usage.model_requests + 1,
+            "input_tokens": usage.input_tokens + meta["input_tokens"],
+            "output_tokens": usage.output_tokens + meta["output_tokens"],
+        }
+    )
+    pending = _pending_calls(reply)
+    return {
+        "history": [reply],
+        "pending": dump_pending(pending),
+        "usage": usage.model_dump(mode="json"),
+        "step": state.get("step", 0) + 1,
+        "feedback": [],
+        "phase": Phase.WAITING_TOOLS.value if pending else Phase.VERIFYING.value,
+    }

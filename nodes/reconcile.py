@@ -1,0 +1,105 @@
+"""reconcile: settle every write whose outcome is not known, by asking the business system.
+
+Runs before anything else happens in the run (guard routes here while any action is unresolved).
+For each such action, the business system is asked about the intent key:
+
+  applied        -> SUCCEEDED, with the business system's record as the outcome
+  absent         -> re-sent under the same key, if the contract's guarantee allows it
+                    (idempotent by key); otherwise escalated
+  pending        -> the run parks: an interrupt with the time to look again. No process is held;
+                    `loopwright resume` or a worker resumes it when that time has come
+  unconfirmable  -> ESCALATED: a human must look; the run stops with needs_human
+
+The journal table, not the state's projection, is read: after a crash it is the only record of
+what was sent.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
+from graph.context import RunContext
+from graph.crashpoints import crash_point
+from graph.state import UNRESOLVED_STATUSES, Action, ActionStatus, CallVerdict, Phase, RunState
+from graph.views import dump_actions, dump_pending, pending_of, tool_result
+from tools.contract import Guarantee, ReconcileStatus
+from tools.executor import dispatch_write, envelope_of, settle_reentry
+
+MAX_SENDS = 3
+
+
+def _escalate(action: Action, context: RunContext, why: str) -> Action:
+    return context.journal.transition(
+        action.action_id, ActionStatus.RECONCILING, ActionStatus.ESCALATED,
+        fence=context.fence, detail={"reason": why},
+    )
+
+
+def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float | None]:
+    """Move one unresolved action as far as the business system's answer allows.
+
+    Returns the action and, if the business system says "not finished yet", seconds to wait.
+    """
+    contract = context.tools.get(action.tool)
+    journal, fence = context.journal, context.fence
+    action = settle_reentry(action, journal, fence)
+    if action.status is ActionStatus.UNKNOWN:
+        action = journal.transition(action.action_id, ActionStatus.UNKNOWN, ActionStatus.RECONCILING, fence=fence)
+    if contract is None or contract.reconcile is None or contract.guarantee is Guarantee.NONE:
+        return _escalate(action, context, "the downstream cannot be asked about this intent"), None
+    answer = contract.reconcile(context.env, action)
+    match answer.status:
+        case ReconcileStatus.APPLIED:
+            return journal.transition(
+                action.action_id, ActionStatus.RECONCILING, ActionStatus.SUCCEEDED,
+                fence=fence, outcome=answer.outcome, detail={"reconciled": "applied"},
+            ), None
+        case ReconcileStatus.ABSENT if contract.guarantee is Guarantee.IDEMPOTENT_BY_KEY:
+            if action.attempts >= MAX_SENDS:
+                return _escalate(action, context, f"still absent after {action.attempts} sends"), None
+            action = dispatch_write(contract, action, context.env, journal, fence)
+            if action.status is ActionStatus.UNKNOWN:
+                return reconcile_action(action, context)
+            return action, None
+        case ReconcileStatus.PENDING:
+            return action, answer.retry_after_s
+        case _:
+            return _escalate(action, context, answer.detail or str(answer.status)), None
+
+
+def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    crash_point("node:reconcile:start")
+    context = runtime.context
+    settled: list[Action] = []
+    waits: list[float] = []
+    for action in context.journal.for_run(state["run_id"]):
+        if action.status not in UNRESOLVED_STATUSES:
+            continue
+        action, wait = reconcile_action(action, context)
+        settled.append(action)
+        if wait is not None:
+            waits.append(wait)
+    if waits:
+        retry_at = context.now() + timedelta(seconds=min(waits))
+        # Parks the run; resuming re-runs this node from its start, which asks again.
+        interrupt({"kind": "reconcile_wait", "run_id": state["run_id"], "retry_at": retry_at.isoformat()})
+    by_call = {a.call_id: a for a in settled}
+    calls: list[PendingCall] = []
+    answers: list[ToolMessage] = []
+    for call in pending_of(state):
+        action = by_call.get(call.call_id)
+        if action is not None and call.verdict is not CallVerdict.DONE:
+            answers.append(tool_result(call, envelope_of(action)))
+            call = call.model_copy(update={"verdict": CallVerdict.DONE})
+        calls.append(call)
+    return {
+        "journal": dump_actions(settled),
+        "pending": dump_pending(calls),
+        "history": answers,
+        "phase": Phase.READY.value,
+    }

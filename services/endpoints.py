@@ -1,0 +1,33 @@
+"""Where the reference business services listen.
+
+The runtime never starts or owns these services; it only needs their base URLs. The CLI and the
+test fixtures start them (see `services.launcher`) and hand the endpoints to the run context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from pydantic import BaseModel, ConfigDict
+
+ENV_VAR = "LOOPWRIGHT_SERVICES"
+
+
+class ServiceEndpoints(BaseModel):
+    """Base URLs of the three reference services, e.g. ``http://127.0.0.1:43121``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    orders: str
+    policies: str
+    payments: str
+
+    def to_env(self) -> dict[str, str]:
+        """The environment a child process needs to reach the same services."""
+        return {ENV_VAR: self.model_dump_json()}
+
+    @classmethod
+    def from_env(cls) -> ServiceEndpoints | None:
+        raw = os.environ.get(ENV_VAR)
+        return cls.model_validate(json.loads(raw)) if raw else None

@@ -1,0 +1,63 @@
+"""Fixtures for driving whole runs: fresh reference services and an in-process runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from langchain_core.language_models import BaseChatModel
+
+from graph.budget import Budget
+from graph.state import Principal
+from loopwright.runner import Runner, open_runner
+from models.factory import make_model
+from services.endpoints import ServiceEndpoints
+from services.launcher import start_services
+from tools.refunds import task_scope
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[ServiceEndpoints]:
+    """The reference services on fresh storage: every test starts from the seeded orders."""
+    with start_services(tmp_path / "services") as running:
+        yield running.endpoints
+
+
+RunnerFactory = Callable[..., AbstractContextManager[Runner]]
+
+
+@pytest.fixture
+def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFactory:
+    def factory(model: BaseChatModel | None = None, budget: Budget | None = None) -> AbstractContextManager[Runner]:
+        return open_runner(database_url, services, model=model or make_model("scripted"), budget=budget)
+
+    return factory
+
+
+def principal(user_id: str = "u-1", task: str = DEMO_TASK) -> Principal:
+    return Principal(user_id=user_id, scope=task_scope(task))
+
+
+def cli(
+    *args: str, env: dict[str, str], check: bool = False, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run `loopwright ARGS` in a new process, as a user would."""
+    result = subprocess.run(
+        [sys.executable, "-m", "loopwright", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result

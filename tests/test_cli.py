@@ -1,0 +1,78 @@
+"""The command line as a user meets it, each command in a new process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from langchain_core.messages import AIMessage
+
+from graph.build import NODES
+from graph.crashpoints import ENV_VAR as CRASH_ENV, EXIT_CODE as CRASH_EXIT
+from services.admin import list_refunds
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal
+
+
+def env_for(services: ServiceEndpoints, tmp_path: Path) -> dict[str, str]:
+    return {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+
+
+def test_decision_is_committed_before_execute_and_never_asked_again(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    env = env_for(services, tmp_path)
+    crashed = cli("run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", "run-c1",
+                  env={**env, CRASH_ENV: "node:validate:start"})
+    assert crashed.returncode == CRASH_EXIT, crashed.stderr
+
+    # A new process reads the checkpoint: the model's decision is there, nothing ran yet.
+    with open_test_runner() as runner:
+        state = runner.state("run-c1")
+        last = state["history"][-1]
+        assert isinstance(last, AIMessage)
+        assert [c["name"] for c in last.tool_calls] == ["get_order"]
+        assert [p["tool"] for p in state["pending"]] == ["get_order"]
+        assert state["usage"]["model_requests"] == 1
+        assert runner.journal.for_run("run-c1") == []
+
+    resumed = cli("resume", "run-c1", "--db", database_url, env=env, check=True)
+    assert "WAITING_APPROVAL" in resumed.stdout
+    listed = cli("approvals", "list", "--db", database_url, env=env, check=True)
+    approval_id = listed.stdout.split()[0]
+    approved = cli("approvals", "approve", approval_id, "--as", "a-1", "--db", database_url, env=env, check=True)
+    assert "COMPLETED" in approved.stdout
+
+    # Same decisions as an uncrashed run: one per step of the procedure, none asked twice.
+    with open_test_runner() as runner:
+        uncrashed = runner.start(DEMO_TASK, principal(), run_id="run-ref")
+        crashed_state, reference = runner.state("run-c1"), runner.state("run-ref")
+    assert uncrashed.phase == "WAITING_APPROVAL"
+    assert crashed_state["usage"]["model_requests"] == 5
+    assert reference["usage"]["model_requests"] == 3  # stopped at the approval, two steps short
+    assert len(list_refunds(services, "O-42")) == 1
+
+
+def test_graph_lists_all_eight_nodes(tmp_path: Path) -> None:
+    result = cli("graph", env={"LOOPWRIGHT_HOME": str(tmp_path)}, check=True)
+    for node in NODES:
+        assert node in result.stdout
+
+
+def test_bad_input_ends_with_one_line_and_nonzero_exit(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = env_for(services, tmp_path)
+    cases = {
+        "unknown user": (["run", DEMO_TASK, "--user", "u-404", "--db", database_url], "unknown user 'u-404'"),
+        "unknown order": (["run", "Refund order O-777 please.", "--user", "u-1", "--db", database_url], "unknown order 'O-777'"),
+        "unreachable database": (["run", DEMO_TASK, "--user", "u-1", "--db", "postgresql://postgres@127.0.0.1:1/nowhere"], "unreachable"),
+        "bad database url": (["run", DEMO_TASK, "--user", "u-1", "--db", "mysql://x"], "database URL"),
+        "unknown run": (["resume", "run-nope", "--db", database_url], "no run run-nope"),
+    }
+    for name, (args, expected) in cases.items():
+        result = cli(*args, env=env)
+        assert result.returncode == 2, (name, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("loopwright: error:"), (name, result.stderr)
+        assert expected.lower() in lines[0].lower(), (name, lines[0])
+        assert "Traceback" not in result.stderr

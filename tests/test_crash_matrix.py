@@ -1,0 +1,72 @@
+"""Crash matrix: the demo run killed at every named crash point, then resumed by a new process.
+
+Each case ends COMPLETED and verified, with exactly one refund in the payments service's own
+storage and as many model calls as an uncrashed run: no committed decision is asked for again
+and no effect is repeated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graph.crashpoints import ENV_VAR as CRASH_ENV, EXIT_CODE as CRASH_EXIT, POINTS
+from services.admin import list_refunds
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli
+
+# Model calls of the uncrashed demo: get_order, get_policy, submit_refund, get_refund_status, answer.
+UNCRASHED_MODEL_CALLS = 5
+
+# A crash point is met at most once per case; "then" points are armed after the first crash.
+CASES: dict[str, tuple[str, ...]] = {point: (point,) for point in POINTS if point != "node:reconcile:start"}
+# reconcile only runs when an outcome is unknown: crash after DISPATCHED, then inside reconcile.
+CASES["node:reconcile:start"] = ("executor:after_dispatch_record", "node:reconcile:start")
+
+
+def advance(run_id: str, db: str, env: dict[str, str]) -> tuple[int, str]:
+    """One process step, as an operator would take it: start, approve what waits, or resume."""
+    listed = cli("approvals", "list", "--db", db, env=env)
+    if run_id in listed.stdout:
+        approval_id = next(line.split()[0] for line in listed.stdout.splitlines() if run_id in line)
+        result = cli("approvals", "approve", approval_id, "--as", "a-1", "--db", db, env=env)
+    else:
+        result = cli("resume", run_id, "--db", db, env=env)
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_crash_at_point_then_resume_completes_with_one_refund(
+    case: str, database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    armed = list(CASES[case])
+    run_id = "run-crash"
+    result = cli("run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id,
+                 env={**env, CRASH_ENV: armed[0]})
+    code, output = result.returncode, result.stdout + result.stderr
+    crashes = 0
+    for _ in range(8):
+        if code == CRASH_EXIT:
+            crashes += 1
+            armed.pop(0)
+        else:
+            assert code == 0, output
+            if "COMPLETED" in output:
+                break
+        step_env = {**env, CRASH_ENV: armed[0]} if armed else env
+        code, output = advance(run_id, database_url, step_env)
+    assert crashes == len(CASES[case]), f"crash points {CASES[case]} not all reached: {output}"
+    assert "COMPLETED" in output, output
+
+    with open_test_runner() as runner:
+        outcome = runner.outcome(run_id)
+        state = runner.state(run_id)
+    assert outcome.stop_reason == "completed"
+    assert outcome.verification is not None and outcome.verification["verified"]
+    assert len(list_refunds(services, "O-42")) == 1
+    assert state["usage"]["model_requests"] == UNCRASHED_MODEL_CALLS
+    [action] = outcome.actions
+    assert action.status == "SUCCEEDED"

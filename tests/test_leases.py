@@ -1,0 +1,238 @@
+"""Run leases, fencing tokens, and the fenced checkpointer refusing a stale worker."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from functools import partial
+from typing import Any, TypedDict
+
+import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from checkpoints.database import (
+    DatabaseKind,
+    connect_postgres,
+    connect_sqlite,
+    database_kind,
+    sqlite_path,
+)
+from checkpoints.factory import open_checkpointer
+from checkpoints.fenced import (
+    Fence,
+    FencedPostgresSaver,
+    FencedSaver,
+    FencedSqliteSaver,
+)
+from checkpoints.leases import (
+    LeaseHeld,
+    LeaseLost,
+    LeaseStore,
+    RunNotFound,
+    StaleWriter,
+    open_lease_store,
+)
+
+RUN = "run-1"
+CONFIG: RunnableConfig = {"configurable": {"thread_id": RUN}}
+
+
+@pytest.fixture
+def leases(database_url: str) -> Iterator[LeaseStore]:
+    with open_lease_store(database_url) as store:
+        store.register(RUN, task="refund O-42", user_id="u-1")
+        yield store
+
+
+def test_register_is_idempotent(leases: LeaseStore) -> None:
+    again = leases.register(RUN, task="something else", user_id="u-2")
+    assert (again.task, again.user_id, again.fence, again.owner) == ("refund O-42", "u-1", 0, None)
+    assert again.phase == "READY"
+    assert leases.get("run-missing") is None
+
+
+def test_claim_renew_release(leases: LeaseStore) -> None:
+    lease = leases.claim(RUN, "worker-a", ttl_s=30)
+    assert (lease.owner, lease.fence) == ("worker-a", 1)
+    run = leases.get(RUN)
+    assert run is not None and run.lease_live and run.owner == "worker-a"
+
+    extended = leases.claim(RUN, "worker-a", ttl_s=60)
+    assert extended.fence == 1, "re-claiming a live lease extends it under the same fence"
+    assert extended.expires_at > lease.expires_at
+
+    renewed = leases.renew(extended)
+    assert renewed.fence == 1 and renewed.expires_at >= extended.expires_at
+
+    leases.release(renewed)
+    run = leases.get(RUN)
+    assert run is not None and run.owner is None and not run.lease_live
+    with pytest.raises(LeaseLost):
+        leases.renew(renewed)
+    assert leases.claim(RUN, "worker-a", ttl_s=30).fence == 2, "a new claim bumps the fence"
+
+
+def test_a_live_lease_is_held_against_other_owners(leases: LeaseStore) -> None:
+    lease = leases.claim(RUN, "worker-a", ttl_s=30)
+    with pytest.raises(LeaseHeld, match="worker-a") as refused:
+        leases.claim(RUN, "worker-b", ttl_s=30)
+    assert refused.value.owner == "worker-a"
+    assert refused.value.expires_at == lease.expires_at
+
+
+def test_takeover_after_expiry_bumps_the_fence(leases: LeaseStore) -> None:
+    stale = leases.claim(RUN, "worker-a", ttl_s=0.2)
+    time.sleep(0.3)
+    taken = leases.claim(RUN, "worker-b", ttl_s=30)
+    assert taken.fence == stale.fence + 1
+    with pytest.raises(LeaseLost, match="now owner worker-b, fence 2"):
+        leases.renew(stale)
+    leases.release(stale)  # releasing a lost lease releases nothing
+    assert leases.get(RUN).owner == "worker-b"  # type: ignore[union-attr]
+
+
+def test_reclaim_after_own_expiry_bumps_the_fence(leases: LeaseStore) -> None:
+    first = leases.claim(RUN, "worker-a", ttl_s=0.2)
+    time.sleep(0.3)
+    assert leases.claim(RUN, "worker-a", ttl_s=30).fence == first.fence + 1
+
+
+def test_unregistered_runs_cannot_be_claimed(leases: LeaseStore) -> None:
+    with pytest.raises(RunNotFound):
+        leases.claim("run-missing", "worker-a", ttl_s=30)
+
+
+class Trail(TypedDict):
+    trail: list[str]
+
+
+def step(name: str, state: Trail) -> dict[str, Any]:
+    return {"trail": [*state["trail"], name]}
+
+
+def three_steps(saver: FencedSaver) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """one -> two -> three, pausing after one so that a second worker can take over."""
+    builder = StateGraph(Trail)
+    for name in ("one", "two", "three"):
+        builder.add_node(name, partial(step, name))
+    builder.add_edge(START, "one")
+    builder.add_edge("one", "two")
+    builder.add_edge("two", "three")
+    builder.add_edge("three", END)
+    return builder.compile(checkpointer=saver, interrupt_after=["one"])
+
+
+def checkpoint_ids(saver: FencedSaver) -> list[str]:
+    return [c.config["configurable"]["checkpoint_id"] for c in saver.list(CONFIG)]
+
+
+def test_a_stale_worker_cannot_write_checkpoints(database_url: str, leases: LeaseStore) -> None:
+    with open_checkpointer(database_url) as saver_a, open_checkpointer(database_url) as saver_b:
+        lease_a = leases.claim(RUN, "worker-a", ttl_s=0.5)
+        saver_a.fence = Fence.of(lease_a)
+        graph_a = three_steps(saver_a)
+        assert graph_a.invoke({"trail": []}, CONFIG, durability="sync") == {"trail": ["one"]}
+        written = checkpoint_ids(saver_a)
+        pending = saver_a.get_tuple(CONFIG).pending_writes  # type: ignore[union-attr]
+
+        time.sleep(0.6)
+        lease_b = leases.claim(RUN, "worker-b", ttl_s=30)
+        with pytest.raises(StaleWriter, match=r"run-1: my fence 1, current fence 2"):
+            graph_a.invoke(None, CONFIG, durability="sync")
+        assert checkpoint_ids(saver_b) == written, "the refused write left no checkpoint"
+        assert saver_b.get_tuple(CONFIG).pending_writes == pending  # type: ignore[union-attr]
+
+        saver_b.fence = Fence.of(lease_b)
+        final = three_steps(saver_b).invoke(None, CONFIG, durability="sync")
+        assert final == {"trail": ["one", "two", "three"]}
+
+        chain = list(saver_b.list(CONFIG))  # newest first
+        for newer, older in itertools.pairwise(chain):
+            assert newer.parent_config == older.config, "each checkpoint follows the previous one"
+        assert chain[-1].parent_config is None
+        assert len(chain) == len(written) + 2  # after two, after three
+
+
+def test_a_saver_is_fenced_to_one_run(database_url: str, leases: LeaseStore) -> None:
+    leases.register("run-2", task="other", user_id="u-1")
+    lease = leases.claim(RUN, "worker-a", ttl_s=30)
+    with open_checkpointer(database_url, fence=Fence.of(lease)) as saver:
+        config: RunnableConfig = {"configurable": {"thread_id": "run-2", "checkpoint_ns": ""}}
+        with pytest.raises(StaleWriter, match="fenced for run-1"):
+            saver.put(config, empty_checkpoint(), {}, {})
+        assert list(saver.list(config)) == []
+
+
+class GatedSerde(JsonPlusSerializer):
+    """Holds a write in flight (inside the saver's transaction) while it serialises "hold"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        if obj == "hold":
+            self.inside.set()
+            assert self.release.wait(10)
+        return super().dumps_typed(obj)
+
+
+@contextmanager
+def gated_saver(url: str, serde: GatedSerde) -> Iterator[FencedSaver]:
+    if database_kind(url) is DatabaseKind.POSTGRES:
+        with connect_postgres(url) as conn:
+            saver = FencedPostgresSaver(conn, serde=serde)
+            saver.setup()
+            yield saver
+    else:
+        with closing(connect_sqlite(sqlite_path(url))) as sconn:
+            yield FencedSqliteSaver(sconn, serde=serde)
+
+
+def test_a_takeover_waits_for_the_write_in_flight(database_url: str, leases: LeaseStore) -> None:
+    serde = GatedSerde()
+    with gated_saver(database_url, serde) as saver, open_lease_store(database_url) as other:
+        lease_a = leases.claim(RUN, "worker-a", ttl_s=0.3)
+        saver.fence = Fence.of(lease_a)
+        config = saver.put(
+            {"configurable": {"thread_id": RUN, "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
+        )
+        writer = threading.Thread(target=saver.put_writes, args=(config, [("x", "hold")], "t1"))
+        writer.start()
+        assert serde.inside.wait(5), "the write is in flight, its fence already checked"
+        time.sleep(0.4)  # worker A's lease expires meanwhile
+
+        claimed = []
+        claimer = threading.Thread(target=lambda: claimed.append(other.claim(RUN, "b", 30)))
+        claimer.start()
+        claimer.join(0.3)
+        assert claimer.is_alive(), "the takeover waits until the checked write commits"
+
+        serde.release.set()
+        writer.join(5)
+        claimer.join(5)
+        assert [lease.fence for lease in claimed] == [lease_a.fence + 1]
+        assert [w[1:] for w in saver.get_tuple(config).pending_writes] == [("x", "hold")]  # type: ignore[union-attr]
+        with pytest.raises(StaleWriter):
+            saver.put_writes(config, [("y", 1)], "t2")
+
+
+def test_an_unfenced_saver_is_the_stock_saver(database_url: str) -> None:
+    with open_checkpointer(database_url) as saver:
+        assert saver.fence is None
+        config = saver.put(
+            {"configurable": {"thread_id": "unleased", "checkpoint_ns": ""}},
+            empty_checkpoint(),
+            {},
+            {},
+        )
+        saver.put_writes(config, [("x", 1)], "t1")
+        assert saver.get_tuple(config).pending_writes == [("t1", "x", 1)]  # type: ignore[union-attr]

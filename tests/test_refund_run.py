@@ -1,0 +1,80 @@
+"""The refund scenario end to end on the real graph, services and databases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage
+
+from graph.build import NODES
+from graph.state import ActionStatus, ApprovalDecision
+from loopwright.runner import RunOutcome, Runner
+from services.admin import list_refunds
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+
+
+def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
+    request = outcome.waiting_for_approval[0]
+    decision = ApprovalDecision(
+        approval_id=request["approval_id"], digest=request["digest"], decision="approve", approver=approver
+    )
+    return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
+
+
+def test_demo_scenario_completes_verified_with_one_refund(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner() as runner:
+        outcome = runner.start(DEMO_TASK, principal())
+        assert outcome.phase == "WAITING_APPROVAL"
+        assert outcome.waiting_for_approval[0]["summary"] == "Refund 100.00 USD to order O-42"
+        assert list_refunds(services, "O-42") == []  # nothing moves before approval
+
+        outcome = approve(runner, outcome)
+
+        assert outcome.stop_reason == "completed"
+        assert outcome.phase == "COMPLETED"
+        writes = outcome.verification["facts"]["writes"]  # type: ignore[index]
+        refunds = list_refunds(services, "O-42")
+        assert len(refunds) == 1
+        assert writes[0]["refund_id"] == refunds[0]["refund_id"]
+        assert (writes[0]["amount"], writes[0]["currency"]) == ("100.00", "USD")
+        [action] = outcome.actions
+        assert action.status is ActionStatus.SUCCEEDED and action.attempts == 1
+
+
+def test_checkpoint_history_has_one_commit_per_node_step(open_test_runner: RunnerFactory) -> None:
+    steps: list[str] = []
+
+    def record(node: str, _update: dict[str, Any]) -> None:
+        steps.append(node)
+
+    with open_test_runner() as runner:
+        outcome = runner.start(DEMO_TASK, principal(), on_step=record)
+        request = outcome.waiting_for_approval[0]
+        decision = ApprovalDecision(
+            approval_id=request["approval_id"], digest=request["digest"], decision="approve", approver="a-1"
+        )
+        runner.resume(outcome.run_id, decision.model_dump(mode="json"), on_step=record)
+
+        history = list(reversed(list(runner.graph.get_state_history(runner.config(outcome.run_id)))))
+    loop_checkpoints = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
+    assert len(loop_checkpoints) == len(steps)
+    assert [s.metadata["step"] for s in loop_checkpoints] == list(range(len(steps)))  # type: ignore[index]
+    # One chain, no fork: every checkpoint's parent is the one before it.
+    for parent, child in zip(history, history[1:], strict=False):
+        assert child.parent_config is not None
+        assert child.parent_config["configurable"]["checkpoint_id"] == parent.config["configurable"]["checkpoint_id"]
+    assert set(steps) == set(NODES)  # the demo passes through every node
+
+
+def test_ineligible_order_completes_without_effect(open_test_runner: RunnerFactory, services: ServiceEndpoints) -> None:
+    task = "Check whether order O-44 can be refunded and refund it if so."
+    with open_test_runner() as runner:
+        outcome = runner.start(task, principal(task=task))
+        final = runner.state(outcome.run_id)["history"][-1]
+    assert outcome.stop_reason == "completed"
+    assert outcome.actions == []
+    assert list_refunds(services, "O-44") == []
+    assert isinstance(final, AIMessage) and "cannot be refunded" in final.text

@@ -1,0 +1,137 @@
+"""Journaled execution of validated tool calls.
+
+Reads run directly, with transport faults retried in this one layer. A write follows the
+journal protocol that makes one intent produce at most one effect:
+
+1. DISPATCHED (with the writer's fencing token) is committed in its own transaction *before*
+   the request is sent;
+2. the answer is recorded right after: SUCCEEDED, FAILED (a definitive refusal), or UNKNOWN (a
+   timeout, a dropped connection, a 5xx, an unreadable answer: the write may have applied);
+3. on re-entry after a crash, DISPATCHED without an outcome becomes UNKNOWN. It is never sent
+   again from here: only reconciliation, after asking the business system, may re-send.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from checkpoints.journal import ActionJournal
+from graph.crashpoints import crash_point
+from graph.protocol import ToolEnvelope
+from graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
+from tools.contract import OutcomeUnknown, ToolContract, ToolEnv, ToolFault
+
+BACKOFF_BASE_S = 0.05
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    envelope: ToolEnvelope
+    evidence: Evidence | None
+    attempts: int
+    result_bytes: int
+
+
+def check_output(contract: ToolContract, raw: Any) -> dict[str, Any]:
+    """The output contract: a result that does not meet its declared shape is a tool fault."""
+    try:
+        return contract.output_model.model_validate(raw).model_dump(mode="json")
+    except ValidationError as exc:
+        raise ToolFault(
+            "malformed_output",
+            f"{contract.name} returned data that does not meet its output contract "
+            f"({exc.error_count()} errors)",
+        ) from exc
+
+
+def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -> ReadResult:
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            result = check_output(contract, contract.run(env, args, None))
+        except ToolFault as fault:
+            if fault.transient and attempts < contract.max_attempts:
+                time.sleep(BACKOFF_BASE_S * 2 ** (attempts - 1) * (1 + random.random()))
+                continue
+            return ReadResult(ToolEnvelope(status="error", error=fault.as_error()), None, attempts, 0)
+        size = len(canonical_json(result))
+        if size > contract.max_result_bytes:
+            too_large = {"code": "result_too_large", "detail": f"{size} bytes > cap {contract.max_result_bytes}"}
+            return ReadResult(ToolEnvelope(status="error", error=too_large), None, attempts, 0)
+        evidence = Evidence(
+            evidence_id=f"ev_{digest([call_id, result])[:12]}",
+            source=contract.name,
+            call_id=call_id,
+            version=str(result["version"]) if "version" in result else None,
+            content_hash=digest(result),
+            content=result,
+        )
+        return ReadResult(ToolEnvelope(status="ok", result=result), evidence, attempts, size)
+
+
+def dispatch_write(
+    contract: ToolContract,
+    action: Action,
+    env: ToolEnv,
+    journal: ActionJournal,
+    fence: int,
+) -> Action:
+    """Send a planned (or approved, or absent-after-reconcile) write once, journaled."""
+    args = contract.args_model.model_validate(action.args)
+    action = journal.transition(
+        action.action_id, action.status, ActionStatus.DISPATCHED, fence=fence, count_attempt=True
+    )
+    crash_point("executor:after_dispatch_record")
+    try:
+        raw = contract.run(env, args, action.intent_key)
+        outcome = check_output(contract, raw)
+    except OutcomeUnknown as exc:
+        return journal.transition(
+            action.action_id, ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, fence=fence,
+            detail={"reason": str(exc)},
+        )
+    except ToolFault as fault:
+        if fault.code == "malformed_output":
+            # It answered, but not in a way we can trust: the write may have applied.
+            return journal.transition(
+                action.action_id, ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, fence=fence,
+                detail={"reason": fault.detail},
+            )
+        return journal.transition(
+            action.action_id, ActionStatus.DISPATCHED, ActionStatus.FAILED, fence=fence,
+            outcome={"error": fault.as_error()},
+        )
+    crash_point("executor:before_outcome_record")
+    return journal.transition(
+        action.action_id, ActionStatus.DISPATCHED, ActionStatus.SUCCEEDED, fence=fence,
+        outcome=outcome, detail={"at": utcnow().isoformat()},
+    )
+
+
+def settle_reentry(action: Action, journal: ActionJournal, fence: int) -> Action:
+    """A DISPATCHED action met again means a crash between send and record: UNKNOWN."""
+    if action.status is ActionStatus.DISPATCHED:
+        return journal.transition(
+            action.action_id, ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, fence=fence,
+            detail={"reason": "found DISPATCHED without an outcome on re-entry"},
+        )
+    return action
+
+
+def envelope_of(action: Action) -> ToolEnvelope:
+    """What the model is told about a settled write. UNKNOWN is never shown as success or failure."""
+    if action.status is ActionStatus.SUCCEEDED:
+        return ToolEnvelope(status="ok", result=action.outcome)
+    if action.status in (ActionStatus.FAILED, ActionStatus.REJECTED, ActionStatus.CANCELLED):
+        error = (action.outcome or {}).get("error") or {"code": action.status.lower()}
+        return ToolEnvelope(status="error", error=error)
+    return ToolEnvelope(
+        status="unknown",
+        error={"code": "outcome_unknown", "detail": f"action is {action.status}; do not retry it"},
+    )
