@@ -47,7 +47,7 @@ class DatabaseUnavailable(RuntimeError):
     def __init__(self, url: str, reason: str) -> None:
         self.url = url
         self.reason = reason
-        super().__init__(f"cannot open database {url}: {reason}")
+        super().__init__(f"database {url} is unreachable: {reason}")
 
 
 def resolve_database_url(explicit: str | None = None) -> str:

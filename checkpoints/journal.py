@@ -75,6 +75,10 @@ _WRITTEN = (
 )
 _COLUMNS = ", ".join((*_WRITTEN, "created_at", "updated_at"))
 _SELECT = "SELECT " + _COLUMNS + " FROM lw_actions"
+_INSERT_NEW_INTENT = (
+    f"INSERT INTO lw_actions ({_COLUMNS}) VALUES ({', '.join(['%s'] * len(_WRITTEN))},"
+    f" now(), now()) ON CONFLICT (intent_key) DO NOTHING RETURNING {_COLUMNS}"
+)
 # Creation order; the id breaks ties between actions planned in the same clock tick.
 _CREATED_ORDER = " ORDER BY created_at, action_id"
 
@@ -193,15 +197,7 @@ class SqlJournal:
         data["args"] = self.db.to_json(data["args"])
         data["outcome"] = self.db.to_json(data["outcome"])
         with self.db.transaction():
-            inserted = self.db.one(
-                "INSERT INTO lw_actions ("
-                + _COLUMNS
-                + ") VALUES ("
-                + ", ".join("%s" for _ in _WRITTEN)
-                + ", now(), now()) ON CONFLICT (intent_key) DO NOTHING RETURNING "
-                + _COLUMNS,
-                [data[column] for column in _WRITTEN],
-            )
+            inserted = self.db.one(_INSERT_NEW_INTENT, [data[column] for column in _WRITTEN])
             if inserted is not None:
                 self._append_event(action.action_id, None, action.status, action.fence, None)
                 return self._action(inserted)

@@ -12,6 +12,7 @@ Expiry is compared in SQL against the database clock (`now()`), never against a 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -35,11 +36,12 @@ RUNS_SCHEMA = (
     )""",
 )
 
-_SELECT_RUN = (
+_SELECT_RUNS = (
     "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
     " created_at, updated_at, COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
-    " FROM lw_runs WHERE run_id = %s"
+    " FROM lw_runs"
 )
+_SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
 _LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at"
 
 
@@ -202,6 +204,37 @@ class LeaseStore:
             )
         return Lease.model_validate({**rows[0], "ttl_s": lease.ttl_s})
 
+    def runs(self) -> list[RunRecord]:
+        """Every registered run, newest first."""
+        return [
+            RunRecord.model_validate(row)
+            for row in self.db.execute(_SELECT_RUNS + " ORDER BY created_at DESC", ())
+        ]
+
+    def due(self) -> list[RunRecord]:
+        """Runs a worker should advance now: unowned or expired, and not finished or waiting
+        for a person. A parked run (RECONCILING) is due once its next attempt time has come."""
+        rows = self.db.execute(
+            _SELECT_RUNS + " WHERE (owner IS NULL OR lease_expires_at <= now())"
+            " AND phase NOT IN ('COMPLETED', 'INCOMPLETE', 'WAITING_APPROVAL')"
+            " AND (next_attempt_at IS NULL OR next_attempt_at <= now())"
+            " ORDER BY updated_at",
+            (),
+        )
+        return [RunRecord.model_validate(row) for row in rows]
+
+    def record(self, lease: Lease, phase: str, next_attempt_at: datetime | None = None) -> None:
+        """Note where the run stands, for listings and workers. Refused for a lost lease."""
+        with self.db.transaction():
+            run = lock_run(self.db, lease.run_id, exclusive=True)
+            if run is None or run.fence != lease.fence or run.owner != lease.owner:
+                raise LeaseLost(lease, run)
+            self.db.execute(
+                "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, updated_at = now()"
+                " WHERE run_id = %s",
+                (phase, next_attempt_at, lease.run_id),
+            )
+
     def release(self, lease: Lease) -> None:
         """Give the run up now rather than at expiry. A lease already lost releases nothing."""
         with self.db.transaction():
@@ -210,6 +243,37 @@ class LeaseStore:
                 " WHERE run_id = %s AND owner = %s AND fence = %s",
                 (lease.run_id, lease.owner, lease.fence),
             )
+
+
+class LeaseKeeper:
+    """Renews a lease in the background (every third of its ttl) while a worker advances a run.
+
+    If the lease is lost (taken over after a stall), renewal stops and `lost` is set; the worker's
+    next durable write is refused by fencing anyway, so nothing depends on noticing it here.
+    """
+
+    def __init__(self, store: LeaseStore, lease: Lease) -> None:
+        self.store = store
+        self.lease = lease
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{lease.run_id}", daemon=True)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease.ttl_s / 3):
+            try:
+                self.lease = self.store.renew(self.lease)
+            except LeaseLost:
+                self.lost = True
+                return
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @contextlib.contextmanager

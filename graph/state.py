@@ -224,6 +224,12 @@ class Verification(BaseModel):
     problems: list[str] = Field(default_factory=list)
 
 
+# A DeltaChannel stores only each step's new items, plus a full snapshot every N updates. Reading
+# the state replays the items since the last snapshot, which costs what reading the list costs
+# anyway; a snapshot of a long list costs as much as the list. So snapshots are rare.
+SNAPSHOT_EVERY = 10_000
+
+
 def extend(current: list[Any], batches: Sequence[list[Any]]) -> list[Any]:
     """DeltaChannel reducer: append each batch. Batching-invariant, as DeltaChannel requires."""
     out = list(current)
@@ -250,11 +256,11 @@ class RunState(TypedDict):
     # P: set once from the trusted run context by the first guard step.
     principal: NotRequired[dict[str, Any]]
     # H: protocol items (langchain messages), appended only.
-    history: Annotated[list[AnyMessage], DeltaChannel(extend)]
+    history: Annotated[list[AnyMessage], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
     # E: evidence items (Evidence dumps), appended only.
-    evidence: Annotated[list[dict[str, Any]], DeltaChannel(extend)]
+    evidence: Annotated[list[dict[str, Any]], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
     # J: action_id -> Action dump; a projection of the journal table, merged by action id.
-    journal: NotRequired[Annotated[dict[str, dict[str, Any]], DeltaChannel(merge_actions)]]
+    journal: NotRequired[Annotated[dict[str, dict[str, Any]], DeltaChannel(merge_actions, snapshot_frequency=SNAPSHOT_EVERY)]]
     # The tool calls of the current decision (PendingCall dumps), replaced every model step.
     pending: NotRequired[list[dict[str, Any]]]
     approvals: NotRequired[list[dict[str, Any]]]

@@ -7,7 +7,6 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -21,11 +20,12 @@ import httpx
 import typer
 from rich.console import Console
 
-from checkpoints.database import DEFAULT_HOME, DatabaseUnavailable, DatabaseUrlError, resolve_database_url
+from checkpoints.database import DatabaseUnavailable, DatabaseUrlError, loopwright_home, resolve_database_url
+from checkpoints.leases import LeaseHeld
 from graph.build import compile_graph
 from graph.state import ApprovalDecision, ApprovalRequest, Principal
-from loopwright.runner import RunOutcome, Runner, UnknownRun, new_run_id, open_runner
-from loopwright.timeline import TimelinePrinter, describe_step
+from loopwright.runner import RunOutcome, Runner, UnknownRun, lease_ttl_from_env, new_run_id, open_runner
+from loopwright.timeline import TimelinePrinter
 from models.factory import make_model
 from services.endpoints import ServiceEndpoints
 from services.launcher import ServicesFailedToStart, start_services
@@ -53,7 +53,7 @@ class UsageError(Exception):
 
 
 def services_dir() -> Path:
-    return Path(os.environ.get("LOOPWRIGHT_HOME") or DEFAULT_HOME) / "services"
+    return loopwright_home() / "services"
 
 
 @contextmanager
@@ -73,7 +73,10 @@ def business_services(*, fresh: bool = False) -> Iterator[ServiceEndpoints]:
 def session(db: str | None, model: str | None = None, *, fresh_services: bool = False) -> Iterator[Runner]:
     with ExitStack() as stack:
         endpoints = stack.enter_context(business_services(fresh=fresh_services))
-        runner = stack.enter_context(open_runner(resolve_database_url(db), endpoints, model=make_model(model)))
+        # A run whose last process died holds its lease until expiry: wait that long, no longer.
+        runner = stack.enter_context(
+            open_runner(resolve_database_url(db), endpoints, model=make_model(model), lease_wait_s=lease_ttl_from_env() + 1)
+        )
         yield runner
 
 
@@ -189,13 +192,9 @@ def resume(run_id: str, db: DbOption = None, model: ModelOption = None) -> None:
 def show(run_id: str, db: DbOption = None) -> None:
     """Print a run's timeline from the database: every committed step, then its actions."""
     with session(db) as runner:
-        history = list(runner.graph.get_state_history(runner.config(run_id)))
-        if not history:
-            raise UnknownRun(run_id)
         printer = TimelinePrinter(console)
-        for snapshot in reversed(history):
-            for node, update in (snapshot.metadata or {}).get("writes", {}).items() if snapshot.metadata else []:
-                printer(node, update or {})
+        for node, update in runner.steps(run_id):
+            printer(node, update)
         report(runner.outcome(run_id))
 
 
@@ -263,7 +262,7 @@ def services() -> None:
 def main() -> None:
     try:
         app(standalone_mode=False)
-    except (UsageError, UnknownRun, DatabaseUrlError, DatabaseUnavailable, ServicesFailedToStart, ValueError) as exc:
+    except (UsageError, UnknownRun, LeaseHeld, DatabaseUrlError, DatabaseUnavailable, ServicesFailedToStart, ValueError) as exc:
         errors.print(f"loopwright: error: {exc}", markup=False)
         raise SystemExit(2) from None
     except httpx.TransportError as exc:

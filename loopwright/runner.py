@@ -1,17 +1,25 @@
 """Run and resume agent runs in this process, against SQLite (default) or Postgres.
 
-`Runner` owns what one process needs to advance runs: the compiled graph with its checkpointer,
-the action journal, an HTTP client for the business services and the model. Runs are LangGraph
-threads; the thread id is the run id. Every run is streamed with `durability="sync"`, so each
-node's update is committed before the next node starts.
+`Runner` owns what one process needs to advance runs: the compiled graph with its fenced
+checkpointer, the action journal, the run leases, an HTTP client for the business services and
+the model. Runs are LangGraph threads; the thread id is the run id.
+
+Advancing a run means: claim its lease (one writer per run; a live lease held by another process
+is refused), fence the checkpointer and the journal with the lease's token, stream the graph with
+`durability="sync"` (each node's update committed before the next node starts) while a keeper
+renews the lease, record where the run stands, release the lease.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -20,9 +28,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from checkpoints.factory import open_checkpointer
+from checkpoints.fenced import Fence, FencedSaver
 from checkpoints.journal import ActionJournal, open_journal
+from checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, open_lease_store
 from graph.budget import Budget
-from graph.build import RUN_DURABILITY, compile_graph
+from graph.build import NODES, RUN_DURABILITY, compile_graph
 from graph.context import RunContext
 from graph.state import Action, Phase, Principal, RunState, initial_state
 from services.endpoints import ServiceEndpoints
@@ -49,24 +59,54 @@ class RunOutcome:
     def waiting_for_approval(self) -> list[dict[str, Any]]:
         return [i for i in self.interrupts if i.get("kind") == "approval"]
 
+    @property
+    def next_attempt_at(self) -> datetime | None:
+        """When a parked reconciliation should look again, if the run is parked."""
+        waits = [i["retry_at"] for i in self.interrupts if i.get("kind") == "reconcile_wait"]
+        return datetime.fromisoformat(min(waits)) if waits else None
+
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def worker_name() -> str:
+    """Who holds a lease: host, process and a nonce (a restarted process is a new owner)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+DEFAULT_LEASE_TTL_S = 30.0
+LEASE_TTL_ENV = "LOOPWRIGHT_LEASE_TTL_S"
+
+
+def lease_ttl_from_env() -> float:
+    return float(os.environ.get(LEASE_TTL_ENV) or DEFAULT_LEASE_TTL_S)
 
 
 class Runner:
     def __init__(
         self,
         *,
-        graph: Any,
+        saver: FencedSaver,
         journal: ActionJournal,
+        leases: LeaseStore,
         env: ToolEnv,
         model: BaseChatModel,
         tools: ToolRegistry,
         budget: Budget,
+        owner: str | None = None,
+        lease_ttl_s: float | None = None,
+        lease_wait_s: float = 0.0,
     ) -> None:
-        self.graph = graph
+        self.saver = saver
+        self.graph = compile_graph(saver)
         self.journal = journal
+        self.leases = leases
+        self.owner = owner or worker_name()
+        self.lease_ttl_s = lease_ttl_s or lease_ttl_from_env()
+        # How long to wait for another owner's lease to expire (a crashed process holds its
+        # lease until expiry) before giving up with LeaseHeld.
+        self.lease_wait_s = lease_wait_s
         self.env = env
         self.model = model
         self.tools = tools
@@ -75,7 +115,7 @@ class Runner:
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
 
-    def context(self, principal: Principal | None) -> RunContext:
+    def context(self, principal: Principal | None, fence: int) -> RunContext:
         return RunContext(
             model=self.model,
             tools=self.tools,
@@ -83,6 +123,7 @@ class Runner:
             journal=self.journal,
             principal=principal,
             budget=self.budget,
+            fence=fence,
         )
 
     def start(
@@ -94,32 +135,67 @@ class Runner:
         on_step: StepListener | None = None,
     ) -> RunOutcome:
         run_id = run_id or new_run_id()
+        self.leases.register(run_id, task=task, user_id=principal.user_id)
         return self._advance(run_id, initial_state(run_id, task), principal, on_step)
 
     def resume(
         self, run_id: str, value: Any = None, *, on_step: StepListener | None = None
     ) -> RunOutcome:
         """Continue a run: after a crash (value None) or with the answer to its interrupt."""
-        snapshot = self.graph.get_state(self.config(run_id))
-        if not snapshot.values:
+        if self.leases.get(run_id) is None:
             raise UnknownRun(run_id)
+        snapshot = self.graph.get_state(self.config(run_id))
         payload: Any = Command(resume=value) if snapshot.interrupts else None
         return self._advance(run_id, payload, None, on_step)
 
     def _advance(
         self, run_id: str, payload: Any, principal: Principal | None, on_step: StepListener | None
     ) -> RunOutcome:
-        for chunk in self.graph.stream(
-            payload,
-            self.config(run_id),
-            context=self.context(principal),
-            durability=RUN_DURABILITY,
-            stream_mode="updates",
-        ):
-            for node, update in chunk.items():
-                if on_step is not None and node != "__interrupt__":
-                    on_step(node, update or {})
-        return self.outcome(run_id)
+        lease = self._claim(run_id)
+        self.saver.fence = Fence.of(lease)
+        try:
+            with LeaseKeeper(self.leases, lease):
+                for chunk in self.graph.stream(
+                    payload,
+                    self.config(run_id),
+                    context=self.context(principal, lease.fence),
+                    durability=RUN_DURABILITY,
+                    stream_mode="updates",
+                ):
+                    for node, update in chunk.items():
+                        if on_step is not None and node != "__interrupt__":
+                            on_step(node, update or {})
+            outcome = self.outcome(run_id)
+            self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
+        finally:
+            self.saver.fence = None
+            self.leases.release(lease)
+        return outcome
+
+    def _claim(self, run_id: str) -> Lease:
+        give_up = time.monotonic() + self.lease_wait_s
+        while True:
+            try:
+                return self.leases.claim(run_id, self.owner, self.lease_ttl_s)
+            except LeaseHeld:
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(min(0.25, max(0.0, give_up - time.monotonic())))
+
+    def run_ids(self) -> list[str]:
+        return [run.run_id for run in self.leases.runs()]
+
+    def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every committed node step of a run, oldest first, read back from the checkpoints."""
+        history = list(self.graph.get_state_history(self.config(run_id)))
+        if not history:
+            raise UnknownRun(run_id)
+        return [
+            (task.name, task.result or {})
+            for snapshot in reversed(history)
+            for task in snapshot.tasks
+            if task.name in NODES and task.result is not None
+        ]
 
     def state(self, run_id: str) -> RunState:
         values = self.graph.get_state(self.config(run_id)).values
@@ -163,16 +239,20 @@ def open_runner(
     model: BaseChatModel,
     tools: ToolRegistry | None = None,
     budget: Budget | None = None,
+    lease_wait_s: float = 0.0,
 ) -> Iterator[Runner]:
     with ExitStack() as stack:
         saver = stack.enter_context(open_checkpointer(database_url))
         journal = stack.enter_context(open_journal(database_url))
+        leases = stack.enter_context(open_lease_store(database_url))
         http = stack.enter_context(httpx.Client())
         yield Runner(
-            graph=compile_graph(saver),
+            saver=saver,
             journal=journal,
+            leases=leases,
             env=ToolEnv(endpoints=endpoints, http=http),
             model=model,
             tools=tools or refund_registry(),
             budget=budget or Budget(),
+            lease_wait_s=lease_wait_s,
         )

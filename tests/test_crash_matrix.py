@@ -14,10 +14,7 @@ import pytest
 from graph.crashpoints import ENV_VAR as CRASH_ENV, EXIT_CODE as CRASH_EXIT, POINTS
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli
-
-# Model calls of the uncrashed demo: get_order, get_policy, submit_refund, get_refund_status, answer.
-UNCRASHED_MODEL_CALLS = 5
+from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
 
 # A crash point is met at most once per case; "then" points are armed after the first crash.
 CASES: dict[str, tuple[str, ...]] = {point: (point,) for point in POINTS if point != "node:reconcile:start"}

@@ -11,7 +11,7 @@ from graph.state import ActionStatus, ApprovalDecision
 from loopwright.runner import RunOutcome, Runner
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, principal
 
 
 def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
@@ -42,6 +42,7 @@ def test_demo_scenario_completes_verified_with_one_refund(
         assert (writes[0]["amount"], writes[0]["currency"]) == ("100.00", "USD")
         [action] = outcome.actions
         assert action.status is ActionStatus.SUCCEEDED and action.attempts == 1
+        assert runner.state(outcome.run_id)["usage"]["model_requests"] == UNCRASHED_MODEL_CALLS
 
 
 def test_checkpoint_history_has_one_commit_per_node_step(open_test_runner: RunnerFactory) -> None:
@@ -59,14 +60,17 @@ def test_checkpoint_history_has_one_commit_per_node_step(open_test_runner: Runne
         runner.resume(outcome.run_id, decision.model_dump(mode="json"), on_step=record)
 
         history = list(reversed(list(runner.graph.get_state_history(runner.config(outcome.run_id)))))
+    # Step 0 holds the applied input; then one committed checkpoint after every node step, and
+    # each checkpoint names exactly the node that ran next.
     loop_checkpoints = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
-    assert len(loop_checkpoints) == len(steps)
-    assert [s.metadata["step"] for s in loop_checkpoints] == list(range(len(steps)))  # type: ignore[index]
+    assert [s.metadata["step"] for s in loop_checkpoints] == list(range(len(steps) + 1))  # type: ignore[index]
+    assert [s.next for s in loop_checkpoints[:-1]] == [(node,) for node in steps]
+    assert loop_checkpoints[-1].next == ()
     # One chain, no fork: every checkpoint's parent is the one before it.
     for parent, child in zip(history, history[1:], strict=False):
         assert child.parent_config is not None
         assert child.parent_config["configurable"]["checkpoint_id"] == parent.config["configurable"]["checkpoint_id"]
-    assert set(steps) == set(NODES)  # the demo passes through every node
+    assert set(steps) == set(NODES) - {"reconcile"}  # reconcile runs only for unknown outcomes
 
 
 def test_ineligible_order_completes_without_effect(open_test_runner: RunnerFactory, services: ServiceEndpoints) -> None:
