@@ -232,7 +232,7 @@ class LeaseStore:
             self.db.execute(
                 "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, updated_at = now()"
                 " WHERE run_id = %s",
-                (phase, next_attempt_at, lease.run_id),
+                (phase, self.db.timestamp(next_attempt_at), lease.run_id),
             )
 
     def release(self, lease: Lease) -> None:
@@ -257,7 +257,9 @@ class LeaseKeeper:
         self.lease = lease
         self.lost = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"lease-{lease.run_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._renew, name=f"lease-{lease.run_id}", daemon=True
+        )
 
     def _renew(self) -> None:
         while not self._stop.wait(self.lease.ttl_s / 3):

@@ -137,6 +137,12 @@ class Database:
         """A JSON parameter. Postgres casts the text to JSONB on insert; SQLite stores it."""
         return None if value is None else canonical_json(value)
 
+    def timestamp(self, moment: datetime | None) -> datetime | str | None:
+        """A timestamp parameter: TIMESTAMPTZ in Postgres, comparable fixed-width text in SQLite."""
+        if moment is None or self.kind is DatabaseKind.POSTGRES:
+            return moment
+        return _sqlite_timestamp(moment)
+
     def from_json(self, value: Any) -> Any:
         if self.kind is DatabaseKind.SQLITE and value is not None:
             return json.loads(value)

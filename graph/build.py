@@ -35,10 +35,19 @@ from nodes.validate import validate
 from nodes.verify import verify
 
 RUN_DURABILITY: Literal["sync"] = "sync"
-NODES = ("guard", "compile_context", "model_step", "validate", "approval", "execute", "reconcile", "verify")
+NODES = (
+    "guard",
+    "compile_context",
+    "model_step",
+    "validate",
+    "approval",
+    "execute",
+    "reconcile",
+    "verify",
+)
 
 
-def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__end__"]:
+def after_guard(state: RunState) -> str:
     if state.get("stop_reason"):
         return END
     if state.get("phase") == Phase.RECONCILING:
@@ -65,7 +74,7 @@ def after_execute(state: RunState) -> Literal["reconcile", "guard"]:
     return "reconcile" if state.get("phase") == Phase.RECONCILING else "guard"
 
 
-def after_verify(state: RunState) -> Literal["guard", "__end__"]:
+def after_verify(state: RunState) -> str:
     return END if state.get("stop_reason") == StopReason.COMPLETED else "guard"
 
 
@@ -91,5 +100,7 @@ def build_graph() -> StateGraph[RunState, RunContext]:
     return builder
 
 
-def compile_graph(checkpointer: BaseCheckpointSaver | None = None) -> CompiledStateGraph:
+def compile_graph(
+    checkpointer: BaseCheckpointSaver | None = None,
+) -> CompiledStateGraph[RunState, RunContext, RunState, RunState]:
     return build_graph().compile(checkpointer=checkpointer, name="loopwright")

@@ -253,14 +253,21 @@ class RunState(TypedDict):
     schema_version: int
     run_id: str
     task: str
-    # P: set once from the trusted run context by the first guard step.
+    # P: set by the trusted caller, in the input or (through the run context) by the first guard.
     principal: NotRequired[dict[str, Any]]
     # H: protocol items (langchain messages), appended only.
     history: Annotated[list[AnyMessage], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
     # E: evidence items (Evidence dumps), appended only.
-    evidence: Annotated[list[dict[str, Any]], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
+    evidence: Annotated[
+        list[dict[str, Any]], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)
+    ]
     # J: action_id -> Action dump; a projection of the journal table, merged by action id.
-    journal: NotRequired[Annotated[dict[str, dict[str, Any]], DeltaChannel(merge_actions, snapshot_frequency=SNAPSHOT_EVERY)]]
+    journal: NotRequired[
+        Annotated[
+            dict[str, dict[str, Any]],
+            DeltaChannel(merge_actions, snapshot_frequency=SNAPSHOT_EVERY),
+        ]
+    ]
     # The tool calls of the current decision (PendingCall dumps), replaced every model step.
     pending: NotRequired[list[dict[str, Any]]]
     approvals: NotRequired[list[dict[str, Any]]]
@@ -281,8 +288,8 @@ class RunState(TypedDict):
     cancel_requested: NotRequired[bool]
 
 
-def initial_state(run_id: str, task: str) -> RunState:
-    return RunState(
+def initial_state(run_id: str, task: str, principal: Principal | None = None) -> RunState:
+    state = RunState(
         schema_version=STATE_SCHEMA_VERSION,
         run_id=run_id,
         task=task,
@@ -293,3 +300,6 @@ def initial_state(run_id: str, task: str) -> RunState:
         stop_reason=None,
         started_at=utcnow().isoformat(),
     )
+    if principal is not None:
+        state["principal"] = principal.model_dump(mode="json")
+    return state

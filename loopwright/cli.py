@@ -8,24 +8,40 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import click
 import httpx
 import typer
 from rich.console import Console
 
-from checkpoints.database import DatabaseUnavailable, DatabaseUrlError, loopwright_home, resolve_database_url
-from checkpoints.leases import LeaseHeld
+from checkpoints.database import (
+    DatabaseUnavailable,
+    DatabaseUrlError,
+    loopwright_home,
+    resolve_database_url,
+)
+from checkpoints.journal import StaleTransition
+from checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
 from graph.build import compile_graph
 from graph.state import ApprovalDecision, ApprovalRequest, Principal
-from loopwright.runner import RunOutcome, Runner, UnknownRun, lease_ttl_from_env, new_run_id, open_runner
+from loopwright.runner import (
+    Runner,
+    RunOutcome,
+    UnknownRun,
+    lease_ttl_from_env,
+    new_run_id,
+    open_runner,
+)
 from loopwright.timeline import TimelinePrinter
+from loopwright.worker import work
 from models.factory import make_model
 from services.endpoints import ServiceEndpoints
 from services.launcher import ServicesFailedToStart, start_services
@@ -43,9 +59,14 @@ errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", help="Database URL (sqlite:///FILE or postgresql://...). Default: $DATABASE_URL, else the embedded SQLite file."),
+    typer.Option(
+        "--db",
+        help="Database URL (sqlite:///FILE or postgresql://...). Default: $DATABASE_URL, else the embedded SQLite file.",
+    ),
 ]
-ModelOption = Annotated[str | None, typer.Option("--model", help="scripted (default) or openai:<model>.")]
+ModelOption = Annotated[
+    str | None, typer.Option("--model", help="scripted (default) or openai:<model>.")
+]
 
 
 class UsageError(Exception):
@@ -70,12 +91,24 @@ def business_services(*, fresh: bool = False) -> Iterator[ServiceEndpoints]:
 
 
 @contextmanager
-def session(db: str | None, model: str | None = None, *, fresh_services: bool = False) -> Iterator[Runner]:
+def session(
+    db: str | None, model: str | None = None, *, fresh_services: bool = False
+) -> Iterator[Runner]:
+    try:
+        chat_model = make_model(model)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    url = resolve_database_url(db)
     with ExitStack() as stack:
         endpoints = stack.enter_context(business_services(fresh=fresh_services))
         # A run whose last process died holds its lease until expiry: wait that long, no longer.
         runner = stack.enter_context(
-            open_runner(resolve_database_url(db), endpoints, model=make_model(model), lease_wait_s=lease_ttl_from_env() + 1)
+            open_runner(
+                url,
+                endpoints,
+                model=chat_model,
+                lease_wait_s=lease_ttl_from_env() + 1,
+            )
         )
         yield runner
 
@@ -88,7 +121,10 @@ def principal_for(runner: Runner, user_id: str, task: str) -> Principal:
         raise UsageError(f"unknown user {user_id!r}")
     response.raise_for_status()
     for order_id in ORDER_IN_TEXT.findall(task):
-        if runner.env.http.get(f"{endpoints.orders}/orders/{order_id}", timeout=5.0).status_code == 404:
+        if (
+            runner.env.http.get(f"{endpoints.orders}/orders/{order_id}", timeout=5.0).status_code
+            == 404
+        ):
             raise UsageError(f"unknown order {order_id!r}")
     roles = tuple(response.json().get("roles", ["customer"]))
     return Principal(user_id=user_id, roles=roles, scope=task_scope(task))
@@ -101,11 +137,19 @@ def require_approver(runner: Runner, approver: str) -> None:
         raise UsageError(f"{approver!r} is not an approver")
 
 
-def decide(request: dict[str, Any], decision: str, approver: str, comment: str = "") -> dict[str, Any]:
+def decide(
+    request: dict[str, Any],
+    decision: Literal["approve", "reject"],
+    approver: str,
+    comment: str = "",
+) -> dict[str, Any]:
     parsed = ApprovalRequest.model_validate(request)
     return ApprovalDecision(
-        approval_id=parsed.approval_id, digest=parsed.digest, decision=decision,  # type: ignore[arg-type]
-        approver=approver, comment=comment,
+        approval_id=parsed.approval_id,
+        digest=parsed.digest,
+        decision=decision,
+        approver=approver,
+        comment=comment,
     ).model_dump(mode="json")
 
 
@@ -113,7 +157,9 @@ def report(outcome: RunOutcome) -> None:
     console.print()
     if outcome.stop_reason == "completed":
         facts = (outcome.verification or {}).get("facts", {})
-        console.print(f"[bold green]COMPLETED[/] run {outcome.run_id}, verified in the business system:")
+        console.print(
+            f"[bold green]COMPLETED[/] run {outcome.run_id}, verified in the business system:"
+        )
         for write in facts.get("writes", []):
             console.print(
                 f"  refund [bold]{write.get('refund_id')}[/] order {write.get('order_id')} "
@@ -124,35 +170,57 @@ def report(outcome: RunOutcome) -> None:
         console.print(f"  answer: {facts.get('answer', '')}")
     elif outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
-        console.print(f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {request['summary']}")
-        console.print(f"  approve: loopwright approvals approve {request['approval_id']} --as {DEMO_APPROVER}")
-        console.print(f"  reject:  loopwright approvals reject {request['approval_id']} --as {DEMO_APPROVER}")
+        console.print(
+            f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {request['summary']}"
+        )
+        console.print(
+            f"  approve: loopwright approvals approve {request['approval_id']} --as {DEMO_APPROVER}"
+        )
+        console.print(
+            f"  reject:  loopwright approvals reject {request['approval_id']} --as {DEMO_APPROVER}"
+        )
     else:
-        console.print(f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {outcome.stop_detail}")
-    unconfirmed = [a for a in outcome.actions if a.status in ("DISPATCHED", "UNKNOWN", "RECONCILING", "ESCALATED")]
+        console.print(
+            f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {outcome.stop_detail}"
+        )
+    unconfirmed = [
+        a
+        for a in outcome.actions
+        if a.status in ("DISPATCHED", "UNKNOWN", "RECONCILING", "ESCALATED")
+    ]
     for action in unconfirmed:
-        console.print(f"  [bold red]unconfirmed write[/] {action.action_id} {action.tool} {action.args}: {action.status}")
+        console.print(
+            f"  [bold red]unconfirmed write[/] {action.action_id} {action.tool} {action.args}: {action.status}"
+        )
 
 
-def drive(runner: Runner, outcome: RunOutcome, *, yes: bool, approver: str, printer: TimelinePrinter) -> RunOutcome:
+def drive(
+    runner: Runner, outcome: RunOutcome, *, yes: bool, approver: str, printer: TimelinePrinter
+) -> RunOutcome:
     """Answer approval interrupts on the terminal (or with --yes) until the run stops asking."""
     while outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         if yes:
-            decision = "approve"
+            decision: Literal["approve", "reject"] = "approve"
         elif sys.stdin.isatty():
-            prompt = f"Approve '{request['summary']}' (digest {request['digest'][:12]}) as {approver}?"
+            prompt = (
+                f"Approve '{request['summary']}' (digest {request['digest'][:12]}) as {approver}?"
+            )
             decision = "approve" if typer.confirm(prompt, default=False) else "reject"
         else:
             return outcome
-        outcome = runner.resume(outcome.run_id, decide(request, decision, approver), on_step=printer)
+        outcome = runner.resume(
+            outcome.run_id, decide(request, decision, approver), on_step=printer
+        )
     return outcome
 
 
 @app.command()
 def demo(
     db: DbOption = None,
-    yes: Annotated[bool, typer.Option("--yes", help=f"Approve as the demo approver {DEMO_APPROVER}.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help=f"Approve as the demo approver {DEMO_APPROVER}.")
+    ] = False,
 ) -> None:
     """Run the refund scenario end to end on fresh reference services and print its timeline."""
     with session(db, fresh_services=True) as runner:
@@ -211,19 +279,31 @@ def approvals_list(db: DbOption = None) -> None:
     with session(db) as runner:
         pending = _pending_approvals(runner)
         for request in pending:
-            console.print(f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}")
+            console.print(
+                f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}"
+            )
         if not pending:
             console.print("no pending approvals")
 
 
-def _decide_command(approval_id: str, decision: str, approver: str, db: str | None, comment: str) -> None:
+def _decide_command(
+    approval_id: str,
+    decision: Literal["approve", "reject"],
+    approver: str,
+    db: str | None,
+    comment: str,
+) -> None:
     with session(db) as runner:
         require_approver(runner, approver)
         match = [r for r in _pending_approvals(runner) if r["approval_id"] == approval_id]
         if not match:
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
-        outcome = runner.resume(request["run_id"], decide(request, decision, approver, comment), on_step=TimelinePrinter(console))
+        outcome = runner.resume(
+            request["run_id"],
+            decide(request, decision, approver, comment),
+            on_step=TimelinePrinter(console),
+        )
         report(outcome)
 
 
@@ -231,15 +311,44 @@ ApproverOption = Annotated[str, typer.Option("--as", help="The approver's user i
 
 
 @approvals_app.command("approve")
-def approvals_approve(approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = "") -> None:
+def approvals_approve(
+    approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = ""
+) -> None:
     """Approve one pending action (exactly the digest it names) and resume its run."""
     _decide_command(approval_id, "approve", approver, db, comment)
 
 
 @approvals_app.command("reject")
-def approvals_reject(approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = "") -> None:
+def approvals_reject(
+    approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = ""
+) -> None:
     """Reject one pending action and resume its run."""
     _decide_command(approval_id, "reject", approver, db, comment)
+
+
+@app.command()
+def worker(
+    db: DbOption = None,
+    model: ModelOption = None,
+    poll: Annotated[
+        float, typer.Option("--poll", help="Seconds between looks for due runs.")
+    ] = 0.5,
+) -> None:
+    """Claim and advance runs that need it (expired leases, due reconciliations) until stopped."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def show_attempt(run_id: str, result: RunOutcome | Exception) -> None:
+        if isinstance(result, Exception):
+            console.print(f"{run_id}: gave up ({type(result).__name__}: {result})", markup=False)
+        else:
+            console.print(f"{run_id}: {result.phase} {result.stop_reason or ''}", markup=False)
+
+    with session(db, model) as runner:
+        runner.lease_wait_s = 0  # a run held by another worker is theirs: skip it
+        console.print(f"worker {runner.owner} polling every {poll}s", markup=False)
+        work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
 
 
 @app.command()
@@ -262,7 +371,17 @@ def services() -> None:
 def main() -> None:
     try:
         app(standalone_mode=False)
-    except (UsageError, UnknownRun, LeaseHeld, DatabaseUrlError, DatabaseUnavailable, ServicesFailedToStart, ValueError) as exc:
+    except (
+        UsageError,
+        UnknownRun,
+        LeaseHeld,
+        LeaseLost,
+        StaleWriter,
+        StaleTransition,
+        DatabaseUrlError,
+        DatabaseUnavailable,
+        ServicesFailedToStart,
+    ) as exc:
         errors.print(f"loopwright: error: {exc}", markup=False)
         raise SystemExit(2) from None
     except httpx.TransportError as exc:

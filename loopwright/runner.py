@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from langchain_core.language_models import BaseChatModel
@@ -115,13 +115,13 @@ class Runner:
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
 
-    def context(self, principal: Principal | None, fence: int) -> RunContext:
+    def context(self, fence: int) -> RunContext:
+        """The principal travels in the run's input, committed before any node runs."""
         return RunContext(
             model=self.model,
             tools=self.tools,
             env=self.env,
             journal=self.journal,
-            principal=principal,
             budget=self.budget,
             fence=fence,
         )
@@ -136,21 +136,40 @@ class Runner:
     ) -> RunOutcome:
         run_id = run_id or new_run_id()
         self.leases.register(run_id, task=task, user_id=principal.user_id)
-        return self._advance(run_id, initial_state(run_id, task), principal, on_step)
+        return self._advance(run_id, initial_state(run_id, task, principal), on_step)
 
     def resume(
         self, run_id: str, value: Any = None, *, on_step: StepListener | None = None
     ) -> RunOutcome:
-        """Continue a run: after a crash (value None) or with the answer to its interrupt."""
+        """Continue a run: after a crash, after a parked reconciliation's wait (value None), or
+        with a person's answer to its approval interrupt (value: an ApprovalDecision dump).
+
+        A run waiting for approval is not advanced without an answer; a finished run stays as it
+        is. Both just report where they stand.
+        """
         if self.leases.get(run_id) is None:
             raise UnknownRun(run_id)
         snapshot = self.graph.get_state(self.config(run_id))
-        payload: Any = Command(resume=value) if snapshot.interrupts else None
-        return self._advance(run_id, payload, None, on_step)
+        kinds = {i.value.get("kind") for i in snapshot.interrupts}
+        if not snapshot.next or ("approval" in kinds and value is None):
+            return self.outcome(run_id)
+        if snapshot.interrupts:
+            # A parked reconciliation is resumed to look again; the value carries no meaning.
+            payload: Any = Command(resume=value if value is not None else {"kind": "retry"})
+        else:
+            payload = None
+        return self._advance(run_id, payload, on_step)
 
-    def _advance(
-        self, run_id: str, payload: Any, principal: Principal | None, on_step: StepListener | None
-    ) -> RunOutcome:
+    def submit(self, task: str, principal: Principal, *, run_id: str | None = None) -> str:
+        """Create a run without advancing it: any worker may pick it up."""
+        run_id = run_id or new_run_id()
+        self.graph.update_state(
+            self.config(run_id), initial_state(run_id, task, principal), as_node="__start__"
+        )
+        self.leases.register(run_id, task=task, user_id=principal.user_id)
+        return run_id
+
+    def _advance(self, run_id: str, payload: Any, on_step: StepListener | None) -> RunOutcome:
         lease = self._claim(run_id)
         self.saver.fence = Fence.of(lease)
         try:
@@ -158,7 +177,7 @@ class Runner:
                 for chunk in self.graph.stream(
                     payload,
                     self.config(run_id),
-                    context=self.context(principal, lease.fence),
+                    context=self.context(lease.fence),
                     durability=RUN_DURABILITY,
                     stream_mode="updates",
                 ):
@@ -201,7 +220,7 @@ class Runner:
         values = self.graph.get_state(self.config(run_id)).values
         if not values:
             raise UnknownRun(run_id)
-        return values  # type: ignore[no-any-return]
+        return cast(RunState, values)
 
     def outcome(self, run_id: str) -> RunOutcome:
         snapshot = self.graph.get_state(self.config(run_id))

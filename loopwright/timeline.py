@@ -20,7 +20,9 @@ def describe_step(node: str, update: dict[str, Any]) -> list[str]:
     """Plain-text lines (rich markup) for one node's committed update."""
     lines: list[str] = []
     if update.get("stop_reason") and node != "verify":
-        lines.append(f"[bold red]stop[/]: {update['stop_reason']} ({escape(update.get('stop_detail', ''))})")
+        lines.append(
+            f"[bold red]stop[/]: {update['stop_reason']} ({escape(update.get('stop_detail', ''))})"
+        )
     for item in update.get("history") or []:
         if isinstance(item, AIMessage):
             for call in item.tool_calls:
@@ -33,18 +35,27 @@ def describe_step(node: str, update: dict[str, Any]) -> list[str]:
                 lines.append(f"{item.name} [green]ok[/]")
             else:
                 error = envelope.error or {}
-                lines.append(f"{item.name} [red]{envelope.status}[/]: {error.get('code')} {escape(str(error.get('detail', '')))}")
+                lines.append(
+                    f"{item.name} [red]{envelope.status}[/]: {error.get('code')} {escape(str(error.get('detail', '')))}"
+                )
     if node == "validate":
-        for call in (PendingCall.model_validate(p) for p in update.get("pending") or []):
-            if call.verdict == "ready":
-                lines.append(f"allows [cyan]{call.tool}[/] for {call.call_id}")
-            elif call.verdict == "needs_approval" and call.approval is not None:
-                lines.append(f"[yellow]needs approval[/]: {escape(call.approval.summary)} ({call.approval.approval_id})")
+        for pending in (PendingCall.model_validate(p) for p in update.get("pending") or []):
+            if pending.verdict == "ready":
+                lines.append(f"allows [cyan]{pending.tool}[/] for {pending.call_id}")
+            elif pending.verdict == "needs_approval" and pending.approval is not None:
+                request = pending.approval
+                lines.append(
+                    f"[yellow]needs approval[/]: {escape(request.summary)} ({request.approval_id})"
+                )
     for record in update.get("approvals") or []:
-        lines.append(f"{record['decision']}d by {record['approver']} (digest {record['digest'][:12]})")
+        lines.append(
+            f"{record['decision']}d by {record['approver']} (digest {record['digest'][:12]})"
+        )
     for raw in (update.get("journal") or {}).values():
         action = Action.model_validate(raw)
-        lines.append(f"action {action.action_id} {action.tool} [bold]{action.status}[/] (attempts {action.attempts})")
+        lines.append(
+            f"action {action.action_id} {action.tool} [bold]{action.status}[/] (attempts {action.attempts})"
+        )
     if update.get("verification"):
         v = Verification.model_validate(update["verification"])
         mark = "[green]verified[/]" if v.verified else "[red]not verified[/]"

@@ -22,7 +22,9 @@ class KeepsReading:
 
     reads: int
 
-    def __call__(self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]) -> Decision:
+    def __call__(
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
+    ) -> Decision:
         done = sum(1 for m in messages if isinstance(m, AIMessage))
         order_id = Transcript.read(messages).order_id or "O-42"
         if done < self.reads:

@@ -27,7 +27,9 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     waiting = [
         c.approval
         for c in pending_of(state)
-        if c.verdict is CallVerdict.NEEDS_APPROVAL and c.approval is not None and c.approval.approval_id not in decided
+        if c.verdict is CallVerdict.NEEDS_APPROVAL
+        and c.approval is not None
+        and c.approval.approval_id not in decided
     ]
     if not waiting:
         return {}
@@ -36,9 +38,17 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     try:
         decision = ApprovalDecision.model_validate(raw)
     except ValidationError as exc:
-        return {"feedback": [f"approval {request.approval_id}: invalid decision ignored ({exc.error_count()} errors)"]}
+        return {
+            "feedback": [
+                f"approval {request.approval_id}: invalid decision ignored ({exc.error_count()} errors)"
+            ]
+        }
     if decision.approval_id != request.approval_id:
-        return {"feedback": [f"decision for {decision.approval_id} ignored: waiting for {request.approval_id}"]}
+        return {
+            "feedback": [
+                f"decision for {decision.approval_id} ignored: waiting for {request.approval_id}"
+            ]
+        }
     if decision.approver == principal_of(state).user_id:
         return {"feedback": [f"{decision.approver} cannot approve their own run"]}
     record = ApprovalRecord(

@@ -18,7 +18,16 @@ from graph.context import RunContext
 from graph.crashpoints import crash_point
 from graph.protocol import ToolEnvelope
 from graph.state import Action, ActionStatus, CallVerdict, PendingCall, Phase, RunState
-from graph.views import dump_actions, dump_pending, pending_of, principal_of, started_at, stop, tool_result, usage_of
+from graph.views import (
+    dump_actions,
+    dump_pending,
+    pending_of,
+    principal_of,
+    started_at,
+    stop,
+    tool_result,
+    usage_of,
+)
 from nodes.validate import Refusal, check_call
 from tools.contract import Effect
 from tools.executor import dispatch_write, envelope_of, run_read, settle_reentry
@@ -35,8 +44,12 @@ def _write(call: PendingCall, state: RunState, context: RunContext) -> Action:
         contract, _ = check_call(call, principal_of(state), context)
     except Refusal as refusal:
         return context.journal.transition(
-            action.action_id, action.status, ActionStatus.REJECTED, fence=context.fence,
-            outcome={"error": refusal.error}, detail={"stage": "pre-dispatch re-check"},
+            action.action_id,
+            action.status,
+            ActionStatus.REJECTED,
+            fence=context.fence,
+            outcome={"error": refusal.error},
+            detail={"stage": "pre-dispatch re-check"},
         )
     return dispatch_write(contract, action, context.env, context.journal, context.fence)
 
@@ -55,11 +68,16 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             continue
         exceeded = context.budget.check_before_tool_call(usage, started_at(state), context.now())
         if exceeded is not None:
-            return {**stop(exceeded.reason, exceeded.detail), "usage": usage.model_dump(mode="json")}
+            return {
+                **stop(exceeded.reason, exceeded.detail),
+                "usage": usage.model_dump(mode="json"),
+            }
         contract = context.tools.get(call.tool)
         assert contract is not None, "validate admits only known tools"
         if contract.effect is Effect.READ:
-            read = run_read(contract, contract.args_model.model_validate(call.args), context.env, call.call_id)
+            read = run_read(
+                contract, contract.args_model.model_validate(call.args), context.env, call.call_id
+            )
             usage = usage.model_copy(
                 update={
                     "tool_calls": usage.tool_calls + 1,
@@ -74,7 +92,10 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             action = _write(call, state, context)
             actions.append(action)
             usage = usage.model_copy(
-                update={"tool_calls": usage.tool_calls + 1, "tool_attempts": usage.tool_attempts + 1}
+                update={
+                    "tool_calls": usage.tool_calls + 1,
+                    "tool_attempts": usage.tool_attempts + 1,
+                }
             )
             answer = None if action.status is ActionStatus.UNKNOWN else envelope_of(action)
         if answer is not None:

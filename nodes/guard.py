@@ -1,6 +1,9 @@
 """guard: the loop's gate. Every iteration passes here before the model is asked again.
 
-It adopts the trusted principal on the first step, then decides, in this order: a run that is
+On the first step it fixes the run's principal, versions and task message. The principal comes
+from the trusted caller only: in the run's input (the CLI writes it there, so it is committed
+before any node runs and a crash before the first step loses nothing) or in the run context (a
+server's auth). Then it decides, in this order: a run that is
 already stopping stops; a cancel request stops; an escalated action needs a human; any action
 whose outcome is not known is reconciled before anything else happens; a spent budget stops.
 Otherwise the loop goes on to compile the next context.
@@ -24,7 +27,10 @@ def model_id(context: RunContext) -> str:
 
 
 def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
-    if context.principal is None:
+    principal = state.get("principal") or (
+        context.principal and context.principal.model_dump(mode="json")
+    )
+    if not principal:
         return stop(StopReason.PERMISSION_DENIED, "the run has no trusted principal")
     versions = Versions(
         model_id=model_id(context),
@@ -32,7 +38,7 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
         tool_schemas=context.tools.schema_hashes(),
     )
     return {
-        "principal": context.principal.model_dump(mode="json"),
+        "principal": principal,
         "versions": versions.model_dump(mode="json"),
         "history": [HumanMessage(content=state["task"])],
     }
@@ -44,7 +50,7 @@ def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     if state.get("stop_reason"):
         return {"phase": Phase.INCOMPLETE.value}
     update: dict[str, Any] = {}
-    if "principal" not in state:
+    if not state["history"]:
         update = _first_step(state, context)
         if "stop_reason" in update:
             return update
@@ -57,7 +63,9 @@ def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         return stop(StopReason.NEEDS_HUMAN, f"outcome of {ids} could not be confirmed")
     if any(a.status in UNRESOLVED_STATUSES for a in actions):
         return {**update, "phase": Phase.RECONCILING.value}
-    exceeded = context.budget.check_before_request(usage_of(state), started_at(state), context.now())
+    exceeded = context.budget.check_before_request(
+        usage_of(state), started_at(state), context.now()
+    )
     if exceeded is not None:
         return stop(exceeded.reason, exceeded.detail)
     return {**update, "phase": Phase.READY.value}

@@ -29,7 +29,10 @@ def _pending_calls(message: AIMessage) -> list[PendingCall]:
             call_id=str(c.get("id")),
             tool=str(c.get("name")),
             args={},
-            error={"code": "invalid_arguments", "detail": f"unparsable arguments: {c.get('error')}"},
+            error={
+                "code": "invalid_arguments",
+                "detail": f"unparsable arguments: {c.get('error')}",
+            },
         )
         for c in message.invalid_tool_calls
     ]
@@ -41,7 +44,10 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     context = runtime.context
     compiled = state.get("context") or {}
     allowed = [c.openai_schema() for c in context.tools if c.name in compiled.get("tools", [])]
-    messages = [SystemMessage(content=compiled.get("system", "")), *messages_of(state)[compiled.get("window_start", 0):]]
+    messages = [
+        SystemMessage(content=compiled.get("system", "")),
+        *messages_of(state)[compiled.get("window_start", 0) :],
+    ]
     try:
         reply = context.model.bind_tools(allowed).invoke(messages)
     except Exception as exc:  # the model client already retried transient faults (one layer)

@@ -25,7 +25,15 @@ from langgraph.types import interrupt
 
 from graph.context import RunContext
 from graph.crashpoints import crash_point
-from graph.state import UNRESOLVED_STATUSES, Action, ActionStatus, CallVerdict, Phase, RunState
+from graph.state import (
+    UNRESOLVED_STATUSES,
+    Action,
+    ActionStatus,
+    CallVerdict,
+    PendingCall,
+    Phase,
+    RunState,
+)
 from graph.views import dump_actions, dump_pending, pending_of, tool_result
 from tools.contract import Guarantee, ReconcileStatus
 from tools.executor import dispatch_write, envelope_of, settle_reentry
@@ -35,8 +43,11 @@ MAX_SENDS = 3
 
 def _escalate(action: Action, context: RunContext, why: str) -> Action:
     return context.journal.transition(
-        action.action_id, ActionStatus.RECONCILING, ActionStatus.ESCALATED,
-        fence=context.fence, detail={"reason": why},
+        action.action_id,
+        ActionStatus.RECONCILING,
+        ActionStatus.ESCALATED,
+        fence=context.fence,
+        detail={"reason": why},
     )
 
 
@@ -49,19 +60,27 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
     journal, fence = context.journal, context.fence
     action = settle_reentry(action, journal, fence)
     if action.status is ActionStatus.UNKNOWN:
-        action = journal.transition(action.action_id, ActionStatus.UNKNOWN, ActionStatus.RECONCILING, fence=fence)
+        action = journal.transition(
+            action.action_id, ActionStatus.UNKNOWN, ActionStatus.RECONCILING, fence=fence
+        )
     if contract is None or contract.reconcile is None or contract.guarantee is Guarantee.NONE:
         return _escalate(action, context, "the downstream cannot be asked about this intent"), None
     answer = contract.reconcile(context.env, action)
     match answer.status:
         case ReconcileStatus.APPLIED:
             return journal.transition(
-                action.action_id, ActionStatus.RECONCILING, ActionStatus.SUCCEEDED,
-                fence=fence, outcome=answer.outcome, detail={"reconciled": "applied"},
+                action.action_id,
+                ActionStatus.RECONCILING,
+                ActionStatus.SUCCEEDED,
+                fence=fence,
+                outcome=answer.outcome,
+                detail={"reconciled": "applied"},
             ), None
         case ReconcileStatus.ABSENT if contract.guarantee is Guarantee.IDEMPOTENT_BY_KEY:
             if action.attempts >= MAX_SENDS:
-                return _escalate(action, context, f"still absent after {action.attempts} sends"), None
+                return _escalate(
+                    action, context, f"still absent after {action.attempts} sends"
+                ), None
             action = dispatch_write(contract, action, context.env, journal, fence)
             if action.status is ActionStatus.UNKNOWN:
                 return reconcile_action(action, context)
@@ -87,14 +106,16 @@ def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     if waits:
         retry_at = context.now() + timedelta(seconds=min(waits))
         # Parks the run; resuming re-runs this node from its start, which asks again.
-        interrupt({"kind": "reconcile_wait", "run_id": state["run_id"], "retry_at": retry_at.isoformat()})
+        interrupt(
+            {"kind": "reconcile_wait", "run_id": state["run_id"], "retry_at": retry_at.isoformat()}
+        )
     by_call = {a.call_id: a for a in settled}
     calls: list[PendingCall] = []
     answers: list[ToolMessage] = []
     for call in pending_of(state):
-        action = by_call.get(call.call_id)
-        if action is not None and call.verdict is not CallVerdict.DONE:
-            answers.append(tool_result(call, envelope_of(action)))
+        answered = by_call.get(call.call_id)
+        if answered is not None and call.verdict is not CallVerdict.DONE:
+            answers.append(tool_result(call, envelope_of(answered)))
             call = call.model_copy(update={"verdict": CallVerdict.DONE})
         calls.append(call)
     return {

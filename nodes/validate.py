@@ -52,7 +52,9 @@ def check_call(
         raise Refusal(call.error["code"], call.error["detail"])
     contract = context.tools.get(call.tool)
     if contract is None:
-        raise Refusal("unknown_tool", f"there is no tool {call.tool!r}", allowed=context.tools.names())
+        raise Refusal(
+            "unknown_tool", f"there is no tool {call.tool!r}", allowed=context.tools.names()
+        )
     try:
         args = contract.args_model.model_validate(call.args)
     except ValidationError as exc:
@@ -60,7 +62,9 @@ def check_call(
             {"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
             for e in exc.errors(include_url=False, include_input=False)
         ]
-        raise Refusal("invalid_arguments", f"arguments of {call.tool} are invalid", errors=errors) from exc
+        raise Refusal(
+            "invalid_arguments", f"arguments of {call.tool} are invalid", errors=errors
+        ) from exc
     outside = sorted(contract.resources(args) - set(principal.scope)) if principal.scope else []
     if outside:
         raise Refusal("out_of_scope", f"{', '.join(outside)} is outside this task's boundary")
@@ -140,11 +144,17 @@ def _apply_decision(
     assert action is not None, f"journal lost action {call.action_id}"
     refusal: dict[str, Any] | None = None
     if record.decision != "approve":
-        refusal = {"code": "approval_rejected", "detail": f"rejected by {record.approver}: {record.comment}"}
+        refusal = {
+            "code": "approval_rejected",
+            "detail": f"rejected by {record.approver}: {record.comment}",
+        }
     elif record.digest != action.digest:
         refusal = {"code": "approval_mismatch", "detail": "the approval names another action"}
     elif record.decided_at > call.approval.expires_at:
-        refusal = {"code": "approval_expired", "detail": f"approval expired at {call.approval.expires_at}"}
+        refusal = {
+            "code": "approval_expired",
+            "detail": f"approval expired at {call.approval.expires_at}",
+        }
     else:
         try:
             check_call(call, principal, context)
@@ -152,13 +162,24 @@ def _apply_decision(
             refusal = exc.error
     if refusal is not None:
         action = context.journal.transition(
-            action.action_id, ActionStatus.NEEDS_APPROVAL, ActionStatus.REJECTED,
-            fence=context.fence, outcome={"error": refusal}, detail={"approval_id": record.approval_id},
+            action.action_id,
+            ActionStatus.NEEDS_APPROVAL,
+            ActionStatus.REJECTED,
+            fence=context.fence,
+            outcome={"error": refusal},
+            detail={"approval_id": record.approval_id},
         )
-        return call.model_copy(update={"verdict": CallVerdict.REJECTED, "error": refusal}), action, ToolEnvelope(status="error", error=refusal)
+        return (
+            call.model_copy(update={"verdict": CallVerdict.REJECTED, "error": refusal}),
+            action,
+            ToolEnvelope(status="error", error=refusal),
+        )
     action = context.journal.transition(
-        action.action_id, ActionStatus.NEEDS_APPROVAL, ActionStatus.APPROVED,
-        fence=context.fence, detail={"approval_id": record.approval_id, "approver": record.approver},
+        action.action_id,
+        ActionStatus.NEEDS_APPROVAL,
+        ActionStatus.APPROVED,
+        fence=context.fence,
+        detail={"approval_id": record.approval_id, "approver": record.approver},
     )
     return call.model_copy(update={"verdict": CallVerdict.READY}), action, None
 
@@ -167,7 +188,9 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:validate:start")
     context = runtime.context
     principal = principal_of(state)
-    decisions = {r["approval_id"]: ApprovalRecord.model_validate(r) for r in state.get("approvals") or []}
+    decisions = {
+        r["approval_id"]: ApprovalRecord.model_validate(r) for r in state.get("approvals") or []
+    }
     calls: list[PendingCall] = []
     answers: list[ToolMessage] = []
     actions: list[Action] = []
@@ -182,7 +205,9 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
                 else:
                     call = call.model_copy(update={"verdict": CallVerdict.READY})
             except Refusal as refusal:
-                call = call.model_copy(update={"verdict": CallVerdict.REJECTED, "error": refusal.error})
+                call = call.model_copy(
+                    update={"verdict": CallVerdict.REJECTED, "error": refusal.error}
+                )
                 answer = ToolEnvelope(status="error", error=refusal.error)
         elif call.verdict is CallVerdict.NEEDS_APPROVAL and call.approval is not None:
             record = decisions.get(call.approval.approval_id)
@@ -199,4 +224,3 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "journal": dump_actions(actions),
         "phase": Phase.WAITING_APPROVAL.value if waiting else Phase.WAITING_TOOLS.value,
     }
-

@@ -32,7 +32,11 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
         contract = context.tools.get(action.tool)
         if contract is None or contract.effect is not Effect.WRITE:
             continue
-        if action.status in (ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, ActionStatus.RECONCILING):
+        if action.status in (
+            ActionStatus.DISPATCHED,
+            ActionStatus.UNKNOWN,
+            ActionStatus.RECONCILING,
+        ):
             problems.append(f"{action.action_id} is {action.status}: its outcome is not confirmed")
         if action.status is not ActionStatus.SUCCEEDED:
             continue
@@ -50,10 +54,13 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
     for cited in sorted(set(CITED_IDS.findall(answer)) - verified_ids):
         problems.append(f"the answer cites {cited}, which no verified action of this run produced")
     facts["answer"] = answer
-    summary = "; ".join(
-        f"{w['tool']} {w.get('refund_id', '')} order {w.get('order_id', '')} {w.get('amount', '')} {w.get('currency', '')}".strip()
-        for w in facts["writes"]
-    ) or "no business effect"
+    summary = (
+        "; ".join(
+            f"{w['tool']} {w.get('refund_id', '')} order {w.get('order_id', '')} {w.get('amount', '')} {w.get('currency', '')}".strip()
+            for w in facts["writes"]
+        )
+        or "no business effect"
+    )
     return Verification(verified=not problems, summary=summary, facts=facts, problems=problems)
 
 

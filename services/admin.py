@@ -16,12 +16,16 @@ TIMEOUT_S = 5.0
 
 
 def set_fault(
-    endpoints: ServiceEndpoints, mode: str, delay_s: float = 0, times: int = 1
+    endpoints: ServiceEndpoints,
+    mode: str,
+    delay_s: float = 0,
+    times: int = 1,
+    *,
+    no_query: bool = False,
 ) -> dict[str, Any]:
     """Arm a payments fault (see `services.faults`); mode "none" disarms."""
-    return _post(
-        f"{endpoints.payments}/admin/faults", {"mode": mode, "delay_s": delay_s, "times": times}
-    )
+    body = {"mode": mode, "delay_s": delay_s, "times": times, "no_query": no_query}
+    return _post(f"{endpoints.payments}/admin/faults", body)
 
 
 def list_refunds(endpoints: ServiceEndpoints, order_id: str) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ FaultMode = Literal[
     "fail_before_commit",  # answer 500 without applying anything
     "latency",  # sleep delay_s, then proceed normally
     "processing",  # record the refund as processing; it settles delay_s later, on a read
-    "no_query",  # persistent: lookups by idempotency key answer 501
 ]
 
 
@@ -25,6 +24,9 @@ class Fault(BaseModel):
     mode: FaultMode = "none"
     delay_s: float = Field(default=0, ge=0)
     times: int = Field(default=1, ge=1, description="POST /refunds requests left to affect")
+    # Persistent, and independent of `mode`: lookups by idempotency key answer 501, as from a
+    # downstream that cannot be asked about past requests.
+    no_query: bool = False
 
 
 class FaultSwitch:
@@ -34,12 +36,13 @@ class FaultSwitch:
     def take(self) -> Fault:
         """The fault one POST /refunds suffers; the switch disarms after `times` of them."""
         fault = self.current
-        if fault.mode in ("none", "no_query"):
-            return Fault()
+        if fault.mode == "none":
+            return fault
         remaining = fault.times - 1
-        self.current = fault.model_copy(update={"times": remaining}) if remaining else Fault()
+        disarmed = Fault(no_query=fault.no_query)
+        self.current = fault.model_copy(update={"times": remaining}) if remaining else disarmed
         return fault
 
     @property
     def blocks_queries(self) -> bool:
-        return self.current.mode == "no_query"
+        return self.current.no_query

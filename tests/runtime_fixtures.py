@@ -38,8 +38,12 @@ RunnerFactory = Callable[..., AbstractContextManager[Runner]]
 
 @pytest.fixture
 def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFactory:
-    def factory(model: BaseChatModel | None = None, budget: Budget | None = None) -> AbstractContextManager[Runner]:
-        return open_runner(database_url, services, model=model or make_model("scripted"), budget=budget)
+    def factory(
+        model: BaseChatModel | None = None, budget: Budget | None = None
+    ) -> AbstractContextManager[Runner]:
+        return open_runner(
+            database_url, services, model=model or make_model("scripted"), budget=budget
+        )
 
     return factory
 
@@ -62,5 +66,7 @@ def cli(
         cwd=REPO,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result

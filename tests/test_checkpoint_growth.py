@@ -32,9 +32,13 @@ def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
     task = "Read order O-42 again and again."
     model = ScriptedChatModel(policy=KeepsReading(reads=STEPS))
     sizes: list[int] = []
-    with psycopg.connect(database_url, autocommit=True) as conn, open_test_runner(
-        model=model, budget=Budget(max_steps=STEPS + 5, max_tool_attempts=STEPS * 3, max_input_tokens=10**9)
-    ) as runner:
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        open_test_runner(
+            model=model,
+            budget=Budget(max_steps=STEPS + 5, max_tool_attempts=STEPS * 3, max_input_tokens=10**9),
+        ) as runner,
+    ):
         run_id = "run-growth"
 
         def measure(node: str, _update: dict[str, Any]) -> None:
@@ -49,5 +53,7 @@ def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
     assert len(sizes) == STEPS + 1
     first = (sizes[WINDOW] - sizes[0]) / WINDOW
     last = (sizes[STEPS] - sizes[STEPS - WINDOW]) / WINDOW
-    print(f"bytes/step: first {WINDOW} steps {first:.0f}, last {WINDOW} steps {last:.0f}, ratio {last / first:.2f}")
+    print(
+        f"bytes/step: first {WINDOW} steps {first:.0f}, last {WINDOW} steps {last:.0f}, ratio {last / first:.2f}"
+    )
     assert last <= 1.5 * first

@@ -7,7 +7,8 @@ from pathlib import Path
 from langchain_core.messages import AIMessage
 
 from graph.build import NODES
-from graph.crashpoints import ENV_VAR as CRASH_ENV, EXIT_CODE as CRASH_EXIT
+from graph.crashpoints import ENV_VAR as CRASH_ENV
+from graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
@@ -21,8 +22,17 @@ def test_decision_is_committed_before_execute_and_never_asked_again(
     database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
 ) -> None:
     env = env_for(services, tmp_path)
-    crashed = cli("run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", "run-c1",
-                  env={**env, CRASH_ENV: "node:validate:start"})
+    crashed = cli(
+        "run",
+        DEMO_TASK,
+        "--user",
+        "u-1",
+        "--db",
+        database_url,
+        "--run-id",
+        "run-c1",
+        env={**env, CRASH_ENV: "node:validate:start"},
+    )
     assert crashed.returncode == CRASH_EXIT, crashed.stderr
 
     # A new process reads the checkpoint: the model's decision is there, nothing ran yet.
@@ -39,7 +49,17 @@ def test_decision_is_committed_before_execute_and_never_asked_again(
     assert "WAITING_APPROVAL" in resumed.stdout
     listed = cli("approvals", "list", "--db", database_url, env=env, check=True)
     approval_id = listed.stdout.split()[0]
-    approved = cli("approvals", "approve", approval_id, "--as", "a-1", "--db", database_url, env=env, check=True)
+    approved = cli(
+        "approvals",
+        "approve",
+        approval_id,
+        "--as",
+        "a-1",
+        "--db",
+        database_url,
+        env=env,
+        check=True,
+    )
     assert "COMPLETED" in approved.stdout
 
     # As many decisions as an uncrashed run (tests/test_refund_run.py): none was asked twice.
@@ -59,10 +79,29 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
 ) -> None:
     env = env_for(services, tmp_path)
     cases = {
-        "unknown user": (["run", DEMO_TASK, "--user", "u-404", "--db", database_url], "unknown user 'u-404'"),
-        "unknown order": (["run", "Refund order O-777 please.", "--user", "u-1", "--db", database_url], "unknown order 'O-777'"),
-        "unreachable database": (["run", DEMO_TASK, "--user", "u-1", "--db", "postgresql://postgres@127.0.0.1:1/nowhere"], "unreachable"),
-        "bad database url": (["run", DEMO_TASK, "--user", "u-1", "--db", "mysql://x"], "database URL"),
+        "unknown user": (
+            ["run", DEMO_TASK, "--user", "u-404", "--db", database_url],
+            "unknown user 'u-404'",
+        ),
+        "unknown order": (
+            ["run", "Refund order O-777 please.", "--user", "u-1", "--db", database_url],
+            "unknown order 'O-777'",
+        ),
+        "unreachable database": (
+            [
+                "run",
+                DEMO_TASK,
+                "--user",
+                "u-1",
+                "--db",
+                "postgresql://postgres@127.0.0.1:1/nowhere",
+            ],
+            "unreachable",
+        ),
+        "bad database url": (
+            ["run", DEMO_TASK, "--user", "u-1", "--db", "mysql://x"],
+            "database URL",
+        ),
         "unknown run": (["resume", "run-nope", "--db", database_url], "no run run-nope"),
     }
     for name, (args, expected) in cases.items():

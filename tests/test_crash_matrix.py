@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from graph.crashpoints import ENV_VAR as CRASH_ENV, EXIT_CODE as CRASH_EXIT, POINTS
+from graph.crashpoints import ENV_VAR as CRASH_ENV
+from graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from graph.crashpoints import POINTS
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
 
 # A crash point is met at most once per case; "then" points are armed after the first crash.
-CASES: dict[str, tuple[str, ...]] = {point: (point,) for point in POINTS if point != "node:reconcile:start"}
+CASES: dict[str, tuple[str, ...]] = {
+    point: (point,) for point in POINTS if point != "node:reconcile:start"
+}
 # reconcile only runs when an outcome is unknown: crash after DISPATCHED, then inside reconcile.
 CASES["node:reconcile:start"] = ("executor:after_dispatch_record", "node:reconcile:start")
 
@@ -36,13 +40,26 @@ def advance(run_id: str, db: str, env: dict[str, str]) -> tuple[int, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_crash_at_point_then_resume_completes_with_one_refund(
-    case: str, database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+    case: str,
+    database_url: str,
+    services: ServiceEndpoints,
+    tmp_path: Path,
+    open_test_runner: RunnerFactory,
 ) -> None:
     env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
     armed = list(CASES[case])
     run_id = "run-crash"
-    result = cli("run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id,
-                 env={**env, CRASH_ENV: armed[0]})
+    result = cli(
+        "run",
+        DEMO_TASK,
+        "--user",
+        "u-1",
+        "--db",
+        database_url,
+        "--run-id",
+        run_id,
+        env={**env, CRASH_ENV: armed[0]},
+    )
     code, output = result.returncode, result.stdout + result.stderr
     crashes = 0
     for _ in range(8):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from langchain_core.messages import AIMessage
 
 from graph.build import NODES
 from graph.state import ActionStatus, ApprovalDecision
-from loopwright.runner import RunOutcome, Runner
+from loopwright.runner import Runner, RunOutcome
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, principal
@@ -17,7 +18,10 @@ from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFacto
 def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
     request = outcome.waiting_for_approval[0]
     decision = ApprovalDecision(
-        approval_id=request["approval_id"], digest=request["digest"], decision="approve", approver=approver
+        approval_id=request["approval_id"],
+        digest=request["digest"],
+        decision="approve",
+        approver=approver,
     )
     return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
 
@@ -55,11 +59,16 @@ def test_checkpoint_history_has_one_commit_per_node_step(open_test_runner: Runne
         outcome = runner.start(DEMO_TASK, principal(), on_step=record)
         request = outcome.waiting_for_approval[0]
         decision = ApprovalDecision(
-            approval_id=request["approval_id"], digest=request["digest"], decision="approve", approver="a-1"
+            approval_id=request["approval_id"],
+            digest=request["digest"],
+            decision="approve",
+            approver="a-1",
         )
         runner.resume(outcome.run_id, decision.model_dump(mode="json"), on_step=record)
 
-        history = list(reversed(list(runner.graph.get_state_history(runner.config(outcome.run_id)))))
+        history = list(
+            reversed(list(runner.graph.get_state_history(runner.config(outcome.run_id))))
+        )
     # Step 0 holds the applied input; then one committed checkpoint after every node step, and
     # each checkpoint names exactly the node that ran next.
     loop_checkpoints = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
@@ -67,13 +76,18 @@ def test_checkpoint_history_has_one_commit_per_node_step(open_test_runner: Runne
     assert [s.next for s in loop_checkpoints[:-1]] == [(node,) for node in steps]
     assert loop_checkpoints[-1].next == ()
     # One chain, no fork: every checkpoint's parent is the one before it.
-    for parent, child in zip(history, history[1:], strict=False):
+    for parent, child in pairwise(history):
         assert child.parent_config is not None
-        assert child.parent_config["configurable"]["checkpoint_id"] == parent.config["configurable"]["checkpoint_id"]
+        assert (
+            child.parent_config["configurable"]["checkpoint_id"]
+            == parent.config["configurable"]["checkpoint_id"]
+        )
     assert set(steps) == set(NODES) - {"reconcile"}  # reconcile runs only for unknown outcomes
 
 
-def test_ineligible_order_completes_without_effect(open_test_runner: RunnerFactory, services: ServiceEndpoints) -> None:
+def test_ineligible_order_completes_without_effect(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
     task = "Check whether order O-44 can be refunded and refund it if so."
     with open_test_runner() as runner:
         outcome = runner.start(task, principal(task=task))

@@ -59,10 +59,15 @@ def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str
             if fault.transient and attempts < contract.max_attempts:
                 time.sleep(BACKOFF_BASE_S * 2 ** (attempts - 1) * (1 + random.random()))
                 continue
-            return ReadResult(ToolEnvelope(status="error", error=fault.as_error()), None, attempts, 0)
+            return ReadResult(
+                ToolEnvelope(status="error", error=fault.as_error()), None, attempts, 0
+            )
         size = len(canonical_json(result))
         if size > contract.max_result_bytes:
-            too_large = {"code": "result_too_large", "detail": f"{size} bytes > cap {contract.max_result_bytes}"}
+            too_large = {
+                "code": "result_too_large",
+                "detail": f"{size} bytes > cap {contract.max_result_bytes}",
+            }
             return ReadResult(ToolEnvelope(status="error", error=too_large), None, attempts, 0)
         evidence = Evidence(
             evidence_id=f"ev_{digest([call_id, result])[:12]}",
@@ -93,24 +98,37 @@ def dispatch_write(
         outcome = check_output(contract, raw)
     except OutcomeUnknown as exc:
         return journal.transition(
-            action.action_id, ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, fence=fence,
+            action.action_id,
+            ActionStatus.DISPATCHED,
+            ActionStatus.UNKNOWN,
+            fence=fence,
             detail={"reason": str(exc)},
         )
     except ToolFault as fault:
         if fault.code == "malformed_output":
             # It answered, but not in a way we can trust: the write may have applied.
             return journal.transition(
-                action.action_id, ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, fence=fence,
+                action.action_id,
+                ActionStatus.DISPATCHED,
+                ActionStatus.UNKNOWN,
+                fence=fence,
                 detail={"reason": fault.detail},
             )
         return journal.transition(
-            action.action_id, ActionStatus.DISPATCHED, ActionStatus.FAILED, fence=fence,
+            action.action_id,
+            ActionStatus.DISPATCHED,
+            ActionStatus.FAILED,
+            fence=fence,
             outcome={"error": fault.as_error()},
         )
     crash_point("executor:before_outcome_record")
     return journal.transition(
-        action.action_id, ActionStatus.DISPATCHED, ActionStatus.SUCCEEDED, fence=fence,
-        outcome=outcome, detail={"at": utcnow().isoformat()},
+        action.action_id,
+        ActionStatus.DISPATCHED,
+        ActionStatus.SUCCEEDED,
+        fence=fence,
+        outcome=outcome,
+        detail={"at": utcnow().isoformat()},
     )
 
 
@@ -118,7 +136,10 @@ def settle_reentry(action: Action, journal: ActionJournal, fence: int) -> Action
     """A DISPATCHED action met again means a crash between send and record: UNKNOWN."""
     if action.status is ActionStatus.DISPATCHED:
         return journal.transition(
-            action.action_id, ActionStatus.DISPATCHED, ActionStatus.UNKNOWN, fence=fence,
+            action.action_id,
+            ActionStatus.DISPATCHED,
+            ActionStatus.UNKNOWN,
+            fence=fence,
             detail={"reason": "found DISPATCHED without an outcome on re-entry"},
         )
     return action

@@ -30,9 +30,13 @@ def read_json(client: httpx.Client, url: str, *, timeout: float) -> Any:
     try:
         response = client.get(url, timeout=timeout)
     except httpx.TimeoutException as exc:
-        raise ToolFault("timeout", f"no answer from {url} within {timeout}s", transient=True) from exc
+        raise ToolFault(
+            "timeout", f"no answer from {url} within {timeout}s", transient=True
+        ) from exc
     except httpx.TransportError as exc:
-        raise ToolFault("service_unavailable", str(exc) or type(exc).__name__, transient=True) from exc
+        raise ToolFault(
+            "service_unavailable", str(exc) or type(exc).__name__, transient=True
+        ) from exc
     if response.status_code >= 500:
         fault = _error_of(response)
         raise ToolFault(fault.code, fault.detail, transient=True)
@@ -57,7 +61,9 @@ def write_json(
         response = client.send(request, stream=True)
     except httpx.ConnectError as exc:
         # The connection was never established: nothing reached the business system.
-        raise ToolFault("service_unavailable", str(exc) or "connect failed", transient=True) from exc
+        raise ToolFault(
+            "service_unavailable", str(exc) or "connect failed", transient=True
+        ) from exc
     except (httpx.TimeoutException, httpx.TransportError) as exc:
         raise OutcomeUnknown(f"{type(exc).__name__} after sending to {url}") from exc
     try:

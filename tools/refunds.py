@@ -18,6 +18,7 @@ from graph.state import Action, Principal
 from tools.contract import (
     Effect,
     Guarantee,
+    OutcomeUnknown,
     PermissionDenied,
     ReconcileResult,
     ReconcileStatus,
@@ -89,11 +90,15 @@ class GetRefundStatusArgs(_Args):
 
 
 def fetch_order(env: ToolEnv, order_id: str, *, timeout: float = 5.0) -> Order:
-    return Order.model_validate(read_json(env.http, f"{env.endpoints.orders}/orders/{order_id}", timeout=timeout))
+    return Order.model_validate(
+        read_json(env.http, f"{env.endpoints.orders}/orders/{order_id}", timeout=timeout)
+    )
 
 
 def fetch_policy(env: ToolEnv, *, timeout: float = 5.0) -> Policy:
-    return Policy.model_validate(read_json(env.http, f"{env.endpoints.policies}/policies/refunds", timeout=timeout))
+    return Policy.model_validate(
+        read_json(env.http, f"{env.endpoints.policies}/policies/refunds", timeout=timeout)
+    )
 
 
 def _owns_order(principal: Principal, order_id: str, env: ToolEnv) -> None:
@@ -102,7 +107,9 @@ def _owns_order(principal: Principal, order_id: str, env: ToolEnv) -> None:
     except ToolFault as fault:
         if fault.code == "order_not_found":
             # Same answer as "not yours": existence of other users' orders is not disclosed.
-            raise PermissionDenied(f"order {order_id} is not an order of {principal.user_id}") from fault
+            raise PermissionDenied(
+                f"order {order_id} is not an order of {principal.user_id}"
+            ) from fault
         raise
     if order.owner != principal.user_id:
         raise PermissionDenied(f"order {order_id} is not an order of {principal.user_id}")
@@ -140,9 +147,24 @@ def _authorize_refund_read(principal: Principal, args: GetRefundStatusArgs, env:
 
 def _submit_refund(env: ToolEnv, args: SubmitRefundArgs, key: str | None) -> dict[str, Any]:
     assert key is not None, "a write is only ever sent under its intent key"
-    body = {"order_id": args.order_id, "amount": args.amount, "currency": args.currency, "reason": args.reason}
-    answer = write_json(env.http, f"{env.endpoints.payments}/refunds", body, idempotency_key=key, timeout=SUBMIT_REFUND.timeout_s)
-    return Refund.model_validate(answer).model_dump(mode="json")
+    body = {
+        "order_id": args.order_id,
+        "amount": args.amount,
+        "currency": args.currency,
+        "reason": args.reason,
+    }
+    answer = write_json(
+        env.http,
+        f"{env.endpoints.payments}/refunds",
+        body,
+        idempotency_key=key,
+        timeout=SUBMIT_REFUND.timeout_s,
+    )
+    refund = Refund.model_validate(answer)
+    if refund.status != "succeeded":
+        # Accepted but not final: only the payments service can say later how it ended.
+        raise OutcomeUnknown(f"refund {refund.refund_id} is {refund.status}")
+    return refund.model_dump(mode="json")
 
 
 def _refund_intent_key(run_id: str, args: SubmitRefundArgs) -> str:
@@ -169,15 +191,20 @@ def _reconcile_refund(env: ToolEnv, action: Action) -> ReconcileResult:
     except httpx.TransportError as exc:
         return ReconcileResult(ReconcileStatus.PENDING, detail=f"payments unreachable: {exc!r}")
     if response.status_code == 404:
-        return ReconcileResult(ReconcileStatus.ABSENT, detail="payments has no refund under this key")
+        return ReconcileResult(
+            ReconcileStatus.ABSENT, detail="payments has no refund under this key"
+        )
     if response.status_code != 200:
         return ReconcileResult(
-            ReconcileStatus.UNCONFIRMABLE, detail=f"payments answered {response.status_code} to a status query"
+            ReconcileStatus.UNCONFIRMABLE,
+            detail=f"payments answered {response.status_code} to a status query",
         )
     refund = Refund.model_validate(response.json())
     if refund.status == "succeeded":
         return ReconcileResult(ReconcileStatus.APPLIED, outcome=refund.model_dump(mode="json"))
-    return ReconcileResult(ReconcileStatus.PENDING, detail=f"refund {refund.refund_id} is {refund.status}")
+    return ReconcileResult(
+        ReconcileStatus.PENDING, detail=f"refund {refund.refund_id} is {refund.status}"
+    )
 
 
 def _verify_refund(env: ToolEnv, action: Action) -> VerifyResult:
@@ -192,7 +219,9 @@ def _verify_refund(env: ToolEnv, action: Action) -> VerifyResult:
     facts = refund.model_dump(mode="json")
     expected = (action.args["order_id"], action.args["amount"], action.args["currency"])
     if (refund.order_id, refund.amount, refund.currency) != expected:
-        return VerifyResult(False, facts, f"refund {refund.refund_id} does not match the journaled intent")
+        return VerifyResult(
+            False, facts, f"refund {refund.refund_id} does not match the journaled intent"
+        )
     if refund.status != "succeeded":
         return VerifyResult(False, facts, f"refund {refund.refund_id} is {refund.status}")
     return VerifyResult(True, facts)

@@ -1,0 +1,48 @@
+"""A worker: claims and advances runs that need it, until told to stop.
+
+Runs that need a worker are those whose lease is free or expired and that are neither finished
+nor waiting for a person: runs submitted but never started, runs whose process died mid-flight,
+and parked reconciliations whose next attempt is due. Several workers may share one database:
+the lease decides who advances a run, and fencing refuses whatever a stalled worker writes late.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from checkpoints.journal import StaleTransition
+from checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
+from loopwright.runner import Runner, RunOutcome
+
+# Called after each attempt: (run id, the outcome, or the error that ended the attempt).
+WorkListener = Callable[[str, RunOutcome | Exception], None]
+
+
+def work(
+    runner: Runner,
+    *,
+    stop: threading.Event,
+    poll_s: float = 0.5,
+    on_attempt: WorkListener | None = None,
+) -> int:
+    """Advance due runs until `stop` is set. Returns how many attempts were made."""
+    attempts = 0
+    while not stop.is_set():
+        due = runner.leases.due()
+        if not due:
+            stop.wait(poll_s)
+            continue
+        for run in due:
+            if stop.is_set():
+                break
+            attempts += 1
+            try:
+                outcome: RunOutcome | Exception = runner.resume(run.run_id)
+            except LeaseHeld:
+                continue  # another worker got there first
+            except (StaleWriter, StaleTransition, LeaseLost) as exc:
+                outcome = exc  # taken over while we worked: the new owner carries on
+            if on_attempt is not None:
+                on_attempt(run.run_id, outcome)
+    return attempts

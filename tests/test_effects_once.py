@@ -1,0 +1,111 @@
+"""One intent, at most one effect: unknown outcomes are reconciled by asking the business system."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from graph.state import ActionStatus, ApprovalDecision
+from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome
+from services.admin import list_refunds, set_fault
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, principal
+
+
+def start_and_approve(runner: Runner) -> RunOutcome:
+    outcome = runner.start(DEMO_TASK, principal())
+    request = outcome.waiting_for_approval[0]
+    decision = ApprovalDecision(
+        approval_id=request["approval_id"],
+        digest=request["digest"],
+        decision="approve",
+        approver="a-1",
+    )
+    return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
+
+
+def statuses(runner: Runner, action_id: str) -> list[str]:
+    return [event.to_status for event in runner.journal.events(action_id)]
+
+
+def test_accept_then_timeout_is_unknown_then_reconciled_not_resent(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    # The payments service applies the refund, then answers after the client gave up (3 s).
+    set_fault(services, "accept_then_timeout", delay_s=6)
+    with open_test_runner() as runner:
+        outcome = start_and_approve(runner)
+        [action] = outcome.actions
+        history = statuses(runner, action.action_id)
+    assert outcome.stop_reason == "completed"
+    assert history[-4:] == ["DISPATCHED", "UNKNOWN", "RECONCILING", "SUCCEEDED"]
+    assert action.attempts == 1  # reconciled by asking, never sent again
+    [refund] = list_refunds(services, "O-42")
+    assert refund["idempotency_key"] == action.intent_key
+
+
+def test_fail_before_commit_is_reconciled_as_absent_then_resent_under_the_same_key(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    set_fault(services, "fail_before_commit")
+    with open_test_runner() as runner:
+        outcome = start_and_approve(runner)
+        [action] = outcome.actions
+        history = statuses(runner, action.action_id)
+    assert outcome.stop_reason == "completed"
+    assert history[-5:] == ["DISPATCHED", "UNKNOWN", "RECONCILING", "DISPATCHED", "SUCCEEDED"]
+    assert action.attempts == 2
+    [refund] = list_refunds(services, "O-42")
+    assert refund["idempotency_key"] == action.intent_key
+
+
+def test_downstream_that_cannot_be_asked_escalates_to_needs_human(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    set_fault(services, "accept_then_timeout", delay_s=6, no_query=True)
+    with open_test_runner() as runner:
+        outcome = start_and_approve(runner)
+    [action] = outcome.actions
+    assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "needs_human")
+    assert action.status is ActionStatus.ESCALATED
+    assert action.attempts == 1
+    assert len(list_refunds(services, "O-42")) == 1  # it did happen; nobody pretends otherwise
+
+
+def test_still_processing_parks_the_run_and_a_worker_finishes_it(
+    database_url: str, open_test_runner: RunnerFactory, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    set_fault(services, "processing", delay_s=3)
+    with open_test_runner() as runner:
+        outcome = start_and_approve(runner)
+        run_id = outcome.run_id
+    assert outcome.phase == "RECONCILING"
+    assert outcome.next_attempt_at is not None
+    assert list_refunds(services, "O-42")[0]["status"] == "processing"
+
+    # This process has let go of the run. A worker process picks it up once its wait is due.
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "2"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", "worker", "--db", database_url, "--poll", "0.2"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        with open_test_runner() as runner:
+            deadline = time.monotonic() + 60
+            while runner.outcome(run_id).phase != "COMPLETED" and time.monotonic() < deadline:
+                time.sleep(0.3)
+            final = runner.outcome(run_id)
+    finally:
+        worker.terminate()
+        output, _ = worker.communicate(timeout=15)
+    assert final.stop_reason == "completed", output
+    assert [a.status for a in final.actions] == [ActionStatus.SUCCEEDED]
+    [refund] = list_refunds(services, "O-42")
+    assert refund["status"] == "succeeded"

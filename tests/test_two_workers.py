@@ -1,0 +1,100 @@
+"""Two workers, one run: the lease keeps one writer, fencing refuses the stalled one's late writes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from checkpoints.leases import LeaseHeld
+from graph.state import ActionStatus
+from loopwright.runner import LEASE_TTL_ENV
+from services.admin import list_refunds, set_fault
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_stalled_worker_is_taken_over_and_its_late_writes_are_refused(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "1"}
+    started = cli(
+        "run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", "run-2w", env=env
+    )
+    assert "WAITING_APPROVAL" in started.stdout, started.stdout + started.stderr
+    approval_id = cli("approvals", "list", "--db", database_url, env=env).stdout.split()[0]
+
+    # Worker A approves and advances the run; the refund request is slow to answer.
+    set_fault(services, "latency", delay_s=4)
+    worker_a = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loopwright",
+            "approvals",
+            "approve",
+            approval_id,
+            "--as",
+            "a-1",
+            "--db",
+            database_url,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with open_test_runner() as runner:
+            wait_for(
+                lambda: any(
+                    a.status is ActionStatus.DISPATCHED for a in runner.journal.for_run("run-2w")
+                )
+            )
+            # While A's lease is live, nobody else may advance the run.
+            with pytest.raises(LeaseHeld):
+                runner.resume("run-2w")
+            os.kill(worker_a.pid, signal.SIGSTOP)  # A stalls mid-write: its lease is not renewed
+            fence_a = runner.leases.get("run-2w").fence  # type: ignore[union-attr]
+
+        # Worker B takes over once A's lease has expired, and finishes the run.
+        taken_over = cli("resume", "run-2w", "--db", database_url, env=env)
+        assert "COMPLETED" in taken_over.stdout, taken_over.stdout + taken_over.stderr
+    finally:
+        os.kill(worker_a.pid, signal.SIGCONT)
+        out_a, err_a = worker_a.communicate(timeout=60)
+
+    # A woke up with its answer in hand; every durable write it tried was refused.
+    assert worker_a.returncode == 2, out_a + err_a
+    assert "stale" in err_a.lower(), err_a
+    with open_test_runner() as runner:
+        [action] = runner.journal.for_run("run-2w")
+        events = runner.journal.events(action.action_id)
+        history = list(reversed(list(runner.graph.get_state_history(runner.config("run-2w")))))
+        outcome = runner.outcome("run-2w")
+    assert outcome.stop_reason == "completed"
+    assert action.status is ActionStatus.SUCCEEDED
+    assert all(e.fence > fence_a for e in events if e.to_status == "SUCCEEDED")
+    for parent, child in pairwise(history):  # one chain: no fork
+        assert child.parent_config is not None
+        assert (
+            child.parent_config["configurable"]["checkpoint_id"]
+            == parent.config["configurable"]["checkpoint_id"]
+        )
+    assert len(list_refunds(services, "O-42")) == 1
