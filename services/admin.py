@@ -38,6 +38,16 @@ def list_refunds(endpoints: ServiceEndpoints, order_id: str) -> list[dict[str, A
     return refunds
 
 
+def create_order(
+    endpoints: ServiceEndpoints, order_id: str, owner: str, amount: str, **fields: Any
+) -> dict[str, Any]:
+    """Create an order (currency, status, delivered_at optional; by default refundable now)."""
+    return _post(
+        f"{endpoints.orders}/admin/orders",
+        {"order_id": order_id, "owner": owner, "amount": amount, **fields},
+    )
+
+
 def update_order(endpoints: ServiceEndpoints, order_id: str, **fields: Any) -> dict[str, Any]:
     """Change an order (status, amount, delivered_at, owner) as a concurrent actor would."""
     return _post(f"{endpoints.orders}/admin/orders/{order_id}", fields)

@@ -2,7 +2,7 @@
 
 Only the payments service moves a balance (``POST /orders/{id}/refunds``), idempotently by the
 refund's key, so a payments retry can never refund an order twice. ``/admin/...`` lets tests
-change an order behind the runtime's back.
+create orders and change an order behind the runtime's back.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.errors import ServiceError, install_error_handlers
 from services.money import format_cents, to_cents
@@ -100,6 +100,25 @@ class OrderChange(BaseModel):
     owner: str | None = None
 
 
+def _a_day_ago() -> datetime:
+    return utc_now() - timedelta(days=1)
+
+
+class NewOrder(BaseModel):
+    """Admin creation of an order, by default one that is refundable now (delivered yesterday).
+
+    Benchmarks and tests need many orders beyond the seeded ones; ``delivered_at: null`` creates
+    one without a delivery date.
+    """
+
+    order_id: str
+    owner: str
+    amount: Decimal
+    currency: str = "USD"
+    status: str = "delivered"
+    delivered_at: datetime | None = Field(default_factory=_a_day_ago)
+
+
 class OrdersStore:
     def __init__(self, db_path: Path) -> None:
         self._db = open_database(db_path, SCHEMA)
@@ -171,6 +190,27 @@ class OrdersStore:
                 (refund.refund_key, refund.refund_id, order_id, cents, utc_now().isoformat()),
             )
         return self.order(order_id)
+
+    def create_order(self, new: NewOrder) -> Order:
+        """Insert an order at version 1 with nothing refunded; 409 if the id is taken."""
+        cents = to_cents(new.amount)
+        if cents <= 0:
+            raise ServiceError(422, "invalid_amount", "an order must be worth something")
+        with transaction(self._db) as db:
+            if db.execute("SELECT 1 FROM orders WHERE order_id = ?", (new.order_id,)).fetchone():
+                raise ServiceError(409, "order_exists", f"order {new.order_id!r} exists already")
+            db.execute(
+                "INSERT INTO orders VALUES (?, ?, ?, ?, ?, 0, ?, 1)",
+                (
+                    new.order_id,
+                    new.owner,
+                    new.status,
+                    cents,
+                    new.currency.upper(),
+                    _iso_utc(new.delivered_at),
+                ),
+            )
+        return self.order(new.order_id)
 
     def change_order(self, order_id: str, change: OrderChange) -> Order:
         columns: dict[str, Any] = {}
@@ -249,6 +289,10 @@ def create_app(db_path: Path) -> FastAPI:
     @app.post("/orders/{order_id}/refunds")
     async def apply_refund(order_id: str, refund: AppliedRefund) -> Order:
         return store.apply_refund(order_id, refund)
+
+    @app.post("/admin/orders", status_code=201)
+    async def create_order(new: NewOrder) -> Order:
+        return store.create_order(new)
 
     @app.post("/admin/orders/{order_id}")
     async def change_order(order_id: str, change: OrderChange) -> Order:
