@@ -5,7 +5,8 @@ For each such action, the business system is asked about the intent key:
 
   applied        -> SUCCEEDED, with the business system's record as the outcome
   absent         -> re-sent under the same key, if the contract's guarantee allows it
-                    (idempotent by key); otherwise escalated
+                    (idempotent by key); otherwise FAILED: it did not happen, and a downstream
+                    without keys is never sent the same write twice by the runtime
   pending        -> the run parks: an interrupt with the time to look again. No process is held;
                     `loopwright resume` or a worker resumes it when that time has come
   unconfirmable  -> ESCALATED: a human must look; the run stops with needs_human
@@ -36,7 +37,7 @@ from graph.state import (
 )
 from graph.views import dump_actions, dump_pending, pending_of, tool_result
 from tools.contract import Guarantee, ReconcileStatus
-from tools.executor import dispatch_write, envelope_of, settle_reentry
+from tools.executor import dispatch_write, envelope_of, journaled_pre_image, settle_reentry
 
 MAX_SENDS = 3
 
@@ -65,7 +66,7 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
         )
     if contract is None or contract.reconcile is None or contract.guarantee is Guarantee.NONE:
         return _escalate(action, context, "the downstream cannot be asked about this intent"), None
-    answer = contract.reconcile(context.env, action)
+    answer = contract.reconcile(context.env, action, journaled_pre_image(journal, action.action_id))
     match answer.status:
         case ReconcileStatus.APPLIED:
             return journal.transition(
@@ -85,6 +86,15 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
             if action.status is ActionStatus.UNKNOWN:
                 return reconcile_action(action, context)
             return action, None
+        case ReconcileStatus.ABSENT:
+            return journal.transition(
+                action.action_id,
+                ActionStatus.RECONCILING,
+                ActionStatus.FAILED,
+                fence=fence,
+                outcome={"error": {"code": "not_applied", "detail": answer.detail}},
+                detail={"reconciled": "absent"},
+            ), None
         case ReconcileStatus.PENDING:
             return action, answer.retry_after_s
         case _:

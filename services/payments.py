@@ -24,6 +24,7 @@ import httpx
 from fastapi import FastAPI, Header, Response
 from pydantic import BaseModel
 
+from services.credits import credits_router
 from services.errors import ServiceError, install_error_handlers
 from services.faults import Fault, FaultSwitch
 from services.money import format_cents, to_cents
@@ -309,6 +310,7 @@ def create_app(db_path: Path, orders_url: str) -> FastAPI:
 
     app = FastAPI(title="payments", lifespan=lifespan)
     install_error_handlers(app)
+    app.include_router(credits_router(db_path.with_name("credits.sqlite3"), faults))
 
     @app.post("/refunds", status_code=201)
     async def create_refund(

@@ -19,6 +19,7 @@ from models.factory import make_model
 from services.endpoints import ServiceEndpoints
 from services.launcher import start_services
 from tools.refunds import task_scope
+from tools.registry import ToolRegistry
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
@@ -39,10 +40,16 @@ RunnerFactory = Callable[..., AbstractContextManager[Runner]]
 @pytest.fixture
 def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFactory:
     def factory(
-        model: BaseChatModel | None = None, budget: Budget | None = None
+        model: BaseChatModel | None = None,
+        budget: Budget | None = None,
+        tools: ToolRegistry | None = None,
     ) -> AbstractContextManager[Runner]:
         return open_runner(
-            database_url, services, model=model or make_model("scripted"), budget=budget
+            database_url,
+            services,
+            model=model or make_model("scripted"),
+            budget=budget,
+            tools=tools,
         )
 
     return factory

@@ -33,7 +33,9 @@ def from_json(raw: dict[str, Any]) -> RunState:
     return RunState(**{**raw, "history": messages_from_dict(raw["history"])})  # type: ignore[typeddict-item]
 
 
-@pytest.mark.skipif(not os.environ.get("LOOPWRIGHT_WRITE_GOLDEN"), reason="writes golden files on request")
+@pytest.mark.skipif(
+    not os.environ.get("LOOPWRIGHT_WRITE_GOLDEN"), reason="writes golden files on request"
+)
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_write_golden_state(open_test_runner: RunnerFactory) -> None:
     with open_test_runner() as runner:

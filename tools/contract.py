@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from graph.state import Action, Principal, digest
 from services.endpoints import ServiceEndpoints
@@ -48,6 +48,12 @@ class ToolEnv:
 
     endpoints: ServiceEndpoints
     http: httpx.Client
+
+
+class ToolArgs(BaseModel):
+    """Base of argument models: an argument the schema does not name is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ToolFault(Exception):
@@ -126,9 +132,12 @@ class ToolContract:
     resources: Callable[[Any], frozenset[str]] = _no_resources
     authorize: Callable[[Principal, Any, ToolEnv], None] = _always_allowed
     needs_approval: Callable[[Any, ToolEnv], bool] = _never
-    # Writes: the intent key for these args within a run, reconcile by key, verify an outcome.
+    # Writes: the intent key for these args within a run; for a downstream without keys, a
+    # pre-image read journaled with DISPATCHED before the send; reconcile an unknown outcome
+    # (given the journaled pre-image, if any); verify a succeeded one.
     intent_key: Callable[[str, Any], str] | None = None
-    reconcile: Callable[[ToolEnv, Action], ReconcileResult] | None = None
+    pre_image: Callable[[ToolEnv, Any], dict[str, Any]] | None = None
+    reconcile: Callable[[ToolEnv, Action, dict[str, Any] | None], ReconcileResult] | None = None
     verify: Callable[[ToolEnv, Action], VerifyResult] | None = None
     summarize: Callable[[Any], str] | None = None
     guarantee: Guarantee = Guarantee.NONE

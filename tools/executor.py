@@ -87,10 +87,32 @@ def dispatch_write(
     journal: ActionJournal,
     fence: int,
 ) -> Action:
-    """Send a planned (or approved, or absent-after-reconcile) write once, journaled."""
+    """Send a planned (or approved, or absent-after-reconcile) write once, journaled.
+
+    A contract that declares a pre-image read has it taken now and journaled with DISPATCHED,
+    in the same transaction, so reconciliation can compare before and after. Without a readable
+    pre-image the write is not sent at all.
+    """
     args = contract.args_model.model_validate(action.args)
+    detail: dict[str, Any] | None = None
+    if contract.pre_image is not None:
+        try:
+            detail = {"pre_image": contract.pre_image(env, args)}
+        except ToolFault as fault:
+            return journal.transition(
+                action.action_id,
+                action.status,
+                ActionStatus.REJECTED,
+                fence=fence,
+                outcome={"error": {"code": "pre_image_unavailable", "detail": fault.detail}},
+            )
     action = journal.transition(
-        action.action_id, action.status, ActionStatus.DISPATCHED, fence=fence, count_attempt=True
+        action.action_id,
+        action.status,
+        ActionStatus.DISPATCHED,
+        fence=fence,
+        count_attempt=True,
+        detail=detail,
     )
     crash_point("executor:after_dispatch_record")
     try:
@@ -130,6 +152,14 @@ def dispatch_write(
         outcome=outcome,
         detail={"at": utcnow().isoformat()},
     )
+
+
+def journaled_pre_image(journal: ActionJournal, action_id: str) -> dict[str, Any] | None:
+    """The pre-image recorded with the action's latest DISPATCHED, if its contract took one."""
+    for event in reversed(journal.events(action_id)):
+        if event.to_status == ActionStatus.DISPATCHED:
+            return (event.detail or {}).get("pre_image")
+    return None
 
 
 def settle_reentry(action: Action, journal: ActionJournal, fence: int) -> Action:

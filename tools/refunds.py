@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from graph.state import Action, Principal
 from tools.contract import (
@@ -22,6 +22,7 @@ from tools.contract import (
     PermissionDenied,
     ReconcileResult,
     ReconcileStatus,
+    ToolArgs,
     ToolContract,
     ToolEnv,
     ToolFault,
@@ -35,11 +36,7 @@ REFUND_ID = r"^rf_\d{1,12}$"
 DEFAULT_APPROVAL_THRESHOLD = Decimal("50.00")
 
 
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GetOrderArgs(_Args):
+class GetOrderArgs(ToolArgs):
     order_id: str = Field(pattern=ORDER_ID, description="Order id, e.g. O-42")
 
 
@@ -55,7 +52,7 @@ class Order(BaseModel):
     version: int
 
 
-class GetPolicyArgs(_Args):
+class GetPolicyArgs(ToolArgs):
     pass
 
 
@@ -69,7 +66,7 @@ class Policy(BaseModel):
     created_at: datetime
 
 
-class SubmitRefundArgs(_Args):
+class SubmitRefundArgs(ToolArgs):
     order_id: str = Field(pattern=ORDER_ID)
     amount: str = Field(pattern=MONEY, description="Amount with two decimals, e.g. 100.00")
     currency: str = Field(pattern=r"^[A-Z]{3}$")
@@ -85,7 +82,7 @@ class Refund(BaseModel):
     status: str
 
 
-class GetRefundStatusArgs(_Args):
+class GetRefundStatusArgs(ToolArgs):
     refund_id: str = Field(pattern=REFUND_ID)
 
 
@@ -101,7 +98,7 @@ def fetch_policy(env: ToolEnv, *, timeout: float = 5.0) -> Policy:
     )
 
 
-def _owns_order(principal: Principal, order_id: str, env: ToolEnv) -> None:
+def owns_order(principal: Principal, order_id: str, env: ToolEnv) -> None:
     try:
         order = fetch_order(env, order_id)
     except ToolFault as fault:
@@ -139,7 +136,7 @@ def _authorize_refund_read(principal: Principal, args: GetRefundStatusArgs, env:
     refund = Refund.model_validate(
         read_json(env.http, f"{env.endpoints.payments}/refunds/{args.refund_id}", timeout=5.0)
     )
-    _owns_order(principal, refund.order_id, env)
+    owns_order(principal, refund.order_id, env)
 
 
 # --- the write -------------------------------------------------------------------------------
@@ -184,7 +181,7 @@ def _refund_by_key(env: ToolEnv, key: str) -> httpx.Response:
     return env.http.get(f"{env.endpoints.payments}/refunds/by-key/{key}", timeout=5.0)
 
 
-def _reconcile_refund(env: ToolEnv, action: Action) -> ReconcileResult:
+def _reconcile_refund(env: ToolEnv, action: Action, _pre_image: object) -> ReconcileResult:
     """Ask the payments service about the intent key: the only source of truth for the outcome."""
     try:
         response = _refund_by_key(env, action.intent_key)
@@ -235,7 +232,7 @@ GET_ORDER = ToolContract(
     effect=Effect.READ,
     run=_get_order,
     resources=_order_resource,
-    authorize=lambda principal, args, env: _owns_order(principal, args.order_id, env),
+    authorize=lambda principal, args, env: owns_order(principal, args.order_id, env),
 )
 
 GET_POLICY = ToolContract(
@@ -255,7 +252,7 @@ SUBMIT_REFUND = ToolContract(
     effect=Effect.WRITE,
     run=_submit_refund,
     resources=_order_resource,
-    authorize=lambda principal, args, env: _owns_order(principal, args.order_id, env),
+    authorize=lambda principal, args, env: owns_order(principal, args.order_id, env),
     needs_approval=_refund_needs_approval,
     intent_key=_refund_intent_key,
     reconcile=_reconcile_refund,
