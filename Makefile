@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/loopwright demo $(ARGS)
+	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
