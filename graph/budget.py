@@ -9,9 +9,21 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from graph.state import StopReason
+
+
+class Price(BaseModel):
+    """What a model costs, in USD per million tokens."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1e6
 
 
 class Usage(BaseModel):
@@ -23,6 +35,17 @@ class Usage(BaseModel):
     tool_calls: int = 0
     tool_attempts: int = 0
     tool_result_bytes: int = 0
+
+    def after_model_request(self, input_tokens: int, output_tokens: int, price: Price) -> Usage:
+        return self.model_copy(
+            update={
+                "steps": self.steps + 1,
+                "model_requests": self.model_requests + 1,
+                "input_tokens": self.input_tokens + input_tokens,
+                "output_tokens": self.output_tokens + output_tokens,
+                "cost_usd": self.cost_usd + price.cost(input_tokens, output_tokens),
+            }
+        )
 
 
 class BudgetExceeded(BaseModel):
@@ -41,6 +64,11 @@ class Budget(BaseModel):
     max_parallel_tools: int = 4
     max_tool_result_bytes: int = 1_000_000
     max_tool_attempts: int = 50
+    # USD per million tokens by model id; a model not listed costs nothing (the scripted one).
+    prices: dict[str, Price] = Field(default_factory=dict)
+
+    def price(self, model_id: str) -> Price:
+        return self.prices.get(model_id, Price())
 
     def deadline(self, started_at: datetime) -> datetime:
         return started_at + timedelta(seconds=self.deadline_s)

@@ -37,3 +37,8 @@ class RunContext:
 
     def now(self) -> datetime:
         return utcnow()
+
+    @property
+    def model_id(self) -> str:
+        """The model's own name (e.g. "gpt-4.1", "scripted-refund-v1"): recorded in V, priced in B."""
+        return str(getattr(self.model, "model_name", None) or type(self.model).__name__)

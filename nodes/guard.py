@@ -22,10 +22,6 @@ from graph.state import UNRESOLVED_STATUSES, ActionStatus, Phase, RunState, Stop
 from graph.views import actions_of, started_at, stop, usage_of
 
 
-def model_id(context: RunContext) -> str:
-    return str(getattr(context.model, "model_name", None) or type(context.model).__name__)
-
-
 def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
     principal = state.get("principal") or (
         context.principal and context.principal.model_dump(mode="json")
@@ -33,7 +29,7 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
     if not principal:
         return stop(StopReason.PERMISSION_DENIED, "the run has no trusted principal")
     versions = Versions(
-        model_id=model_id(context),
+        model_id=context.model_id,
         prompt_version=context.prompt_version,
         tool_schemas=context.tools.schema_hashes(),
     )

@@ -54,15 +54,9 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         return stop(StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}")
     if not isinstance(reply, AIMessage):
         return stop(StopReason.TOOL_UNAVAILABLE, f"model returned {type(reply).__name__}")
-    usage = usage_of(state)
     meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-    usage = usage.model_copy(
-        update={
-            "steps": usage.steps + 1,
-            "model_requests": usage.model_requests + 1,
-            "input_tokens": usage.input_tokens + meta["input_tokens"],
-            "output_tokens": usage.output_tokens + meta["output_tokens"],
-        }
+    usage = usage_of(state).after_model_request(
+        meta["input_tokens"], meta["output_tokens"], context.budget.price(context.model_id)
     )
     pending = _pending_calls(reply)
     return {
