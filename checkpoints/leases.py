@@ -31,6 +31,7 @@ RUNS_SCHEMA = (
         task TEXT NOT NULL,
         user_id TEXT NOT NULL,
         next_attempt_at {timestamp},
+        cancel_requested_at {timestamp},
         created_at {timestamp} NOT NULL,
         updated_at {timestamp} NOT NULL
     )""",
@@ -38,7 +39,8 @@ RUNS_SCHEMA = (
 
 _SELECT_RUNS = (
     "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
-    " created_at, updated_at, COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
+    " cancel_requested_at, created_at, updated_at,"
+    " COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
     " FROM lw_runs"
 )
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
@@ -69,6 +71,7 @@ class RunRecord(BaseModel):
     task: str
     user_id: str
     next_attempt_at: datetime | None
+    cancel_requested_at: datetime | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -234,6 +237,24 @@ class LeaseStore:
                 " WHERE run_id = %s",
                 (phase, self.db.timestamp(next_attempt_at), lease.run_id),
             )
+
+    def request_cancel(self, run_id: str) -> RunRecord:
+        """Ask for a run to stop. Not fenced: anyone allowed to cancel may, at any time; the
+        run's writer sees the request at its next step (see `cancel_requested`)."""
+        with self.db.transaction():
+            self.db.execute(
+                "UPDATE lw_runs SET cancel_requested_at = COALESCE(cancel_requested_at, now()),"
+                " updated_at = now() WHERE run_id = %s",
+                (run_id,),
+            )
+            run = self.get(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run
+
+    def cancel_requested(self, run_id: str) -> bool:
+        row = self.db.one("SELECT cancel_requested_at FROM lw_runs WHERE run_id = %s", (run_id,))
+        return bool(row and row["cancel_requested_at"])
 
     def release(self, lease: Lease) -> None:
         """Give the run up now rather than at expiry. A lease already lost releases nothing."""

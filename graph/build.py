@@ -62,6 +62,8 @@ def after_model_step(state: RunState) -> Literal["validate", "verify", "guard"]:
 
 
 def after_validate(state: RunState) -> Literal["approval", "execute", "guard"]:
+    if state.get("cancel_requested"):
+        return "guard"  # a run cancelled while waiting for approval stops there
     verdicts = {c.verdict for c in pending_of(state)}
     if CallVerdict.NEEDS_APPROVAL in verdicts:
         return "approval"

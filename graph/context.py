@@ -8,6 +8,7 @@ from the context once, on the run's first step, and kept in state (P) from then 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -34,6 +35,8 @@ class RunContext:
     prompt_version: str = PROMPT_VERSION
     # The writer's fencing token; journal writes carry it (a stale writer's are refused).
     fence: int = 0
+    # Whether someone asked for the run to stop (read at every step, from outside the state).
+    cancel_requested: Callable[[], bool] = field(default=lambda: False)
 
     def now(self) -> datetime:
         return utcnow()

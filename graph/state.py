@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from langchain_core.messages import AnyMessage
 from langgraph.channels import DeltaChannel
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 STATE_SCHEMA_VERSION = 1
 
@@ -144,6 +144,8 @@ class Evidence(BaseModel):
     evidence_id: str
     source: str
     call_id: str
+    # What the observation is about (e.g. "order:O-42"), and that thing's version when observed.
+    resources: list[str] = Field(default_factory=list)
     version: str | None = None
     observed_at: datetime = Field(default_factory=utcnow)
     content_hash: str
@@ -166,27 +168,46 @@ class ApprovalRequest(BaseModel):
     expires_at: datetime
 
 
+ApprovalChoice = Literal["approve", "reject", "edit"]
+
+
 class ApprovalDecision(BaseModel):
-    """The resume value of an approval interrupt, validated before it means anything."""
+    """The resume value of an approval interrupt, validated before it means anything.
+
+    `edit` carries the complete arguments the approver wants instead (`args`): the action asked
+    about is then rejected, and the edited call needs an approval of its own.
+
+    The fields are constrained because they reach the model's trusted context (runtime
+    feedback) and the journal: a resume value must not smuggle instructions, or NUL characters
+    (which Postgres cannot store), into either.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    approval_id: str
-    digest: str
-    decision: Literal["approve", "reject"]
-    approver: str = Field(min_length=1)
-    comment: str = ""
+    approval_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    decision: ApprovalChoice
+    approver: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,64}$")
+    comment: str = Field(default="", max_length=500, pattern=r"^[^\x00]*$")
+    args: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _args_only_for_edit(self) -> ApprovalDecision:
+        if (self.decision == "edit") != (self.args is not None):
+            raise ValueError("an edit carries the new args; approve and reject carry none")
+        return self
 
 
 class ApprovalRecord(BaseModel):
     approval_id: str
     action_id: str
     digest: str
-    decision: Literal["approve", "reject"]
+    decision: ApprovalChoice
     approver: str
     decided_at: datetime
     expires_at: datetime
     comment: str = ""
+    args: dict[str, Any] | None = None  # an edit's new arguments
 
 
 class CallVerdict(StrEnum):
@@ -206,6 +227,11 @@ class PendingCall(BaseModel):
     error: dict[str, Any] | None = None
     action_id: str | None = None
     approval: ApprovalRequest | None = None
+    # How many times an approver edited this call's arguments. Part of a write's intent key, so
+    # an edited write is a new intent that never reuses (or conflicts with) the rejected one.
+    revision: int = 0
+    # Set by execute when the tool said "not finished yet, ask again after this many seconds".
+    poll_after_s: float | None = None
 
 
 class Versions(BaseModel):
@@ -283,9 +309,18 @@ class RunState(TypedDict):
     stop_reason: NotRequired[str | None]
     stop_detail: NotRequired[str]
     feedback: NotRequired[list[str]]
+    # No-progress detection: recent step signatures, and whether the model was already nudged.
+    progress: NotRequired[list[str]]
+    nudged: NotRequired[bool]
+    # The id of the model decision guard last did this book-keeping for (once per decision).
+    checked_step: NotRequired[str | None]
+    # Calls refused for lack of permission so far; a second one stops the run.
+    denials: NotRequired[int]
     verification: NotRequired[dict[str, Any] | None]
     started_at: NotRequired[str]
     cancel_requested: NotRequired[bool]
+    # Set by reconcile when a cancelled run's writes were asked about once: stop waiting for them.
+    reconciled_for_cancel: NotRequired[bool]
 
 
 def initial_state(run_id: str, task: str, principal: Principal | None = None) -> RunState:

@@ -31,7 +31,13 @@ from checkpoints.database import (
 from checkpoints.journal import StaleTransition
 from checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
 from graph.build import compile_graph
-from graph.state import ApprovalDecision, ApprovalRequest, Principal
+from graph.state import (
+    UNRESOLVED_STATUSES,
+    ApprovalChoice,
+    ApprovalDecision,
+    ApprovalRequest,
+    Principal,
+)
 from loopwright.runner import (
     Runner,
     RunOutcome,
@@ -139,10 +145,13 @@ def require_approver(runner: Runner, approver: str) -> None:
 
 def decide(
     request: dict[str, Any],
-    decision: Literal["approve", "reject"],
+    decision: ApprovalChoice,
     approver: str,
     comment: str = "",
+    *,
+    changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The resume value that answers `request`; an edit changes `changes` and keeps the rest."""
     parsed = ApprovalRequest.model_validate(request)
     return ApprovalDecision(
         approval_id=parsed.approval_id,
@@ -150,6 +159,7 @@ def decide(
         decision=decision,
         approver=approver,
         comment=comment,
+        args={**parsed.args, **(changes or {})} if decision == "edit" else None,
     ).model_dump(mode="json")
 
 
@@ -183,15 +193,23 @@ def report(outcome: RunOutcome) -> None:
         console.print(
             f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {outcome.stop_detail}"
         )
-    unconfirmed = [
-        a
-        for a in outcome.actions
-        if a.status in ("DISPATCHED", "UNKNOWN", "RECONCILING", "ESCALATED")
-    ]
-    for action in unconfirmed:
-        console.print(
-            f"  [bold red]unconfirmed write[/] {action.action_id} {action.tool} {action.args}: {action.status}"
-        )
+    if outcome.stop_reason != "completed":
+        # An honest account of what happened in the business system, whatever the run's end.
+        for action in outcome.actions:
+            if action.status == "SUCCEEDED":
+                console.print(
+                    f"  done: {action.tool} {action.args} -> {action.outcome}", markup=False
+                )
+            elif action.status in UNRESOLVED_STATUSES or action.status == "ESCALATED":
+                console.print(
+                    f"  [bold red]unconfirmed write[/] {action.action_id} {action.tool} {action.args}: {action.status}"
+                )
+            else:
+                console.print(
+                    f"  not done: {action.tool} {action.args} ({action.status})", markup=False
+                )
+    for offer in outcome.compensations:
+        console.print(f"  compensation you may want (not performed): {offer}", markup=False)
 
 
 def drive(
@@ -257,6 +275,14 @@ def resume(run_id: str, db: DbOption = None, model: ModelOption = None) -> None:
 
 
 @app.command()
+def cancel(run_id: str, db: DbOption = None) -> None:
+    """Stop a run: no new step or action starts, writes in flight are reconciled first."""
+    with session(db) as runner:
+        outcome = runner.cancel(run_id, on_step=TimelinePrinter(console))
+        report(outcome)
+
+
+@app.command()
 def show(run_id: str, db: DbOption = None) -> None:
     """Print a run's timeline from the database: every committed step, then its actions."""
     with session(db) as runner:
@@ -288,10 +314,11 @@ def approvals_list(db: DbOption = None) -> None:
 
 def _decide_command(
     approval_id: str,
-    decision: Literal["approve", "reject"],
+    decision: ApprovalChoice,
     approver: str,
     db: str | None,
     comment: str,
+    changes: list[str] | None = None,
 ) -> None:
     with session(db) as runner:
         require_approver(runner, approver)
@@ -299,12 +326,27 @@ def _decide_command(
         if not match:
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
+        edits = _parse_changes(changes or [], request["args"]) if decision == "edit" else None
         outcome = runner.resume(
             request["run_id"],
-            decide(request, decision, approver, comment),
+            decide(request, decision, approver, comment, changes=edits),
             on_step=TimelinePrinter(console),
         )
         report(outcome)
+
+
+def _parse_changes(changes: list[str], args: dict[str, Any]) -> dict[str, str]:
+    """`FIELD=VALUE` pairs, each naming an argument the pending action has."""
+    parsed: dict[str, str] = {}
+    for change in changes:
+        field, sep, value = change.partition("=")
+        if not sep or field not in args:
+            known = ", ".join(sorted(args))
+            raise UsageError(f"--set {change!r}: expected FIELD=VALUE with FIELD one of {known}")
+        parsed[field] = value
+    if not parsed:
+        raise UsageError("an edit needs at least one --set FIELD=VALUE")
+    return parsed
 
 
 ApproverOption = Annotated[str, typer.Option("--as", help="The approver's user id.")]
@@ -324,6 +366,23 @@ def approvals_reject(
 ) -> None:
     """Reject one pending action and resume its run."""
     _decide_command(approval_id, "reject", approver, db, comment)
+
+
+@approvals_app.command("edit")
+def approvals_edit(
+    approval_id: str,
+    approver: ApproverOption,
+    changes: Annotated[
+        list[str], typer.Option("--set", help="FIELD=VALUE to change; repeat for more fields.")
+    ],
+    db: DbOption = None,
+    comment: str = "",
+) -> None:
+    """Change some arguments of one pending action and resume its run.
+
+    The action asked about is rejected; the edited one waits for an approval of its own.
+    """
+    _decide_command(approval_id, "edit", approver, db, comment, changes)
 
 
 @app.command()

@@ -54,6 +54,8 @@ class RunOutcome:
     verification: dict[str, Any] | None
     interrupts: list[dict[str, Any]] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    # For a cancelled run: how its succeeded writes could be undone, offered, never performed.
+    compensations: list[str] = field(default_factory=list)
 
     @property
     def waiting_for_approval(self) -> list[dict[str, Any]]:
@@ -115,9 +117,10 @@ class Runner:
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
 
-    def context(self, fence: int) -> RunContext:
+    def context(self, run_id: str, fence: int) -> RunContext:
         """The principal travels in the run's input, committed before any node runs."""
         return RunContext(
+            cancel_requested=lambda: self.leases.cancel_requested(run_id),
             model=self.model,
             tools=self.tools,
             env=self.env,
@@ -160,6 +163,35 @@ class Runner:
             payload = None
         return self._advance(run_id, payload, on_step)
 
+    def cancel(self, run_id: str, *, on_step: StepListener | None = None) -> RunOutcome:
+        """Ask a run to stop: no new model step or action starts; writes in flight are settled.
+
+        A run another live process is advancing stops at its next step (the request is in the
+        database). A run that waits (for approval, or for a parked reconciliation) is advanced
+        here to its typed end.
+        """
+        run = self.leases.request_cancel(run_id)
+        snapshot = self.graph.get_state(self.config(run_id))
+        if not snapshot.next or (run.lease_live and run.owner != self.owner):
+            return self.outcome(run_id)
+        kinds = {i.value.get("kind") for i in snapshot.interrupts}
+        if "approval" in kinds:
+            # Answer the approval interrupt with the cancellation itself, under our lease.
+            lease = self._claim(run_id)
+            self.saver.fence = Fence.of(lease)
+            try:
+                self.graph.update_state(
+                    self.config(run_id), {"cancel_requested": True}, as_node="approval"
+                )
+            finally:
+                self.saver.fence = None
+                self.leases.release(lease)
+            return self._advance(run_id, None, on_step)
+        payload: Command[Any] | None = (
+            Command(resume={"kind": "cancel"}) if snapshot.interrupts else None
+        )
+        return self._advance(run_id, payload, on_step)
+
     def submit(self, task: str, principal: Principal, *, run_id: str | None = None) -> str:
         """Create a run without advancing it: any worker may pick it up."""
         run_id = run_id or new_run_id()
@@ -177,7 +209,7 @@ class Runner:
                 for chunk in self.graph.stream(
                     payload,
                     self.config(run_id),
-                    context=self.context(lease.fence),
+                    context=self.context(run_id, lease.fence),
                     durability=RUN_DURABILITY,
                     stream_mode="updates",
                 ):
@@ -233,6 +265,13 @@ class Runner:
             phase = Phase.WAITING_APPROVAL
         elif any(i.get("kind") == "reconcile_wait" for i in interrupts):
             phase = Phase.RECONCILING
+        actions = self.journal.for_run(run_id)
+        compensations = []
+        if values.get("stop_reason") == "cancelled":
+            for action in actions:
+                contract = self.tools.get(action.tool)
+                if action.status == "SUCCEEDED" and contract and contract.compensation:
+                    compensations.append(contract.compensation(action))
         return RunOutcome(
             run_id=run_id,
             phase=str(phase),
@@ -240,7 +279,8 @@ class Runner:
             stop_detail=values.get("stop_detail", ""),
             verification=values.get("verification"),
             interrupts=interrupts,
-            actions=self.journal.for_run(run_id),
+            actions=actions,
+            compensations=compensations,
         )
 
 

@@ -1,7 +1,9 @@
-"""A long task for the scripted model: read the same order N times, then answer.
+"""A long task for the scripted model: read orders in turn, N times, then answer.
 
 Used to measure how checkpoint storage grows with the number of steps (tests and benchmarks):
 every step adds one AI message, one tool result and one evidence item of about the same size.
+It cycles through the orders the task names, so consecutive steps observe different things and
+the run is not mistaken for one without progress.
 """
 
 from __future__ import annotations
@@ -10,23 +12,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from models.refund_procedure import Transcript
+from models.refund_procedure import ORDER_ID
 from models.scripted import Decision
 
 
 @dataclass(frozen=True)
 class KeepsReading:
-    """A `Policy` that calls get_order on the task's order `reads` times, then answers."""
+    """A `Policy` that calls get_order `reads` times, cycling over the task's orders."""
 
     reads: int
 
-    def __call__(
-        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
-    ) -> Decision:
+    def __call__(self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]) -> Decision:
         done = sum(1 for m in messages if isinstance(m, AIMessage))
-        order_id = Transcript.read(messages).order_id or "O-42"
+        task = next((m.text for m in messages if isinstance(m, HumanMessage)), "")
+        orders = ORDER_ID.findall(task) or ["O-42"]
         if done < self.reads:
-            return Decision(tool_calls=[("get_order", {"order_id": order_id})])
-        return Decision(content=f"Read order {order_id} {self.reads} times.")
+            return Decision(tool_calls=[("get_order", {"order_id": orders[done % len(orders)]})])
+        return Decision(content=f"Read orders {', '.join(orders)} {self.reads} times in all.")

@@ -5,6 +5,10 @@ everything before the interrupt must be a pure function of the committed state. 
 (approval id, action digest, summary, expiry) was fixed by validate and committed there, so the
 human sees the same request however often this node runs. The decision is only recorded here;
 validate applies it, checking digest, expiry and every rule again.
+
+A decision is approve, reject or edit (with the complete new arguments; see `nodes.validate` for
+what an edit does). A decision that does not parse, names another request, or comes from the
+run's own user is not recorded: the run keeps waiting for a valid one, and nothing executes.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             ]
         }
     if decision.approver == principal_of(state).user_id:
-        return {"feedback": [f"{decision.approver} cannot approve their own run"]}
+        return {"feedback": [f"{decision.approver} cannot decide about their own run"]}
     record = ApprovalRecord(
         approval_id=request.approval_id,
         action_id=request.action_id,
@@ -60,6 +64,7 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         decided_at=runtime.context.now(),
         expires_at=request.expires_at,
         comment=decision.comment,
+        args=decision.args,
     )
     return {
         "approvals": [*(state.get("approvals") or []), record.model_dump(mode="json")],

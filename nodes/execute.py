@@ -1,14 +1,26 @@
-"""execute: run the calls validate made ready.
+"""execute: run the calls validate made ready, as concurrently as their resources allow.
 
-Reads run directly. Writes go through the journaled executor, and are checked once more right
-before they are sent (authorisation and scope may have changed while the call waited). A write
-met again after a crash is never sent from here: DISPATCHED without an outcome becomes UNKNOWN
-and reconcile asks the business system. A write whose outcome is UNKNOWN gets no answer here;
-reconcile answers it once the business system has told us what happened.
+Scheduling: two calls conflict when they touch a common resource (from the tool contract) and
+at least one of them writes. Conflicting calls form a lane and run one at a time, in the order
+the model asked for them; lanes run concurrently, up to the budget's parallel-tool limit. So
+reads run side by side and two writes to one order never overlap.
+
+Writes go through the journaled executor and are checked once more right before they are sent:
+authorisation and scope again, and the version of every resource the write touches against the
+version the model last observed (a refund planned on order version 17 is refused when the
+order is now at version 18, and the model is told why). A write met again after a crash is never
+sent from here: DISPATCHED without an outcome becomes UNKNOWN and reconcile asks the business
+system; a write whose outcome is UNKNOWN gets no answer until reconcile has one.
+
+A cancel request stops new actions: calls not started yet are answered "cancelled". A read whose
+tool stays unavailable after the retry layer stops the run with `tool_unavailable`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -17,7 +29,16 @@ from langgraph.runtime import Runtime
 from graph.context import RunContext
 from graph.crashpoints import crash_point
 from graph.protocol import ToolEnvelope
-from graph.state import Action, ActionStatus, CallVerdict, PendingCall, Phase, RunState
+from graph.state import (
+    Action,
+    ActionStatus,
+    CallVerdict,
+    Evidence,
+    PendingCall,
+    Phase,
+    RunState,
+    StopReason,
+)
 from graph.views import (
     dump_actions,
     dump_pending,
@@ -29,8 +50,59 @@ from graph.views import (
     usage_of,
 )
 from nodes.validate import Refusal, check_call
-from tools.contract import Effect
-from tools.executor import dispatch_write, envelope_of, run_read, settle_reentry
+from tools.contract import Effect, ToolContract, ToolFault
+from tools.executor import ReadResult, dispatch_write, envelope_of, run_read, settle_reentry
+
+CANCELLED = ToolEnvelope(
+    status="error", error={"code": "cancelled", "detail": "the run was cancelled; not started"}
+)
+
+
+@dataclass
+class Done:
+    """What running one call produced."""
+
+    call: PendingCall
+    answer: ToolEnvelope | None
+    read: ReadResult | None = None
+    action: Action | None = None
+
+
+def observed_versions(
+    evidence: Sequence[dict[str, Any]], resources: frozenset[str]
+) -> dict[str, str]:
+    """The version of each resource as the model last saw it (the newest evidence wins)."""
+    seen: dict[str, str] = {}
+    for raw in evidence:
+        item = Evidence.model_validate(raw)
+        if item.version is None:
+            continue
+        for resource in resources.intersection(item.resources):
+            seen[resource] = item.version
+    return seen
+
+
+def stale_basis(
+    contract: ToolContract, args: Any, state: RunState, context: RunContext
+) -> dict[str, Any] | None:
+    """The refusal for a write planned on an outdated observation, or None if it is current."""
+    if contract.current_versions is None:
+        return None
+    basis = observed_versions(state["evidence"], contract.resources(args))
+    if not basis:
+        return None
+    try:
+        current = contract.current_versions(context.env, args)
+    except ToolFault as fault:
+        return {"code": "stale_check_failed", "detail": fault.detail}
+    changed = {r: (v, current.get(r)) for r, v in basis.items() if current.get(r) != v}
+    if not changed:
+        return None
+    what = "; ".join(
+        f"{r} was version {old} when you read it, it is now {new}"
+        for r, (old, new) in changed.items()
+    )
+    return {"code": "stale_plan", "detail": f"{what}. Read it again before acting."}
 
 
 def _write(call: PendingCall, state: RunState, context: RunContext) -> Action:
@@ -41,69 +113,135 @@ def _write(call: PendingCall, state: RunState, context: RunContext) -> Action:
     if action.status not in (ActionStatus.PLANNED, ActionStatus.APPROVED):
         return action  # already settled, or UNKNOWN: never sent twice from here
     try:
-        contract, _ = check_call(call, principal_of(state), context)
-    except Refusal as refusal:
+        contract, args = check_call(call, principal_of(state), context)
+        refusal = stale_basis(contract, args, state, context)
+    except Refusal as exc:
+        refusal = exc.error
+    if refusal is not None:
         return context.journal.transition(
             action.action_id,
             action.status,
             ActionStatus.REJECTED,
             fence=context.fence,
-            outcome={"error": refusal.error},
+            outcome={"error": refusal},
             detail={"stage": "pre-dispatch re-check"},
         )
     return dispatch_write(contract, action, context.env, context.journal, context.fence)
+
+
+def _cancel_unsent(call: PendingCall, context: RunContext) -> Done:
+    action = None
+    if call.action_id is not None:
+        action = context.journal.get(call.action_id)
+        if action is not None and action.status in (ActionStatus.PLANNED, ActionStatus.APPROVED):
+            action = context.journal.transition(
+                action.action_id,
+                action.status,
+                ActionStatus.CANCELLED,
+                fence=context.fence,
+                detail={"reason": "run cancelled before this action was sent"},
+            )
+    return Done(call, CANCELLED, action=action)
+
+
+def run_call(call: PendingCall, state: RunState, context: RunContext) -> Done:
+    if context.cancel_requested():
+        return _cancel_unsent(call, context)
+    contract = context.tools.get(call.tool)
+    assert contract is not None, "validate admits only known tools"
+    if contract.effect is Effect.READ:
+        args = contract.args_model.model_validate(call.args)
+        read = run_read(contract, args, context.env, call.call_id)
+        return Done(call, read.envelope, read=read)
+    action = _write(call, state, context)
+    answer = None if action.status is ActionStatus.UNKNOWN else envelope_of(action)
+    return Done(call, answer, action=action)
+
+
+def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[PendingCall]]:
+    """Group calls that conflict (a shared resource, one of them a write), keeping their order."""
+    lanes: list[list[PendingCall]] = []
+    touched: list[tuple[set[str], bool]] = []  # per lane: resources, and whether it writes
+    for call in calls:
+        contract = context.tools.get(call.tool)
+        assert contract is not None
+        resources = set(contract.resources(contract.args_model.model_validate(call.args)))
+        writes = contract.effect is Effect.WRITE
+        hits = [
+            i
+            for i, (res, lane_writes) in enumerate(touched)
+            if res & resources and (writes or lane_writes)
+        ]
+        if not hits:
+            lanes.append([call])
+            touched.append((resources, writes))
+            continue
+        # Merge every lane this call conflicts with into the first, then append the call.
+        first = hits[0]
+        for i in reversed(hits[1:]):
+            lanes[first] += lanes.pop(i)
+            res, lane_writes = touched.pop(i)
+            touched[first] = (touched[first][0] | res, touched[first][1] or lane_writes)
+        lanes[first].append(call)
+        touched[first] = (touched[first][0] | resources, touched[first][1] or writes)
+    return lanes
 
 
 def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:execute:start")
     context = runtime.context
     usage = usage_of(state)
+    ready = [c for c in pending_of(state) if c.verdict is CallVerdict.READY]
+    exceeded = context.budget.check_before_tool_call(
+        usage, started_at(state), context.now(), calls=len(ready)
+    )
+    if exceeded is not None:
+        return stop(exceeded.reason, exceeded.detail)
+
+    def run_lane(lane: list[PendingCall]) -> list[Done]:
+        return [run_call(call, state, context) for call in lane]
+
+    workers = max(1, min(context.budget.max_parallel_tools, len(ready)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool") as pool:
+        done = {
+            d.call.call_id: d for lane in pool.map(run_lane, lanes(ready, context)) for d in lane
+        }
+
     calls: list[PendingCall] = []
     answers: list[ToolMessage] = []
     evidence: list[dict[str, Any]] = []
     actions: list[Action] = []
+    unavailable: list[str] = []
     for call in pending_of(state):
-        if call.verdict is not CallVerdict.READY:
+        result = done.get(call.call_id)
+        if result is None:
             calls.append(call)
             continue
-        exceeded = context.budget.check_before_tool_call(usage, started_at(state), context.now())
-        if exceeded is not None:
-            return {
-                **stop(exceeded.reason, exceeded.detail),
-                "usage": usage.model_dump(mode="json"),
-            }
-        contract = context.tools.get(call.tool)
-        assert contract is not None, "validate admits only known tools"
-        if contract.effect is Effect.READ:
-            read = run_read(
-                contract, contract.args_model.model_validate(call.args), context.env, call.call_id
-            )
+        update: dict[str, Any] = {}
+        usage = usage.model_copy(update={"tool_calls": usage.tool_calls + 1})
+        if result.read is not None:
+            read = result.read
             usage = usage.model_copy(
                 update={
-                    "tool_calls": usage.tool_calls + 1,
                     "tool_attempts": usage.tool_attempts + read.attempts,
                     "tool_result_bytes": usage.tool_result_bytes + read.result_bytes,
                 }
             )
             if read.evidence is not None:
                 evidence.append(read.evidence.model_dump(mode="json"))
-            answer: ToolEnvelope | None = read.envelope
-        else:
-            action = _write(call, state, context)
-            actions.append(action)
-            usage = usage.model_copy(
-                update={
-                    "tool_calls": usage.tool_calls + 1,
-                    "tool_attempts": usage.tool_attempts + 1,
-                }
-            )
-            answer = None if action.status is ActionStatus.UNKNOWN else envelope_of(action)
-        if answer is not None:
-            answers.append(tool_result(call, answer))
-            call = call.model_copy(update={"verdict": CallVerdict.DONE})
-        calls.append(call)
+            if read.exhausted:
+                unavailable.append(call.tool)
+            update["poll_after_s"] = read.poll_after_s
+        if result.action is not None:
+            actions.append(result.action)
+            if result.answer is not CANCELLED:
+                usage = usage.model_copy(update={"tool_attempts": usage.tool_attempts + 1})
+        if result.answer is not None:
+            answers.append(tool_result(call, result.answer))
+            update["verdict"] = CallVerdict.DONE
+        calls.append(call.model_copy(update=update))
     unknown = any(a.status is ActionStatus.UNKNOWN for a in actions)
-    return {
+    outcome: dict[str, Any] = {
         "pending": dump_pending(calls),
         "history": answers,
         "evidence": evidence,
@@ -111,3 +249,7 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "usage": usage.model_dump(mode="json"),
         "phase": Phase.RECONCILING.value if unknown else Phase.READY.value,
     }
+    if unavailable and not unknown:
+        tools = ", ".join(sorted(set(unavailable)))
+        outcome |= stop(StopReason.TOOL_UNAVAILABLE, f"{tools} unavailable after retries")
+    return outcome

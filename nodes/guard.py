@@ -4,13 +4,16 @@ On the first step it fixes the run's principal, versions and task message. The p
 from the trusted caller only: in the run's input (the CLI writes it there, so it is committed
 before any node runs and a crash before the first step loses nothing) or in the run context (a
 server's auth). Then it decides, in this order: a run that is
-already stopping stops; a cancel request stops; an escalated action needs a human; any action
-whose outcome is not known is reconciled before anything else happens; a spent budget stops.
+already stopping stops; an escalated action needs a human; any action whose outcome is not known
+is reconciled before anything else happens (a cancelled run's too); once per model decision, a
+second permission refusal stops and a step repeated without progress gets one strategy-change
+message, then stops; a cancel request stops; a spent budget stops.
 Otherwise the loop goes on to compile the next context.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from langchain_core.messages import HumanMessage
@@ -18,8 +21,13 @@ from langgraph.runtime import Runtime
 
 from graph.context import RunContext
 from graph.crashpoints import crash_point
+from graph.progress import check_progress, error_codes, last_step, step_signature
 from graph.state import UNRESOLVED_STATUSES, ActionStatus, Phase, RunState, StopReason, Versions
-from graph.views import actions_of, started_at, stop, usage_of
+from graph.views import actions_of, dump_actions, pending_of, started_at, stop, usage_of
+
+# A refused permission is not retried: the model hears why once; a second refusal stops.
+MAX_DENIALS = 2
+NOT_YET_SENT = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL, ActionStatus.APPROVED})
 
 
 def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
@@ -40,6 +48,55 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
     }
 
 
+def _cancel(state: RunState, context: RunContext) -> dict[str, Any]:
+    """Stop for a cancel request: actions not yet sent never will be; sent ones are reported."""
+    cancelled = []
+    for action in actions_of(state):
+        if action.status in NOT_YET_SENT:
+            cancelled.append(
+                context.journal.transition(
+                    action.action_id,
+                    action.status,
+                    ActionStatus.CANCELLED,
+                    fence=context.fence,
+                    detail={"reason": "run cancelled before this action was sent"},
+                )
+            )
+    unconfirmed = [a.action_id for a in actions_of(state) if a.status in UNRESOLVED_STATUSES]
+    detail = "cancel requested"
+    if unconfirmed:
+        detail += f"; outcome not confirmed for {', '.join(unconfirmed)}"
+    return {**stop(StopReason.CANCELLED, detail), "journal": dump_actions(cancelled)}
+
+
+def _after_step(state: RunState, context: RunContext) -> dict[str, Any]:
+    """Book-keeping on the step that just finished: permission refusals, progress, polling."""
+    decision, results = last_step(state["history"])
+    if decision is None or not decision.tool_calls:
+        return {}
+    denials = state.get("denials", 0) + error_codes(results).count("permission_denied")
+    if denials >= MAX_DENIALS:
+        return stop(StopReason.PERMISSION_DENIED, f"{denials} calls refused for lack of permission")
+    poll_after = [c.poll_after_s for c in pending_of(state) if c.poll_after_s is not None]
+    if poll_after:
+        # The tool asked to be polled later: wait (within the deadline), and do not count the
+        # repetition as a loop without progress.
+        remaining = (context.budget.deadline(started_at(state)) - context.now()).total_seconds()
+        time.sleep(max(0.0, min(min(poll_after), remaining)))
+        return {"denials": denials}
+    check = check_progress(
+        state.get("progress") or [],
+        step_signature(state["history"]),
+        nudged=state.get("nudged", False),
+    )
+    if check.stop:
+        return stop(StopReason.NO_PROGRESS, f"the same step repeated {check.repeats} times")
+    update: dict[str, Any] = {"denials": denials, "progress": check.signatures}
+    if check.nudge is not None:
+        update |= {"nudged": True, "feedback": [check.nudge]}
+    return update
+
+
 def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:guard:start")
     context = runtime.context
@@ -50,15 +107,23 @@ def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         update = _first_step(state, context)
         if "stop_reason" in update:
             return update
-    if state.get("cancel_requested"):
-        return stop(StopReason.CANCELLED, "cancel requested")
     actions = actions_of(state)
     escalated = [a for a in actions if a.status is ActionStatus.ESCALATED]
     if escalated:
         ids = ", ".join(a.action_id for a in escalated)
         return stop(StopReason.NEEDS_HUMAN, f"outcome of {ids} could not be confirmed")
-    if any(a.status in UNRESOLVED_STATUSES for a in actions):
-        return {**update, "phase": Phase.RECONCILING.value}
+    cancel = bool(state.get("cancel_requested")) or context.cancel_requested()
+    unresolved = any(a.status in UNRESOLVED_STATUSES for a in actions)
+    if unresolved and not (cancel and state.get("reconciled_for_cancel")):
+        # In-flight writes are settled first, cancelled run or not.
+        return {**update, "phase": Phase.RECONCILING.value, "cancel_requested": cancel}
+    decision, _ = last_step(state["history"])
+    if decision is not None and decision.id != state.get("checked_step"):
+        update |= {**_after_step(state, context), "checked_step": decision.id}
+        if "stop_reason" in update:
+            return update
+    if cancel:
+        return _cancel(state, context)
     exceeded = context.budget.check_before_request(
         usage_of(state), started_at(state), context.now()
     )

@@ -8,7 +8,8 @@ For each such action, the business system is asked about the intent key:
                     (idempotent by key); otherwise FAILED: it did not happen, and a downstream
                     without keys is never sent the same write twice by the runtime
   pending        -> the run parks: an interrupt with the time to look again. No process is held;
-                    `loopwright resume` or a worker resumes it when that time has come
+                    `loopwright resume` or a worker resumes it when that time has come. A
+                    cancelled run does not park: it stops, reporting the write as unconfirmed
   unconfirmable  -> ESCALATED: a human must look; the run stops with needs_human
 
 The journal table, not the state's projection, is read: after a crash it is the only record of
@@ -113,7 +114,8 @@ def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         settled.append(action)
         if wait is not None:
             waits.append(wait)
-    if waits:
+    cancelled = bool(state.get("cancel_requested")) or context.cancel_requested()
+    if waits and not cancelled:
         retry_at = context.now() + timedelta(seconds=min(waits))
         # Parks the run; resuming re-runs this node from its start, which asks again.
         interrupt(
@@ -133,4 +135,7 @@ def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "pending": dump_pending(calls),
         "history": answers,
         "phase": Phase.READY.value,
+        # A cancelled run asks once and does not wait: guard then stops it, reporting what is
+        # still unconfirmed.
+        "reconciled_for_cancel": cancelled,
     }

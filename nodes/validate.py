@@ -1,13 +1,26 @@
 """validate: a model's tool call is a request, not a permission.
 
 Every call passes, in order: a known tool allowed now, arguments valid against the contract's
-schema, the task boundary (scope), authorisation from the trusted principal, and, for writes,
-the journal's intent check (the same intent proposed again maps to the first action; changed
-parameters under the same intent are refused) and the approval policy.
+schema (and free of NUL characters, which no business system or journal can store), the task
+boundary (scope), authorisation from the trusted principal, and, for writes, the journal's
+intent check (the same intent proposed again maps to the first action; changed parameters under
+the same intent are refused) and the approval policy.
 
 A refused call is answered at once with a structured, model-readable error. Validate runs again
-after every approval decision, which it applies: an approval counts only for the digest it names
-and only before it expires.
+after every approval decision, which it applies: a decision counts only for the digest it names
+and only before it expires. Applying one is idempotent (a step that crashed after writing the
+journal and before its checkpoint committed is run again), and:
+
+* approve  the call passes every check again (the world may have changed while it waited), then
+           it is ready to execute;
+* reject   the action is REJECTED for good and the model is told `approval_rejected`. The run goes
+           on: the model may answer (verify then completes with no business effect) but cannot
+           get the same intent through again, since the journal maps it to the rejected action;
+* edit     the approver's arguments replace the model's. The original action is REJECTED
+           (`edited_by_approver`) before anything else happens, so it can never be dispatched;
+           the edited call becomes a new intent (its key carries the call's revision) with its
+           own digest and its own approval request, whatever the amount. An edit may not change
+           what the call touches (its resources): it corrects an action, it does not start one.
 """
 
 from __future__ import annotations
@@ -37,11 +50,25 @@ from graph.state import (
 from graph.views import dump_actions, dump_pending, pending_of, principal_of, tool_result
 from tools.contract import Effect, ToolContract, ToolFault
 
+# An unknown tool's name is echoed back to the model this long at most (names can be huge).
+ECHOED_NAME_CHARS = 64
+
 
 class Refusal(Exception):
     def __init__(self, code: str, detail: str, **extra: Any) -> None:
         super().__init__(detail)
         self.error = {"code": code, "detail": detail, **extra}
+
+
+def _nul_fields(value: Any, path: str = "") -> list[str]:
+    """Where a NUL character hides in validated arguments (nested mappings and lists included)."""
+    if isinstance(value, str):
+        return [path] if "\x00" in value else []
+    if isinstance(value, dict):
+        return [f for k, v in value.items() for f in _nul_fields(v, f"{path}.{k}".lstrip("."))]
+    if isinstance(value, list | tuple):
+        return [f for i, v in enumerate(value) for f in _nul_fields(v, f"{path}.{i}".lstrip("."))]
+    return []
 
 
 def check_call(
@@ -53,7 +80,9 @@ def check_call(
     contract = context.tools.get(call.tool)
     if contract is None:
         raise Refusal(
-            "unknown_tool", f"there is no tool {call.tool!r}", allowed=context.tools.names()
+            "unknown_tool",
+            f"there is no tool {call.tool[:ECHOED_NAME_CHARS]!r}",
+            allowed=context.tools.names(),
         )
     try:
         args = contract.args_model.model_validate(call.args)
@@ -65,6 +94,12 @@ def check_call(
         raise Refusal(
             "invalid_arguments", f"arguments of {call.tool} are invalid", errors=errors
         ) from exc
+    if nul := _nul_fields(args.model_dump(mode="json")):
+        raise Refusal(
+            "invalid_arguments",
+            f"arguments of {call.tool} are invalid",
+            errors=[{"field": f, "problem": "contains a NUL character"} for f in nul],
+        )
     outside = sorted(contract.resources(args) - set(principal.scope)) if principal.scope else []
     if outside:
         raise Refusal("out_of_scope", f"{', '.join(outside)} is outside this task's boundary")
@@ -75,22 +110,39 @@ def check_call(
     return contract, args
 
 
+def intent_key(contract: ToolContract, run_id: str, args: BaseModel, revision: int) -> str:
+    """The business intent key of a write; an approver's edit number `revision` is a new intent.
+
+    The suffix cannot collide with a key the contract computes itself (it never ends in
+    ":edit-N"), so the model can never reach an edited intent, nor an edit a model's one.
+    """
+    assert contract.intent_key is not None
+    key = contract.intent_key(run_id, args)
+    return f"{key}:edit-{revision}" if revision else key
+
+
 def _plan_write(
-    call: PendingCall, contract: ToolContract, args: BaseModel, state: RunState, context: RunContext
+    call: PendingCall,
+    contract: ToolContract,
+    args: BaseModel,
+    state: RunState,
+    context: RunContext,
+    *,
+    edited_by: str | None = None,
 ) -> tuple[PendingCall, Action, ToolEnvelope | None]:
     """Journal the write's intent. Returns the call, its action, and an answer if already settled."""
-    assert contract.intent_key is not None
-    intent_key = contract.intent_key(state["run_id"], args)
+    key = intent_key(contract, state["run_id"], args, call.revision)
     canonical = args.model_dump(mode="json")
-    needs_approval = contract.needs_approval(args, context.env)
+    # An approver's edit always needs its own approval: nobody approved these arguments yet.
+    needs_approval = edited_by is not None or contract.needs_approval(args, context.env)
     proposed = Action(
-        action_id=f"act_{digest(intent_key)[:16]}",
+        action_id=f"act_{digest(key)[:16]}",
         run_id=state["run_id"],
         call_id=call.call_id,
         tool=contract.name,
         args=canonical,
         args_digest=digest(canonical),
-        intent_key=intent_key,
+        intent_key=key,
         status=ActionStatus.NEEDS_APPROVAL if needs_approval else ActionStatus.PLANNED,
         fence=context.fence,
     )
@@ -116,6 +168,7 @@ def _plan_write(
             ),
         )
     if action.status is ActionStatus.NEEDS_APPROVAL:
+        summary = contract.describe(args)
         request = ApprovalRequest(
             approval_id=f"apr_{action.digest[:16]}",
             run_id=state["run_id"],
@@ -123,7 +176,7 @@ def _plan_write(
             digest=action.digest,
             tool=contract.name,
             args=canonical,
-            summary=contract.describe(args),
+            summary=f"{summary} (edited by {edited_by})" if edited_by else summary,
             requested_by=principal_of(state).user_id,
             expires_at=context.now() + context.approval_ttl,
         )
@@ -134,54 +187,123 @@ def _plan_write(
     return call.model_copy(update={"verdict": verdict, "action_id": action.action_id}), action, None
 
 
+def _settle(action: Action, to: ActionStatus, context: RunContext, **record: Any) -> Action:
+    """Move an awaiting action to `to`, unless an earlier attempt of this step already did."""
+    if action.status is to:
+        return action
+    return context.journal.transition(
+        action.action_id, action.status, to, fence=context.fence, **record
+    )
+
+
+def _refused(
+    call: PendingCall,
+    action: Action,
+    error: dict[str, Any],
+    record: ApprovalRecord,
+    context: RunContext,
+) -> tuple[PendingCall, list[Action], ToolEnvelope]:
+    action = _settle(
+        action,
+        ActionStatus.REJECTED,
+        context,
+        outcome={"error": error},
+        detail={"approval_id": record.approval_id, "approver": record.approver},
+    )
+    return (
+        call.model_copy(update={"verdict": CallVerdict.REJECTED, "error": error}),
+        [action],
+        ToolEnvelope(status="error", error=error),
+    )
+
+
+def _decision_refusal(
+    call: PendingCall, record: ApprovalRecord, action: Action
+) -> dict[str, Any] | None:
+    """Why a decision cannot authorise anything, whatever it says, or None."""
+    assert call.approval is not None
+    if record.decision == "reject":  # a rejection needs no proof: it can only stop things
+        return {
+            "code": "approval_rejected",
+            "detail": f"rejected by {record.approver}: {record.comment}".rstrip(": "),
+        }
+    if record.digest != action.digest:
+        return {"code": "approval_mismatch", "detail": "the decision names another action"}
+    if record.decided_at > call.approval.expires_at:
+        return {
+            "code": "approval_expired",
+            "detail": f"approval expired at {call.approval.expires_at}",
+        }
+    return None
+
+
+def _apply_edit(
+    call: PendingCall,
+    record: ApprovalRecord,
+    action: Action,
+    state: RunState,
+    context: RunContext,
+) -> tuple[PendingCall, list[Action], ToolEnvelope | None]:
+    """Reject the original, then plan the approver's arguments as a new intent awaiting approval."""
+    edited = call.model_copy(
+        update={"args": record.args or {}, "revision": call.revision + 1, "approval": None}
+    )
+    try:
+        contract, args = check_call(edited, principal_of(state), context)
+        if contract.resources(args) != contract.resources(
+            contract.args_model.model_validate(action.args)
+        ):
+            raise Refusal("edit_changes_target", "an edit may not change what the action touches")
+    except Refusal as refusal:
+        error = {"code": "edit_refused", "detail": refusal.error["detail"], "edit": refusal.error}
+        return _refused(call, action, error, record, context)
+    original = _settle(
+        action,
+        ActionStatus.REJECTED,
+        context,
+        outcome={
+            "error": {
+                "code": "edited_by_approver",
+                "detail": f"replaced by {record.approver}'s edit",
+            }
+        },
+        detail={"approval_id": record.approval_id, "approver": record.approver},
+    )
+    edited, planned, answer = _plan_write(
+        edited, contract, args, state, context, edited_by=record.approver
+    )
+    return edited, [original, planned], answer
+
+
 def _apply_decision(
-    call: PendingCall, record: ApprovalRecord, principal: Principal, context: RunContext
-) -> tuple[PendingCall, Action, ToolEnvelope | None]:
+    call: PendingCall, record: ApprovalRecord, state: RunState, context: RunContext
+) -> tuple[PendingCall, list[Action], ToolEnvelope | None]:
     """An approval decision counts only for the digest it names, before expiry, and after the
     call passes every check again (the world may have changed while it waited)."""
     assert call.approval is not None and call.action_id is not None
     action = context.journal.get(call.action_id)
     assert action is not None, f"journal lost action {call.action_id}"
-    refusal: dict[str, Any] | None = None
-    if record.decision != "approve":
-        refusal = {
-            "code": "approval_rejected",
-            "detail": f"rejected by {record.approver}: {record.comment}",
-        }
-    elif record.digest != action.digest:
-        refusal = {"code": "approval_mismatch", "detail": "the approval names another action"}
-    elif record.decided_at > call.approval.expires_at:
-        refusal = {
-            "code": "approval_expired",
-            "detail": f"approval expired at {call.approval.expires_at}",
-        }
-    else:
+    recorded = (action.outcome or {}).get("error") or {}
+    if action.status is ActionStatus.REJECTED and recorded.get("code") != "edited_by_approver":
+        # An earlier attempt of this step refused it and crashed before its checkpoint.
+        return _refused(call, action, recorded, record, context)
+    refusal = _decision_refusal(call, record, action)
+    if refusal is None and record.decision == "edit":
+        return _apply_edit(call, record, action, state, context)
+    if refusal is None:
         try:
-            check_call(call, principal, context)
+            check_call(call, principal_of(state), context)
         except Refusal as exc:
             refusal = exc.error
     if refusal is not None:
-        action = context.journal.transition(
-            action.action_id,
-            ActionStatus.NEEDS_APPROVAL,
-            ActionStatus.REJECTED,
-            fence=context.fence,
-            outcome={"error": refusal},
-            detail={"approval_id": record.approval_id},
-        )
-        return (
-            call.model_copy(update={"verdict": CallVerdict.REJECTED, "error": refusal}),
-            action,
-            ToolEnvelope(status="error", error=refusal),
-        )
-    action = context.journal.transition(
-        action.action_id,
-        ActionStatus.NEEDS_APPROVAL,
+        return _refused(call, action, refusal, record, context)
+    action = _settle(
+        action,
         ActionStatus.APPROVED,
-        fence=context.fence,
+        context,
         detail={"approval_id": record.approval_id, "approver": record.approver},
     )
-    return call.model_copy(update={"verdict": CallVerdict.READY}), action, None
+    return call.model_copy(update={"verdict": CallVerdict.READY}), [action], None
 
 
 def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
@@ -212,8 +334,8 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         elif call.verdict is CallVerdict.NEEDS_APPROVAL and call.approval is not None:
             record = decisions.get(call.approval.approval_id)
             if record is not None:
-                call, action, answer = _apply_decision(call, record, principal, context)
-                actions.append(action)
+                call, changed, answer = _apply_decision(call, record, state, context)
+                actions.extend(changed)
         if answer is not None:
             answers.append(tool_result(call, answer))
         calls.append(call)

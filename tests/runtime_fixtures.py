@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.language_models import BaseChatModel
@@ -16,8 +17,10 @@ from graph.budget import Budget
 from graph.state import Principal
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from models.factory import make_model
+from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
 from services.launcher import start_services
+from services.orders import SEED_ORDERS
 from tools.refunds import task_scope
 from tools.registry import ToolRegistry
 
@@ -59,12 +62,19 @@ def principal(user_id: str = "u-1", task: str = DEMO_TASK) -> Principal:
     return Principal(user_id=user_id, scope=task_scope(task))
 
 
+def all_refunds(services: ServiceEndpoints) -> list[dict[str, Any]]:
+    """Every refund the payments service holds for any seeded order: the ground truth of effects."""
+    return [r for order_id, *_ in SEED_ORDERS for r in list_refunds(services, order_id)]
+
+
 def cli(
     *args: str, env: dict[str, str], check: bool = False, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run `loopwright ARGS` in a new process, as a user would."""
+    """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin."""
     result = subprocess.run(
         [sys.executable, "-m", "loopwright", *args],
+        # Never the terminal pytest may have been started from: a prompt must not wait for it.
+        stdin=subprocess.DEVNULL,
         # Short leases: a crashed process's lease expires quickly, so resuming waits little.
         env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
         capture_output=True,

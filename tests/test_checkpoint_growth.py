@@ -29,7 +29,7 @@ SELECT
 def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
     database_url: str, open_test_runner: RunnerFactory
 ) -> None:
-    task = "Read order O-42 again and again."
+    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
     model = ScriptedChatModel(policy=KeepsReading(reads=STEPS))
     sizes: list[int] = []
     with (

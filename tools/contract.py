@@ -140,6 +140,15 @@ class ToolContract:
     reconcile: Callable[[ToolEnv, Action, dict[str, Any] | None], ReconcileResult] | None = None
     verify: Callable[[ToolEnv, Action], VerifyResult] | None = None
     summarize: Callable[[Any], str] | None = None
+    # Reads of asynchronous operations: seconds until it is worth asking again when a result
+    # says "not finished yet" (a poll is not mistaken for a loop without progress).
+    poll_after: Callable[[dict[str, Any]], float | None] | None = None
+    # Writes: the current version of each resource the write touches, compared right before the
+    # send with the version the model observed when it planned the write.
+    current_versions: Callable[[ToolEnv, Any], dict[str, str]] | None = None
+    # Writes: how a succeeded action could be undone, offered to a person (never performed by
+    # the runtime) when a run is cancelled after the write.
+    compensation: Callable[[Action], str] | None = None
     guarantee: Guarantee = Guarantee.NONE
     timeout_s: float = 5.0
     max_attempts: int = 2  # reads: transport faults retried in this one layer

@@ -35,6 +35,10 @@ class ReadResult:
     evidence: Evidence | None
     attempts: int
     result_bytes: int
+    # The tool was unavailable: a transient fault outlasted the retry layer.
+    exhausted: bool = False
+    # The result says "not finished yet, ask again in this many seconds".
+    poll_after_s: float | None = None
 
 
 def check_output(contract: ToolContract, raw: Any) -> dict[str, Any]:
@@ -59,9 +63,8 @@ def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str
             if fault.transient and attempts < contract.max_attempts:
                 time.sleep(BACKOFF_BASE_S * 2 ** (attempts - 1) * (1 + random.random()))
                 continue
-            return ReadResult(
-                ToolEnvelope(status="error", error=fault.as_error()), None, attempts, 0
-            )
+            envelope = ToolEnvelope(status="error", error=fault.as_error())
+            return ReadResult(envelope, None, attempts, 0, exhausted=fault.transient)
         size = len(canonical_json(result))
         if size > contract.max_result_bytes:
             too_large = {
@@ -73,11 +76,14 @@ def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str
             evidence_id=f"ev_{digest([call_id, result])[:12]}",
             source=contract.name,
             call_id=call_id,
+            resources=sorted(contract.resources(args)),
             version=str(result["version"]) if "version" in result else None,
             content_hash=digest(result),
             content=result,
         )
-        return ReadResult(ToolEnvelope(status="ok", result=result), evidence, attempts, size)
+        poll_after = contract.poll_after(result) if contract.poll_after else None
+        envelope = ToolEnvelope(status="ok", result=result)
+        return ReadResult(envelope, evidence, attempts, size, poll_after_s=poll_after)
 
 
 def dispatch_write(

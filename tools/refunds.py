@@ -116,6 +116,10 @@ def _order_resource(args: Any) -> frozenset[str]:
     return frozenset({f"order:{args.order_id}"})
 
 
+def order_version(env: ToolEnv, args: Any) -> dict[str, str]:
+    return {f"order:{args.order_id}": str(fetch_order(env, args.order_id).version)}
+
+
 # --- reads -----------------------------------------------------------------------------------
 
 
@@ -255,6 +259,12 @@ SUBMIT_REFUND = ToolContract(
     authorize=lambda principal, args, env: owns_order(principal, args.order_id, env),
     needs_approval=_refund_needs_approval,
     intent_key=_refund_intent_key,
+    current_versions=order_version,
+    compensation=lambda action: (
+        f"refund {(action.outcome or {}).get('refund_id')} of {action.args['amount']} "
+        f"{action.args['currency']} cannot be undone by the runtime; reversing it means charging "
+        f"the customer of order {action.args['order_id']} again, which a person must decide"
+    ),
     reconcile=_reconcile_refund,
     verify=_verify_refund,
     summarize=lambda args: f"Refund {args.amount} {args.currency} to order {args.order_id}",
@@ -270,6 +280,7 @@ GET_REFUND_STATUS = ToolContract(
     effect=Effect.READ,
     run=_get_refund,
     authorize=_authorize_refund_read,
+    poll_after=lambda result: 1.0 if result.get("status") == "processing" else None,
 )
 
 REFUND_TOOLS = (GET_ORDER, GET_POLICY, SUBMIT_REFUND, GET_REFUND_STATUS)

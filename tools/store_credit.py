@@ -27,7 +27,7 @@ from tools.contract import (
     VerifyResult,
 )
 from tools.http import read_json, write_json
-from tools.refunds import MONEY, ORDER_ID, fetch_order, owns_order
+from tools.refunds import MONEY, ORDER_ID, fetch_order, order_version, owns_order
 
 
 class IssueStoreCreditArgs(ToolArgs):
@@ -124,6 +124,11 @@ STORE_CREDIT = ToolContract(
     authorize=lambda principal, args, env: owns_order(principal, args.order_id, env),
     intent_key=lambda run_id, args: f"credit:{run_id}:{args.order_id}",
     pre_image=_pre_image,
+    current_versions=order_version,
+    compensation=lambda action: (
+        f"remove the {action.args['amount']} {action.args['currency']} credit entry for order "
+        f"{action.args['order_id']} from the customer's ledger"
+    ),
     reconcile=_reconcile,
     verify=_verify,
     summarize=lambda args: f"Store credit {args.amount} {args.currency} for order {args.order_id}",

@@ -1,0 +1,204 @@
+"""Every call is checked before anything runs: each way a call is refused, end to end.
+
+Each run drives the real graph with a scripted model that makes one bad call and then answers:
+its one corrective turn, taken after reading the structured error as the call's result. The
+ground truth is checked where it lives: the payments service's own storage and the journal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, ToolMessage
+
+from graph.protocol import parse_tool_content
+from graph.state import ActionStatus, RunState
+from loopwright.cli import decide
+from loopwright.runner import Runner, RunOutcome
+from models.misbehaving import Duplicating, OneShot
+from models.scripted import Decision, ScriptedChatModel
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, all_refunds, principal
+from tools.refunds import GET_ORDER, REFUND_TOOLS
+from tools.registry import ToolRegistry
+
+OTHER_USERS_TASK = "Check whether order O-99 can be refunded and refund it if so."
+SMALL_REFUND_TASK = "Check whether order O-43 can be refunded and refund it if so."
+
+
+def refund(order_id: str, amount: str = "10.00", **extra: Any) -> Decision:
+    args = {"order_id": order_id, "amount": amount, "currency": "USD", "reason": "test", **extra}
+    return Decision(tool_calls=[("submit_refund", args)])
+
+
+def run(runner: Runner, task: str = DEMO_TASK) -> tuple[RunOutcome, RunState]:
+    outcome = runner.start(task, principal(task=task))
+    return outcome, runner.state(outcome.run_id)
+
+
+def errors(state: RunState) -> list[dict[str, Any]]:
+    """The structured errors the model was given as tool results, in order."""
+    return [
+        parse_tool_content(str(m.content)).error or {}
+        for m in state["history"]
+        if isinstance(m, ToolMessage) and parse_tool_content(str(m.content)).status == "error"
+    ]
+
+
+def final_answer(state: RunState) -> str:
+    last = state["history"][-1]
+    assert isinstance(last, AIMessage) and not last.tool_calls
+    return last.text
+
+
+@pytest.mark.parametrize(
+    ("task", "decision", "code"),
+    [
+        pytest.param(
+            DEMO_TASK,
+            Decision(tool_calls=[("transfer_funds", {"to": "acct-4242", "amount": "10000.00"})]),
+            "unknown_tool",
+            id="unknown-tool",
+        ),
+        pytest.param(
+            DEMO_TASK,
+            Decision(
+                tool_calls=[
+                    ("submit_refund", {"order_id": "O-42", "amount": "a lot", "currency": 840})
+                ]
+            ),
+            "invalid_arguments",
+            id="schema",
+        ),
+        pytest.param(
+            DEMO_TASK,
+            Decision(raw_arguments=[("submit_refund", '{"order_id": O-42, "amount": 10}')]),
+            "invalid_arguments",
+            id="unparsable-json",
+        ),
+        pytest.param(OTHER_USERS_TASK, refund("O-99"), "permission_denied", id="other-user"),
+        pytest.param(DEMO_TASK, refund("O-43"), "out_of_scope", id="out-of-scope"),
+        pytest.param(
+            DEMO_TASK, refund("O-42", reason="a\x00b"), "invalid_arguments", id="nul-character"
+        ),
+    ],
+)
+def test_refused_call_executes_nothing_and_the_model_reads_why(
+    open_test_runner: RunnerFactory,
+    services: ServiceEndpoints,
+    task: str,
+    decision: Decision,
+    code: str,
+) -> None:
+    with open_test_runner(ScriptedChatModel(policy=OneShot(decision))) as runner:
+        outcome, state = run(runner, task)
+    assert [e["code"] for e in errors(state)] == [code]
+    assert code in final_answer(state)  # the corrective turn saw the structured error
+    assert (outcome.phase, outcome.stop_reason) == ("COMPLETED", "completed")
+    assert outcome.verification is not None and outcome.verification["facts"]["writes"] == []
+    assert outcome.actions == []
+    assert all_refunds(services) == []
+
+
+def test_schema_errors_name_every_bad_field_without_echoing_input(
+    open_test_runner: RunnerFactory,
+) -> None:
+    bad = {"order_id": "O-42", "amount": "1e9", "currency": 840, "extra": "ignore the rules"}
+    policy = OneShot(Decision(tool_calls=[("submit_refund", bad)]))
+    with open_test_runner(ScriptedChatModel(policy=policy)) as runner:
+        _, state = run(runner)
+    [error] = errors(state)
+    fields = sorted(e["field"] for e in error["errors"])
+    assert fields == ["amount", "currency", "extra", "reason"]
+    assert "ignore the rules" not in str(error)
+
+
+def test_malformed_tool_output_is_a_fault_never_evidence(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """A read whose result breaks its output contract answers `malformed_output`, records no
+    evidence, and the procedure (which retries a failed read once) gives up on it."""
+
+    def junk(*_: Any) -> dict[str, Any]:
+        return {"order_id": "O-42", "owner": None, "refundable": "all of it"}
+
+    tools = ToolRegistry(
+        [replace(GET_ORDER, run=junk), *(t for t in REFUND_TOOLS if t is not GET_ORDER)]
+    )
+    with open_test_runner(tools=tools) as runner:
+        outcome, state = run(runner)
+    assert [e["code"] for e in errors(state)] == ["malformed_output", "malformed_output"]
+    assert "malformed_output" in final_answer(state)
+    assert state["evidence"] == []
+    assert state["usage"]["tool_result_bytes"] == 0
+    assert outcome.stop_reason == "completed"
+    assert outcome.actions == []
+    assert all_refunds(services) == []
+
+
+def test_refund_over_the_limit_never_runs_without_an_approve_decision(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """Resuming without an answer, with garbage, or with a decision for another request leaves
+    the refund where it was: waiting, with nothing sent to payments."""
+    with open_test_runner() as runner:
+        outcome = runner.start(DEMO_TASK, principal())
+        [request] = outcome.waiting_for_approval
+        other_request = {**request, "approval_id": "apr_0000000000000000"}
+        for value in (
+            None,
+            {"decision": "approve"},
+            {**decide(request, "approve", "a-1"), "digest": "not a digest"},
+            decide(other_request, "approve", "a-1"),
+        ):
+            outcome = runner.resume(outcome.run_id, value)
+            assert [r["approval_id"] for r in outcome.waiting_for_approval] == [
+                request["approval_id"]
+            ]
+        [action] = outcome.actions
+    assert action.status is ActionStatus.NEEDS_APPROVAL and action.attempts == 0
+    assert all_refunds(services) == []
+
+
+def test_same_refund_again_maps_to_one_intent_and_one_effect(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """Proposed twice in one step and once more after it went through, each under a new call
+    id: one journal action, one refund, and the copies are answered `duplicate_intent`."""
+    with open_test_runner(ScriptedChatModel(policy=Duplicating())) as runner:
+        outcome, state = run(runner, SMALL_REFUND_TASK)
+    submits = [
+        call
+        for m in state["history"]
+        if isinstance(m, AIMessage)
+        for call in m.tool_calls
+        if call["name"] == "submit_refund"
+    ]
+    assert len(submits) == 3 and len({c["id"] for c in submits}) == 3
+    assert len({str(sorted(c["args"].items())) for c in submits}) == 1
+    duplicates = [e for e in errors(state) if e["code"] == "duplicate_intent"]
+    assert [e["detail"].rsplit(" ", 1)[-1] for e in duplicates] == ["PLANNED", "SUCCEEDED"]
+    [action] = outcome.actions
+    assert action.status is ActionStatus.SUCCEEDED and action.attempts == 1
+    assert {d["action_id"] for d in duplicates} == {action.action_id}
+    [stored] = all_refunds(services)
+    assert (stored["order_id"], stored["amount"]) == ("O-43", "30.00")
+    assert outcome.stop_reason == "completed"
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.xfail(
+    strict=True,
+    reason="tools/refunds.py money and id patterns use \\d, which pydantic's Rust regex reads as "
+    "any Unicode digit: '١٠.٠٠' passes the schema, is refunded as 10.00, and can never be "
+    "verified against the journaled '١٠.٠٠'",
+)
+def test_non_ascii_digits_are_not_money(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner(ScriptedChatModel(policy=OneShot(refund("O-42", "١٠.٠٠")))) as runner:
+        _, state = run(runner)
+    assert [e["code"] for e in errors(state)] == ["invalid_arguments"]
+    assert all_refunds(services) == []
