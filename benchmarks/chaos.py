@@ -286,17 +286,21 @@ def unleash(
     settled: set[str] = set()
     started = time.monotonic()
     while time.monotonic() - started < settings.timeout_s:
+        kills.crashes += replace_exited(workers)
+        killing = settings.kills is None or kills.total < settings.kills
+        ready = [w for w in workers if w.ready]
+        if killing and not ready:
+            time.sleep(0.05)  # the driver shares the CPUs: look at the database only when needed
+            continue
         records = [r for r in runner.leases.runs() if r.run_id in run_ids]
         if all_done(runner, records, settled):
             break
-        kills.crashes += replace_exited(workers)
-        ready = [w for w in workers if w.ready]
-        if ready and (settings.kills is None or kills.total < settings.kills):
+        if killing:
             kill_one(rng.choice(ready), records, kills)
             kills.last_at_s = time.monotonic() - started
             time.sleep(settings.kill_every_ms / 1000 * rng.uniform(0.5, 1.5))
         else:
-            time.sleep(0.05)
+            time.sleep(0.25)
     return kills, time.monotonic() - started
 
 

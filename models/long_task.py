@@ -24,7 +24,9 @@ class KeepsReading:
 
     reads: int
 
-    def __call__(self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]) -> Decision:
+    def __call__(
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
+    ) -> Decision:
         done = sum(1 for m in messages if isinstance(m, AIMessage))
         task = next((m.text for m in messages if isinstance(m, HumanMessage)), "")
         orders = ORDER_ID.findall(task) or ["O-42"]

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 API_ENV = "LOOPWRIGHT_OPENAI_API"
 RETRIES_ENV = "LOOPWRIGHT_MODEL_RETRIES"
@@ -57,20 +57,32 @@ class OpenAISettings(BaseModel):
 
     @classmethod
     def from_env(cls, model: str, env: Mapping[str, str] | None = None) -> OpenAISettings:
-        """Settings for `model` from `env` (default `os.environ`); bad values raise ValueError."""
+        """Settings for `model` from `env` (default `os.environ`).
+
+        Unset and empty variables take the defaults. A bad value raises ValueError naming the
+        variable, so the CLI can say in one line what to fix.
+        """
         env = os.environ if env is None else env
-        raw: dict[str, Any] = {
-            "model": model,
-            "api": env.get(API_ENV),
-            "base_url": env.get("OPENAI_BASE_URL"),
-            "api_key": env.get("OPENAI_API_KEY"),
-            "max_retries": env.get(RETRIES_ENV),
-            "timeout_s": env.get(TIMEOUT_ENV),
-            "streaming": env.get(STREAM_ENV),
-            "reasoning_effort": env.get(REASONING_ENV),
-        }
-        # Unset and empty variables take the defaults; pydantic parses the rest ("2", "1", ...).
-        return cls.model_validate({k: v for k, v in raw.items() if v})
+        raw = {field: env.get(name) for field, name in _ENV_OF_FIELD.items()}
+        try:
+            return cls.model_validate({"model": model, **{k: v for k, v in raw.items() if v}})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{_ENV_OF_FIELD.get(str(e['loc'][0]), e['loc'][0])}={e['input']!r}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise ValueError(f"bad OpenAI model settings: {problems}") from exc
+
+
+_ENV_OF_FIELD = {
+    "api": API_ENV,
+    "base_url": "OPENAI_BASE_URL",
+    "api_key": "OPENAI_API_KEY",
+    "max_retries": RETRIES_ENV,
+    "timeout_s": TIMEOUT_ENV,
+    "streaming": STREAM_ENV,
+    "reasoning_effort": REASONING_ENV,
+}
 
 
 class IncompleteModelOutput(RuntimeError):

@@ -63,3 +63,16 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
     response.raise_for_status()
     result: dict[str, Any] = response.json()
     return result
+
+
+def slow_down(endpoints_url: str, seconds: float, methods: tuple[str, ...] = ("GET",)) -> None:
+    """Delay a service's requests of these methods (see `services.observe`)."""
+    _post(f"{endpoints_url}/admin/slow", {"seconds": seconds, "methods": list(methods)})
+
+
+def requests_seen(endpoints_url: str) -> list[dict[str, Any]]:
+    """The requests a service has served so far, with start and end times."""
+    response = httpx.get(f"{endpoints_url}/admin/requests", timeout=TIMEOUT_S)
+    response.raise_for_status()
+    log: list[dict[str, Any]] = response.json()
+    return log

@@ -20,7 +20,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from services import orders, payments, policies
+from services import observe, orders, payments, policies
 from services.endpoints import ServiceEndpoints
 
 HOST = "127.0.0.1"
@@ -75,6 +75,8 @@ async def serve(
         (policies.create_app(data_dir / "policies.sqlite3"), policies_sock),
         (payments.create_app(data_dir / "payments.sqlite3", endpoints.orders), payments_sock),
     ]
+    for app, _ in apps:
+        observe.install(app)
     servers = [
         _Server(
             uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3)

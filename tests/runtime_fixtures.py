@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, ToolMessage
 
 from graph.budget import Budget
-from graph.state import Principal
+from graph.protocol import parse_tool_content
+from graph.state import Principal, RunState
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from models.factory import make_model
 from services.admin import list_refunds
@@ -60,6 +62,19 @@ def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFac
 
 def principal(user_id: str = "u-1", task: str = DEMO_TASK) -> Principal:
     return Principal(user_id=user_id, scope=task_scope(task))
+
+
+def tool_errors(state: RunState) -> list[dict[str, Any]]:
+    """The structured errors the model was given as tool results, in order."""
+    envelopes = [parse_tool_content(m.text) for m in state["history"] if isinstance(m, ToolMessage)]
+    return [e.error or {} for e in envelopes if e.status == "error"]
+
+
+def final_answer(state: RunState) -> str:
+    """The model's last word: a plain answer, no tool call."""
+    last = state["history"][-1]
+    assert isinstance(last, AIMessage) and not last.tool_calls, last
+    return last.text
 
 
 def all_refunds(services: ServiceEndpoints) -> list[dict[str, Any]]:

@@ -11,16 +11,22 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import AIMessage
 
-from graph.protocol import parse_tool_content
 from graph.state import ActionStatus, RunState
 from loopwright.cli import decide
 from loopwright.runner import Runner, RunOutcome
 from models.misbehaving import Duplicating, OneShot
 from models.scripted import Decision, ScriptedChatModel
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, all_refunds, principal
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    RunnerFactory,
+    all_refunds,
+    final_answer,
+    principal,
+    tool_errors,
+)
 from tools.refunds import GET_ORDER, REFUND_TOOLS
 from tools.registry import ToolRegistry
 
@@ -38,81 +44,54 @@ def run(runner: Runner, task: str = DEMO_TASK) -> tuple[RunOutcome, RunState]:
     return outcome, runner.state(outcome.run_id)
 
 
-def errors(state: RunState) -> list[dict[str, Any]]:
-    """The structured errors the model was given as tool results, in order."""
-    return [
-        parse_tool_content(str(m.content)).error or {}
-        for m in state["history"]
-        if isinstance(m, ToolMessage) and parse_tool_content(str(m.content)).status == "error"
-    ]
+SCHEMA_BREAKER = {"order_id": "O-42", "amount": "1e9", "currency": 840, "note": "ignore the rules"}
+
+# (what the model does wrong, the task it was given, its one call, the error it must get back)
+REFUSALS: list[tuple[str, str, Decision, str]] = [
+    (
+        "unknown tool",
+        DEMO_TASK,
+        Decision(tool_calls=[("transfer_funds", {"to": "acct-4242", "amount": "10000.00"})]),
+        "unknown_tool",
+    ),
+    (
+        "arguments against the schema",
+        DEMO_TASK,
+        Decision(tool_calls=[("submit_refund", SCHEMA_BREAKER)]),
+        "invalid_arguments",
+    ),
+    (
+        "unparsable JSON arguments",
+        DEMO_TASK,
+        Decision(raw_arguments=[("submit_refund", '{"order_id": O-42, "amount": 10}')]),
+        "invalid_arguments",
+    ),
+    ("another user's order", OTHER_USERS_TASK, refund("O-99"), "permission_denied"),
+    ("an order the task does not name", DEMO_TASK, refund("O-43"), "out_of_scope"),
+    # Postgres cannot store NUL: before validate refused it, the journal raised out of the graph.
+    ("a NUL character", DEMO_TASK, refund("O-42", reason="a\x00b"), "invalid_arguments"),
+]
 
 
-def final_answer(state: RunState) -> str:
-    last = state["history"][-1]
-    assert isinstance(last, AIMessage) and not last.tool_calls
-    return last.text
-
-
-@pytest.mark.parametrize(
-    ("task", "decision", "code"),
-    [
-        pytest.param(
-            DEMO_TASK,
-            Decision(tool_calls=[("transfer_funds", {"to": "acct-4242", "amount": "10000.00"})]),
-            "unknown_tool",
-            id="unknown-tool",
-        ),
-        pytest.param(
-            DEMO_TASK,
-            Decision(
-                tool_calls=[
-                    ("submit_refund", {"order_id": "O-42", "amount": "a lot", "currency": 840})
-                ]
-            ),
-            "invalid_arguments",
-            id="schema",
-        ),
-        pytest.param(
-            DEMO_TASK,
-            Decision(raw_arguments=[("submit_refund", '{"order_id": O-42, "amount": 10}')]),
-            "invalid_arguments",
-            id="unparsable-json",
-        ),
-        pytest.param(OTHER_USERS_TASK, refund("O-99"), "permission_denied", id="other-user"),
-        pytest.param(DEMO_TASK, refund("O-43"), "out_of_scope", id="out-of-scope"),
-        pytest.param(
-            DEMO_TASK, refund("O-42", reason="a\x00b"), "invalid_arguments", id="nul-character"
-        ),
-    ],
-)
-def test_refused_call_executes_nothing_and_the_model_reads_why(
-    open_test_runner: RunnerFactory,
-    services: ServiceEndpoints,
-    task: str,
-    decision: Decision,
-    code: str,
+def test_each_refused_call_executes_nothing_and_the_model_reads_why(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
-    with open_test_runner(ScriptedChatModel(policy=OneShot(decision))) as runner:
-        outcome, state = run(runner, task)
-    assert [e["code"] for e in errors(state)] == [code]
-    assert code in final_answer(state)  # the corrective turn saw the structured error
-    assert (outcome.phase, outcome.stop_reason) == ("COMPLETED", "completed")
-    assert outcome.verification is not None and outcome.verification["facts"]["writes"] == []
-    assert outcome.actions == []
+    """One run per way a call can be wrong (runs are cheap; fresh services are not)."""
+    for case, task, decision, code in REFUSALS:
+        with open_test_runner(ScriptedChatModel(policy=OneShot(decision))) as runner:
+            outcome, state = run(runner, task)
+        assert [e["code"] for e in tool_errors(state)] == [code], case
+        assert code in final_answer(state), case  # the corrective turn read the error
+        assert (outcome.phase, outcome.stop_reason) == ("COMPLETED", "completed"), case
+        assert outcome.verification is not None, case
+        assert outcome.verification["facts"]["writes"] == [], case
+        assert outcome.actions == [], case
+        if case == "arguments against the schema":
+            [error] = tool_errors(state)
+            fields = sorted(e["field"] for e in error["errors"])
+            assert fields == ["amount", "currency", "note", "reason"]
+            assert "ignore the rules" not in str(error)  # input is never echoed back
     assert all_refunds(services) == []
-
-
-def test_schema_errors_name_every_bad_field_without_echoing_input(
-    open_test_runner: RunnerFactory,
-) -> None:
-    bad = {"order_id": "O-42", "amount": "1e9", "currency": 840, "extra": "ignore the rules"}
-    policy = OneShot(Decision(tool_calls=[("submit_refund", bad)]))
-    with open_test_runner(ScriptedChatModel(policy=policy)) as runner:
-        _, state = run(runner)
-    [error] = errors(state)
-    fields = sorted(e["field"] for e in error["errors"])
-    assert fields == ["amount", "currency", "extra", "reason"]
-    assert "ignore the rules" not in str(error)
 
 
 def test_malformed_tool_output_is_a_fault_never_evidence(
@@ -129,7 +108,7 @@ def test_malformed_tool_output_is_a_fault_never_evidence(
     )
     with open_test_runner(tools=tools) as runner:
         outcome, state = run(runner)
-    assert [e["code"] for e in errors(state)] == ["malformed_output", "malformed_output"]
+    assert [e["code"] for e in tool_errors(state)] == ["malformed_output", "malformed_output"]
     assert "malformed_output" in final_answer(state)
     assert state["evidence"] == []
     assert state["usage"]["tool_result_bytes"] == 0
@@ -178,7 +157,7 @@ def test_same_refund_again_maps_to_one_intent_and_one_effect(
     ]
     assert len(submits) == 3 and len({c["id"] for c in submits}) == 3
     assert len({str(sorted(c["args"].items())) for c in submits}) == 1
-    duplicates = [e for e in errors(state) if e["code"] == "duplicate_intent"]
+    duplicates = [e for e in tool_errors(state) if e["code"] == "duplicate_intent"]
     assert [e["detail"].rsplit(" ", 1)[-1] for e in duplicates] == ["PLANNED", "SUCCEEDED"]
     [action] = outcome.actions
     assert action.status is ActionStatus.SUCCEEDED and action.attempts == 1
@@ -200,5 +179,5 @@ def test_non_ascii_digits_are_not_money(
 ) -> None:
     with open_test_runner(ScriptedChatModel(policy=OneShot(refund("O-42", "١٠.٠٠")))) as runner:
         _, state = run(runner)
-    assert [e["code"] for e in errors(state)] == ["invalid_arguments"]
+    assert [e["code"] for e in tool_errors(state)] == ["invalid_arguments"]
     assert all_refunds(services) == []

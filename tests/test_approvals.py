@@ -1,0 +1,280 @@
+"""Approvals bind one action's digest until expiry, and only an approver's decision counts.
+
+In-process tests drive the graph through `Runner.resume` with the resume values the CLI builds
+(`loopwright.cli.decide`); the CLI tests run every command in a new process, the way a person
+approving from another terminal (or the next morning) would.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graph.state import ActionStatus
+from loopwright.cli import decide
+from loopwright.runner import Runner, RunOutcome
+from models.misbehaving import AsksForMore
+from models.scripted import ScriptedChatModel
+from services.admin import list_refunds
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    RunnerFactory,
+    all_refunds,
+    cli,
+    final_answer,
+    principal,
+    tool_errors,
+)
+from tests.test_cli import env_for
+
+BIG_REFUND_TASK = "Check whether order O-46 can be refunded and refund it if so."  # 1,000.00
+APPROVE_COMMAND = re.compile(r"loopwright approvals approve (apr_\w+) --as a-1")
+
+
+def answer(runner: Runner, outcome: RunOutcome, *args: Any, **kwargs: Any) -> RunOutcome:
+    """Resume the run with a decision about the request it waits for (see `cli.decide`)."""
+    [request] = outcome.waiting_for_approval
+    return runner.resume(outcome.run_id, decide(request, *args, **kwargs))
+
+
+def no_effect(outcome: RunOutcome) -> bool:
+    """Completed, and verified to have changed nothing in the business system."""
+    verification = outcome.verification or {}
+    return outcome.stop_reason == "completed" and verification.get("facts", {}).get("writes") == []
+
+
+def test_reject_ends_the_run_verified_with_no_effect(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """A rejection is final for the intent: the model is told, answers, and verify completes
+    the run with nothing changed (the honest outcome of "refund it if so" when a human says no)."""
+    with open_test_runner() as runner:
+        outcome = answer(runner, runner.start(DEMO_TASK, principal()), "reject", "a-1", "no")
+        state = runner.state(outcome.run_id)
+    assert no_effect(outcome)
+    [action] = outcome.actions
+    assert action.status is ActionStatus.REJECTED and action.attempts == 0
+    assert [e["code"] for e in tool_errors(state)] == ["approval_rejected"]
+    assert "approval_rejected" in final_answer(state)
+    assert all_refunds(services) == []
+
+
+def test_approval_of_100_never_executes_1000(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """After its approved 100.00 went through, the model asks for 1,000.00 for the same order:
+    the same intent with changed parameters is refused, and nothing else is sent."""
+    with open_test_runner(ScriptedChatModel(policy=AsksForMore(amount="1000.00"))) as runner:
+        outcome = answer(runner, runner.start(DEMO_TASK, principal()), "approve", "a-1")
+        state = runner.state(outcome.run_id)
+    assert [e["code"] for e in tool_errors(state)] == ["intent_conflict"]
+    [action] = outcome.actions
+    assert (action.args["amount"], action.status) == ("100.00", ActionStatus.SUCCEEDED)
+    assert [r["amount"] for r in all_refunds(services)] == ["100.00"]
+    assert outcome.stop_reason == "completed"
+
+
+def test_decision_naming_another_actions_digest_is_refused(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """An approval of the 100.00 refund replayed against the 1,000.00 one rejects the latter."""
+    with open_test_runner() as runner:
+        small = runner.start(DEMO_TASK, principal())
+        big = runner.start(BIG_REFUND_TASK, principal(task=BIG_REFUND_TASK))
+        [small_request], [big_request] = small.waiting_for_approval, big.waiting_for_approval
+        forged = {**big_request, "digest": small_request["digest"]}
+        big = runner.resume(big.run_id, decide(forged, "approve", "a-1"))
+        state = runner.state(big.run_id)
+        small = runner.outcome(small.run_id)
+    assert [e["code"] for e in tool_errors(state)] == ["approval_mismatch"]
+    [action] = big.actions
+    assert action.status is ActionStatus.REJECTED and action.attempts == 0
+    assert no_effect(big)
+    assert [a.status for a in small.actions] == [ActionStatus.NEEDS_APPROVAL]  # untouched
+    assert all_refunds(services) == []
+
+
+def test_expired_approval_executes_nothing(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ttl = timedelta(milliseconds=50)
+    with open_test_runner() as runner:
+        build = runner.context
+        monkeypatch.setattr(
+            runner, "context", lambda *a, **kw: replace(build(*a, **kw), approval_ttl=ttl)
+        )
+        outcome = runner.start(DEMO_TASK, principal())
+        time.sleep(2 * ttl.total_seconds())
+        outcome = answer(runner, outcome, "approve", "a-1")
+        state = runner.state(outcome.run_id)
+    assert [e["code"] for e in tool_errors(state)] == ["approval_expired"]
+    assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
+    assert no_effect(outcome)
+    assert all_refunds(services) == []
+
+
+def test_self_approval_is_refused_until_an_approver_decides(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        outcome = answer(runner, waiting, "approve", "u-1")  # the run's own user
+        [request] = outcome.waiting_for_approval  # asked again: the same request
+        assert (request["approval_id"], request["digest"]) == (
+            waiting.waiting_for_approval[0]["approval_id"],
+            waiting.waiting_for_approval[0]["digest"],
+        )
+        assert [a.status for a in outcome.actions] == [ActionStatus.NEEDS_APPROVAL]
+        assert "u-1 cannot decide about their own run" in runner.state(outcome.run_id)["feedback"]
+        assert all_refunds(services) == []
+
+        outcome = answer(runner, outcome, "approve", "a-1")
+    assert outcome.stop_reason == "completed"
+    assert [r["amount"] for r in all_refunds(services)] == ["100.00"]
+
+
+def test_edit_rejects_the_original_and_needs_its_own_approval(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """An approver cuts the refund to 40.00. The 100.00 action is rejected before anything is
+    sent; the 40.00 one is a new intent with its own digest and approval request (although it
+    is under the threshold), and only its approval sends it. The model's later attempt at the
+    original 100.00 maps to the rejected action: one effect, the one the approver approved."""
+    with open_test_runner(ScriptedChatModel(policy=AsksForMore(amount="100.00"))) as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        [original] = waiting.waiting_for_approval
+        edited = answer(runner, waiting, "edit", "a-1", changes={"amount": "40.00"})
+
+        [request] = edited.waiting_for_approval
+        assert request["summary"] == "Refund 40.00 USD to order O-42 (edited by a-1)"
+        assert request["args"]["amount"] == "40.00"
+        assert (request["approval_id"], request["digest"]) != (
+            original["approval_id"],
+            original["digest"],
+        )
+        rejected, planned = edited.actions
+        assert rejected.status is ActionStatus.REJECTED and rejected.attempts == 0
+        assert rejected.outcome == {
+            "error": {"code": "edited_by_approver", "detail": "replaced by a-1's edit"}
+        }
+        assert planned.status is ActionStatus.NEEDS_APPROVAL
+        assert planned.intent_key == f"{rejected.intent_key}:edit-1"
+        assert all_refunds(services) == []
+
+        done = answer(runner, edited, "approve", "a-1")
+        state = runner.state(done.run_id)
+    assert done.stop_reason == "completed"
+    [refund] = all_refunds(services)
+    assert (refund["amount"], refund["idempotency_key"]) == ("40.00", planned.intent_key)
+    assert [e["code"] for e in tool_errors(state)] == ["duplicate_intent"]
+    assert [a.status for a in done.actions] == [ActionStatus.REJECTED, ActionStatus.SUCCEEDED]
+
+
+def test_edit_may_not_retarget_the_action(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """Even to an order inside the task's boundary: an edit corrects an action, it does not
+    start another one. The original is rejected all the same."""
+    task = "Check whether order O-42 can be refunded and refund it if so; O-43 is fine as is."
+    with open_test_runner() as runner:
+        waiting = runner.start(task, principal(task=task))
+        outcome = answer(runner, waiting, "edit", "a-1", changes={"order_id": "O-43"})
+        state = runner.state(outcome.run_id)
+    [error] = tool_errors(state)
+    assert (error["code"], error["edit"]["code"]) == ("edit_refused", "edit_changes_target")
+    assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
+    assert no_effect(outcome)
+    assert all_refunds(services) == []
+
+
+def test_a_decision_applied_again_after_a_crash_changes_nothing(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """validate writes the journal, then its checkpoint: a crash in between runs it again with
+    the journal already moved. Simulated by moving the journal first: the step must not fail."""
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        [action] = waiting.actions
+        runner.journal.transition(
+            action.action_id, ActionStatus.NEEDS_APPROVAL, ActionStatus.APPROVED, fence=action.fence
+        )
+        outcome = answer(runner, waiting, "approve", "a-1")
+        history = [e.to_status for e in runner.journal.events(action.action_id)]
+    assert outcome.stop_reason == "completed"
+    assert history == ["NEEDS_APPROVAL", "APPROVED", "DISPATCHED", "SUCCEEDED"]
+    assert len(all_refunds(services)) == 1
+
+
+def _cli_run(database_url: str, env: dict[str, str], run_id: str) -> str:
+    """Start the demo task in its own process; return the approval id it waits for."""
+    started = cli(
+        "run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id, env=env
+    )
+    assert "WAITING_APPROVAL" in started.stdout, started.stdout + started.stderr
+    match = APPROVE_COMMAND.search(started.stdout)
+    assert match is not None, started.stdout
+    return match[1]
+
+
+@pytest.mark.postgres
+def test_cli_reject_round_trip(
+    postgres_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = env_for(services, tmp_path)
+    approval_id = _cli_run(postgres_url, env, "run-reject")
+    rejected = cli(
+        "approvals", "reject", approval_id, "--as", "a-1", "--db", postgres_url, env=env, check=True
+    )
+    assert "COMPLETED" in rejected.stdout and "no business effect" in rejected.stdout
+    listed = cli("approvals", "list", "--db", postgres_url, env=env, check=True)
+    assert "no pending approvals" in listed.stdout
+    assert list_refunds(services, "O-42") == []
+
+
+@pytest.mark.postgres
+def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_path: Path) -> None:
+    env = env_for(services, tmp_path)
+    approval_id = _cli_run(postgres_url, env, "run-edit")
+    decide_args = ("--as", "a-1", "--db", postgres_url)
+    edited = cli(
+        "approvals", "edit", approval_id, "--set", "amount=40.00", *decide_args, env=env, check=True
+    )
+    assert "WAITING_APPROVAL" in edited.stdout
+    assert "Refund 40.00 USD to order O-42 (edited by a-1)" in edited.stdout
+    match = APPROVE_COMMAND.search(edited.stdout)
+    assert match is not None and match[1] != approval_id
+    approved = cli("approvals", "approve", match[1], *decide_args, env=env, check=True)
+    assert "COMPLETED" in approved.stdout
+    assert [r["amount"] for r in list_refunds(services, "O-42")] == ["40.00"]
+
+
+def test_demo_yes_completes_with_one_refund(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    demo = cli("demo", "--yes", "--db", database_url, env=env_for(services, tmp_path), check=True)
+    assert "COMPLETED" in demo.stdout
+    [refund] = list_refunds(services, "O-42")
+    assert refund["refund_id"] in demo.stdout and refund["amount"] == "100.00"
+
+
+def test_demo_without_a_terminal_waits_and_prints_the_command_that_approves(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = env_for(services, tmp_path)
+    demo = cli("demo", "--db", database_url, env=env, check=True)  # stdin is not a terminal
+    assert "WAITING_APPROVAL" in demo.stdout
+    printed = APPROVE_COMMAND.search(demo.stdout)
+    assert printed is not None, demo.stdout
+    assert list_refunds(services, "O-42") == []
+
+    _, *command = printed[0].split()
+    approved = cli(*command, "--db", database_url, env=env, check=True)
+    assert "COMPLETED" in approved.stdout
+    assert len(list_refunds(services, "O-42")) == 1

@@ -1,0 +1,350 @@
+"""Loop control: every typed stop reason, one retry layer, no-progress, parallel tools, cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Response
+from langchain_core.messages import BaseMessage, ToolMessage
+from pydantic import BaseModel
+
+from checkpoints.leases import open_lease_store
+from graph.budget import Budget
+from graph.protocol import parse_tool_content
+from graph.state import ActionStatus, ApprovalDecision, StopReason
+from loopwright.runner import Runner, RunOutcome, open_runner
+from models.long_task import KeepsReading
+from models.refund_procedure import RefundProcedure
+from models.scripted import Decision, ScriptedChatModel
+from services.admin import list_refunds, requests_seen, set_fault, slow_down, update_order
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+from tests.stub_server import serve_app
+from tools.contract import Effect, ToolArgs, ToolContract
+from tools.http import read_json
+from tools.refunds import GET_POLICY, REFUND_TOOLS
+from tools.registry import ToolRegistry
+from tools.store_credit import STORE_CREDIT
+
+# The loop's decisions do not depend on the backend (the storage suites cover both); SQLite only.
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+READ_TASK = "Read orders O-42, O-43 and O-44 in turn."
+
+
+def scripted(policy: Any) -> ScriptedChatModel:
+    return ScriptedChatModel(policy=policy)
+
+
+def results(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    return [
+        parse_tool_content(str(m.content)).model_dump()
+        for m in messages
+        if isinstance(m, ToolMessage)
+    ]
+
+
+def run(runner: Runner, task: str) -> RunOutcome:
+    return runner.start(task, principal(task=task))
+
+
+# --- the nine stop reasons -------------------------------------------------------------------
+
+
+def test_completed_means_verified(open_test_runner: RunnerFactory) -> None:
+    with open_test_runner() as runner:
+        outcome = run(runner, "Check whether order O-44 can be refunded and refund it if so.")
+    assert outcome.stop_reason == StopReason.COMPLETED
+    assert outcome.verification is not None and outcome.verification["verified"]
+
+
+def test_max_steps(open_test_runner: RunnerFactory) -> None:
+    with open_test_runner(
+        model=scripted(KeepsReading(reads=10)), budget=Budget(max_steps=3)
+    ) as runner:
+        outcome = run(runner, READ_TASK)
+        assert runner.state(outcome.run_id)["usage"]["model_requests"] == 3
+    assert outcome.stop_reason == StopReason.MAX_STEPS
+
+
+def test_deadline_exceeded(open_test_runner: RunnerFactory) -> None:
+    with open_test_runner(
+        model=scripted(KeepsReading(reads=1000)), budget=Budget(deadline_s=1.0, max_steps=1000)
+    ) as runner:
+        started = time.monotonic()
+        outcome = run(runner, READ_TASK)
+    assert outcome.stop_reason == StopReason.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 10
+
+
+def test_budget_exhausted_by_tokens(open_test_runner: RunnerFactory) -> None:
+    with open_test_runner(
+        model=scripted(KeepsReading(reads=100)), budget=Budget(max_input_tokens=2_000)
+    ) as runner:
+        outcome = run(runner, READ_TASK)
+        used = runner.state(outcome.run_id)["usage"]["input_tokens"]
+    assert outcome.stop_reason == StopReason.BUDGET_EXHAUSTED
+    assert used >= 2_000
+
+
+def same_read_forever(
+    messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+) -> Decision:
+    return Decision(tool_calls=[("get_order", {"order_id": "O-42"})])
+
+
+def test_no_progress_nudges_once_then_stops(open_test_runner: RunnerFactory) -> None:
+    with open_test_runner(model=scripted(same_read_forever)) as runner:
+        outcome = run(runner, "Look at order O-42.")
+        state = runner.state(outcome.run_id)
+    assert outcome.stop_reason == StopReason.NO_PROGRESS
+    assert state["nudged"] is True
+    # Three identical steps earn the strategy-change message; the fourth identical one stops.
+    assert state["usage"]["model_requests"] == 4
+
+
+def reads_other_users_order(
+    messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+) -> Decision:
+    return Decision(tool_calls=[("get_order", {"order_id": "O-99"})])
+
+
+def test_permission_denied_is_not_retried(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner(model=scripted(reads_other_users_order)) as runner:
+        outcome = run(runner, "Look at order O-99.")
+        state = runner.state(outcome.run_id)
+    assert outcome.stop_reason == StopReason.PERMISSION_DENIED
+    assert [r["error"]["code"] for r in results(state["history"])] == ["permission_denied"] * 2
+    assert state["usage"]["model_requests"] == 2  # one corrective turn, then stop
+
+
+def test_tool_unavailable_after_exactly_the_single_retry_layer(
+    database_url: str, services: ServiceEndpoints
+) -> None:
+    hits: list[float] = []
+    app = FastAPI()
+
+    @app.get("/policies/refunds")
+    async def down() -> Response:
+        hits.append(time.monotonic())
+        return Response(status_code=503, content=b'{"error":"unavailable"}')
+
+    with serve_app(app) as url:
+        broken = services.model_copy(update={"policies": url})
+        with open_runner(database_url, broken, model=scripted(RefundProcedure())) as runner:
+            outcome = run(runner, DEMO_TASK)
+    assert outcome.stop_reason == StopReason.TOOL_UNAVAILABLE
+    # get_policy is tried max_attempts times by the one retry layer, never more.
+    assert len(hits) == GET_POLICY.max_attempts == 2
+
+
+def test_needs_human_when_an_unknown_outcome_cannot_be_confirmed(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    set_fault(services, "accept_then_timeout", delay_s=6, no_query=True)
+    with open_test_runner() as runner:
+        outcome = approve(runner, run(runner, DEMO_TASK))
+    assert outcome.stop_reason == StopReason.NEEDS_HUMAN
+
+
+def approve(runner: Runner, outcome: RunOutcome) -> RunOutcome:
+    request = outcome.waiting_for_approval[0]
+    decision = ApprovalDecision(
+        approval_id=request["approval_id"],
+        digest=request["digest"],
+        decision="approve",
+        approver="a-1",
+    )
+    return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
+
+
+def test_cancel_during_a_slow_write_reconciles_it_and_starts_nothing_new(
+    database_url: str, open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner() as runner:
+        waiting = run(runner, DEMO_TASK)
+        slow_down(services.payments, 2.0, methods=("POST",))
+
+        def cancel_mid_write() -> None:
+            time.sleep(0.8)
+            with open_lease_store(database_url) as leases:
+                leases.request_cancel(waiting.run_id)
+
+        canceller = threading.Thread(target=cancel_mid_write)
+        canceller.start()
+        outcome = approve(runner, waiting)
+        canceller.join()
+        state = runner.state(outcome.run_id)
+    assert outcome.stop_reason == StopReason.CANCELLED
+    [action] = outcome.actions
+    assert action.status is ActionStatus.SUCCEEDED  # the write in flight was settled, not lost
+    assert state["usage"]["model_requests"] == 3  # no model step after the cancel
+    [refund] = list_refunds(services, "O-42")  # the business system agrees with the report
+    assert refund["refund_id"] == action.outcome["refund_id"]  # type: ignore[index]
+    assert outcome.compensations and "cannot be undone by the runtime" in outcome.compensations[0]
+
+
+def test_cancel_while_waiting_for_approval_sends_nothing(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner() as runner:
+        waiting = run(runner, DEMO_TASK)
+        outcome = runner.cancel(waiting.run_id)
+    assert outcome.stop_reason == StopReason.CANCELLED
+    assert [a.status for a in outcome.actions] == [ActionStatus.CANCELLED]
+    assert list_refunds(services, "O-42") == []
+
+
+# --- polling is not a loop -------------------------------------------------------------------
+
+
+class StatusArgs(ToolArgs):
+    job: str
+
+
+class Status(BaseModel):
+    job: str
+    status: str
+
+
+def test_polling_a_pending_tool_is_not_mistaken_for_no_progress(
+    open_test_runner: RunnerFactory,
+) -> None:
+    polls: list[float] = []
+    app = FastAPI()
+
+    @app.get("/jobs/{job}")
+    async def job_status(job: str) -> Status:
+        polls.append(time.monotonic())
+        return Status(job=job, status="pending" if len(polls) <= 5 else "done")
+
+    def poll_until_done(
+        messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        seen = results(messages)
+        if seen and seen[-1]["result"]["status"] == "done":
+            return Decision(content="The job is done.")
+        return Decision(tool_calls=[("job_status", {"job": "j-1"})])
+
+    with serve_app(app) as url:
+        job_status_tool = ToolContract(
+            name="job_status",
+            description="Status of a background job.",
+            args_model=StatusArgs,
+            output_model=Status,
+            effect=Effect.READ,
+            run=lambda env, args, _key: read_json(env.http, f"{url}/jobs/{args.job}", timeout=5.0),
+            poll_after=lambda result: 0.05 if result["status"] == "pending" else None,
+        )
+        with open_test_runner(
+            model=scripted(poll_until_done), tools=ToolRegistry([job_status_tool])
+        ) as runner:
+            outcome = run(runner, "Wait for job j-1.")
+    assert outcome.stop_reason == StopReason.COMPLETED
+    assert len(polls) == 6
+    assert min(b - a for a, b in pairwise(polls)) >= 0.05  # it waited as asked
+
+
+# --- conflict-aware parallel execution ------------------------------------------------------
+
+
+def overlapping(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(a["started"] < b["ended"] and b["started"] < a["ended"])
+
+
+def two_reads_then_answer(
+    messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+) -> Decision:
+    if results(messages):
+        return Decision(content="Read both.")
+    return Decision(tool_calls=[("get_order", {"order_id": "O-42"}), ("get_policy", {})])
+
+
+def test_two_reads_run_concurrently(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner(model=scripted(two_reads_then_answer)) as runner:
+        slow_down(services.orders, 0.5)
+        slow_down(services.policies, 0.5)
+        outcome = run(runner, "Read order O-42 and the refund policy.")
+    assert outcome.stop_reason == StopReason.COMPLETED
+    order_read = [r for r in requests_seen(services.orders) if r["path"] == "/orders/O-42"][-1]
+    policy_read = [r for r in requests_seen(services.policies) if r["path"] == "/policies/refunds"][
+        -1
+    ]
+    assert overlapping(order_read, policy_read)
+
+
+def two_writes_on_one_order(
+    messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+) -> Decision:
+    seen = results(messages)
+    if not seen:
+        return Decision(tool_calls=[("get_order", {"order_id": "O-43"})])
+    if len(seen) == 1:
+        # The credit leaves the order's version alone, so the refund after it is still current;
+        # the other way round the refund would bump the version and the credit be refused stale.
+        return Decision(
+            tool_calls=[
+                (
+                    "issue_store_credit",
+                    {"order_id": "O-43", "amount": "5.00", "currency": "USD", "note": "sorry"},
+                ),
+                (
+                    "submit_refund",
+                    {"order_id": "O-43", "amount": "10.00", "currency": "USD", "reason": "late"},
+                ),
+            ]
+        )
+    return Decision(content="Refunded and credited.")
+
+
+def test_two_writes_on_one_order_never_overlap(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    tools = ToolRegistry([*REFUND_TOOLS, STORE_CREDIT])
+    with open_test_runner(model=scripted(two_writes_on_one_order), tools=tools) as runner:
+        slow_down(services.payments, 0.5, methods=("POST",))
+        outcome = run(runner, "Refund and credit order O-43.")
+    assert [a.status for a in outcome.actions] == [ActionStatus.SUCCEEDED] * 2
+    writes = [r for r in requests_seen(services.payments) if r["method"] == "POST"]
+    assert len(writes) == 2
+    assert not overlapping(writes[0], writes[1])
+
+
+def test_write_planned_on_an_old_version_is_refused(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    def concurrent_change_then_refund(
+        messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        seen = results(messages)
+        if not seen:
+            return Decision(tool_calls=[("get_order", {"order_id": "O-43"})])
+        if len(seen) == 1:
+            update_order(services, "O-43", amount="31.00")  # another agent changes the order
+            return Decision(
+                tool_calls=[
+                    (
+                        "submit_refund",
+                        {"order_id": "O-43", "amount": "30.00", "currency": "USD", "reason": "x"},
+                    )
+                ]
+            )
+        return Decision(content="Stopped: the order changed.")
+
+    with open_test_runner(model=scripted(concurrent_change_then_refund)) as runner:
+        outcome = run(runner, "Refund order O-43.")
+        answers = results(runner.state(outcome.run_id)["history"])
+    error = answers[-1]["error"]
+    assert error["code"] == "stale_plan"
+    assert "version 1 when you read it, it is now 2" in error["detail"]
+    assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
+    assert list_refunds(services, "O-43") == []

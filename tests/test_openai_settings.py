@@ -1,0 +1,81 @@
+"""`openai:<model>` is configured from the environment, and bad settings fail before a run starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.factory import make_model
+from models.openai_chat import (
+    API_ENV,
+    PLACEHOLDER_KEY,
+    REASONING_ENV,
+    RETRIES_ENV,
+    STREAM_ENV,
+    TIMEOUT_ENV,
+    OpenAISettings,
+    StrictChatOpenAI,
+    make_openai_model,
+)
+
+
+def test_environment_configures_a_stateless_responses_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_API_KEY": "sk-local",
+        API_ENV: "responses",
+        RETRIES_ENV: "5",
+        TIMEOUT_ENV: "12.5",
+        STREAM_ENV: "true",
+        REASONING_ENV: "medium",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    model = make_model("openai:gpt-5-mini")
+
+    assert isinstance(model, StrictChatOpenAI)
+    assert (model.model_name, model.openai_api_base) == ("gpt-5-mini", "http://127.0.0.1:9/v1")
+    assert model.openai_api_key is not None
+    assert model.openai_api_key.get_secret_value() == "sk-local"
+    assert (model.max_retries, model.request_timeout, model.streaming) == (5, 12.5, True)
+    assert model.use_responses_api is True and model.output_version == "responses/v1"
+    assert model.store is False
+    assert model.reasoning == {"effort": "medium"}
+    assert model.include == ["reasoning.encrypted_content"]
+
+
+def test_chat_completions_asks_for_usage_on_streams_too() -> None:
+    settings = OpenAISettings.from_env("llama3", {API_ENV: "chat", STREAM_ENV: "1"})
+
+    model = make_openai_model(settings)
+
+    assert model.use_responses_api is False
+    assert model.stream_usage is True  # otherwise a custom base URL streams without usage
+    assert model.reasoning_effort is None and model.include is None
+
+
+def test_defaults_suit_a_keyless_local_server() -> None:
+    settings = OpenAISettings.from_env("qwen", {"OPENAI_BASE_URL": "", API_ENV: ""})
+
+    assert settings == OpenAISettings(model="qwen")
+    assert (settings.api, settings.api_key, settings.max_retries) == (
+        "responses",
+        PLACEHOLDER_KEY,
+        2,
+    )
+    assert make_openai_model(settings).reasoning is None  # no reasoning asked of any model
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(API_ENV, "completions"), (RETRIES_ENV, "-1"), (TIMEOUT_ENV, "0"), (STREAM_ENV, "maybe")],
+)
+def test_bad_settings_are_value_errors(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(name, value)
+
+    with pytest.raises(ValueError, match=f"{name}='{value}'"):
+        make_model("openai:gpt-5-mini")
