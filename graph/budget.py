@@ -59,6 +59,8 @@ class Budget(BaseModel):
     max_steps: int = 20
     deadline_s: float = 300.0
     max_input_tokens: int = 200_000
+    # What one model request may be sent; older history is summarised to fit (compaction).
+    max_context_tokens: int = 24_000
     max_output_tokens: int = 50_000
     max_cost_usd: float = 5.0
     max_parallel_tools: int = 4

@@ -93,8 +93,13 @@ class IncompleteModelOutput(RuntimeError):
 
 
 @dataclass
-class _StreamEnd:
-    """What a stream said about its own end, seen chunk by chunk."""
+class StreamEnd:
+    """What a stream said about its own end, seen chunk by chunk; `check` once it is over.
+
+    The end markers: a chunk at position "last" (Responses `response.completed` or
+    `response.incomplete`, the latter with status "incomplete"), or a `finish_reason` (Chat
+    Completions, "length" when the output limit cut the answer).
+    """
 
     api: str
     finished: bool = False
@@ -132,14 +137,14 @@ class StrictChatOpenAI(ChatOpenAI):
         return "Responses" if self.use_responses_api else "Chat Completions"
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        end = _StreamEnd(self._stream_api())
+        end = StreamEnd(self._stream_api())
         for chunk in super()._stream(*args, **kwargs):
             end.see(chunk)
             yield chunk
         end.check()
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        end = _StreamEnd(self._stream_api())
+        end = StreamEnd(self._stream_api())
         async for chunk in super()._astream(*args, **kwargs):
             end.see(chunk)
             yield chunk

@@ -4,6 +4,9 @@ Tier 1, trusted: the instructions, the task boundary (who the run acts for, what
 and the task state taken from the journal (done / waiting for approval / unknown, never blurred).
 Tier 2, untrusted: tool results, already rendered in history as delimited data.
 
+The history shown is compacted to the budget's context size (`graph.compaction`): the task and
+the newest whole exchanges, older ones summarised from facts with their evidence ids.
+
 The decision is stored small (the system text, the tools allowed now, where the history window
 starts), never as a copy of the history, so checkpoints stay linear in the number of steps.
 """
@@ -12,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_core.messages import BaseMessage, SystemMessage
 from langgraph.runtime import Runtime
 
+from graph.compaction import choose_window
 from graph.context import RunContext
 from graph.crashpoints import crash_point
 from graph.state import Action, ActionStatus, Phase, RunState
@@ -68,12 +73,30 @@ def system_text(state: RunState, tools: list[str]) -> str:
 def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:compile_context:start")
     tools = runtime.context.tools.names()
+    evidence_ids = {e["call_id"]: e["evidence_id"] for e in state["evidence"]}
+    window = choose_window(
+        state["history"], runtime.context.budget.max_context_tokens, evidence_ids
+    )
+    system = system_text(state, tools)
+    if window.summary:
+        system += "\n\n" + window.summary
     return {
         "phase": Phase.MODEL_STEP.value,
         "context": {
-            "system": system_text(state, tools),
+            "system": system,
             "tools": tools,
-            "window_start": 0,
+            "window_start": window.start,
             "prompt_version": runtime.context.prompt_version,
         },
     }
+
+
+def render(state: RunState) -> list[BaseMessage]:
+    """The messages the model step sends: the compiled system text, the task, the window."""
+    compiled = state.get("context") or {}
+    history = state["history"]
+    return [
+        SystemMessage(content=compiled.get("system", "")),
+        *history[:1],
+        *history[max(1, compiled.get("window_start", 1)) :],
+    ]

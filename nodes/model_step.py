@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.messages import AIMessage, SystemMessage
+from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
 from graph.context import RunContext
 from graph.crashpoints import crash_point
 from graph.state import PendingCall, Phase, RunState, StopReason
-from graph.views import dump_pending, messages_of, stop, usage_of
+from graph.views import dump_pending, stop, usage_of
+from nodes.compile_context import render
 
 
 def _pending_calls(message: AIMessage) -> list[PendingCall]:
@@ -44,10 +45,7 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     context = runtime.context
     compiled = state.get("context") or {}
     allowed = [c.openai_schema() for c in context.tools if c.name in compiled.get("tools", [])]
-    messages = [
-        SystemMessage(content=compiled.get("system", "")),
-        *messages_of(state)[compiled.get("window_start", 0) :],
-    ]
+    messages = render(state)
     try:
         reply = context.model.bind_tools(allowed).invoke(messages)
     except Exception as exc:  # the model client already retried transient faults (one layer)

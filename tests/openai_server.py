@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import threading
 import time
 from collections import deque
@@ -32,7 +31,6 @@ from functools import partial
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from langchain_core.language_models import BaseChatModel
@@ -51,6 +49,7 @@ from models.factory import make_model
 from models.openai_chat import API_ENV, REASONING_ENV, RETRIES_ENV, STREAM_ENV
 from models.refund_procedure import RefundProcedure, Transcript
 from models.scripted import Decision, Policy
+from tests.stub_server import serve_app
 
 # Streams cut text and arguments into pieces of this many characters.
 FRAGMENT_CHARS = 5
@@ -569,24 +568,9 @@ class OpenAIStub:
     @contextmanager
     def serving(self) -> Iterator[OpenAIStub]:
         """Serve on a free loopback port in a background thread; `url` is the API base URL."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the OpenAI stub server did not start")
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-        try:
+        with serve_app(self.app) as base_url:
+            self.url = f"{base_url}/v1"
             yield self
-        finally:
-            server.should_exit = True
-            thread.join(timeout=10)
-            sock.close()
 
 
 class ReadsTogether(RefundProcedure):

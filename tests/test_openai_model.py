@@ -1,8 +1,14 @@
-"""`openai:<model>` is configured from the environment, and bad settings fail before a run starts."""
+"""`openai:<model>`: configured from the environment (bad settings fail before a run starts),
+and strict about how a streamed answer ends."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk
 
 from models.factory import make_model
 from models.openai_chat import (
@@ -12,7 +18,9 @@ from models.openai_chat import (
     RETRIES_ENV,
     STREAM_ENV,
     TIMEOUT_ENV,
+    IncompleteModelOutput,
     OpenAISettings,
+    StreamEnd,
     StrictChatOpenAI,
     make_openai_model,
 )
@@ -79,3 +87,45 @@ def test_bad_settings_are_value_errors(
 
     with pytest.raises(ValueError, match=f"{name}='{value}'"):
         make_model("openai:gpt-5-mini")
+
+
+def tool_fragment(**extra: Any) -> ChatGenerationChunk:
+    fragment = tool_call_chunk(name="get_order", args='{"order_id": "O-4', id="call_1", index=0)
+    return ChatGenerationChunk(
+        message=AIMessageChunk(content="", tool_call_chunks=[fragment]), **extra
+    )
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        ChatGenerationChunk(
+            message=AIMessageChunk(content=""), generation_info={"finish_reason": "length"}
+        ),
+        ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="", chunk_position="last", response_metadata={"status": "incomplete"}
+            )
+        ),
+    ],
+    ids=["chat-length", "responses-incomplete"],
+)
+def test_a_tool_call_cut_at_the_output_limit_is_incomplete(last: ChatGenerationChunk) -> None:
+    end = StreamEnd("test")
+    for chunk in (tool_fragment(), last):
+        end.see(chunk)
+
+    with pytest.raises(IncompleteModelOutput, match="output limit"):
+        end.check()
+
+
+def test_a_text_answer_cut_at_the_output_limit_stands() -> None:
+    """Without tool calls nothing would be executed: a long answer cut short is still an answer."""
+    end = StreamEnd("test")
+    end.see(
+        ChatGenerationChunk(
+            message=AIMessageChunk(content="Refunded"), generation_info={"finish_reason": "length"}
+        )
+    )
+
+    end.check()
