@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -189,7 +189,9 @@ def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[Pendin
 
 def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:execute:start")
-    context = runtime.context
+    # Every call's own timeout is bounded by what is left of the run's deadline.
+    deadline = runtime.context.budget.deadline(started_at(state))
+    context = replace(runtime.context, env=replace(runtime.context.env, deadline=deadline))
     usage = usage_of(state)
     ready = [c for c in pending_of(state) if c.verdict is CallVerdict.READY]
     exceeded = context.budget.check_before_tool_call(
@@ -250,6 +252,11 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "phase": Phase.RECONCILING.value if unknown else Phase.READY.value,
     }
     if unavailable and not unknown:
+        late = context.budget.check_deadline(started_at(state), context.now())
         tools = ", ".join(sorted(set(unavailable)))
-        outcome |= stop(StopReason.TOOL_UNAVAILABLE, f"{tools} unavailable after retries")
+        outcome |= (
+            stop(late.reason, f"{late.detail} while waiting for {tools}")
+            if late is not None
+            else stop(StopReason.TOOL_UNAVAILABLE, f"{tools} unavailable after retries")
+        )
     return outcome

@@ -82,6 +82,17 @@ def test_deadline_exceeded(open_test_runner: RunnerFactory) -> None:
     assert time.monotonic() - started < 10
 
 
+def test_deadline_bounds_each_call_own_timeout(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    slow_down(services.policies, 8.0)  # slower than the read timeout, far past the deadline
+    with open_test_runner(budget=Budget(deadline_s=1.5)) as runner:
+        started = time.monotonic()
+        outcome = run(runner, DEMO_TASK)
+    assert outcome.stop_reason == StopReason.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 5  # not the 5 s read timeout, nor the 8 s answer
+
+
 def test_budget_exhausted_by_tokens(open_test_runner: RunnerFactory) -> None:
     with open_test_runner(
         model=scripted(KeepsReading(reads=100)), budget=Budget(max_input_tokens=2_000)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import openai
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -213,3 +214,24 @@ def test_without_the_guard_a_cut_off_stream_reads_as_a_whole_call(
     assert [(tc["name"], tc["args"]) for tc in reply.tool_calls] == [
         ("get_order", {"order_id": "O-42"})
     ]
+
+
+def test_the_stub_refuses_what_openai_refuses(
+    openai_stub: OpenAIStub, openai_model: ModelFactory
+) -> None:
+    """The referee is not vacuous: a call sent back without its reasoning item, or without its
+    output, is a 400, so the runs above completing means they carried both."""
+    model = openai_model("responses").bind_tools([c.openai_schema() for c in refund_registry()])
+    task = HumanMessage(content=DEMO_TASK)
+    first = model.invoke([task])
+    assert isinstance(first, AIMessage) and isinstance(first.content, list)
+    output = ToolMessage(content="{}", tool_call_id=first.tool_calls[0]["id"])
+    blocks = [b for b in first.content if isinstance(b, dict) and b.get("type") != "reasoning"]
+    without_reasoning = first.model_copy(update={"content": blocks})
+
+    with pytest.raises(openai.BadRequestError, match="without its required 'reasoning' item"):
+        model.invoke([task, without_reasoning, output])
+    with pytest.raises(openai.BadRequestError, match="No tool output found"):
+        model.invoke([task, first])
+    model.invoke([task, first, output])
+    assert openai_stub.statuses == [200, 400, 400, 200]

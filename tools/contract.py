@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -18,8 +19,10 @@ import httpx
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict
 
-from graph.state import Action, Principal, digest
+from graph.state import Action, Principal, digest, utcnow
 from services.endpoints import ServiceEndpoints
+
+MIN_TIMEOUT_S = 0.05
 
 
 class Effect(StrEnum):
@@ -44,10 +47,21 @@ class Guarantee(StrEnum):
 
 @dataclass(frozen=True)
 class ToolEnv:
-    """What tool code may use: the business services and one HTTP client (connection reuse)."""
+    """What tool code may use: the business services and one HTTP client (connection reuse).
+
+    `deadline` is the run's end-to-end deadline; every call's own timeout is bounded by it
+    (`timeout`), so no single call can outlive the run's budget.
+    """
 
     endpoints: ServiceEndpoints
     http: httpx.Client
+    deadline: datetime | None = None
+
+    def timeout(self, seconds: float) -> float:
+        if self.deadline is None:
+            return seconds
+        remaining = (self.deadline - utcnow()).total_seconds()
+        return max(MIN_TIMEOUT_S, min(seconds, remaining))
 
 
 class ToolArgs(BaseModel):

@@ -86,15 +86,26 @@ class GetRefundStatusArgs(ToolArgs):
     refund_id: str = Field(pattern=REFUND_ID)
 
 
-def fetch_order(env: ToolEnv, order_id: str, *, timeout: float = 5.0) -> Order:
+READ_TIMEOUT_S = 5.0
+
+
+def fetch_order(env: ToolEnv, order_id: str) -> Order:
     return Order.model_validate(
-        read_json(env.http, f"{env.endpoints.orders}/orders/{order_id}", timeout=timeout)
+        read_json(
+            env.http,
+            f"{env.endpoints.orders}/orders/{order_id}",
+            timeout=env.timeout(READ_TIMEOUT_S),
+        )
     )
 
 
-def fetch_policy(env: ToolEnv, *, timeout: float = 5.0) -> Policy:
+def fetch_policy(env: ToolEnv) -> Policy:
     return Policy.model_validate(
-        read_json(env.http, f"{env.endpoints.policies}/policies/refunds", timeout=timeout)
+        read_json(
+            env.http,
+            f"{env.endpoints.policies}/policies/refunds",
+            timeout=env.timeout(READ_TIMEOUT_S),
+        )
     )
 
 
@@ -133,12 +144,18 @@ def _get_policy(env: ToolEnv, _args: GetPolicyArgs, _key: str | None) -> dict[st
 
 def _get_refund(env: ToolEnv, args: GetRefundStatusArgs, _key: str | None) -> dict[str, Any]:
     url = f"{env.endpoints.payments}/refunds/{args.refund_id}"
-    return Refund.model_validate(read_json(env.http, url, timeout=5.0)).model_dump(mode="json")
+    return Refund.model_validate(
+        read_json(env.http, url, timeout=env.timeout(READ_TIMEOUT_S))
+    ).model_dump(mode="json")
 
 
 def _authorize_refund_read(principal: Principal, args: GetRefundStatusArgs, env: ToolEnv) -> None:
     refund = Refund.model_validate(
-        read_json(env.http, f"{env.endpoints.payments}/refunds/{args.refund_id}", timeout=5.0)
+        read_json(
+            env.http,
+            f"{env.endpoints.payments}/refunds/{args.refund_id}",
+            timeout=env.timeout(READ_TIMEOUT_S),
+        )
     )
     owns_order(principal, refund.order_id, env)
 
@@ -159,7 +176,7 @@ def _submit_refund(env: ToolEnv, args: SubmitRefundArgs, key: str | None) -> dic
         f"{env.endpoints.payments}/refunds",
         body,
         idempotency_key=key,
-        timeout=SUBMIT_REFUND.timeout_s,
+        timeout=env.timeout(SUBMIT_REFUND.timeout_s),
     )
     refund = Refund.model_validate(answer)
     if refund.status != "succeeded":
@@ -182,7 +199,9 @@ def _refund_needs_approval(args: SubmitRefundArgs, env: ToolEnv) -> bool:
 
 
 def _refund_by_key(env: ToolEnv, key: str) -> httpx.Response:
-    return env.http.get(f"{env.endpoints.payments}/refunds/by-key/{key}", timeout=5.0)
+    return env.http.get(
+        f"{env.endpoints.payments}/refunds/by-key/{key}", timeout=env.timeout(READ_TIMEOUT_S)
+    )
 
 
 def _reconcile_refund(env: ToolEnv, action: Action, _pre_image: object) -> ReconcileResult:

@@ -27,7 +27,14 @@ from tools.contract import (
     VerifyResult,
 )
 from tools.http import read_json, write_json
-from tools.refunds import MONEY, ORDER_ID, fetch_order, order_version, owns_order
+from tools.refunds import (
+    MONEY,
+    ORDER_ID,
+    READ_TIMEOUT_S,
+    fetch_order,
+    order_version,
+    owns_order,
+)
 
 
 class IssueStoreCreditArgs(ToolArgs):
@@ -53,7 +60,9 @@ class CreditAccount(BaseModel):
 
 def _account(env: ToolEnv, user_id: str) -> CreditAccount:
     url = f"{env.endpoints.payments}/credits/{user_id}"
-    return CreditAccount.model_validate(read_json(env.http, url, timeout=5.0))
+    return CreditAccount.model_validate(
+        read_json(env.http, url, timeout=env.timeout(READ_TIMEOUT_S))
+    )
 
 
 def _owner(env: ToolEnv, order_id: str) -> str:
@@ -74,7 +83,9 @@ def _issue(env: ToolEnv, args: IssueStoreCreditArgs, _key: str | None) -> dict[s
     }
     url = f"{env.endpoints.payments}/credits"
     # No idempotency key exists downstream; the header is sent for the record and ignored.
-    answer = write_json(env.http, url, body, idempotency_key="", timeout=STORE_CREDIT.timeout_s)
+    answer = write_json(
+        env.http, url, body, idempotency_key="", timeout=env.timeout(STORE_CREDIT.timeout_s)
+    )
     return CreditAccount.model_validate(answer).model_dump(mode="json")
 
 
