@@ -16,6 +16,7 @@ from langchain_core.language_models import BaseChatModel
 
 from checkpoints.journal import ActionJournal
 from graph.budget import Budget
+from graph.plan import Planner
 from graph.state import Principal, utcnow
 from tools.contract import ToolEnv
 from tools.registry import ToolRegistry
@@ -35,6 +36,8 @@ class RunContext:
     prompt_version: str = PROMPT_VERSION
     # The writer's fencing token; journal writes carry it (a stale writer's are refused).
     fence: int = 0
+    # A deterministic planner that stands in for the model on a fixed procedure (hybrid runs).
+    planner: Planner | None = None
     # Whether someone asked for the run to stop (read at every step, from outside the state).
     cancel_requested: Callable[[], bool] = field(default=lambda: False)
 

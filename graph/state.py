@@ -301,6 +301,8 @@ class RunState(TypedDict):
     usage: NotRequired[dict[str, Any]]
     # V
     versions: NotRequired[dict[str, Any]]
+    # The current plan (PlanStep dumps): revisable, shown to the model, never a permission.
+    plan: NotRequired[list[dict[str, Any]]]
     # What compile_context decided the next model step sees (small: no copies of history).
     context: NotRequired[dict[str, Any]]
     # Run control.

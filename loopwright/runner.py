@@ -34,6 +34,7 @@ from checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, open_l
 from graph.budget import Budget
 from graph.build import NODES, RUN_DURABILITY, compile_graph
 from graph.context import RunContext
+from graph.plan import Planner
 from graph.state import Action, Phase, Principal, RunState, initial_state
 from services.endpoints import ServiceEndpoints
 from tools.contract import ToolEnv
@@ -99,7 +100,9 @@ class Runner:
         owner: str | None = None,
         lease_ttl_s: float | None = None,
         lease_wait_s: float = 0.0,
+        planner: Planner | None = None,
     ) -> None:
+        self.planner = planner
         self.saver = saver
         self.graph = compile_graph(saver)
         self.journal = journal
@@ -127,6 +130,7 @@ class Runner:
             journal=self.journal,
             budget=self.budget,
             fence=fence,
+            planner=self.planner,
         )
 
     def start(
@@ -299,6 +303,7 @@ def open_runner(
     tools: ToolRegistry | None = None,
     budget: Budget | None = None,
     lease_wait_s: float = 0.0,
+    planner: Planner | None = None,
 ) -> Iterator[Runner]:
     with ExitStack() as stack:
         saver = stack.enter_context(open_checkpointer(database_url))
@@ -314,4 +319,5 @@ def open_runner(
             tools=tools or refund_registry(),
             budget=budget or Budget(),
             lease_wait_s=lease_wait_s,
+            planner=planner,
         )

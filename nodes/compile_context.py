@@ -21,6 +21,7 @@ from langgraph.runtime import Runtime
 from graph.compaction import choose_window
 from graph.context import RunContext
 from graph.crashpoints import crash_point
+from graph.plan import describe_plan
 from graph.state import Action, ActionStatus, Phase, RunState
 from graph.views import actions_of, principal_of
 
@@ -64,6 +65,9 @@ def system_text(state: RunState, tools: list[str]) -> str:
     if actions:
         lines += ["", "Task state from the action journal (authoritative):"]
         lines += [f"- {_describe(a)}" for a in actions]
+    if state.get("plan"):
+        lines += ["", "Current plan (a plan is not a permission; every call is still checked):"]
+        lines += describe_plan(state.get("plan") or [])
     feedback = state.get("feedback") or []
     if feedback:
         lines += ["", "Runtime feedback on your last answer:"] + [f"- {f}" for f in feedback]

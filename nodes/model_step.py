@@ -4,6 +4,10 @@ With durability="sync" the update returned here (the AI message and its tool cal
 before validate starts, so a crash from here on never asks the model again for this decision.
 Only complete, parsed calls become pending calls; unparsable ones are recorded as such and are
 answered with an error by validate, never executed.
+
+Where the run context has a deterministic planner (the hybrid, workflow case), the planner
+decides instead of the model, and its decision takes the same path: the same protocol item in
+history, the same validation, approvals and journal. Its revised plan is committed with it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from langgraph.runtime import Runtime
 
 from graph.context import RunContext
 from graph.crashpoints import crash_point
-from graph.state import PendingCall, Phase, RunState, StopReason
+from graph.plan import Planner
+from graph.state import PendingCall, Phase, RunState, StopReason, digest
 from graph.views import dump_pending, stop, usage_of
 from nodes.compile_context import render
 
@@ -40,24 +45,57 @@ def _pending_calls(message: AIMessage) -> list[PendingCall]:
     return calls
 
 
+def _planned(state: RunState, planner: Planner) -> tuple[AIMessage, list[dict[str, Any]]]:
+    """A deterministic planner's decision, as the same protocol item a model would produce."""
+    decision = planner.decide(state)
+    step = state.get("step", 0)
+    calls = [
+        {
+            "name": name,
+            "args": args,
+            "id": f"call_{digest([step, i, name, args])[:12]}",
+            "type": "tool_call",
+        }
+        for i, (name, args) in enumerate(decision.calls)
+    ]
+    message = AIMessage(
+        content=decision.answer,
+        tool_calls=calls,
+        name=planner.name,
+        id=f"{planner.name}-{state['run_id']}-{step}",
+        usage_metadata={"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+    )
+    return message, [p.model_dump(mode="json") for p in decision.plan]
+
+
 def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:model_step:start")
     context = runtime.context
     compiled = state.get("context") or {}
     allowed = [c.openai_schema() for c in context.tools if c.name in compiled.get("tools", [])]
-    messages = render(state)
-    try:
-        reply = context.model.bind_tools(allowed).invoke(messages)
-    except Exception as exc:  # the model client already retried transient faults (one layer)
-        return stop(StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}")
+    plan: list[dict[str, Any]] | None = None
+    if context.planner is not None:
+        reply, plan = _planned(state, context.planner)
+    else:
+        try:
+            reply = context.model.bind_tools(allowed).invoke(render(state))
+        except Exception as exc:  # the model client already retried transient faults (one layer)
+            return stop(
+                StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}"
+            )
     if not isinstance(reply, AIMessage):
         return stop(StopReason.TOOL_UNAVAILABLE, f"model returned {type(reply).__name__}")
-    meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-    usage = usage_of(state).after_model_request(
-        meta["input_tokens"], meta["output_tokens"], context.budget.price(context.model_id)
-    )
+    usage = usage_of(state)
+    if context.planner is not None:
+        usage = usage.model_copy(update={"steps": usage.steps + 1})  # a step, but no model call
+    else:
+        meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        usage = usage.after_model_request(
+            meta["input_tokens"], meta["output_tokens"], context.budget.price(context.model_id)
+        )
     pending = _pending_calls(reply)
     return {
+        **({"plan": plan} if plan is not None else {}),
         "history": [reply],
         "pending": dump_pending(pending),
         "usage": usage.model_dump(mode="json"),

@@ -15,6 +15,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 
 from graph.budget import Budget
+from graph.plan import Planner
 from graph.protocol import parse_tool_content
 from graph.state import Principal, RunState
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
@@ -48,6 +49,7 @@ def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFac
         model: BaseChatModel | None = None,
         budget: Budget | None = None,
         tools: ToolRegistry | None = None,
+        planner: Planner | None = None,
     ) -> AbstractContextManager[Runner]:
         return open_runner(
             database_url,
@@ -55,6 +57,7 @@ def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFac
             model=model or make_model("scripted"),
             budget=budget,
             tools=tools,
+            planner=planner,
         )
 
     return factory
