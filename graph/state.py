@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
@@ -256,12 +256,34 @@ class Verification(BaseModel):
 SNAPSHOT_EVERY = 10_000
 
 
-def extend(current: list[Any], batches: Sequence[list[Any]]) -> list[Any]:
-    """DeltaChannel reducer: append each batch. Batching-invariant, as DeltaChannel requires."""
+def _append_new(
+    current: list[Any], batches: Sequence[list[Any]], key: Callable[[Any], str | None]
+) -> list[Any]:
+    """Append each batch's items whose key is not there yet (an item without a key always is).
+
+    Batching-invariant, as DeltaChannel requires. Skipping known keys makes a write idempotent:
+    a node that runs again after a crash, or a subgraph handing back the history it was given,
+    adds nothing twice.
+    """
     out = list(current)
+    seen = {k for k in map(key, out) if k is not None}
     for batch in batches:
-        out.extend(batch)
+        for item in batch:
+            k = key(item)
+            if k is not None and k in seen:
+                continue
+            if k is not None:
+                seen.add(k)
+            out.append(item)
     return out
+
+
+def append_messages(current: list[Any], batches: Sequence[list[Any]]) -> list[Any]:
+    return _append_new(current, batches, lambda message: getattr(message, "id", None))
+
+
+def append_evidence(current: list[Any], batches: Sequence[list[Any]]) -> list[Any]:
+    return _append_new(current, batches, lambda item: item.get("evidence_id"))
 
 
 def merge_actions(
@@ -282,10 +304,12 @@ class RunState(TypedDict):
     # P: set by the trusted caller, in the input or (through the run context) by the first guard.
     principal: NotRequired[dict[str, Any]]
     # H: protocol items (langchain messages), appended only.
-    history: Annotated[list[AnyMessage], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
+    history: Annotated[
+        list[AnyMessage], DeltaChannel(append_messages, snapshot_frequency=SNAPSHOT_EVERY)
+    ]
     # E: evidence items (Evidence dumps), appended only.
     evidence: Annotated[
-        list[dict[str, Any]], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)
+        list[dict[str, Any]], DeltaChannel(append_evidence, snapshot_frequency=SNAPSHOT_EVERY)
     ]
     # J: action_id -> Action dump; a projection of the journal table, merged by action id.
     journal: NotRequired[

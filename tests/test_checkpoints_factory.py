@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -27,7 +28,6 @@ from checkpoints.factory import open_async_checkpointer, open_checkpointer
 from checkpoints.fenced import Fence, FencedPostgresSaver
 from checkpoints.journal import open_journal
 from checkpoints.leases import open_lease_store
-from graph.state import extend
 
 CONFIG: RunnableConfig = {"configurable": {"thread_id": "run-1"}}
 
@@ -94,8 +94,12 @@ def test_an_unopenable_sqlite_file_is_unavailable(tmp_path: Path) -> None:
         pass
 
 
+def extend_notes(current: list[str], batches: Sequence[list[str]]) -> list[str]:
+    return [*current, *(note for batch in batches for note in batch)]
+
+
 class Notes(TypedDict):
-    notes: Annotated[list[str], DeltaChannel(extend)]
+    notes: Annotated[list[str], DeltaChannel(extend_notes)]
 
 
 def append_note(state: Notes) -> dict[str, Any]:
