@@ -16,12 +16,14 @@ COMPLETED end is verify's.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Literal
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from graph.agents import handoff_target
 from graph.context import RunContext
 from graph.state import CallVerdict, Phase, RunState, StopReason
 from graph.views import pending_of
@@ -29,6 +31,7 @@ from nodes.approval import approval
 from nodes.compile_context import compile_context
 from nodes.execute import execute
 from nodes.guard import guard
+from nodes.handoff import handoff
 from nodes.model_step import model_step
 from nodes.reconcile import reconcile
 from nodes.validate import validate
@@ -45,11 +48,13 @@ NODES = (
     "reconcile",
     "verify",
 )
+# With handoff configured, ownership passes through these to a specialist running the same loop.
+HANDOFF_NODES = ("handoff", "specialist")
 
 
-def after_guard(state: RunState) -> str:
+def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__end__"]:
     if state.get("stop_reason"):
-        return END
+        return "__end__"
     if state.get("phase") == Phase.RECONCILING:
         return "reconcile"
     return "compile_context"
@@ -72,15 +77,23 @@ def after_validate(state: RunState) -> Literal["approval", "execute", "guard"]:
     return "guard"
 
 
-def after_execute(state: RunState) -> Literal["reconcile", "guard"]:
-    return "reconcile" if state.get("phase") == Phase.RECONCILING else "guard"
+def after_execute(state: RunState) -> Literal["reconcile", "handoff", "guard"]:
+    if state.get("phase") == Phase.RECONCILING:
+        return "reconcile"
+    handed_off = any(
+        c.verdict is CallVerdict.DONE and handoff_target(c.tool) for c in pending_of(state)
+    )
+    return "handoff" if handed_off and not state.get("stop_reason") else "guard"
 
 
-def after_verify(state: RunState) -> str:
-    return END if state.get("stop_reason") == StopReason.COMPLETED else "guard"
+def after_verify(state: RunState) -> Literal["guard", "__end__"]:
+    return "__end__" if state.get("stop_reason") == StopReason.COMPLETED else "guard"
 
 
-def build_graph() -> StateGraph[RunState, RunContext]:
+def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext]:
+    """The loop. With `with_handoff`, a handoff call passes the run to the specialist subgraph:
+    the same loop, run by the agent that now owns the run, on the same state (journal, budget,
+    history), to the run's end. The specialist itself does not hand off again."""
     builder = StateGraph(RunState, context_schema=RunContext)
     builder.add_node("guard", guard)
     builder.add_node("compile_context", compile_context)
@@ -91,14 +104,26 @@ def build_graph() -> StateGraph[RunState, RunContext]:
     builder.add_node("reconcile", reconcile)
     builder.add_node("verify", verify)
     builder.add_edge(START, "guard")
-    builder.add_conditional_edges("guard", after_guard)
+    builder.add_conditional_edges("guard", after_guard, ["compile_context", "reconcile", END])
     builder.add_edge("compile_context", "model_step")
-    builder.add_conditional_edges("model_step", after_model_step)
-    builder.add_conditional_edges("validate", after_validate)
+    builder.add_conditional_edges("model_step", after_model_step, ["validate", "verify", "guard"])
+    builder.add_conditional_edges("validate", after_validate, ["approval", "execute", "guard"])
     builder.add_edge("approval", "validate")
-    builder.add_conditional_edges("execute", after_execute)
+    if with_handoff:
+        builder.add_node("handoff", handoff)
+        builder.add_node("specialist", build_graph(with_handoff=False).compile(name="specialist"))
+        builder.add_edge("handoff", "specialist")
+        builder.add_edge("specialist", END)
+        builder.add_conditional_edges("execute", after_execute, ["reconcile", "handoff", "guard"])
+    else:
+        routes: dict[Hashable, str] = {
+            "reconcile": "reconcile",
+            "guard": "guard",
+            "handoff": "guard",
+        }
+        builder.add_conditional_edges("execute", after_execute, routes)
     builder.add_edge("reconcile", "guard")
-    builder.add_conditional_edges("verify", after_verify)
+    builder.add_conditional_edges("verify", after_verify, ["guard", END])
     return builder
 
 

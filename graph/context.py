@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from langchain_core.language_models import BaseChatModel
 
 from checkpoints.journal import ActionJournal
+from graph.agents import PRIMARY, AgentProfile
 from graph.budget import Budget
 from graph.plan import Planner
 from graph.state import Principal, utcnow
@@ -38,11 +39,16 @@ class RunContext:
     fence: int = 0
     # A deterministic planner that stands in for the model on a fixed procedure (hybrid runs).
     planner: Planner | None = None
+    # Agents that can own the run (handoff); without any, one agent uses every tool.
+    agents: dict[str, AgentProfile] = field(default_factory=dict)
     # Whether someone asked for the run to stop (read at every step, from outside the state).
     cancel_requested: Callable[[], bool] = field(default=lambda: False)
 
     def now(self) -> datetime:
         return utcnow()
+
+    def agent(self, owner: str | None) -> AgentProfile | None:
+        return self.agents.get(owner or PRIMARY)
 
     @property
     def model_id(self) -> str:

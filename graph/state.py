@@ -325,6 +325,9 @@ class RunState(TypedDict):
     usage: NotRequired[dict[str, Any]]
     # V
     versions: NotRequired[dict[str, Any]]
+    # Which agent owns the run now (handoff), and the record of every handoff.
+    owner: NotRequired[str]
+    handoffs: NotRequired[list[dict[str, Any]]]
     # The current plan (PlanStep dumps): revisable, shown to the model, never a permission.
     plan: NotRequired[list[dict[str, Any]]]
     # What compile_context decided the next model step sees (small: no copies of history).

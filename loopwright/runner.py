@@ -31,6 +31,7 @@ from checkpoints.factory import open_checkpointer
 from checkpoints.fenced import Fence, FencedSaver
 from checkpoints.journal import ActionJournal, open_journal
 from checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, open_lease_store
+from graph.agents import AgentProfile
 from graph.budget import Budget
 from graph.build import NODES, RUN_DURABILITY, compile_graph
 from graph.context import RunContext
@@ -42,6 +43,7 @@ from tools.registry import ToolRegistry, refund_registry
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]
+StepUpdates = dict[str, dict[str, Any] | None]
 
 
 @dataclass
@@ -78,6 +80,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+SILENT_NODES = ("__interrupt__",)
 DEFAULT_LEASE_TTL_S = 30.0
 LEASE_TTL_ENV = "LOOPWRIGHT_LEASE_TTL_S"
 
@@ -101,8 +104,10 @@ class Runner:
         lease_ttl_s: float | None = None,
         lease_wait_s: float = 0.0,
         planner: Planner | None = None,
+        agents: dict[str, AgentProfile] | None = None,
     ) -> None:
         self.planner = planner
+        self.agents = agents or {}
         self.saver = saver
         self.graph = compile_graph(saver)
         self.journal = journal
@@ -131,6 +136,7 @@ class Runner:
             budget=self.budget,
             fence=fence,
             planner=self.planner,
+            agents=self.agents,
         )
 
     def start(
@@ -210,15 +216,23 @@ class Runner:
         self.saver.fence = Fence.of(lease)
         try:
             with LeaseKeeper(self.leases, lease):
-                for chunk in self.graph.stream(
+                stream = self.graph.stream(
                     payload,
                     self.config(run_id),
                     context=self.context(run_id, lease.fence),
                     durability=RUN_DURABILITY,
                     stream_mode="updates",
-                ):
+                    subgraphs=True,
+                )
+                for namespace, chunk in cast(Iterator[tuple[tuple[str, ...], StepUpdates]], stream):
                     for node, update in chunk.items():
-                        if on_step is not None and node != "__interrupt__":
+                        # A subgraph's own steps are reported one by one; its node in the parent
+                        # only hands its final state back.
+                        if (
+                            on_step is not None
+                            and node not in SILENT_NODES
+                            and not (not namespace and node == "specialist")
+                        ):
                             on_step(node, update or {})
             outcome = self.outcome(run_id)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
@@ -304,6 +318,7 @@ def open_runner(
     budget: Budget | None = None,
     lease_wait_s: float = 0.0,
     planner: Planner | None = None,
+    agents: dict[str, AgentProfile] | None = None,
 ) -> Iterator[Runner]:
     with ExitStack() as stack:
         saver = stack.enter_context(open_checkpointer(database_url))
@@ -320,4 +335,5 @@ def open_runner(
             budget=budget or Budget(),
             lease_wait_s=lease_wait_s,
             planner=planner,
+            agents=agents,
         )

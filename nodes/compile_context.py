@@ -18,6 +18,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, SystemMessage
 from langgraph.runtime import Runtime
 
+from graph.agents import allowed_tools
 from graph.compaction import choose_window
 from graph.context import RunContext
 from graph.crashpoints import crash_point
@@ -76,12 +77,14 @@ def system_text(state: RunState, tools: list[str]) -> str:
 
 def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:compile_context:start")
-    tools = runtime.context.tools.names()
+    context = runtime.context
+    tools = allowed_tools(state.get("owner"), context.agents, context.tools.names())
     evidence_ids = {e["call_id"]: e["evidence_id"] for e in state["evidence"]}
-    window = choose_window(
-        state["history"], runtime.context.budget.max_context_tokens, evidence_ids
-    )
+    window = choose_window(state["history"], context.budget.max_context_tokens, evidence_ids)
     system = system_text(state, tools)
+    agent = context.agent(state.get("owner"))
+    if agent is not None and agent.instructions:
+        system += f"\n\nYou are the {agent.name} agent. {agent.instructions}"
     if window.summary:
         system += "\n\n" + window.summary
     return {
@@ -90,7 +93,7 @@ def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, 
             "system": system,
             "tools": tools,
             "window_start": window.start,
-            "prompt_version": runtime.context.prompt_version,
+            "prompt_version": context.prompt_version,
         },
     }
 

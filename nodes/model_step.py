@@ -73,12 +73,15 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     context = runtime.context
     compiled = state.get("context") or {}
     allowed = [c.openai_schema() for c in context.tools if c.name in compiled.get("tools", [])]
+    agent = context.agent(state.get("owner"))
+    planner = agent.planner if agent is not None and agent.planner else context.planner
+    model = agent.model if agent is not None and agent.model else context.model
     plan: list[dict[str, Any]] | None = None
-    if context.planner is not None:
-        reply, plan = _planned(state, context.planner)
+    if planner is not None:
+        reply, plan = _planned(state, planner)
     else:
         try:
-            reply = context.model.bind_tools(allowed).invoke(render(state))
+            reply = model.bind_tools(allowed).invoke(render(state))
         except Exception as exc:  # the model client already retried transient faults (one layer)
             return stop(
                 StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}"
@@ -86,7 +89,7 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     if not isinstance(reply, AIMessage):
         return stop(StopReason.TOOL_UNAVAILABLE, f"model returned {type(reply).__name__}")
     usage = usage_of(state)
-    if context.planner is not None:
+    if planner is not None:
         usage = usage.model_copy(update={"steps": usage.steps + 1})  # a step, but no model call
     else:
         meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}

@@ -25,6 +25,7 @@ journal and before its checkpoint committed is run again), and:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -72,9 +73,17 @@ def _nul_fields(value: Any, path: str = "") -> list[str]:
 
 
 def check_call(
-    call: PendingCall, principal: Principal, context: RunContext
+    call: PendingCall,
+    principal: Principal,
+    context: RunContext,
+    *,
+    allowed: Collection[str] | None = None,
 ) -> tuple[ToolContract, BaseModel]:
-    """The checks every call passes before anything runs; raises Refusal."""
+    """The checks every call passes before anything runs; raises Refusal.
+
+    `allowed` is the tool set offered to the model for this step (the run's current agent and
+    phase); a known tool outside it is refused like an unknown one.
+    """
     if call.error is not None:
         raise Refusal(call.error["code"], call.error["detail"])
     contract = context.tools.get(call.tool)
@@ -83,6 +92,12 @@ def check_call(
             "unknown_tool",
             f"there is no tool {call.tool[:ECHOED_NAME_CHARS]!r}",
             allowed=context.tools.names(),
+        )
+    if allowed is not None and call.tool not in allowed:
+        raise Refusal(
+            "tool_not_allowed_now",
+            f"{call.tool} is not available to this agent now",
+            allowed=sorted(allowed),
         )
     try:
         args = contract.args_model.model_validate(call.args)
@@ -313,6 +328,7 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     decisions = {
         r["approval_id"]: ApprovalRecord.model_validate(r) for r in state.get("approvals") or []
     }
+    offered = (state.get("context") or {}).get("tools") or context.tools.names()
     calls: list[PendingCall] = []
     answers: list[ToolMessage] = []
     actions: list[Action] = []
@@ -320,7 +336,7 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         answer: ToolEnvelope | None = None
         if call.verdict is None:
             try:
-                contract, args = check_call(call, principal, context)
+                contract, args = check_call(call, principal, context, allowed=offered)
                 if contract.effect is Effect.WRITE:
                     call, action, answer = _plan_write(call, contract, args, state, context)
                     actions.append(action)

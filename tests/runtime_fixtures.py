@@ -14,6 +14,7 @@ import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 
+from graph.agents import AgentProfile
 from graph.budget import Budget
 from graph.plan import Planner
 from graph.protocol import parse_tool_content
@@ -50,6 +51,7 @@ def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFac
         budget: Budget | None = None,
         tools: ToolRegistry | None = None,
         planner: Planner | None = None,
+        agents: dict[str, AgentProfile] | None = None,
     ) -> AbstractContextManager[Runner]:
         return open_runner(
             database_url,
@@ -58,6 +60,7 @@ def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFac
             budget=budget,
             tools=tools,
             planner=planner,
+            agents=agents,
         )
 
     return factory

@@ -1,0 +1,89 @@
+"""Handoff: a payments specialist takes ownership as a subgraph, sharing budget and journal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, ToolMessage
+
+from graph.agents import AgentProfile, handoff_contract
+from graph.state import ApprovalDecision, StopReason
+from models.refund_procedure import RefundProcedure
+from models.scripted import Decision, ScriptedChatModel
+from services.admin import list_refunds
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+from tools.refunds import REFUND_TOOLS
+from tools.registry import ToolRegistry
+
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
+
+REFUND = {"order_id": "O-42", "amount": "100.00", "currency": "USD", "reason": "eligible"}
+PAYMENTS = AgentProfile(
+    name="payments",
+    tools=("get_order", "submit_refund", "get_refund_status"),
+    instructions="You make and confirm refunds the triage agent found eligible.",
+    model=ScriptedChatModel(policy=RefundProcedure(), model_name="scripted-payments"),
+)
+PRIMARY = AgentProfile(
+    name="primary", tools=("get_order", "get_policy"), can_hand_off_to=("payments",)
+)
+TOOLS = ToolRegistry([*REFUND_TOOLS, handoff_contract(PAYMENTS)])
+AGENTS = {"primary": PRIMARY, "payments": PAYMENTS}
+
+
+def triage(messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]) -> Decision:
+    """Reads the order and the policy, then hands the refund to the payments agent."""
+    answered = sum(isinstance(m, ToolMessage) for m in messages)
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("get_order", {"order_id": "O-42"}),
+        ("get_policy", {}),
+        ("handoff_to_payments", {"reason": "eligible; a refund is needed"}),
+    ]
+    return Decision(tool_calls=[steps[answered]])
+
+
+def refunds_itself(messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]) -> Decision:
+    if any(isinstance(m, ToolMessage) for m in messages):
+        return Decision(content="I may not refund; someone else must.")
+    return Decision(tool_calls=[("submit_refund", REFUND)])
+
+
+def test_specialist_takes_over_with_its_own_tools_and_the_shared_journal(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    model = ScriptedChatModel(policy=triage)
+    with open_test_runner(model=model, tools=TOOLS, agents=AGENTS) as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        request = waiting.waiting_for_approval[0]  # raised inside the specialist subgraph
+        decision = ApprovalDecision(
+            approval_id=request["approval_id"],
+            digest=request["digest"],
+            decision="approve",
+            approver="a-1",
+        )
+        outcome = runner.resume(waiting.run_id, decision.model_dump(mode="json"))
+        state = runner.state(outcome.run_id)
+    assert outcome.stop_reason == StopReason.COMPLETED
+    assert state["owner"] == "payments"
+    [record] = state["handoffs"]
+    assert (record["from"], record["to"]) == ("primary", "payments")
+    # One journal, one budget: the specialist's refund is the run's, counted in the run's usage.
+    [action] = outcome.actions
+    assert action.tool == "submit_refund" and action.status == "SUCCEEDED"
+    assert state["usage"]["model_requests"] == 3 + 3
+    assert len(list_refunds(services, "O-42")) == 1
+
+
+def test_the_primary_agent_cannot_use_the_specialists_tools(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    model = ScriptedChatModel(policy=refunds_itself)
+    with open_test_runner(model=model, tools=TOOLS, agents=AGENTS) as runner:
+        outcome = runner.start(DEMO_TASK, principal())
+        answer = runner.state(outcome.run_id)["history"][2]
+    assert isinstance(answer, ToolMessage) and "tool_not_allowed_now" in str(answer.content)
+    assert outcome.actions == []
+    assert list_refunds(services, "O-42") == []
