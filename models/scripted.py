@@ -92,6 +92,11 @@ def _split(text: str, parts: int = STREAM_FRAGMENTS) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _fingerprint(message: BaseMessage) -> list[Any]:
+    calls = [c["id"] for c in message.tool_calls] if isinstance(message, AIMessage) else []
+    return [message.type, message.text, calls]
+
+
 def _prompt_chars(message: BaseMessage) -> int:
     """Characters a provider would bill for one input message: text plus tool call arguments."""
     chars = len(message.text)
@@ -212,13 +217,14 @@ class ScriptedChatModel(BaseChatModel):
     ) -> tuple[str, list[_RawCall], str]:
         """Ask the policy and give every call its deterministic id.
 
-        An id depends on how many AI turns precede this one, the call's position, its tool and
-        its arguments: the same conversation always yields the same ids, while a repeated call in
-        a later turn gets a fresh one.
+        An id depends on the conversation shown (every message's text and the ids of the calls
+        in it), the call's position, its tool and its arguments: the same conversation always
+        yields the same ids, while a repeated call in a later turn gets a fresh one, even when a
+        compacted context shows as many turns as an earlier one did.
         """
         decision = self.policy(messages, tools)
         self._calls += 1
-        turn = sum(isinstance(m, AIMessage) for m in messages)
+        turn = digest([_fingerprint(m) for m in messages])
         requested = [(name, canonical_json(args)) for name, args in decision.tool_calls]
         requested += decision.raw_arguments
         calls = [
