@@ -12,6 +12,9 @@ START -> guard -+-> compile_context -> model_step -+- tool calls -> validate -+-
 One node per superstep and `durability="sync"` (see `RUN_DURABILITY`): each node's update is
 committed before the next node starts. Every INCOMPLETE end passes through guard; the only
 COMPLETED end is verify's.
+
+Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing
+off the wrapper only calls the node.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from graph.agents import handoff_target
 from graph.context import RunContext
+from graph.crashpoints import NODE_NAMES
 from graph.state import CallVerdict, Phase, RunState, StopReason
 from graph.views import pending_of
 from nodes.approval import approval
@@ -36,18 +40,10 @@ from nodes.model_step import model_step
 from nodes.reconcile import reconcile
 from nodes.validate import validate
 from nodes.verify import verify
+from observability.instrument import traced_node
 
 RUN_DURABILITY: Literal["sync"] = "sync"
-NODES = (
-    "guard",
-    "compile_context",
-    "model_step",
-    "validate",
-    "approval",
-    "execute",
-    "reconcile",
-    "verify",
-)
+NODES = NODE_NAMES  # the loop's nodes, one crash point at the start of each
 # With handoff configured, ownership passes through these to a specialist running the same loop.
 HANDOFF_NODES = ("handoff", "specialist")
 
@@ -95,14 +91,14 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
     the same loop, run by the agent that now owns the run, on the same state (journal, budget,
     history), to the run's end. The specialist itself does not hand off again."""
     builder = StateGraph(RunState, context_schema=RunContext)
-    builder.add_node("guard", guard)
-    builder.add_node("compile_context", compile_context)
-    builder.add_node("model_step", model_step)
-    builder.add_node("validate", validate)
-    builder.add_node("approval", approval)
-    builder.add_node("execute", execute)
-    builder.add_node("reconcile", reconcile)
-    builder.add_node("verify", verify)
+    builder.add_node("guard", traced_node("guard", guard))
+    builder.add_node("compile_context", traced_node("compile_context", compile_context))
+    builder.add_node("model_step", traced_node("model_step", model_step))
+    builder.add_node("validate", traced_node("validate", validate))
+    builder.add_node("approval", traced_node("approval", approval))
+    builder.add_node("execute", traced_node("execute", execute))
+    builder.add_node("reconcile", traced_node("reconcile", reconcile))
+    builder.add_node("verify", traced_node("verify", verify))
     builder.add_edge(START, "guard")
     builder.add_conditional_edges("guard", after_guard, ["compile_context", "reconcile", END])
     builder.add_edge("compile_context", "model_step")
@@ -110,7 +106,7 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
     builder.add_conditional_edges("validate", after_validate, ["approval", "execute", "guard"])
     builder.add_edge("approval", "validate")
     if with_handoff:
-        builder.add_node("handoff", handoff)
+        builder.add_node("handoff", traced_node("handoff", handoff))
         builder.add_node("specialist", build_graph(with_handoff=False).compile(name="specialist"))
         builder.add_edge("handoff", "specialist")
         builder.add_edge("specialist", END)

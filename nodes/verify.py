@@ -21,7 +21,7 @@ from graph.state import ActionStatus, Phase, RunState, StopReason, Verification
 from graph.views import messages_of
 from tools.contract import Effect
 
-CITED_IDS = re.compile(r"\brf_\d+\b")
+CITED_IDS = re.compile(r"\brf_[0-9]+\b")
 
 
 def check_outcome(state: RunState, context: RunContext) -> Verification:

@@ -168,12 +168,6 @@ def test_same_refund_again_maps_to_one_intent_and_one_effect(
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason="tools/refunds.py money and id patterns use \\d, which pydantic's Rust regex reads as "
-    "any Unicode digit: '١٠.٠٠' passes the schema, is refunded as 10.00, and can never be "
-    "verified against the journaled '١٠.٠٠'",
-)
 def test_non_ascii_digits_are_not_money(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:

@@ -30,9 +30,9 @@ from tools.contract import (
 )
 from tools.http import read_json, write_json
 
-ORDER_ID = r"^O-\d{1,9}$"
-MONEY = r"^\d{1,9}\.\d{2}$"
-REFUND_ID = r"^rf_\d{1,12}$"
+ORDER_ID = r"^O-[0-9]{1,9}$"
+MONEY = r"^[0-9]{1,9}\.[0-9]{2}$"
+REFUND_ID = r"^rf_[0-9]{1,12}$"
 DEFAULT_APPROVAL_THRESHOLD = Decimal("50.00")
 
 
@@ -304,7 +304,7 @@ GET_REFUND_STATUS = ToolContract(
 
 REFUND_TOOLS = (GET_ORDER, GET_POLICY, SUBMIT_REFUND, GET_REFUND_STATUS)
 
-ORDER_IN_TEXT = re.compile(r"\bO-\d{1,9}\b")
+ORDER_IN_TEXT = re.compile(r"\bO-[0-9]{1,9}\b")
 
 
 def task_scope(task: str) -> tuple[str, ...]:
