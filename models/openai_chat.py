@@ -29,7 +29,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 API_ENV = "LOOPWRIGHT_OPENAI_API"
 RETRIES_ENV = "LOOPWRIGHT_MODEL_RETRIES"
@@ -48,7 +48,7 @@ class OpenAISettings(BaseModel):
     model: str = Field(min_length=1)
     api: Literal["responses", "chat"] = "responses"
     base_url: str | None = None
-    api_key: str = PLACEHOLDER_KEY
+    api_key: SecretStr = SecretStr(PLACEHOLDER_KEY)
     max_retries: int = Field(default=2, ge=0)
     timeout_s: float = Field(default=60.0, gt=0)
     streaming: bool = False

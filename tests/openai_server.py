@@ -67,8 +67,9 @@ class Call:
 
 @dataclass(frozen=True)
 class Recorded:
-    """One request as received, the status it was answered with and the answer it got whole
-    (the response or completion object; streamed ones too, as far as they were sent)."""
+    """One request as received, the status it was answered with and, for a 200, the response
+    or completion object it was answered with (for a stream: the object its events spell out,
+    whole even where the stream was cut, to compare with)."""
 
     path: str
     body: dict[str, Any]
@@ -254,7 +255,9 @@ class OpenAIStub:
 
     # --- deciding ---------------------------------------------------------------------------
 
-    def _turn(self, messages: list[BaseMessage], tools: list[dict[str, Any]], body: Any) -> Turn:
+    def _turn(
+        self, messages: list[BaseMessage], tools: list[dict[str, Any]], body: dict[str, Any]
+    ) -> Turn:
         decision: Decision = self.policy(messages, tools)
         self._turns += 1
         number = self._turns
@@ -273,10 +276,17 @@ class OpenAIStub:
         )
 
     def _record(
-        self, path: str, body: dict[str, Any], status: int, answer: dict[str, Any] | None = None
+        self,
+        path: str,
+        body: dict[str, Any],
+        status: int,
+        answer: dict[str, Any] | None = None,
+        usage: tuple[int, int] | None = None,
     ) -> None:
         with self._lock:
             self.recorded.append(Recorded(path, body, status, answer))
+            if usage is not None:
+                self.usages.append(usage)
 
     def _fault(self, path: str, body: dict[str, Any]) -> Response | None:
         with self._lock:
@@ -297,8 +307,7 @@ class OpenAIStub:
     def _send(
         self, path: str, body: dict[str, Any], answer: dict[str, Any], turn: Turn
     ) -> Response:
-        self._record(path, body, 200, answer)
-        self.usages.append((turn.input_tokens, turn.output_tokens))
+        self._record(path, body, 200, answer, (turn.input_tokens, turn.output_tokens))
         return JSONResponse(answer)
 
     def _stream(
@@ -316,9 +325,9 @@ class OpenAIStub:
         """
         with self._lock:
             cut, self._cut_after = self._cut_after, None
-        self._record(path, body, 200, answer)
-        if cut is None or not turn.calls or cut >= len(turn.calls[0].arguments):
-            self.usages.append((turn.input_tokens, turn.output_tokens))
+        whole = cut is None or not turn.calls or cut >= len(turn.calls[0].arguments)
+        usage = (turn.input_tokens, turn.output_tokens) if whole else None
+        self._record(path, body, 200, answer, usage)
         return StreamingResponse(render(cut), media_type="text/event-stream")
 
     # --- the Responses API ------------------------------------------------------------------
@@ -327,8 +336,11 @@ class OpenAIStub:
         items = body["input"]
         referee_responses(items, self._issued)
         turn = self._turn(responses_input_to_messages(items), body.get("tools") or [], body)
-        reasoning: dict[str, Any] = {"type": "reasoning", "id": f"rs_{turn.number:03d}"}
-        reasoning["summary"] = []
+        reasoning: dict[str, Any] = {
+            "type": "reasoning",
+            "id": f"rs_{turn.number:03d}",
+            "summary": [],
+        }
         if "reasoning.encrypted_content" in (body.get("include") or []):
             secret = json.dumps({"turn": turn.number, "digest": digest(items)[:16]})
             reasoning["encrypted_content"] = base64.b64encode(secret.encode()).decode()

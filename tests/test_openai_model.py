@@ -68,11 +68,10 @@ def test_defaults_suit_a_keyless_local_server() -> None:
     settings = OpenAISettings.from_env("qwen", {"OPENAI_BASE_URL": "", API_ENV: ""})
 
     assert settings == OpenAISettings(model="qwen")
-    assert (settings.api, settings.api_key, settings.max_retries) == (
-        "responses",
-        PLACEHOLDER_KEY,
-        2,
-    )
+    assert (settings.api, settings.max_retries, settings.streaming) == ("responses", 2, False)
+    assert settings.api_key.get_secret_value() == PLACEHOLDER_KEY
+    secret = OpenAISettings.from_env("qwen", {"OPENAI_API_KEY": "sk-secret"})
+    assert "sk-secret" not in repr(secret)
     assert make_openai_model(settings).reasoning is None  # no reasoning asked of any model
 
 

@@ -148,9 +148,12 @@ def test_streamed_arguments_are_whole_before_anything_runs(
     openai_model: ModelFactory,
     open_test_runner: RunnerFactory,
 ) -> None:
+    openai_stub.policy = ReadsTogether()  # two streamed calls in one answer
+
     state = run_refund(open_test_runner, openai_model(api, stream=True))
 
     assert all(body["stream"] for body in openai_stub.requests())
+    assert [len(r.calls) for r in openai_stub.recorded] == [2, 1, 1, 0]
     sent = [call for r in openai_stub.recorded for call in r.calls]
     assert [c.name for c in sent] == [
         "get_order",

@@ -10,7 +10,8 @@ Arguments are validated against the tool's own input schema (`jsonschema`, no co
 exactly as the model gave them; an argument the schema does not name is refused, as for every
 contract. A structured result is checked against the tool's output schema. A write's intent is
 the tool and its canonical arguments within the run: the same call proposed again maps to the
-first action, never a second effect.
+first action, never a second effect. An MCP server knows nothing of the run's principal: what
+stands for authorisation is the operator's allow-list (reads) and a person's approval (writes).
 
 The MCP client is async and the runtime's nodes are synchronous. `McpSession` owns one event
 loop in a background thread and one task that holds the client (and its stdio subprocess) open
@@ -247,7 +248,9 @@ def mcp_contract(
     server = session.server_name
     effect = Effect.READ if read else Effect.WRITE
     output = tool.output_schema
-    structured = output is not None and output.get("type") == "object"
+    output_model: type[BaseModel] = McpContent
+    if output is not None and output.get("type") == "object":
+        output_model = schema_model(f"{tool.name}_result", output, closed=False)
     hints = _hints(tool)
 
     def summarize(args: BaseModel) -> str:
@@ -265,13 +268,9 @@ def mcp_contract(
         name=tool.name,
         description=f"[MCP server {server}] {tool.description or tool.name}",
         args_model=schema_model(f"{tool.name}_args", tool.input_schema, closed=True),
-        output_model=(
-            schema_model(f"{tool.name}_result", output, closed=False)
-            if structured and output is not None
-            else McpContent
-        ),
+        output_model=output_model,
         effect=effect,
-        run=_runner(session, tool, effect, structured, timeout_s),
+        run=_runner(session, tool, effect, output_model is not McpContent, timeout_s),
         needs_approval=lambda _args, _env: not read,
         intent_key=(
             None
