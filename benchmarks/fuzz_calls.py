@@ -3,7 +3,7 @@
 Invariant 3 says every call is checked (known tool, valid arguments, authorisation, scope) and
 invariant 2 that only complete, parsed, validated calls run. tests/test_fuzz_calls.py proves it
 through whole runs, a few dozen of them; this script pushes many more calls through the same
-checks, fast enough to run 10,000 in well under a minute:
+checks:
 
     python -m benchmarks.fuzz_calls --calls 10000 --seed 0
 
@@ -48,18 +48,20 @@ from nodes.model_step import _pending_calls
 from nodes.validate import Refusal, check_call
 from services.launcher import start_services
 from tools.contract import ToolEnv
-from tools.refunds import DEFAULT_APPROVAL_THRESHOLD
+from tools.refunds import DEFAULT_APPROVAL_THRESHOLD, task_scope
 from tools.registry import refund_registry
 
-# The fuzzed run acts for u-1 on a task that names O-42 (so its scope is order:O-42).
+# The fuzzed calls act for u-1 on a task that names O-42, u-1's order, and O-99, someone
+# else's: a call about O-99 passes the scope check and must be refused by authorisation.
+TASK = "Check whether order O-42 can be refunded and refund it if so; O-99 looks similar."
 USER = "u-1"
-SCOPE_ORDER = "O-42"
+OWN_ORDER = "O-42"
 
 VALID_ARGS: dict[str, dict[str, str]] = {
-    "get_order": {"order_id": SCOPE_ORDER},
+    "get_order": {"order_id": OWN_ORDER},
     "get_policy": {},
     "submit_refund": {
-        "order_id": SCOPE_ORDER,
+        "order_id": OWN_ORDER,
         "amount": "10.00",
         "currency": "USD",
         "reason": "fuzz",
@@ -148,13 +150,28 @@ values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=6,
 )
-tool_names = st.one_of(
-    st.sampled_from(tuple(VALID_ARGS)),
-    st.sampled_from(tuple(VALID_ARGS)),
-    st.sampled_from(ODD_TOOL_NAMES),
-    st.text(max_size=30),
-    huge_strings,
-)
+odd_tool_names = st.one_of(st.sampled_from(ODD_TOOL_NAMES), st.text(max_size=30), huge_strings)
+
+
+@st.composite
+def tool_names(draw: st.DrawFn) -> str:
+    """A known tool seven times in ten: most mistakes a model makes are in the arguments."""
+    if draw(st.integers(0, 9)) < 7:
+        return draw(st.sampled_from(tuple(VALID_ARGS)))
+    return draw(odd_tool_names)
+
+
+# Values one step away from a valid one, per field: the likeliest mistakes of a real model.
+NEAR_MISSES: dict[str, tuple[str, ...]] = {
+    "order_id": ("O-43", "O-46", "O-99", "O-404", "O-042", "o-42", "O-42\n", "42", "O-٤٢"),
+    "amount": (
+        *("0.00", "50.00", "50.01", "100.00", "1000.00", "-10.00", "10", "10.5", "1,000.00"),
+        *("١٠.٠٠", "１０.００"),  # digits, but not ASCII ones
+    ),
+    "currency": ("usd", "EUR", "US", "USDD", "US D"),
+    "reason": ("", " ", "x" * 500, "x" * 501, "a\x00b"),
+    "refund_id": ("rf_1", "rf_", "rf_999999999999", "rf_1234567890123", "RF_1"),
+}
 
 
 @st.composite
@@ -162,9 +179,11 @@ def arguments(draw: st.DrawFn, tool: str) -> dict[str, Any]:
     """A known tool's valid arguments with fields kept, dropped or replaced, maybe extras."""
     args: dict[str, Any] = {}
     for key, good in VALID_ARGS.get(tool, {}).items():
-        how = draw(st.sampled_from(("keep", "keep", "drop", "replace")))
+        how = draw(st.sampled_from(("keep", "keep", "drop", "near", "replace")))
         if how == "keep":
             args[key] = good
+        elif how == "near":
+            args[key] = draw(st.sampled_from(NEAR_MISSES[key]))
         elif how == "replace":
             args[key] = draw(values)
     if draw(st.integers(0, 3)) == 0 or tool not in VALID_ARGS:
@@ -180,11 +199,6 @@ class FuzzedCall:
     args: dict[str, Any] | None = None
     raw: str | None = None
 
-    def decision(self) -> Decision:
-        if self.raw is not None:
-            return Decision(raw_arguments=[(self.tool, self.raw)])
-        return Decision(tool_calls=[(self.tool, self.args or {})])
-
     def __repr__(self) -> str:  # hypothesis prints failing examples; megabytes read badly
         text = f"FuzzedCall(tool={self.tool!r}, args={self.args!r}, raw={self.raw!r})"
         return text if len(text) < 400 else f"{text[:380]}... ({len(text)} chars)"
@@ -192,7 +206,7 @@ class FuzzedCall:
 
 @st.composite
 def fuzzed_calls(draw: st.DrawFn) -> FuzzedCall:
-    tool = draw(tool_names)
+    tool = draw(tool_names())
     if draw(st.integers(0, 4)) == 0:
         truncated_json = st.tuples(arguments(tool).map(json.dumps), st.integers(0, 80))
         raw = st.one_of(
@@ -202,6 +216,14 @@ def fuzzed_calls(draw: st.DrawFn) -> FuzzedCall:
         )
         return FuzzedCall(tool, raw=draw(raw))
     return FuzzedCall(tool, args=draw(arguments(tool)))
+
+
+def decision_of(calls: Sequence[FuzzedCall]) -> Decision:
+    """One model step that makes all `calls` at once."""
+    return Decision(
+        tool_calls=[(c.tool, c.args or {}) for c in calls if c.raw is None],
+        raw_arguments=[(c.tool, c.raw) for c in calls if c.raw is not None],
+    )
 
 
 # --- the oracle: what may pass at all, written without the contracts' own schemas ---------
@@ -221,13 +243,13 @@ FIELDS: dict[str, dict[str, re.Pattern[str]]] = {
 
 def acceptable(tool: str, args: Any) -> bool:
     """Whether a call may pass the checks at all: a known tool, exactly its fields, each an
-    ASCII-well-formed string without NUL, and no order but the task's."""
+    ASCII-well-formed string without NUL, and no order but the user's own one in the task."""
     fields = FIELDS.get(tool)
     if fields is None or not isinstance(args, dict) or set(args) != set(fields):
         return False
     if not all(isinstance(v, str) and fields[k].fullmatch(v) for k, v in args.items()):
         return False
-    return args.get("order_id", SCOPE_ORDER) == SCOPE_ORDER
+    return args.get("order_id", OWN_ORDER) == OWN_ORDER
 
 
 def runs_without_approval(tool: str, args: Any) -> bool:
@@ -240,9 +262,9 @@ def runs_without_approval(tool: str, args: Any) -> bool:
 # --- the benchmark --------------------------------------------------------------------------
 
 
-def pending_calls(call: FuzzedCall) -> list[PendingCall]:
-    """The pending calls a model step makes of `call`, by the runtime's own parsing."""
-    model = ScriptedChatModel(policy=OneShot(call.decision()))
+def pending_calls(calls: Sequence[FuzzedCall]) -> list[PendingCall]:
+    """The pending calls a model step makes of `calls`, by the runtime's own parsing."""
+    model = ScriptedChatModel(policy=OneShot(decision_of(calls)))
     message = model.invoke([HumanMessage(content="fuzz")])
     assert isinstance(message, AIMessage)
     return _pending_calls(message)
@@ -264,10 +286,14 @@ class Report:
     violations: list[str]
 
 
+# Calls per model step: a batch amortises the model's and hypothesis' own overhead per example.
+BATCH = 10
+
+
 def run(calls: int, seed: int) -> Report:
     outcomes: Counter[str] = Counter()
     violations: list[str] = []
-    principal = Principal(user_id=USER, scope=(f"order:{SCOPE_ORDER}",))
+    principal = Principal(user_id=USER, scope=task_scope(TASK))
     with (
         tempfile.TemporaryDirectory(prefix="lw-fuzz-") as tmp,
         start_services(Path(tmp) / "services") as services,
@@ -283,22 +309,23 @@ def run(calls: int, seed: int) -> Report:
 
         @seeded(seed)
         @settings(
-            max_examples=calls,
+            max_examples=-(-calls // BATCH),
             database=None,
             deadline=None,
             phases=[Phase.generate],
             suppress_health_check=list(HealthCheck),
         )
-        @given(fuzzed_calls())
-        def check_one(fuzzed: FuzzedCall) -> None:
-            for pending in pending_calls(fuzzed):
+        @given(st.lists(fuzzed_calls(), min_size=BATCH, max_size=BATCH))
+        def check_batch(batch: list[FuzzedCall]) -> None:
+            for pending in pending_calls(batch):
                 outcome = outcome_of(pending, principal, context)
                 outcomes[outcome] += 1
                 if outcome.startswith("accepted") and not acceptable(pending.tool, pending.args):
-                    violations.append(f"{fuzzed!r} was accepted")
+                    call = FuzzedCall(pending.tool, pending.args)
+                    violations.append(f"{call!r} was accepted")
 
         started = time.monotonic()
-        check_one()
+        check_batch()
         seconds = time.monotonic() - started
     return Report(sum(outcomes.values()), seconds, outcomes, violations)
 

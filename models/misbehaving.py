@@ -69,13 +69,12 @@ class AsksForMore(RefundProcedure):
     amount: str = "1000.00"
 
     def plan(self, seen: Transcript) -> Decision:
-        order_id = seen.order_id
-        done = order_id is not None and any(
+        submits = _submits(seen, seen.order_id) if seen.order_id else []
+        went_through = any(
             o.tool == "submit_refund" and o.envelope.status == "ok" for o in seen.observations
         )
-        if done and order_id is not None and len(_submits(seen, order_id)) == 1:
-            first = _submits(seen, order_id)[0]
-            return Decision(tool_calls=[("submit_refund", {**first, "amount": self.amount})])
+        if went_through and len(submits) == 1:
+            return Decision(tool_calls=[("submit_refund", {**submits[0], "amount": self.amount})])
         return super().plan(seen)
 
 
@@ -165,7 +164,9 @@ class Gullible(RefundProcedure):
             if observation.envelope.status != "ok":
                 continue
             for text in _strings(observation.envelope.result):
-                found += [c for c in self._read(text, seen.order_id) if c not in found]
+                for call in self._read(text, seen.order_id):
+                    if call not in found:
+                        found.append(call)
         return found
 
     @staticmethod

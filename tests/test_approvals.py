@@ -18,7 +18,8 @@ import pytest
 
 from graph.state import ActionStatus
 from loopwright.cli import decide
-from loopwright.runner import Runner, RunOutcome
+from loopwright.runner import Runner, RunOutcome, open_runner
+from models.factory import make_model
 from models.misbehaving import AsksForMore
 from models.scripted import ScriptedChatModel
 from services.admin import list_refunds
@@ -212,36 +213,30 @@ def test_a_decision_applied_again_after_a_crash_changes_nothing(
     assert len(all_refunds(services)) == 1
 
 
-def _cli_run(database_url: str, env: dict[str, str], run_id: str) -> str:
-    """Start the demo task in its own process; return the approval id it waits for."""
-    started = cli(
-        "run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id, env=env
-    )
-    assert "WAITING_APPROVAL" in started.stdout, started.stdout + started.stderr
-    match = APPROVE_COMMAND.search(started.stdout)
-    assert match is not None, started.stdout
-    return match[1]
-
-
 @pytest.mark.postgres
 def test_cli_reject_round_trip(
     postgres_url: str, services: ServiceEndpoints, tmp_path: Path
 ) -> None:
+    """Run in one process, which exits waiting; reject in another; the run ends, verified."""
     env = env_for(services, tmp_path)
-    approval_id = _cli_run(postgres_url, env, "run-reject")
+    started = cli("run", DEMO_TASK, "--user", "u-1", "--db", postgres_url, env=env, check=True)
+    assert "WAITING_APPROVAL" in started.stdout
+    match = APPROVE_COMMAND.search(started.stdout)
+    assert match is not None, started.stdout
     rejected = cli(
-        "approvals", "reject", approval_id, "--as", "a-1", "--db", postgres_url, env=env, check=True
+        "approvals", "reject", match[1], "--as", "a-1", "--db", postgres_url, env=env, check=True
     )
     assert "COMPLETED" in rejected.stdout and "no business effect" in rejected.stdout
-    listed = cli("approvals", "list", "--db", postgres_url, env=env, check=True)
-    assert "no pending approvals" in listed.stdout
     assert list_refunds(services, "O-42") == []
 
 
 @pytest.mark.postgres
 def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_path: Path) -> None:
+    """Started here, decided in two other processes (an edit, then its own approval)."""
     env = env_for(services, tmp_path)
-    approval_id = _cli_run(postgres_url, env, "run-edit")
+    with open_runner(postgres_url, services, model=make_model("scripted")) as runner:
+        [request] = runner.start(DEMO_TASK, principal()).waiting_for_approval
+    approval_id = request["approval_id"]
     decide_args = ("--as", "a-1", "--db", postgres_url)
     edited = cli(
         "approvals", "edit", approval_id, "--set", "amount=40.00", *decide_args, env=env, check=True
@@ -255,26 +250,30 @@ def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_
     assert [r["amount"] for r in list_refunds(services, "O-42")] == ["40.00"]
 
 
+# The demo's approval behaviour does not depend on the backend; cross-process approval on each
+# backend is covered by the round trips above and tests/test_cli.py. So one backend each: the
+# embedded default for `make demo`, Postgres for a demo left waiting for another process.
 def test_demo_yes_completes_with_one_refund(
-    database_url: str, services: ServiceEndpoints, tmp_path: Path
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
 ) -> None:
-    demo = cli("demo", "--yes", "--db", database_url, env=env_for(services, tmp_path), check=True)
+    demo = cli("demo", "--yes", "--db", sqlite_url, env=env_for(services, tmp_path), check=True)
     assert "COMPLETED" in demo.stdout
     [refund] = list_refunds(services, "O-42")
     assert refund["refund_id"] in demo.stdout and refund["amount"] == "100.00"
 
 
+@pytest.mark.postgres
 def test_demo_without_a_terminal_waits_and_prints_the_command_that_approves(
-    database_url: str, services: ServiceEndpoints, tmp_path: Path
+    postgres_url: str, services: ServiceEndpoints, tmp_path: Path
 ) -> None:
     env = env_for(services, tmp_path)
-    demo = cli("demo", "--db", database_url, env=env, check=True)  # stdin is not a terminal
+    demo = cli("demo", "--db", postgres_url, env=env, check=True)  # stdin is not a terminal
     assert "WAITING_APPROVAL" in demo.stdout
     printed = APPROVE_COMMAND.search(demo.stdout)
     assert printed is not None, demo.stdout
     assert list_refunds(services, "O-42") == []
 
     _, *command = printed[0].split()
-    approved = cli(*command, "--db", database_url, env=env, check=True)
+    approved = cli(*command, "--db", postgres_url, env=env, check=True)
     assert "COMPLETED" in approved.stdout
     assert len(list_refunds(services, "O-42")) == 1

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
+from graph.budget import Budget
 from graph.state import ActionStatus, RunState
 from loopwright.cli import decide
 from loopwright.runner import Runner, RunOutcome
@@ -171,7 +172,11 @@ def test_same_refund_again_maps_to_one_intent_and_one_effect(
 def test_non_ascii_digits_are_not_money(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
-    with open_test_runner(ScriptedChatModel(policy=OneShot(refund("O-42", "١٠.٠٠")))) as runner:
+    """pydantic's regex reads \\d as any Unicode digit: "١٠.٠٠" used to pass the schema, be
+    refunded as 10.00, and never verify against the journaled "١٠.٠٠" (the run looped to its
+    step limit with the money gone). The patterns are ASCII now; this keeps them so."""
+    model = ScriptedChatModel(policy=OneShot(refund("O-42", "١٠.٠٠")))
+    with open_test_runner(model, Budget(max_steps=3)) as runner:  # a regression ends soon
         _, state = run(runner)
     assert [e["code"] for e in tool_errors(state)] == ["invalid_arguments"]
     assert all_refunds(services) == []
