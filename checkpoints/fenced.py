@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 
 from checkpoints.leases import Lease, StaleWriter, lock_run
 from checkpoints.sql import Database
+from graph.crashpoints import crash_point
 
 
 class Fence(BaseModel):
@@ -107,6 +108,8 @@ class FencedSaver(BaseCheckpointSaver[str]):
     ) -> None:
         with self._fenced(config):
             super().put_writes(config, writes, task_id, task_path)
+        # The window between a node's saved writes and the checkpoint that would follow them.
+        crash_point(f"checkpoint:after_writes:{task_path.rpartition(', ')[2]}")
 
     @contextmanager
     def _fenced(self, config: RunnableConfig) -> Iterator[None]:

@@ -16,6 +16,8 @@ Points in the runtime (`POINTS`):
                                         has not been read (armed through the payments fault
                                         switch, which delays the answer; see tests)
   executor:before_outcome_record        the response was read, the outcome is not recorded
+  checkpoint:after_writes:<node>        a node's writes are saved, the checkpoint after them
+                                        is not (the resumed run must apply them, not stop)
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ POINTS = (
     "executor:after_dispatch_record",
     "executor:after_send",
     "executor:before_outcome_record",
+    "checkpoint:after_writes:validate",
+    "checkpoint:after_writes:execute",
 )
 
 

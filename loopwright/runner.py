@@ -25,7 +25,7 @@ from typing import Any, cast
 import httpx
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
-from langgraph.types import Command
+from langgraph.types import Command, StateSnapshot
 
 from checkpoints.factory import open_checkpointer
 from checkpoints.fenced import Fence, FencedSaver
@@ -37,6 +37,8 @@ from graph.build import NODES, RUN_DURABILITY, compile_graph
 from graph.context import RunContext
 from graph.plan import Planner
 from graph.state import Action, Phase, Principal, RunState, initial_state
+from observability.instrument import note_run, traced_journal
+from observability.tracing import run_span
 from services.endpoints import ServiceEndpoints
 from tools.contract import ToolEnv
 from tools.registry import ToolRegistry, refund_registry
@@ -69,6 +71,19 @@ class RunOutcome:
         """When a parked reconciliation should look again, if the run is parked."""
         waits = [i["retry_at"] for i in self.interrupts if i.get("kind") == "reconcile_wait"]
         return datetime.fromisoformat(min(waits)) if waits else None
+
+
+def advance_kind(payload: Any) -> str:
+    """What a process advancing a run was given: a new run, an answer, or nothing (a resume)."""
+    if isinstance(payload, Command):
+        return "answer"
+    return "start" if payload is not None else "resume"
+
+
+def finished(snapshot: StateSnapshot) -> bool:
+    """Whether a run's graph has ended. Not `not snapshot.next`: `next` leaves out a task whose
+    writes were saved before its process died, though the run still has to apply them and go on."""
+    return not snapshot.tasks and not snapshot.next
 
 
 def new_run_id() -> str:
@@ -132,7 +147,7 @@ class Runner:
             model=self.model,
             tools=self.tools,
             env=self.env,
-            journal=self.journal,
+            journal=traced_journal(self.journal),
             budget=self.budget,
             fence=fence,
             planner=self.planner,
@@ -164,7 +179,9 @@ class Runner:
             raise UnknownRun(run_id)
         snapshot = self.graph.get_state(self.config(run_id))
         kinds = {i.value.get("kind") for i in snapshot.interrupts}
-        if not snapshot.next or ("approval" in kinds and value is None):
+        if finished(snapshot):
+            return self._record_finished(run_id)
+        if "approval" in kinds and value is None:
             return self.outcome(run_id)
         if snapshot.interrupts:
             # A parked reconciliation is resumed to look again; the value carries no meaning.
@@ -182,7 +199,7 @@ class Runner:
         """
         run = self.leases.request_cancel(run_id)
         snapshot = self.graph.get_state(self.config(run_id))
-        if not snapshot.next or (run.lease_live and run.owner != self.owner):
+        if finished(snapshot) or (run.lease_live and run.owner != self.owner):
             return self.outcome(run_id)
         kinds = {i.value.get("kind") for i in snapshot.interrupts}
         if "approval" in kinds:
@@ -202,6 +219,19 @@ class Runner:
         )
         return self._advance(run_id, payload, on_step)
 
+    def _record_finished(self, run_id: str) -> RunOutcome:
+        """A run whose graph has ended, but whose last writer died before noting it in lw_runs
+        (which workers poll): note it now, so that no worker takes it for unfinished."""
+        outcome = self.outcome(run_id)
+        run = self.leases.get(run_id)
+        if run is not None and run.phase != outcome.phase:
+            lease = self._claim(run_id)
+            try:
+                self.leases.record(lease, outcome.phase)
+            finally:
+                self.leases.release(lease)
+        return outcome
+
     def submit(self, task: str, principal: Principal, *, run_id: str | None = None) -> str:
         """Create a run without advancing it: any worker may pick it up."""
         run_id = run_id or new_run_id()
@@ -212,6 +242,18 @@ class Runner:
         return run_id
 
     def _advance(self, run_id: str, payload: Any, on_step: StepListener | None) -> RunOutcome:
+        """Advance the run inside one `run` span: its node, model and tool spans are children,
+        and the run spans of every process that advances this run share its trace id."""
+        attributes = {"loopwright.advance": advance_kind(payload), "loopwright.owner": self.owner}
+        with run_span(run_id, attributes) as span:
+            outcome = self._advance_leased(run_id, payload, on_step)
+            if span.is_recording():
+                note_run(span, outcome, self.state(run_id))
+            return outcome
+
+    def _advance_leased(
+        self, run_id: str, payload: Any, on_step: StepListener | None
+    ) -> RunOutcome:
         lease = self._claim(run_id)
         self.saver.fence = Fence.of(lease)
         try:
