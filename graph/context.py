@@ -41,6 +41,8 @@ class RunContext:
     planner: Planner | None = None
     # Agents that can own the run (handoff); without any, one agent uses every tool.
     agents: dict[str, AgentProfile] = field(default_factory=dict)
+    # Whether a user may decide approvals (the trusted directory's answer, not the decision's).
+    is_approver: Callable[[str], bool] = field(default=lambda _user: False)
     # Whether someone asked for the run to stop (read at every step, from outside the state).
     cancel_requested: Callable[[], bool] = field(default=lambda: False)
 

@@ -41,6 +41,7 @@ from observability.instrument import note_run, traced_journal
 from observability.tracing import run_span
 from services.endpoints import ServiceEndpoints
 from tools.contract import ToolEnv
+from tools.refunds import is_approver
 from tools.registry import ToolRegistry, refund_registry
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
@@ -144,6 +145,7 @@ class Runner:
         """The principal travels in the run's input, committed before any node runs."""
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
+            is_approver=lambda user_id: is_approver(self.env, user_id),
             model=self.model,
             tools=self.tools,
             env=self.env,

@@ -55,6 +55,8 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         }
     if decision.approver == principal_of(state).user_id:
         return {"feedback": [f"{decision.approver} cannot decide about their own run"]}
+    if not runtime.context.is_approver(decision.approver):
+        return {"feedback": [f"{decision.approver} is not an approver"]}
     record = ApprovalRecord(
         approval_id=request.approval_id,
         action_id=request.action_id,

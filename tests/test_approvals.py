@@ -141,6 +141,19 @@ def test_self_approval_is_refused_until_an_approver_decides(
     assert [r["amount"] for r in all_refunds(services)] == ["100.00"]
 
 
+def test_only_an_approver_can_decide(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """The graph asks the user directory, not the caller: u-2 is a customer, not an approver."""
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        outcome = answer(runner, waiting, "approve", "u-2")
+        assert [a.status for a in outcome.actions] == [ActionStatus.NEEDS_APPROVAL]
+        assert "u-2 is not an approver" in runner.state(outcome.run_id)["feedback"]
+        assert outcome.waiting_for_approval
+    assert all_refunds(services) == []
+
+
 def test_edit_rejects_the_original_and_needs_its_own_approval(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:

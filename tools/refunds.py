@@ -310,3 +310,14 @@ ORDER_IN_TEXT = re.compile(r"\bO-[0-9]{1,9}\b")
 def task_scope(task: str) -> tuple[str, ...]:
     """The resources a refund task may touch: the orders it names."""
     return tuple(sorted({f"order:{order_id}" for order_id in ORDER_IN_TEXT.findall(task)}))
+
+
+def is_approver(env: ToolEnv, user_id: str) -> bool:
+    """The reference user directory (the orders service) says who holds the approver role."""
+    try:
+        user = read_json(
+            env.http, f"{env.endpoints.orders}/users/{user_id}", timeout=READ_TIMEOUT_S
+        )
+    except ToolFault:
+        return False
+    return "approver" in user.get("roles", [])
