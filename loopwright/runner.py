@@ -121,8 +121,11 @@ class Runner:
         lease_wait_s: float = 0.0,
         planner: Planner | None = None,
         agents: dict[str, AgentProfile] | None = None,
+        approvers: Callable[[str], bool] | None = None,
     ) -> None:
         self.planner = planner
+        # Who may decide approvals: by default the reference user directory's approver role.
+        self.approvers = approvers or (lambda user_id: is_approver(self.env, user_id))
         self.agents = agents or {}
         self.saver = saver
         self.graph = compile_graph(saver)
@@ -145,7 +148,7 @@ class Runner:
         """The principal travels in the run's input, committed before any node runs."""
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
-            is_approver=lambda user_id: is_approver(self.env, user_id),
+            is_approver=self.approvers,
             model=self.model,
             tools=self.tools,
             env=self.env,
@@ -363,6 +366,7 @@ def open_runner(
     lease_wait_s: float = 0.0,
     planner: Planner | None = None,
     agents: dict[str, AgentProfile] | None = None,
+    approvers: Callable[[str], bool] | None = None,
 ) -> Iterator[Runner]:
     with ExitStack() as stack:
         saver = stack.enter_context(open_checkpointer(database_url))
@@ -380,4 +384,5 @@ def open_runner(
             lease_wait_s=lease_wait_s,
             planner=planner,
             agents=agents,
+            approvers=approvers,
         )

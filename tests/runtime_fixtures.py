@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from langchain_core.language_models import BaseChatModel
@@ -18,8 +18,8 @@ from graph.agents import AgentProfile
 from graph.budget import Budget
 from graph.plan import Planner
 from graph.protocol import parse_tool_content
-from graph.state import Principal, RunState
-from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
+from graph.state import ApprovalDecision, Principal, RunState
+from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
 from models.factory import make_model
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
@@ -68,6 +68,23 @@ def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFac
 
 def principal(user_id: str = "u-1", task: str = DEMO_TASK) -> Principal:
     return Principal(user_id=user_id, scope=task_scope(task))
+
+
+def decide(
+    outcome: RunOutcome, decision: Literal["approve", "reject"] = "approve", approver: str = "a-1"
+) -> dict[str, Any]:
+    """The resume value answering the run's (first) pending approval request."""
+    request = outcome.waiting_for_approval[0]
+    return ApprovalDecision(
+        approval_id=request["approval_id"],
+        digest=request["digest"],
+        decision=decision,
+        approver=approver,
+    ).model_dump(mode="json")
+
+
+def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
+    return runner.resume(outcome.run_id, decide(outcome, "approve", approver))
 
 
 def tool_errors(state: RunState) -> list[dict[str, Any]]:

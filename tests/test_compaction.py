@@ -10,9 +10,8 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolM
 
 from graph.budget import Budget
 from graph.compaction import estimate_tokens
-from graph.state import ApprovalDecision
 from models.scripted import Decision, ScriptedChatModel
-from tests.runtime_fixtures import RunnerFactory, principal
+from tests.runtime_fixtures import RunnerFactory, decide, principal
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -65,14 +64,7 @@ def test_small_context_keeps_calls_whole_cites_evidence_and_never_shows_a_plan_a
     budget = Budget(max_context_tokens=CONTEXT_TOKENS)
     with open_test_runner(model=ScriptedChatModel(policy=policy), budget=budget) as runner:
         waiting = runner.start(TASK, principal(task=TASK))
-        request = waiting.waiting_for_approval[0]
-        reject = ApprovalDecision(
-            approval_id=request["approval_id"],
-            digest=request["digest"],
-            decision="reject",
-            approver="a-1",
-        )
-        outcome = runner.resume(waiting.run_id, reject.model_dump(mode="json"))
+        outcome = runner.resume(waiting.run_id, decide(waiting, "reject"))
         history = runner.state(outcome.run_id)["history"]
     assert outcome.stop_reason == "completed"
     assert len(policy.seen) == READS + 2

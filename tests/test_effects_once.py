@@ -8,23 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from graph.state import ActionStatus, ApprovalDecision
+from graph.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome
 from services.admin import list_refunds, set_fault
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, principal
+from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, approve, principal
 
 
 def start_and_approve(runner: Runner) -> RunOutcome:
-    outcome = runner.start(DEMO_TASK, principal())
-    request = outcome.waiting_for_approval[0]
-    decision = ApprovalDecision(
-        approval_id=request["approval_id"],
-        digest=request["digest"],
-        decision="approve",
-        approver="a-1",
-    )
-    return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
+    return approve(runner, runner.start(DEMO_TASK, principal()))
 
 
 def statuses(runner: Runner, action_id: str) -> list[str]:

@@ -9,12 +9,12 @@ import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
 from graph.agents import AgentProfile, handoff_contract
-from graph.state import ApprovalDecision, StopReason
+from graph.state import StopReason
 from models.refund_procedure import RefundProcedure
 from models.scripted import Decision, ScriptedChatModel
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
 from tools.refunds import REFUND_TOOLS
 from tools.registry import ToolRegistry
 
@@ -57,14 +57,7 @@ def test_specialist_takes_over_with_its_own_tools_and_the_shared_journal(
     model = ScriptedChatModel(policy=triage)
     with open_test_runner(model=model, tools=TOOLS, agents=AGENTS) as runner:
         waiting = runner.start(DEMO_TASK, principal())
-        request = waiting.waiting_for_approval[0]  # raised inside the specialist subgraph
-        decision = ApprovalDecision(
-            approval_id=request["approval_id"],
-            digest=request["digest"],
-            decision="approve",
-            approver="a-1",
-        )
-        outcome = runner.resume(waiting.run_id, decision.model_dump(mode="json"))
+        outcome = approve(runner, waiting)
         state = runner.state(outcome.run_id)
     assert outcome.stop_reason == StopReason.COMPLETED
     assert state["owner"] == "payments"

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import pytest
 
 from graph.plan import PlannerDecision, PlanStep
-from graph.state import ApprovalDecision, RunState, StopReason
+from graph.state import RunState, StopReason
 from models.refund_workflow import RefundWorkflow
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -22,15 +22,8 @@ def test_workflow_refund_completes_verified_without_a_model_call(
     with open_test_runner(planner=RefundWorkflow()) as runner:
         waiting = runner.start(DEMO_TASK, principal())
         # The plan gives no permission: the refund still waits for a person.
-        request = waiting.waiting_for_approval[0]
-        assert request["summary"] == "Refund 100.00 USD to order O-42"
-        decision = ApprovalDecision(
-            approval_id=request["approval_id"],
-            digest=request["digest"],
-            decision="approve",
-            approver="a-1",
-        )
-        outcome = runner.resume(waiting.run_id, decision.model_dump(mode="json"))
+        assert waiting.waiting_for_approval[0]["summary"] == "Refund 100.00 USD to order O-42"
+        outcome = approve(runner, waiting)
         state = runner.state(outcome.run_id)
     assert outcome.stop_reason == StopReason.COMPLETED
     assert [s["status"] for s in state["plan"]] == ["done"] * 5

@@ -16,14 +16,14 @@ from pydantic import BaseModel
 from checkpoints.leases import open_lease_store
 from graph.budget import Budget
 from graph.protocol import parse_tool_content
-from graph.state import ActionStatus, ApprovalDecision, StopReason
+from graph.state import ActionStatus, StopReason
 from loopwright.runner import Runner, RunOutcome, open_runner
 from models.long_task import KeepsReading
 from models.refund_procedure import RefundProcedure
 from models.scripted import Decision, ScriptedChatModel
 from services.admin import list_refunds, requests_seen, set_fault, slow_down, update_order
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
 from tests.stub_server import serve_app
 from tools.contract import Effect, ToolArgs, ToolContract
 from tools.http import read_json
@@ -163,17 +163,6 @@ def test_needs_human_when_an_unknown_outcome_cannot_be_confirmed(
     with open_test_runner() as runner:
         outcome = approve(runner, run(runner, DEMO_TASK))
     assert outcome.stop_reason == StopReason.NEEDS_HUMAN
-
-
-def approve(runner: Runner, outcome: RunOutcome) -> RunOutcome:
-    request = outcome.waiting_for_approval[0]
-    decision = ApprovalDecision(
-        approval_id=request["approval_id"],
-        digest=request["digest"],
-        decision="approve",
-        approver="a-1",
-    )
-    return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
 
 
 def test_cancel_during_a_slow_write_reconciles_it_and_starts_nothing_new(

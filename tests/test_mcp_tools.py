@@ -24,8 +24,7 @@ from loopwright.runner import open_runner
 from models.refund_procedure import Transcript
 from models.scripted import Decision, ScriptedChatModel
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import tool_errors
-from tests.test_refund_run import approve
+from tests.runtime_fixtures import approve, tool_errors
 from tools.contract import Effect, Guarantee
 from tools.mcp import McpSession, mcp_contracts
 from tools.registry import ToolRegistry
@@ -127,7 +126,10 @@ def test_mcp_read_and_write_run_through_validate_journal_and_approval(
     tools = ToolRegistry(mcp_contracts(mcp_session, read_tools={"get_customer"}))
     model = ScriptedChatModel(policy=NotesPolicy())
 
-    with open_runner(database_url, NO_SERVICES, model=model, tools=tools) as runner:
+    approvers = {"a-1"}.__contains__  # no reference user directory behind an MCP-only run
+    with open_runner(
+        database_url, NO_SERVICES, model=model, tools=tools, approvers=approvers
+    ) as runner:
         outcome = runner.start(TASK, Principal(user_id="u-1"))
 
         # The read ran; the misnamed write was refused by validate; the write waits for a human.

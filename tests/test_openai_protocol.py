@@ -26,8 +26,7 @@ from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
 from tests import openai_server
 from tests.openai_server import FRAGMENT_CHARS, MODEL, ModelFactory, OpenAIStub, ReadsTogether
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
-from tests.test_refund_run import approve
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
 from tools.registry import refund_registry
 
 # The stub's fixtures, bound here so that pytest finds them in this module.

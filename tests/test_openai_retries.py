@@ -11,8 +11,13 @@ from langchain_core.messages import HumanMessage
 
 from tests import openai_server
 from tests.openai_server import ModelFactory, OpenAIStub
-from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, principal
-from tests.test_refund_run import approve
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    UNCRASHED_MODEL_CALLS,
+    RunnerFactory,
+    approve,
+    principal,
+)
 
 # The stub's fixtures, bound here so that pytest finds them in this module.
 openai_stub = openai_server.openai_stub

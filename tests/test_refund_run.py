@@ -9,21 +9,15 @@ from langchain_core.messages import AIMessage
 
 from graph.build import NODES
 from graph.state import ActionStatus, ApprovalDecision
-from loopwright.runner import Runner, RunOutcome
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, principal
-
-
-def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
-    request = outcome.waiting_for_approval[0]
-    decision = ApprovalDecision(
-        approval_id=request["approval_id"],
-        digest=request["digest"],
-        decision="approve",
-        approver=approver,
-    )
-    return runner.resume(outcome.run_id, decision.model_dump(mode="json"))
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    UNCRASHED_MODEL_CALLS,
+    RunnerFactory,
+    approve,
+    principal,
+)
 
 
 def test_demo_scenario_completes_verified_with_one_refund(
