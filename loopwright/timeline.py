@@ -1,23 +1,129 @@
-"""A readable line per committed node step: what was decided, checked, done and found."""
+"""The timeline of a run, for people.
+
+`TimelinePrinter` prints a line per committed node step as a run advances: what was decided,
+checked, approved, done and found. `render_run` (`loopwright show`) reads a whole run back from
+the database alone, finished or interrupted: its committed steps, then each action once with
+its full status history from the journal (times and fences), then where the run stands and the
+budget it used.
+
+Arguments are always shown with the fields a tool contract marks sensitive replaced by
+"[redacted]" (raw trace capture does not change that: a timeline gets pasted into tickets), and
+a sensitive value seen in a run's arguments is blanked wherever else it turns up (a task, an
+answer, a summary, an outcome).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 from rich.console import Console
 from rich.markup import escape
 
+from checkpoints.journal import ActionEvent
+from graph.budget import Budget, Usage
 from graph.protocol import parse_tool_content
-from graph.state import Action, PendingCall, Verification
+from graph.state import (
+    UNRESOLVED_STATUSES,
+    Action,
+    ActionStatus,
+    ApprovalRecord,
+    Evidence,
+    PendingCall,
+    Verification,
+)
+from observability.redaction import REDACTED, redact, redacted_digest
+from tools.registry import ToolRegistry, refund_registry
+
+if TYPE_CHECKING:
+    from loopwright.runner import Runner
+
+# Shorter sensitive values are not blanked in free text: they would blank ordinary words.
+MIN_SECRET_CHARS = 4
+DIGEST_CHARS = 12
+# Writes whose outcome nobody has confirmed: in flight, unknown, or left to a person.
+UNCONFIRMED = UNRESOLVED_STATUSES | {ActionStatus.ESCALATED}
 
 
-def _args(args: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in args.items())
+class Redactor:
+    """Hides sensitive argument values: structurally in arguments, by value in free text."""
+
+    def __init__(self, tools: ToolRegistry) -> None:
+        self.tools = tools
+        self.secrets: set[str] = set()
+
+    def sensitive(self, tool: str) -> frozenset[str]:
+        contract = self.tools.get(tool)
+        return contract.sensitive_fields if contract is not None else frozenset()
+
+    def learn(self, tool: str, value: Any) -> None:
+        """Remember the sensitive values in `value` (arguments or an outcome) of a `tool` call."""
+        sensitive = self.sensitive(tool)
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if key in sensitive:
+                    self.secrets.update(s for s in _leaves(item) if len(s) >= MIN_SECRET_CHARS)
+                else:
+                    self.learn(tool, item)
+        elif isinstance(value, list):
+            for item in value:
+                self.learn(tool, item)
+
+    def call(self, tool: str, args: Mapping[str, Any]) -> str:
+        """`tool(k=v, ...)` with sensitive values redacted, and the digest traces carry."""
+        self.learn(tool, args)
+        sensitive = self.sensitive(tool)
+        shown = ", ".join(f"{k}={v}" for k, v in redact(dict(args), sensitive).items())
+        return f"[cyan]{escape(tool)}[/]({escape(shown)}) #{redacted_digest(args, sensitive)[:DIGEST_CHARS]}"
+
+    def outcome(self, tool: str, outcome: Mapping[str, Any]) -> str:
+        self.learn(tool, outcome)
+        return escape(
+            ", ".join(f"{k}={v}" for k, v in redact(outcome, self.sensitive(tool)).items())
+        )
+
+    def text(self, line: str) -> str:
+        """A line of rich markup with every known sensitive value blanked."""
+        # Longest first: a longer secret may contain a shorter one.
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            line = line.replace(secret, escape(REDACTED))
+        return line
 
 
-def describe_step(node: str, update: dict[str, Any]) -> list[str]:
+PAST_TENSE = {"approve": "approved", "reject": "rejected", "edit": "edited"}
+
+
+def _leaves(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [str(value)]
+
+
+def _time(moment: datetime | str) -> str:
+    parsed = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
+    return parsed.isoformat(timespec="milliseconds")
+
+
+def _learn_step(update: dict[str, Any], redactor: Redactor) -> None:
+    """Learn the sensitive values a step carries before any of its lines is printed."""
+    for item in update.get("history") or []:
+        if isinstance(item, AIMessage):
+            for call in item.tool_calls:
+                redactor.learn(call["name"], call["args"])
+    for pending in update.get("pending") or []:
+        redactor.learn(pending["tool"], pending["args"])
+    for action in (update.get("journal") or {}).values():
+        redactor.learn(action["tool"], action["args"])
+        redactor.learn(action["tool"], action.get("outcome") or {})
+
+
+def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
     """Plain-text lines (rich markup) for one node's committed update."""
+    _learn_step(update, redactor)
     lines: list[str] = []
     if update.get("stop_reason") and node != "verify":
         lines.append(
@@ -26,7 +132,9 @@ def describe_step(node: str, update: dict[str, Any]) -> list[str]:
     for item in update.get("history") or []:
         if isinstance(item, AIMessage):
             for call in item.tool_calls:
-                lines.append(f"decides [cyan]{call['name']}[/]({escape(_args(call['args']))})")
+                lines.append(f"decides {redactor.call(call['name'], call['args'])}")
+            for invalid in item.invalid_tool_calls:
+                lines.append(f"decides [red]unparsable[/] call {escape(str(invalid.get('name')))}")
             if not item.tool_calls and not item.invalid_tool_calls:
                 lines.append(f"answers: [italic]{escape(item.text)}[/]")
         elif isinstance(item, ToolMessage):
@@ -45,11 +153,23 @@ def describe_step(node: str, update: dict[str, Any]) -> list[str]:
             elif pending.verdict == "needs_approval" and pending.approval is not None:
                 request = pending.approval
                 lines.append(
-                    f"[yellow]needs approval[/]: {escape(request.summary)} ({request.approval_id})"
+                    f"[yellow]needs approval[/] {request.approval_id}: {escape(request.summary)}"
+                    f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
                 )
-    for record in update.get("approvals") or []:
+    for raw in update.get("evidence") or []:
+        evidence = Evidence.model_validate(raw)
+        about = [*evidence.resources]
+        if evidence.version is not None:
+            about.append(f"version {evidence.version}")
         lines.append(
-            f"{record['decision']}d by {record['approver']} (digest {record['digest'][:12]})"
+            f"evidence {evidence.evidence_id} from {evidence.source}"
+            + (f" ({escape(', '.join(about))})" if about else "")
+        )
+    if node == "approval" and update.get("approvals"):
+        record = ApprovalRecord.model_validate(update["approvals"][-1])  # the one just decided
+        lines.append(
+            f"{PAST_TENSE.get(record.decision, record.decision)} by {record.approver} at {_time(record.decided_at)}"
+            f" (digest {record.digest[:DIGEST_CHARS]})"
         )
     for raw in (update.get("journal") or {}).values():
         action = Action.model_validate(raw)
@@ -60,19 +180,113 @@ def describe_step(node: str, update: dict[str, Any]) -> list[str]:
         v = Verification.model_validate(update["verification"])
         mark = "[green]verified[/]" if v.verified else "[red]not verified[/]"
         lines.append(f"{mark}: {escape(v.summary)}" + "".join(f"; {escape(p)}" for p in v.problems))
-    return lines
+    return [redactor.text(line) for line in lines]
 
 
 class TimelinePrinter:
-    """A StepListener that prints the timeline as the run advances."""
+    """A StepListener that prints the timeline as the run advances.
 
-    def __init__(self, console: Console) -> None:
+    `tools` names the sensitive fields to redact; the default is the command line's registry.
+    """
+
+    def __init__(self, console: Console, tools: ToolRegistry | None = None) -> None:
         self.console = console
+        self.redactor = Redactor(tools if tools is not None else refund_registry())
         self.step = 0
 
     def __call__(self, node: str, update: dict[str, Any]) -> None:
         self.step += 1
-        lines = describe_step(node, update) or [f"phase {update.get('phase', '')}".strip()]
+        lines = describe_step(node, update, self.redactor)
+        lines = lines or [f"phase {update.get('phase', '')}".strip()]
         self.console.print(f"[dim]{self.step:3d}[/] [bold]{node:<15}[/] {lines[0]}")
         for line in lines[1:]:
             self.console.print(f"{'':19} {line}")
+
+
+def _event_line(event: ActionEvent) -> str:
+    moved = f"{event.from_status or 'new'} -> {event.to_status}"
+    detail = event.detail or {}
+    why = "; ".join(
+        f"{k} {detail[k]}" for k in ("reason", "reconciled", "stage", "approver") if k in detail
+    )
+    return f"{_time(event.at)}  {moved:<28} fence {event.fence}" + (
+        f"  {escape(why)}" if why else ""
+    )
+
+
+def _describe_action(action: Action, events: list[ActionEvent], redactor: Redactor) -> list[str]:
+    if action.status is ActionStatus.SUCCEEDED:
+        style = "green"
+    elif action.status in UNCONFIRMED:
+        style = "bold red"
+    else:
+        style = "yellow"
+    lines = [
+        f"[bold]{action.action_id}[/] {redactor.call(action.tool, action.args)}",
+        f"    intent {escape(action.intent_key)}, attempts {action.attempts},"
+        f" now [{style}]{action.status}[/]",
+    ]
+    lines += [f"    {_event_line(event)}" for event in events]
+    if action.outcome:
+        lines.append(f"    outcome: {redactor.outcome(action.tool, action.outcome)}")
+    return lines
+
+
+def _budget_line(usage: Usage, budget: Budget) -> str:
+    return (
+        f"steps {usage.steps}/{budget.max_steps}, model requests {usage.model_requests},"
+        f" tokens in {usage.input_tokens}/{budget.max_input_tokens}"
+        f" out {usage.output_tokens}/{budget.max_output_tokens},"
+        f" cost ${usage.cost_usd:.4f}/${budget.max_cost_usd:.2f},"
+        f" tool calls {usage.tool_calls}, tool attempts {usage.tool_attempts}/{budget.max_tool_attempts},"
+        f" result bytes {usage.tool_result_bytes}/{budget.max_tool_result_bytes}"
+    )
+
+
+def render_run(runner: Runner, run_id: str, console: Console) -> None:
+    """Print a run from the database: its steps, each action's history, where it stands."""
+    steps = runner.steps(run_id)
+    state = runner.state(run_id)
+    outcome = runner.outcome(run_id)
+    printer = TimelinePrinter(console, runner.tools)
+    redactor = printer.redactor
+    for _, update in steps:  # learn every sensitive value first: the task may repeat one
+        _learn_step(update, redactor)
+    for action in outcome.actions:
+        redactor.learn(action.tool, action.args)
+        redactor.learn(action.tool, action.outcome or {})
+
+    def say(line: str) -> None:
+        console.print(redactor.text(line))
+
+    console.rule(f"run {run_id}")
+    say(f"task: {escape(state['task'])}")
+    say(f"user: {escape(str((state.get('principal') or {}).get('user_id', '?')))}")
+    for node, update in steps:
+        printer(node, update)
+    if outcome.actions:
+        say("\n[bold]actions[/]")
+    for action in outcome.actions:
+        for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
+            say(line)
+    say("\n[bold]where it stands[/]")
+    ended = outcome.stop_reason or "not finished"
+    say(f"{outcome.phase}: {ended} {escape(outcome.stop_detail)}".rstrip())
+    if outcome.verification:
+        verification = Verification.model_validate(outcome.verification)
+        mark = "verified" if verification.verified else "not verified"
+        say(f"{mark}: {escape(verification.summary)}")
+    for request in outcome.interrupts:
+        if request.get("kind") == "approval":
+            say(
+                f"waiting for approval {request['approval_id']}: {escape(request['summary'])}"
+                f" (digest {request['digest'][:DIGEST_CHARS]}, expires {_time(request['expires_at'])})"
+            )
+        elif request.get("kind") == "reconcile_wait":
+            say(f"parked: reconciliation looks again at {_time(request['retry_at'])}")
+    for action in outcome.actions:
+        if action.status in UNCONFIRMED:
+            say(f"[bold red]unconfirmed write[/] {action.action_id}: {action.status}")
+    say(
+        f"budget used: {_budget_line(Usage.model_validate(state.get('usage') or {}), runner.budget)}"
+    )

@@ -23,6 +23,7 @@ from graph.plan import Planner
 from graph.state import PendingCall, Phase, RunState, StopReason, digest
 from graph.views import dump_pending, stop, usage_of
 from nodes.compile_context import render
+from observability.instrument import model_span, note_model_reply
 
 
 def _pending_calls(message: AIMessage) -> list[PendingCall]:
@@ -81,7 +82,9 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         reply, plan = _planned(state, planner)
     else:
         try:
-            reply = model.bind_tools(allowed).invoke(render(state))
+            with model_span(model, context.prompt_version) as span:
+                reply = model.bind_tools(allowed).invoke(render(state))
+                note_model_reply(span, reply)
         except Exception as exc:  # the model client already retried transient faults (one layer)
             return stop(
                 StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}"

@@ -24,6 +24,8 @@ from checkpoints.journal import ActionJournal
 from graph.crashpoints import crash_point
 from graph.protocol import ToolEnvelope
 from graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
+from observability.instrument import tool_span
+from observability.tracing import record_error
 from tools.contract import OutcomeUnknown, ToolContract, ToolEnv, ToolFault
 
 BACKOFF_BASE_S = 0.05
@@ -54,12 +56,29 @@ def check_output(contract: ToolContract, raw: Any) -> dict[str, Any]:
 
 
 def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -> ReadResult:
+    with tool_span(contract, args, call_id=call_id) as span:
+        read = _read(contract, args, env, call_id)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "loopwright.tool.status": read.envelope.status,
+                    "loopwright.tool.attempts": read.attempts,
+                    "loopwright.tool.result_bytes": read.result_bytes,
+                    "loopwright.evidence_ids": [read.evidence.evidence_id] if read.evidence else [],
+                    "loopwright.error.code": str((read.envelope.error or {}).get("code", "")),
+                }
+            )
+        return read
+
+
+def _read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -> ReadResult:
     attempts = 0
     while True:
         attempts += 1
         try:
             result = check_output(contract, contract.run(env, args, None))
         except ToolFault as fault:
+            record_error(fault)
             if fault.transient and attempts < contract.max_attempts:
                 time.sleep(BACKOFF_BASE_S * 2 ** (attempts - 1) * (1 + random.random()))
                 continue
@@ -98,13 +117,25 @@ def dispatch_write(
     A contract that declares a pre-image read has it taken now and journaled with DISPATCHED,
     in the same transaction, so reconciliation can compare before and after. Without a readable
     pre-image the write is not sent at all.
+
+    Each send is a tool span; the journal moves it makes are events on it (a traced journal).
     """
+    with tool_span(contract, action.args, call_id=action.call_id, action=action) as span:
+        settled = _dispatch(contract, action, env, journal, fence)
+        span.set_attribute("loopwright.action.status", settled.status.value)
+        return settled
+
+
+def _dispatch(
+    contract: ToolContract, action: Action, env: ToolEnv, journal: ActionJournal, fence: int
+) -> Action:
     args = contract.args_model.model_validate(action.args)
     detail: dict[str, Any] | None = None
     if contract.pre_image is not None:
         try:
             detail = {"pre_image": contract.pre_image(env, args)}
         except ToolFault as fault:
+            record_error(fault)
             return journal.transition(
                 action.action_id,
                 action.status,
@@ -125,6 +156,7 @@ def dispatch_write(
         raw = contract.run(env, args, action.intent_key)
         outcome = check_output(contract, raw)
     except OutcomeUnknown as exc:
+        record_error(exc)
         return journal.transition(
             action.action_id,
             ActionStatus.DISPATCHED,
@@ -133,6 +165,7 @@ def dispatch_write(
             detail={"reason": str(exc)},
         )
     except ToolFault as fault:
+        record_error(fault)
         if fault.code == "malformed_output":
             # It answered, but not in a way we can trust: the write may have applied.
             return journal.transition(
