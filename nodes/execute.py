@@ -19,11 +19,11 @@ tool stays unavailable after the retry layer stops the run with `tool_unavailabl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import ToolMessage
+from langchain_core.runnables.config import ContextThreadPoolExecutor
 from langgraph.runtime import Runtime
 
 from graph.context import RunContext
@@ -204,7 +204,8 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         return [run_call(call, state, context) for call in lane]
 
     workers = max(1, min(context.budget.max_parallel_tools, len(ready)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool") as pool:
+    # Context-carrying threads: each tool call's span stays a child of this node's span.
+    with ContextThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool") as pool:
         done = {
             d.call.call_id: d for lane in pool.map(run_lane, lanes(ready, context)) for d in lane
         }

@@ -194,4 +194,8 @@ class ToolContract:
         """A one-line human summary of a call, shown to approvers."""
         if self.summarize is not None:
             return self.summarize(args)
-        return f"{self.name}({args.model_dump_json()})"
+        shown = {
+            k: "[redacted]" if k in self.sensitive_fields else v
+            for k, v in args.model_dump(mode="json").items()
+        }
+        return f"{self.name}({shown})"
