@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck ci clean
+.PHONY: demo test serve lint typecheck ci clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
+serve: $(STAMP)
+	$(VENV)/bin/loopwright serve $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

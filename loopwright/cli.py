@@ -7,8 +7,10 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -23,8 +25,10 @@ import typer
 from rich.console import Console
 
 from checkpoints.database import (
+    DatabaseKind,
     DatabaseUnavailable,
     DatabaseUrlError,
+    database_kind,
     loopwright_home,
     resolve_database_url,
 )
@@ -38,6 +42,7 @@ from graph.state import (
     ApprovalRequest,
     Principal,
 )
+from loopwright.run_list import render_runs
 from loopwright.runner import (
     Runner,
     RunOutcome,
@@ -46,9 +51,10 @@ from loopwright.runner import (
     new_run_id,
     open_runner,
 )
-from loopwright.timeline import TimelinePrinter
+from loopwright.timeline import TimelinePrinter, render_run
 from loopwright.worker import work
 from models.factory import make_model
+from server.launch import ServerFailedToStart
 from services.endpoints import ServiceEndpoints
 from services.launcher import ServicesFailedToStart, start_services
 from tools.refunds import ORDER_IN_TEXT, task_scope
@@ -282,14 +288,28 @@ def cancel(run_id: str, db: DbOption = None) -> None:
         report(outcome)
 
 
+# `show` and `runs` read the database only: no business service is started, none is called.
+NO_SERVICES = ServiceEndpoints(orders="", policies="", payments="")
+
+
+@contextmanager
+def records(db: str | None) -> Iterator[Runner]:
+    with open_runner(resolve_database_url(db), NO_SERVICES, model=make_model("scripted")) as runner:
+        yield runner
+
+
 @app.command()
 def show(run_id: str, db: DbOption = None) -> None:
-    """Print a run's timeline from the database: every committed step, then its actions."""
-    with session(db) as runner:
-        printer = TimelinePrinter(console)
-        for node, update in runner.steps(run_id):
-            printer(node, update)
-        report(runner.outcome(run_id))
+    """Print a run's timeline from the database: its steps, each action's full history, its end."""
+    with records(db) as runner:
+        render_run(runner, run_id, console)
+
+
+@app.command()
+def runs(db: DbOption = None) -> None:
+    """List runs: phase, stop reason, age; runs with unconfirmed writes first."""
+    with records(db) as runner:
+        render_runs(runner, console)
 
 
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
@@ -411,9 +431,89 @@ def worker(
 
 
 @app.command()
-def graph() -> None:
-    """Print the loop's graph as Mermaid text."""
-    console.print(compile_graph().get_graph().draw_mermaid(), markup=False)
+def graph(
+    png: Annotated[
+        Path | None,
+        typer.Option("--png", help="Render the graph to this PNG file (needs Graphviz's dot)."),
+    ] = None,
+) -> None:
+    """Print the loop's graph as Mermaid text, or render it to a PNG offline."""
+    drawable = compile_graph().get_graph()
+    if png is None:
+        console.print(drawable.draw_mermaid(), markup=False)
+        return
+    dot = shutil.which("dot")
+    if dot is None:
+        raise UsageError(
+            "--png needs Graphviz's `dot` (Debian: apt-get install graphviz);"
+            " without it, `loopwright graph` prints the graph as Mermaid text"
+        )
+    result = subprocess.run(
+        [dot, "-Tpng", "-o", str(png)],
+        input=graph_dot(drawable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise UsageError(f"dot could not render the graph: {result.stderr.strip()}")
+    console.print(f"wrote {png}", markup=False)
+
+
+def graph_dot(drawable: Any) -> str:
+    """The graph in Graphviz's language: routed (conditional) edges dashed, as in Mermaid."""
+    lines = [
+        "digraph loopwright {",
+        '  graph [rankdir=TB, fontname="Helvetica"];',
+        '  node [shape=box, style="rounded,filled", fillcolor="#eef0fb", fontname="Helvetica"];',
+        '  edge [fontname="Helvetica"];',
+    ]
+    for node_id, node in drawable.nodes.items():
+        label = {"__start__": "START", "__end__": "END"}.get(node_id, node.name)
+        shape = ', shape=oval, fillcolor="#dddddd"' if node_id in ("__start__", "__end__") else ""
+        lines.append(f'  "{node_id}" [label="{label}"{shape}];')
+    for edge in drawable.edges:
+        style = " [style=dashed]" if edge.conditional else ""
+        lines.append(f'  "{edge.source}" -> "{edge.target}"{style};')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 2024,
+    db: DbOption = None,
+) -> None:
+    """Serve runs over HTTP: `langgraph dev`, offline, on Postgres, with the approval inbox."""
+    from server.launch import DEV_TOKENS, server_env, start_server
+
+    url = resolve_database_url(db)
+    if database_kind(url) is not DatabaseKind.POSTGRES:
+        raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
+    extra = {"DATABASE_URL": url}
+    if not (os.environ.get("LOOPWRIGHT_TOKENS") or os.environ.get("LOOPWRIGHT_TOKENS_FILE")):
+        extra["LOOPWRIGHT_TOKENS_FILE"] = str(DEV_TOKENS)
+        errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")
+    with business_services() as endpoints:
+        extra.update(endpoints.to_env())
+        env = server_env(os.environ, extra)
+        with start_server(
+            loopwright_home() / "server", env, host=host, port=port, stdout=sys.stdout.buffer
+        ) as running:
+            console.print(f"API    {running.url}", markup=False)
+            console.print(f"inbox  {running.url}/inbox", markup=False)
+            console.print(
+                f"Studio https://smith.langchain.com/studio/?baseUrl={running.url}", markup=False
+            )
+            # SIGTERM too stops the server and the services this command started.
+            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+            with contextlib.suppress(KeyboardInterrupt):
+                running.process.wait()
+
+
+def _raise_keyboard_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 @app.command()
@@ -425,6 +525,52 @@ def services() -> None:
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(3600)
+
+
+@app.command()
+def experiment(
+    repetitions: Annotated[
+        int, typer.Option("--repetitions", "-n", min=1, help="Seeded repetitions of the matrix.")
+    ] = 3,
+    out: Annotated[
+        Path, typer.Option("--out", help="Where results.json, report.md and the plots go.")
+    ] = Path(".loopwright/experiment"),
+    seed: Annotated[int, typer.Option("--seed", help="Seeds amounts and fault timings.")] = 1,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help="Postgres server to create the experiment's database on (dropped after). Default: $DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/postgres.",
+        ),
+    ] = None,
+    scenario: Annotated[
+        list[str] | None, typer.Option("--scenario", help="Only these scenarios (repeatable).")
+    ] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option("--fault", help="Only these faults, by kind or full name (repeatable)."),
+    ] = None,
+    system: Annotated[
+        list[str] | None, typer.Option("--system", help="Only these systems (repeatable).")
+    ] = None,
+) -> None:
+    """Run the fault-injection experiment: loopwright against two baselines, then report."""
+    from experiments.run import Settings, run_experiment
+
+    settings = Settings(
+        repetitions=repetitions,
+        seed=seed,
+        out=out,
+        database_server=db,
+        scenarios=scenario or (),
+        faults=fault or (),
+        systems=system or (),
+    )
+    if not settings.matrix():
+        raise UsageError("no cell of the matrix matches --scenario, --fault and --system")
+    run_experiment(settings, console=errors)
+    console.print((out / "report.md").read_text().split("\n## By fault")[0], markup=False)
+    console.print(f"wrote {out}/results.json, report.md and the plots", markup=False)
 
 
 def main() -> None:
@@ -440,6 +586,7 @@ def main() -> None:
         DatabaseUrlError,
         DatabaseUnavailable,
         ServicesFailedToStart,
+        ServerFailedToStart,
     ) as exc:
         errors.print(f"loopwright: error: {exc}", markup=False)
         raise SystemExit(2) from None

@@ -361,4 +361,7 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "history": answers,
         "journal": dump_actions(actions),
         "phase": Phase.WAITING_APPROVAL.value if waiting else Phase.WAITING_TOOLS.value,
+        # A cancel requested from outside (lw_runs) stops the run before anything is executed.
+        "cancel_requested": bool(state.get("cancel_requested"))
+        or runtime.context.cancel_requested(),
     }

@@ -1,0 +1,276 @@
+"""Scale-out on Aegra: two instances on one Postgres and one Redis, one writer per run.
+
+Aegra (an Agent Protocol server) runs loopwright's langgraph.json as is. It queues runs in
+Redis for whichever instance's workers are free, re-queues a run whose instance died, and does
+not keep one run per thread. loopwright's run leases and fencing are what keep one writer per
+run there. This module checks:
+
+* 20 runs spread over both instances; one instance killed with SIGKILL in the middle; the other
+  finishes every run, each with exactly one refund;
+* two runs forced onto one thread at the same time: one writer, no lost update, one refund.
+
+Skipped where Aegra is not installed or Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from langgraph_sdk import get_sync_client
+from langgraph_sdk.client import SyncLangGraphClient
+from psycopg import sql
+
+from server.launch import CONFIG, REPO
+from services.admin import create_order, list_refunds, slow_down
+from services.endpoints import ServiceEndpoints
+from services.launcher import start_services
+from tests.conftest import with_database
+from tests.test_server_langgraph import GRAPH, TOKENS, free_port, values_of
+
+REDIS = ("127.0.0.1", 6379)
+RUNS = 20
+
+
+def _redis_reachable() -> bool:
+    try:
+        with socket.create_connection(REDIS, timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        importlib.util.find_spec("aegra_api") is None,
+        reason="aegra-api is not installed (pip install -e '.[dev]')",
+    ),
+    pytest.mark.skipif(not _redis_reachable(), reason=f"no Redis at {REDIS[0]}:{REDIS[1]}"),
+]
+
+
+@dataclass
+class Instance:
+    process: subprocess.Popen[bytes]
+    url: str
+
+    def client(self, token: str = "t-u1") -> SyncLangGraphClient:
+        return get_sync_client(url=self.url, headers={"Authorization": f"Bearer {token}"})
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass
+class Cluster:
+    database_url: str
+    services: ServiceEndpoints
+    env: dict[str, str]
+    workdir: Path
+    instances: list[Instance]
+
+    def start(self, name: str) -> Instance:
+        port = free_port()
+        with (self.workdir / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "uvicorn", "aegra_api.main:app"),
+                    *("--host", "127.0.0.1", "--port", str(port)),
+                ],
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        instance = Instance(process, f"http://127.0.0.1:{port}")
+        self.instances.append(instance)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert process.poll() is None, (self.workdir / f"{name}.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{instance.url}/health", timeout=1).status_code == 200:
+                    return instance
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"Aegra {name} did not start")
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+
+@pytest.fixture
+def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    name = f"lw_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(postgres_server_url, name)
+    prefix = f"lwtest:{uuid.uuid4().hex[:8]}:"
+    try:
+        with start_services(tmp_path / "services") as services:
+            env = {
+                **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+                **services.endpoints.to_env(),
+                "DATABASE_URL": url,
+                "AEGRA_CONFIG": str(CONFIG),
+                "PYTHONPATH": str(REPO),
+                "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+                "LOOPWRIGHT_LEASE_TTL_S": "3",
+                "REDIS_BROKER_ENABLED": "true",
+                "REDIS_URL": f"redis://{REDIS[0]}:{REDIS[1]}/0",
+                "REDIS_CHANNEL_PREFIX": f"{prefix}run:",
+                "WORKER_QUEUE_KEY": f"{prefix}jobs",
+                # Aegra's own worker leases: short, so a dead instance's runs move on quickly.
+                "LEASE_DURATION_SECONDS": "3",
+                "HEARTBEAT_INTERVAL_SECONDS": "1",
+                "REAPER_INTERVAL_SECONDS": "1",
+                # A job the dead instance took from Redis but never started is pending, not
+                # running: Aegra re-queues it after this long (default 120 s).
+                "STUCK_PENDING_THRESHOLD_SECONDS": "3",
+                "WORKER_COUNT": "2",
+                "N_JOBS_PER_WORKER": "6",
+                "LANGSMITH_TRACING": "false",
+            }
+            cluster = Cluster(url, services.endpoints, env, tmp_path, [])
+            try:
+                yield cluster
+            finally:
+                for instance in cluster.instances:
+                    instance.stop()
+                _forget_redis_keys(prefix)
+    finally:
+        with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(sql.Identifier(name)))
+
+
+def _forget_redis_keys(prefix: str) -> None:
+    """Aegra's queue, channels and done-markers of this test, so nothing piles up in Redis."""
+    import redis  # installed with aegra-api
+
+    client = redis.Redis(host=REDIS[0], port=REDIS[1])
+    try:
+        keys = list(client.scan_iter(f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def refund_task(order_id: str) -> str:
+    return f"Check whether order {order_id} can be refunded and refund it if so."
+
+
+def writers_by_thread(cluster: Cluster) -> dict[str, set[str]]:
+    """Which processes wrote each thread's checkpoints (the served graph stamps lw_writer)."""
+    rows = cluster.sql(
+        "SELECT DISTINCT thread_id, metadata->>'lw_writer' FROM checkpoints"
+        " WHERE metadata ? 'lw_writer'"
+    )
+    found: dict[str, set[str]] = {}
+    for thread_id, writer in rows:
+        found.setdefault(thread_id, set()).add(writer)
+    return found
+
+
+def pid_of(writer: str) -> int:
+    return int(writer.split(":")[1])
+
+
+def test_a_killed_instance_s_runs_are_finished_by_the_other(cluster: Cluster) -> None:
+    first = cluster.start("aegra-1")
+    second = cluster.start("aegra-2")
+    orders = [f"O-{5000 + i}" for i in range(RUNS)]
+    for order_id in orders:
+        create_order(cluster.services, order_id, "u-1", "20.00")  # under the approval threshold
+    slow_down(cluster.services.orders, 0.3)  # every order read takes 0.3 s: runs take seconds
+    threads = []
+    for i, order_id in enumerate(orders):
+        client = (first if i % 2 == 0 else second).client()
+        thread = client.threads.create()
+        client.runs.create(thread["thread_id"], GRAPH, input={"task": refund_task(order_id)})
+        threads.append(thread["thread_id"])
+
+    deadline = time.monotonic() + 30
+    while not cluster.sql("SELECT 1 FROM lw_runs WHERE owner LIKE %s", f"%:{first.process.pid}:%"):
+        assert time.monotonic() < deadline, "instance 1 never advanced a run"
+        time.sleep(0.05)
+    os.kill(first.process.pid, signal.SIGKILL)
+    first.process.wait()
+
+    deadline = time.monotonic() + 120
+    while (
+        cluster.sql(
+            "SELECT 1 FROM lw_runs WHERE run_id = ANY(%s) AND phase <> 'COMPLETED'", threads
+        )
+        or len(cluster.sql("SELECT 1 FROM lw_runs WHERE run_id = ANY(%s)", threads)) < RUNS
+    ):
+        assert time.monotonic() < deadline, cluster.sql(
+            "SELECT t, r.phase, r.owner FROM unnest(%s::text[]) t"
+            " LEFT JOIN lw_runs r ON r.run_id = t WHERE r.phase IS DISTINCT FROM 'COMPLETED'",
+            threads,
+        )
+        time.sleep(0.25)
+
+    for order_id in orders:
+        assert len(list_refunds(cluster.services, order_id)) == 1, order_id
+    writers = writers_by_thread(cluster)
+    pids = {thread: {pid_of(w) for w in found} for thread, found in writers.items()}
+    assert any(first.process.pid in p for p in pids.values()), "instance 1 ran nothing"
+    assert any(second.process.pid in p for p in pids.values()), "instance 2 ran nothing"
+    taken_over = [t for t, p in pids.items() if p == {first.process.pid, second.process.pid}]
+    assert taken_over, "no run was finished by the other instance"
+    states = [values_of(second.client(), t) for t in threads]
+    assert all(s["stop_reason"] == "completed" and s["verification"]["verified"] for s in states)
+    for thread_id in taken_over:  # every takeover bumped the fence
+        ((fence,),) = cluster.sql("SELECT fence FROM lw_runs WHERE run_id = %s", thread_id)
+        assert fence >= 2
+
+
+def test_two_runs_forced_onto_one_thread_at_once_have_one_writer(cluster: Cluster) -> None:
+    instance = cluster.start("aegra")
+    create_order(cluster.services, "O-6000", "u-1", "20.00")
+    slow_down(cluster.services.orders, 0.5)
+    client = instance.client()
+    thread_id = client.threads.create()["thread_id"]
+    task = {"task": refund_task("O-6000")}
+    runs = [client.runs.create(thread_id, GRAPH, input=task) for _ in range(2)]
+    for run in runs:
+        client.runs.join(thread_id, run["run_id"])
+    statuses = sorted(client.runs.get(thread_id, run["run_id"])["status"] for run in runs)
+
+    state = values_of(client, thread_id)
+    assert state["stop_reason"] == "completed" and state["verification"]["verified"]
+    assert len(writers_by_thread(cluster)[thread_id]) == 1  # one writer advanced the run
+    submits = [
+        call
+        for message in state["history"]
+        for call in message.get("tool_calls") or []
+        if call["name"] == "submit_refund"
+    ]
+    assert len(submits) == 1 and len(state["journal"]) == 1
+    assert len(list_refunds(cluster.services, "O-6000")) == 1
+    assert "success" in statuses, statuses

@@ -1,0 +1,113 @@
+"""The approval inbox in a real browser: Debian's headless Chromium, driven by Playwright.
+
+An approver opens /inbox, enters their token, sees the pending refund (summary, amount, digest,
+expiry), clicks Approve, and the run completes through the server. Skipped where the machine
+has no Chromium (`.ci/run` installs it) or Playwright is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph_sdk import get_sync_client
+from psycopg import sql
+
+from server.launch import server_env, start_server
+from services.admin import list_refunds
+from services.launcher import start_services
+from tests.conftest import with_database
+from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, free_port, values_of
+
+CHROMIUM = os.environ.get("LOOPWRIGHT_CHROMIUM", "/usr/bin/chromium")
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None,
+        reason=f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; .ci/run does)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def inbox_server(
+    postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Any]]:
+    name = f"lw_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    workdir = tmp_path_factory.mktemp("inbox")
+    try:
+        with start_services(workdir / "services") as services:
+            env = server_env(
+                {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+                {
+                    "DATABASE_URL": with_database(postgres_server_url, name),
+                    "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+                    **services.endpoints.to_env(),
+                },
+            )
+            with start_server(workdir, env, port=free_port()) as server:
+                yield server.url, services.endpoints
+    finally:
+        with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(sql.Identifier(name)))
+
+
+def test_an_approver_approves_in_the_inbox_and_the_run_completes(
+    inbox_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    url, services = inbox_server
+    ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
+    thread = ada.threads.create()
+    ada.runs.wait(thread["thread_id"], GRAPH, input={"task": TASK_O42})
+    request = ada.threads.get_state(thread["thread_id"])["interrupts"][0]["value"]
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}/inbox")
+            page.get_by_label("Approver token").fill("t-a1")
+            page.get_by_role("button", name="Show approvals").click()
+            row = page.locator(f'tr[data-approval="{request["approval_id"]}"]')
+            sync_api.expect(row).to_contain_text("Refund 100.00 USD to order O-42")
+            sync_api.expect(row).to_contain_text("100.00 USD")
+            sync_api.expect(row).to_contain_text(request["digest"][:16])
+            sync_api.expect(row).to_contain_text(request["expires_at"][:16])
+            page.screenshot(path=str(tmp_path / "inbox.png"))
+            row.get_by_role("button", name=f"Approve {request['approval_id']}").click()
+            sync_api.expect(page.get_by_role("status")).to_contain_text(
+                f"Approved {request['approval_id']}"
+            )
+            sync_api.expect(row).to_have_count(0)
+        finally:
+            browser.close()
+
+    deadline = time.monotonic() + 30
+    while (values := values_of(ada, thread["thread_id"])).get(
+        "stop_reason"
+    ) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert values["stop_reason"] == "completed" and values["verification"]["verified"]
+    assert [a["approver"] for a in values["approvals"]] == ["a-1"]
+    assert len(list_refunds(services, "O-42")) == 1

@@ -1,0 +1,43 @@
+"""`loopwright runs`: runs whose writes nobody has confirmed come first, whatever their age."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+from rich.console import Console
+
+from loopwright.run_list import age, render_runs
+from tests.card_payments import LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
+from tests.runtime_fixtures import principal
+
+
+def test_runs_lists_unconfirmed_writes_first_then_newest_first(database_url: str) -> None:
+    with card_runner(database_url, LOST_PAYMENT) as runner:
+        escalated = runner.start(TASK, principal(task=TASK), run_id="run-lost")
+    with card_runner(database_url, PAY_WITH_CARD) as runner:
+        runner.start(TASK, principal(task=TASK), run_id="run-paid-1")
+        runner.start(TASK, principal(task=TASK), run_id="run-paid-2")
+        output = io.StringIO()
+        render_runs(runner, Console(file=output, width=200, soft_wrap=True))
+    [lost] = escalated.actions
+    assert (escalated.stop_reason, lost.status) == ("needs_human", "ESCALATED")
+    header, *lines = output.getvalue().splitlines()
+    assert header.split()[:4] == ["RUN", "PHASE", "STOP", "AGE"]
+    assert [line.split()[:3] for line in lines] == [
+        ["run-lost", "INCOMPLETE", "needs_human"],  # the oldest, but a person must look
+        ["run-paid-2", "COMPLETED", "completed"],
+        ["run-paid-1", "COMPLETED", "completed"],
+    ]
+    assert lines[0].endswith(f"{lost.action_id} ESCALATED")
+    assert lines[1].endswith(" -")
+
+
+def test_age_is_shown_in_its_largest_whole_unit() -> None:
+    assert [age(timedelta(seconds=s)) for s in (-1, 59, 60, 7_199, 86_400 * 3)] == [
+        "0s",
+        "59s",
+        "1m",
+        "1h",
+        "3d",
+    ]

@@ -1,0 +1,170 @@
+"""What a client may send to a served run (`server.inputs`) and who it is (`server.auth`).
+
+Pure functions, no server: the served graph's own line of defence, which holds whatever the
+server's auth hooks do (Aegra calls them with other shapes, `langgraph dev` may run without).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from langgraph.types import Command, Interrupt, StateSnapshot
+
+from graph.state import Principal, initial_state
+from server.auth import authorization_of, carries_decision, token_table
+from server.graph import is_user_cancel
+from server.inputs import (
+    Continue,
+    NewRun,
+    Resume,
+    RunRefused,
+    parse_request,
+    payload_for,
+    principal_of_user,
+)
+
+TASK = "Check whether order O-42 can be refunded and refund it if so."
+ADA = Principal(user_id="u-1", roles=("customer",))
+ANN = Principal(user_id="a-1", roles=("approver",))
+AL = Principal(user_id="a-2", roles=("customer", "approver"))
+
+
+def snapshot(
+    values: dict[str, Any] | None = None, interrupts: tuple[Interrupt, ...] = ()
+) -> StateSnapshot:
+    return StateSnapshot(values or {}, (), {}, None, None, None, (), interrupts)
+
+
+def running(run_id: str = "t-1", user: Principal = ADA) -> dict[str, Any]:
+    return dict(initial_state(run_id, TASK, user))
+
+
+def decision(approver: str = "someone") -> dict[str, Any]:
+    return {"approval_id": "apr_1", "digest": "0" * 64, "decision": "approve", "approver": approver}
+
+
+def test_a_new_run_takes_its_principal_from_the_server_never_from_the_input() -> None:
+    forged = {"user_id": "u-2", "roles": ["approver"], "scope": []}
+    request = parse_request({"task": TASK, "principal": forged, "journal": {"x": {}}}, ADA)
+    assert request == NewRun(task=TASK)
+    state = payload_for(request, snapshot(), "t-1", ADA)
+    assert isinstance(state, dict)
+    assert state["principal"]["user_id"] == "u-1"
+    assert state["principal"]["scope"] == ["order:O-42"]
+    assert "journal" not in state and state["run_id"] == "t-1"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"principal": {"user_id": "u-1"}},  # no task
+        {"task": "   "},
+        {"task": "x" * 2001},
+        "refund everything",
+        Command(update={"approvals": [{"approval_id": "apr_1"}]}),
+        Command(goto="execute"),
+    ],
+)
+def test_what_no_client_may_send(raw: Any) -> None:
+    with pytest.raises(RunRefused):
+        parse_request(raw, ADA)
+
+
+def test_a_new_run_needs_an_authenticated_principal() -> None:
+    with pytest.raises(RunRefused):
+        parse_request({"task": TASK}, None)
+    assert parse_request(None, None) == Continue()
+
+
+def test_a_decision_is_signed_by_the_authenticated_approver() -> None:
+    request = parse_request(Command(resume={"int-1": decision(approver="u-1")}), ANN)
+    assert isinstance(request, Resume)
+    assert request.command.resume == {"int-1": {**decision(), "approver": "a-1"}}
+    single = parse_request(Command(resume=decision(approver="u-1")), ANN)
+    assert isinstance(single, Resume) and single.command.resume["approver"] == "a-1"
+
+
+def test_only_approvers_decide() -> None:
+    with pytest.raises(RunRefused):
+        parse_request(Command(resume={"int-1": decision()}), ADA)
+    with pytest.raises(RunRefused):
+        parse_request(Command(resume=decision()), None)
+    # Other resume values (a parked reconciliation's) are not decisions.
+    assert isinstance(parse_request(Command(resume={"kind": "retry"}), ADA), Resume)
+
+
+def test_an_approver_never_decides_their_own_run() -> None:
+    waiting = snapshot(running(user=AL), (Interrupt(value={"kind": "approval"}, id="int-1"),))
+    request = parse_request(Command(resume={"int-1": decision()}), AL)
+    with pytest.raises(RunRefused):
+        payload_for(request, waiting, "t-1", AL)
+    allowed = payload_for(
+        parse_request(Command(resume={"int-1": decision()}), ANN), waiting, "t-1", ANN
+    )
+    assert isinstance(allowed, Command) and allowed.resume["int-1"]["approver"] == "a-1"
+
+
+def test_a_repeated_start_continues_and_a_different_one_is_refused() -> None:
+    started = snapshot(running())
+    assert payload_for(NewRun(task=TASK), started, "t-1", ADA) is None
+    with pytest.raises(RunRefused):
+        payload_for(NewRun(task="Refund order O-43."), started, "t-1", ADA)
+    with pytest.raises(RunRefused):
+        payload_for(NewRun(task=TASK), started, "t-1", Principal(user_id="u-2"))
+
+
+def test_a_stale_answer_continues_the_run_instead_of_answering_a_later_question() -> None:
+    waiting = snapshot(running(), (Interrupt(value={"kind": "approval"}, id="int-2"),))
+    request = parse_request(Command(resume={"int-1": decision()}), ANN)
+    assert payload_for(request, waiting, "t-1", ANN) is None
+    single = parse_request(Command(resume=decision()), ANN)
+    assert payload_for(single, snapshot(running()), "t-1", ANN) is None
+
+
+def test_a_copied_thread_is_read_only_and_an_empty_one_has_nothing_to_continue() -> None:
+    for request in (Continue(), NewRun(task=TASK)):
+        with pytest.raises(RunRefused):
+            payload_for(request, snapshot(running(run_id="t-1")), "t-2", ADA)
+    with pytest.raises(RunRefused):
+        payload_for(Continue(), snapshot(), "t-1", ADA)
+
+
+class AegraUser:
+    """Aegra's user: attributes, no `get`."""
+
+    identity = "a-1"
+    roles = ("approver",)
+
+
+def test_principal_of_either_servers_user_object() -> None:
+    assert principal_of_user({"identity": "u-1", "roles": ["customer"]}) == ADA
+    assert principal_of_user(AegraUser()) == ANN
+    assert principal_of_user(None) is None
+    assert principal_of_user({"roles": ["approver"]}) is None
+
+
+def test_token_table_and_authorization_header() -> None:
+    environ = {"LOOPWRIGHT_TOKENS": '{"t": {"user_id": "a-2", "roles": ["customer", "approver"]}}'}
+    (user,) = token_table(environ).values()
+    assert user.user_id == "a-2" and user.is_approver and user.is_customer
+    assert token_table({}) == {}
+    assert authorization_of({b"authorization": b"Bearer t"}) == "Bearer t"
+    assert authorization_of({"Authorization": "Bearer t"}) == "Bearer t"
+    assert authorization_of({"x-other": "1"}) is None
+
+
+def test_carries_decision() -> None:
+    assert carries_decision(decision()) and carries_decision({"int-1": decision()})
+    assert not carries_decision({"kind": "retry"}) and not carries_decision(None)
+
+
+class UserInterrupt(Exception):
+    """Stands in for langgraph_api's reason for a user's cancel (matched by name)."""
+
+
+def test_only_a_users_cancel_cancels_a_served_run() -> None:
+    assert is_user_cancel(asyncio.CancelledError(UserInterrupt()), None)
+    assert not is_user_cancel(asyncio.CancelledError(), None)  # e.g. a server shutting down
+    assert not is_user_cancel(GeneratorExit(), "run-1")

@@ -1,0 +1,283 @@
+"""loopwright under `langgraph dev`, driven through langgraph-sdk as a client would.
+
+One server per module (started as a subprocess on a free port, on a fresh Postgres database and
+fresh reference services): runs with approvals, a cancel in the middle of a refund, a busy thread,
+and who may do what (the auth hooks, the inbox's JSON routes, the served graph's own checks).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from langgraph_sdk import get_sync_client
+from langgraph_sdk.client import SyncLangGraphClient
+from psycopg import sql
+
+from server.launch import server_env, start_server
+from services.admin import create_order, list_refunds, set_fault
+from services.endpoints import ServiceEndpoints
+from services.launcher import start_services
+from tests.conftest import with_database
+
+pytestmark = pytest.mark.postgres
+
+GRAPH = "loopwright"
+TASK_O42 = "Check whether order O-42 can be refunded and refund it if so."
+TOKENS = {
+    "t-u1": {"user_id": "u-1", "roles": ["customer"]},
+    "t-u2": {"user_id": "u-2", "roles": ["customer"]},
+    "t-a1": {"user_id": "a-1", "roles": ["approver"]},
+    "t-a2": {"user_id": "a-2", "roles": ["customer", "approver"]},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    url: str
+    database_url: str
+    services: ServiceEndpoints
+
+    def client(self, token: str | None) -> SyncLangGraphClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return get_sync_client(url=self.url, headers=headers)
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+
+@pytest.fixture(scope="module")
+def served(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    name = f"lw_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(postgres_server_url, name)
+    workdir = tmp_path_factory.mktemp("langgraph-dev")
+    try:
+        with start_services(workdir / "services") as services:
+            env = server_env(
+                {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+                {
+                    "DATABASE_URL": url,
+                    "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+                    "LOOPWRIGHT_LEASE_TTL_S": "5",
+                    **services.endpoints.to_env(),
+                },
+            )
+            with start_server(workdir, env, port=free_port()) as server:
+                yield Served(server.url, url, services.endpoints)
+    finally:
+        with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(sql.Identifier(name)))
+
+
+def start_run(client: SyncLangGraphClient, task: str, **extra_input: Any) -> tuple[str, Any]:
+    """A new thread with a run of `task`, advanced to where it stops; (thread id, its state)."""
+    thread = client.threads.create()
+    client.runs.wait(thread["thread_id"], GRAPH, input={"task": task, **extra_input})
+    return thread["thread_id"], client.threads.get_state(thread["thread_id"])
+
+
+def values_of(client: SyncLangGraphClient, thread_id: str) -> dict[str, Any]:
+    values = client.threads.get_state(thread_id)["values"]
+    assert isinstance(values, dict)
+    return values
+
+
+def decision_for(interrupt: dict[str, Any], decision: str, approver: str) -> dict[str, Any]:
+    value = interrupt["value"]
+    return {
+        interrupt["id"]: {
+            "approval_id": value["approval_id"],
+            "digest": value["digest"],
+            "decision": decision,
+            "approver": approver,
+        }
+    }
+
+
+def wait_for_end(client: SyncLangGraphClient, thread_id: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = client.threads.get_state(thread_id)
+        values = state["values"]
+        if (isinstance(values, dict) and values.get("stop_reason")) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.1)
+
+
+def test_refund_with_an_approval_through_the_sdk(served: Served) -> None:
+    """The refund scenario end to end: interrupt payload, resume by interrupt id, verified end.
+
+    The client's own `principal` in the input and `approver` in the decision are ignored: the
+    run acts for the authenticated customer, and the decision is signed by the authenticated
+    approver.
+    """
+
+    ada, ann = served.client("t-u1"), served.client("t-a1")
+    forged = {"user_id": "u-2", "roles": ["customer", "approver"], "scope": []}
+    thread_id, waiting = start_run(ada, TASK_O42, principal=forged)
+    interrupt = waiting["interrupts"][0]
+    final = ann.runs.wait(
+        thread_id, GRAPH, command={"resume": decision_for(interrupt, "approve", approver="u-2")}
+    )
+    assert isinstance(final, dict)
+    assert waiting["next"] == ["approval"]
+    request = waiting["interrupts"][0]["value"]
+    assert request["kind"] == "approval" and request["tool"] == "submit_refund"
+    assert request["args"]["amount"] == "100.00" and request["requested_by"] == "u-1"
+    assert len(request["digest"]) == 64
+    assert waiting["values"]["principal"]["user_id"] == "u-1"
+    assert waiting["values"]["principal"]["scope"] == ["order:O-42"]
+    assert final["phase"] == "COMPLETED" and final["stop_reason"] == "completed"
+    assert final["verification"]["verified"] is True
+    assert [a["approver"] for a in final["approvals"]] == ["a-1"]
+    refunds = list_refunds(served.services, "O-42")
+    assert [(r["amount"], r["status"]) for r in refunds] == [("100.00", "succeeded")]
+    (phase, owner), *_ = served.sql(
+        "SELECT phase, owner FROM lw_runs WHERE run_id = %s", final["run_id"]
+    )
+    assert (phase, owner) == ("COMPLETED", None)
+
+
+def test_cancel_in_the_middle_of_a_refund_and_a_busy_thread(served: Served) -> None:
+    """LangGraph's own cancel of a running run: the refund in flight is settled, then the run
+    stops with `cancelled`. A second run on the busy thread is refused with 409."""
+
+    ada, ann = served.client("t-u1"), served.client("t-a1")
+    task = "Check whether order O-46 can be refunded and refund it if so."
+    thread_id, waiting = start_run(ada, task)
+    set_fault(served.services, "latency", delay_s=3)  # the refund takes 3 s to answer
+    approve = decision_for(waiting["interrupts"][0], "approve", "a-1")
+    resumed = ann.runs.create(thread_id, GRAPH, command={"resume": approve})
+    deadline = time.monotonic() + 20
+    while not served.sql(
+        "SELECT 1 FROM lw_actions WHERE run_id = %s AND status = 'DISPATCHED'", thread_id
+    ):
+        assert time.monotonic() < deadline, "the refund was never dispatched"
+        time.sleep(0.05)
+    with pytest.raises(httpx.HTTPStatusError) as busy:
+        ada.runs.create(thread_id, GRAPH, input={"task": task}, multitask_strategy="reject")
+    ada.runs.cancel(thread_id, resumed["run_id"])
+    state = wait_for_end(ada, thread_id)
+    assert busy.value.response.status_code == 409
+    assert state["values"]["stop_reason"] == "cancelled"
+    assert state["values"]["phase"] == "INCOMPLETE" and state["next"] == []
+    actions = served.sql(
+        "SELECT status FROM lw_actions WHERE run_id = %s", state["values"]["run_id"]
+    )
+    assert actions == [("SUCCEEDED",)]  # the write in flight was settled, not left UNKNOWN
+    assert len(list_refunds(served.services, "O-46")) == 1
+    assert served.sql(
+        "SELECT 1 FROM lw_runs WHERE run_id = %s AND cancel_requested_at IS NOT NULL",
+        state["values"]["run_id"],
+    )
+    assert ada.runs.get(thread_id, resumed["run_id"])["status"] == "interrupted"
+
+
+@pytest.fixture(scope="module")
+def waiting_run(served: Served) -> tuple[str, Any]:
+    """A run of u-1 waiting for approval (of 80.00), for the who-may-do-what tests."""
+    create_order(served.services, "O-800", "u-1", "80.00")
+    task = "Check whether order O-800 can be refunded and refund it if so."
+    return start_run(served.client("t-u1"), task)
+
+
+def status_of(call: Callable[[], Any]) -> int:
+    """The HTTP status a client call ends with (200 for any success)."""
+    try:
+        call()
+    except httpx.HTTPStatusError as exc:
+        return exc.response.status_code
+    return 200
+
+
+def test_requests_without_a_known_token_get_401(served: Served) -> None:
+    assert status_of(served.client(None).threads.search) == 401
+    assert status_of(served.client("not-a-token").threads.create) == 401
+    assert httpx.get(f"{served.url}/inbox/api/approvals").status_code == 401
+
+
+def test_a_customer_cannot_read_another_customers_thread(
+    served: Served, waiting_run: tuple[str, Any]
+) -> None:
+    thread_id, _ = waiting_run
+    bo = served.client("t-u2")
+    assert status_of(lambda: bo.threads.get(thread_id)) == 403
+    assert status_of(lambda: bo.threads.get_state(thread_id)) == 403
+    assert status_of(lambda: served.client("t-u1").threads.get(thread_id)) == 200
+    assert thread_id not in {t["thread_id"] for t in bo.threads.search()}
+
+
+def test_a_customer_starts_runs_about_their_own_orders_only(served: Served) -> None:
+    assert status_of(lambda: start_run(served.client("t-u2"), TASK_O42)) == 403
+    assert status_of(lambda: start_run(served.client("t-a1"), TASK_O42)) == 403  # they decide
+
+
+def test_only_approvers_see_the_inbox(served: Served, waiting_run: tuple[str, Any]) -> None:
+    thread_id, waiting = waiting_run
+    as_customer = httpx.get(
+        f"{served.url}/inbox/api/approvals", headers={"Authorization": "Bearer t-u1"}
+    )
+    assert as_customer.status_code == 403
+    listed = httpx.get(
+        f"{served.url}/inbox/api/approvals", headers={"Authorization": "Bearer t-a1"}
+    )
+    assert listed.status_code == 200
+    (item,) = [a for a in listed.json()["approvals"] if a["thread_id"] == thread_id]
+    request = waiting["interrupts"][0]["value"]
+    assert item["summary"] == request["summary"] and item["digest"] == request["digest"]
+    assert (item["amount"], item["currency"]) == ("80.00", "USD")
+    assert item["expires_at"] and item["expired"] is False
+    assert item["interrupt_id"] == waiting["interrupts"][0]["id"]
+
+
+def test_an_approver_cannot_approve_their_own_run(served: Served) -> None:
+    """a-2 is a customer and an approver: their own run's approval is refused everywhere."""
+    create_order(served.services, "O-900", "a-2", "80.00")
+    al = served.client("t-a2")
+    task = "Check whether order O-900 can be refunded and refund it if so."
+    thread_id, waiting = start_run(al, task)
+    interrupt = waiting["interrupts"][0]
+    own = decision_for(interrupt, "approve", "a-2")
+    assert status_of(lambda: al.runs.wait(thread_id, GRAPH, command={"resume": own})) == 403
+    headers = {"Authorization": "Bearer t-a2"}
+    inbox = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()["approvals"]
+    assert thread_id not in {a["thread_id"] for a in inbox}
+    decided = httpx.post(
+        f"{served.url}/inbox/api/decisions",
+        headers=headers,
+        json={"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": "approve"},
+    )
+    assert decided.status_code == 403
+    state = al.threads.get_state(thread_id)
+    assert state["next"] == ["approval"] and list_refunds(served.services, "O-900") == []
+
+
+def test_nobody_writes_a_threads_state_through_the_api(
+    served: Served, waiting_run: tuple[str, Any]
+) -> None:
+    thread_id, _ = waiting_run
+    forged = {"approvals": [{"approval_id": "x", "decision": "approve"}]}
+    for token in ("t-u1", "t-a1"):
+        update = functools.partial(served.client(token).threads.update_state, thread_id, forged)
+        assert status_of(update) == 403

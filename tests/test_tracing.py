@@ -1,0 +1,285 @@
+"""Traces that reconstruct a run, and the run's timeline read back from the database.
+
+Every process of a run appends its spans to one JSON-lines file; a script rebuilds from them
+what was decided, what was sent, what the business system did, and how the run ended.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rich.console import Console
+
+from graph.crashpoints import ENV_VAR as CRASH_ENV
+from graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.runner import Runner
+from loopwright.timeline import TimelinePrinter, render_run
+from observability.instrument import TracedJournal
+from observability.jsonl import JsonLinesExporter, read_spans
+from observability.redaction import REDACTED, redacted_digest
+from observability.tracing import (
+    TraceSettings,
+    configure_tracing,
+    flush_traces,
+    run_trace_id,
+    span,
+)
+from services.admin import list_refunds, set_fault
+from services.endpoints import ServiceEndpoints
+from tests.card_payments import CARD, PAY_WITH_CARD, TASK, card_runner
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal
+
+RUN_ID = "run-traced"
+
+
+@pytest.fixture
+def trace_to(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Trace this process into a file of the test's own, then back to the environment's."""
+
+    def configure(**settings: Any) -> Path:
+        path = tmp_path / "traces.jsonl"
+        configure_tracing(TraceSettings(file=path, **settings))
+        return path
+
+    yield configure
+    configure_tracing(TraceSettings.from_env())
+
+
+def timeline(runner: Runner, run_id: str) -> str:
+    output = io.StringIO()
+    render_run(runner, run_id, Console(file=output, width=200, soft_wrap=True))
+    return output.getvalue()
+
+
+def action_histories(shown: str) -> dict[str, list[str]]:
+    """The actions section of a timeline: each action id, and its status history lines."""
+    section = shown.split("\nactions\n", 1)[1].split("\nwhere it stands\n", 1)[0]
+    histories: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("act_"):
+            histories[line.split()[0]] = []
+        elif "fence" in line:
+            histories[list(histories)[-1]].append(line.split(maxsplit=1)[1])
+    return histories
+
+
+def story(spans: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """What a script makes of a run's spans: its business steps in time order, each with the
+    action id, intent key and process it came from."""
+    steps = []
+    for item in spans:
+        if item["trace_id"] != f"{run_trace_id(run_id):032x}":
+            continue
+        pid = item["resource"]["process.pid"]
+        for event in item["events"]:
+            attributes = event["attributes"]
+            step = {"at": event["time"], "pid": pid, "span": item["name"]}
+            if event["name"] == "decision":
+                step |= {"what": "decision", "tool": attributes["gen_ai.tool.name"]}
+                step |= {"call_id": attributes["gen_ai.tool.call.id"]}
+            elif event["name"].startswith("journal."):
+                step |= {
+                    "what": attributes["loopwright.to"],
+                    "action_id": attributes["loopwright.action_id"],
+                    "intent_key": attributes["loopwright.intent_key"],
+                    "call_id": attributes["gen_ai.tool.call.id"],
+                }
+            else:
+                continue
+            steps.append(step)
+        if item["name"] == "node verify" and item["attributes"].get("loopwright.verified"):
+            verified = item["attributes"]["loopwright.verified_action_ids"]
+            steps.append({"at": item["end"], "pid": pid, "what": "verified", "actions": verified})
+    return sorted(steps, key=lambda step: step["at"])
+
+
+def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_history(
+    database_url: str,
+    services: ServiceEndpoints,
+    tmp_path: Path,
+    open_test_runner: RunnerFactory,
+) -> None:
+    trace = tmp_path / "traces.jsonl"
+    env = {
+        **services.to_env(),
+        "LOOPWRIGHT_HOME": str(tmp_path / "home"),
+        "LOOPWRIGHT_TRACE_FILE": str(trace),
+    }
+    db = ["--db", database_url]
+    # 1: the model decides; the refund waits for approval; the process exits normally.
+    cli("run", DEMO_TASK, "--user", "u-1", "--run-id", RUN_ID, *db, env=env, check=True)
+    with open_test_runner() as runner:
+        approval_id = runner.outcome(RUN_ID).waiting_for_approval[0]["approval_id"]
+    # 2: approved, then killed as execute starts: its unflushed spans die with it.
+    crashed = cli(
+        "approvals", "approve", approval_id, "--as", "a-1", *db,
+        env={**env, CRASH_ENV: "node:execute:start"},
+    )  # fmt: skip
+    assert crashed.returncode == CRASH_EXIT, crashed.stdout + crashed.stderr
+    with open_test_runner() as runner:
+        interrupted = timeline(runner, RUN_ID)
+    assert "WAITING_TOOLS: not finished" in interrupted
+    [history] = action_histories(interrupted).values()
+    assert history[-1].startswith("NEEDS_APPROVAL -> APPROVED")
+    # 3: resumed while payments applies the refund and answers too late: UNKNOWN, reconciled.
+    set_fault(services, "accept_then_timeout", delay_s=6)
+    resumed = cli("resume", RUN_ID, *db, env=env, check=True)
+    assert "COMPLETED" in resumed.stdout, resumed.stdout
+
+    steps = story(list(read_spans(trace)), RUN_ID)
+    [decision] = [s for s in steps if s.get("tool") == "submit_refund"]
+    planned = next(s for s in steps if s.get("call_id") == decision["call_id"] and "action_id" in s)
+    action_id, intent_key = planned["action_id"], planned["intent_key"]
+    business = [s["what"] for s in steps if s.get("action_id") == action_id or "actions" in s]
+    # The approval in the killed process (APPROVED) is not in the trace; the journal has it.
+    assert business == [
+        "NEEDS_APPROVAL",
+        "DISPATCHED",
+        "UNKNOWN",
+        "RECONCILING",
+        "SUCCEEDED",
+        "verified",
+    ]
+    by_what = {s["what"]: s for s in steps if s.get("action_id") == action_id}
+    assert {s["intent_key"] for s in by_what.values()} == {intent_key}
+    assert by_what["DISPATCHED"]["span"] == "execute_tool submit_refund"
+    assert by_what["SUCCEEDED"]["span"] == "node reconcile"
+    assert steps[-1]["actions"] == [action_id]
+    # Decided in one process, sent and reconciled in another: one trace, one action.
+    assert decision["pid"] == planned["pid"] != by_what["DISPATCHED"]["pid"]
+    assert steps.index(decision) < steps.index(by_what["DISPATCHED"])
+    [refund] = list_refunds(services, "O-42")
+    assert refund["idempotency_key"] == intent_key
+
+    shown = cli("show", RUN_ID, *db, env=env, check=True).stdout
+    histories = action_histories(shown)
+    assert list(histories) == [action_id]
+    moves = [line.split("  fence")[0].strip() for line in histories[action_id]]
+    assert moves == [
+        "new -> NEEDS_APPROVAL",
+        "NEEDS_APPROVAL -> APPROVED",
+        "APPROVED -> DISPATCHED",
+        "DISPATCHED -> UNKNOWN",
+        "UNKNOWN -> RECONCILING",
+        "RECONCILING -> SUCCEEDED",
+    ]
+    fences = [int(line.split("fence ")[1].split()[0]) for line in histories[action_id]]
+    assert fences[1] < fences[2]  # approved by the killed process, sent by the resuming one
+    assert "approved by a-1" in shown and "COMPLETED: completed" in shown
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["digest-only", "raw-capture"])
+def test_a_card_number_never_reaches_the_trace_or_the_timeline(
+    raw: bool, database_url: str, trace_to: Callable[..., Path]
+) -> None:
+    trace = trace_to(raw_args=raw)
+    live = io.StringIO()
+    with card_runner(database_url, PAY_WITH_CARD) as runner:
+        printer = TimelinePrinter(Console(file=live, soft_wrap=True), runner.tools)
+        outcome = runner.start(TASK, principal(task=TASK), on_step=printer)
+        shown = timeline(runner, outcome.run_id)
+    flush_traces()
+    [action] = outcome.actions
+    assert outcome.stop_reason == "completed"
+    assert action.args["card_number"] == CARD  # the journal keeps what was sent
+
+    for text in (trace.read_text(), live.getvalue(), shown):
+        assert CARD not in text
+    assert f"card_number={REDACTED}" in shown
+    assert f"task: Pay 10.00 for order O-42 with card {REDACTED}." in shown
+    assert f"answers: Charged card {REDACTED} for order O-42." in live.getvalue()
+    [tool] = [s for s in read_spans(trace) if s["name"] == "execute_tool pay_with_card"]
+    attributes = tool["attributes"]
+    # The digest in the trace is taken over the redacted arguments: it cannot be reversed.
+    traced_digest = attributes["loopwright.tool.args_digest"]
+    assert traced_digest == redacted_digest(action.args, {"card_number"}) != action.args_digest
+    if raw:
+        recorded = json.loads(attributes["loopwright.tool.args"])
+        assert recorded == {**action.args, "card_number": REDACTED}
+    else:
+        assert '"loopwright.tool.args":' not in trace.read_text()
+
+
+def test_a_disabled_tracer_writes_nothing_and_leaves_the_journal_alone(
+    database_url: str, trace_to: Callable[..., Path]
+) -> None:
+    trace = trace_to(enabled=False)
+    with card_runner(database_url, PAY_WITH_CARD) as runner:
+        outcome = runner.start(TASK, principal(task=TASK))
+        assert not isinstance(runner.context(outcome.run_id, 0).journal, TracedJournal)
+    flush_traces()
+    assert outcome.stop_reason == "completed"
+    assert not trace.exists()
+
+
+def test_concurrent_exports_append_whole_lines(tmp_path: Path) -> None:
+    """Writers with their own descriptors, as separate processes have, never split a line."""
+    captured = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(captured))
+    for i in range(20):  # lines far longer than a pipe's atomic write
+        provider.get_tracer("test").start_span(f"s{i}", attributes={"pad": "x" * 20_000}).end()
+    batch = captured.get_finished_spans()
+    path = tmp_path / "traces.jsonl"
+    writers, rounds = 8, 10
+
+    def write() -> None:
+        exporter = JsonLinesExporter(path)
+        for _ in range(rounds):
+            exporter.export(batch)
+
+    threads = [threading.Thread(target=write) for _ in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    spans = list(read_spans(path))  # every line parses
+    assert len(spans) == writers * rounds * len(batch)
+    assert all(s["attributes"]["pad"] == "x" * 20_000 for s in spans)
+
+
+def test_otlp_export_when_an_endpoint_is_configured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received: list[bytes] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            if self.path == "/v1/traces":
+                received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("LOOPWRIGHT_TRACE_FILE", str(tmp_path / "traces.jsonl"))
+    configure_tracing(TraceSettings.from_env())
+    try:
+        with span("run", run_id="run-otlp"):
+            pass
+        flush_traces()
+    finally:
+        monkeypatch.undo()
+        configure_tracing(TraceSettings.from_env())
+        server.shutdown()
+    [body] = received
+    request = ExportTraceServiceRequest.FromString(body)
+    [exported] = [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+    assert exported.name == "run"
+    assert exported.trace_id == run_trace_id("run-otlp").to_bytes(16, "big")
+    assert [s["name"] for s in read_spans(tmp_path / "traces.jsonl")] == ["run"]
