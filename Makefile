@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
+# Two test processes: most tests wait on processes, HTTP and databases, not on a core.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 # The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
 serve: $(STAMP)
