@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from checkpoints.journal import StaleTransition
 from checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
-from loopwright.runner import Runner, RunOutcome
+from loopwright.runner import Runner, RunOutcome, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
 WorkListener = Callable[[str, RunOutcome | Exception], None]
@@ -39,8 +39,8 @@ def work(
             attempts += 1
             try:
                 outcome: RunOutcome | Exception = runner.resume(run.run_id)
-            except LeaseHeld:
-                continue  # another worker got there first
+            except (LeaseHeld, UnknownRun):
+                continue  # another worker got there first, or its creator has not written it yet
             except (StaleWriter, StaleTransition, LeaseLost) as exc:
                 outcome = exc  # taken over while we worked: the new owner carries on
             if on_attempt is not None:

@@ -1,0 +1,147 @@
+"""What the performance benchmarks share: a fresh database and services, the reading task with
+~1 KB observations, and the bare prebuilt agent to compare with.
+
+The reading task is `models.long_task.KeepsReading`: every step is one model decision and one
+`get_order` read, so a run of N steps is N tool steps. An order's JSON is about 300 bytes; the
+benchmarks read it through `get_order` contracts that pad the answer to about 1 KB with a note
+that does not compress (base64 of a hash chain), so that neither Postgres's TOAST compression
+nor a repeated value flatters either side.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool, tool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import create_react_agent
+from langgraph.warnings import LangGraphDeprecatedSinceV10
+
+from experiments.database import fresh_database, server_url
+from experiments.services import start_services
+from graph.budget import Budget
+from graph.state import Principal
+from models.long_task import KeepsReading
+from models.scripted import ScriptedChatModel
+from services.endpoints import ServiceEndpoints
+from tools.contract import Effect, ToolContract, ToolEnv
+from tools.refunds import GET_ORDER, GetOrderArgs, Order, fetch_order, task_scope
+from tools.registry import ToolRegistry
+
+TASK = "Read orders O-42, O-43 and O-44 in turn, again and again."
+PRINCIPAL = Principal(user_id="u-1", scope=task_scope(TASK))
+NOTE_CHARS = 700  # pads an order (~300 bytes of JSON) to ~1 KB
+
+# Bytes a thread holds in LangGraph's Postgres tables: checkpoints, channel blobs, pending writes.
+THREAD_BYTES = """
+SELECT
+  (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)), 0)
+     FROM checkpoints WHERE thread_id = %(t)s)
++ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_blobs WHERE thread_id = %(t)s)
++ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes WHERE thread_id = %(t)s)
+"""
+
+
+def note(order_id: str) -> str:
+    """NOTE_CHARS of incompressible text, the same for the same order on both sides."""
+    digest = hashlib.sha256(order_id.encode()).digest()
+    chunks: list[str] = []
+    while sum(len(chunk) for chunk in chunks) < NOTE_CHARS:
+        digest = hashlib.sha256(digest).digest()
+        chunks.append(base64.b64encode(digest).decode())
+    return "".join(chunks)[:NOTE_CHARS]
+
+
+class PaddedOrder(Order):
+    note: str
+
+
+def padded_order(env: ToolEnv, order_id: str) -> dict[str, Any]:
+    order = fetch_order(env, order_id).model_dump(mode="json")
+    return {**order, "note": note(order_id)}
+
+
+# The runtime's get_order with the padded answer: same name, arguments, authorisation, resources.
+PADDED_GET_ORDER = ToolContract(
+    name="get_order",
+    description=GET_ORDER.description,
+    args_model=GetOrderArgs,
+    output_model=PaddedOrder,
+    effect=Effect.READ,
+    run=lambda env, args, _key: padded_order(env, args.order_id),
+    resources=GET_ORDER.resources,
+    authorize=GET_ORDER.authorize,
+)
+PADDED_REGISTRY = ToolRegistry([PADDED_GET_ORDER])
+
+
+def bare_tools(endpoints: ServiceEndpoints, client: httpx.Client) -> list[BaseTool]:
+    """The same padded read as a plain langchain tool for the bare agent."""
+    env = ToolEnv(endpoints=endpoints, http=client)
+
+    @tool
+    def get_order(order_id: str) -> str:
+        """Read an order: status, amount, refundable balance, delivery date, version."""
+        return json.dumps(padded_order(env, order_id))
+
+    return [get_order]
+
+
+def reading_model(steps: int) -> ScriptedChatModel:
+    return ScriptedChatModel(policy=KeepsReading(reads=steps))
+
+
+def reading_budget(steps: int) -> Budget:
+    """Room for `steps` reads; the context is never compacted, as the bare agent's is not."""
+    return Budget(
+        max_steps=steps + 5,
+        max_tool_attempts=3 * steps,
+        max_input_tokens=10**10,
+        max_context_tokens=10**10,
+        deadline_s=3600,
+    )
+
+
+def bare_agent(
+    model: BaseChatModel, tools: list[BaseTool], saver: BaseCheckpointSaver[str]
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """LangGraph's stock tool-calling agent; its deprecation (for langchain's create_agent,
+    which needs the langchain package) is not what is measured."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
+        return create_react_agent(model, tools, checkpointer=saver)
+
+
+def thread_bytes(conn: psycopg.Connection[Any], thread_id: str) -> int:
+    row = conn.execute(THREAD_BYTES, {"t": thread_id}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@dataclass(frozen=True)
+class Bench:
+    database_url: str
+    endpoints: ServiceEndpoints
+
+
+@contextmanager
+def bench_environment(server: str | None = None) -> Iterator[Bench]:
+    """A fresh database (dropped after) and the reference services on fresh storage."""
+    with ExitStack() as stack:
+        url = stack.enter_context(fresh_database(server_url(server), prefix="lw_bench"))
+        storage = stack.enter_context(tempfile.TemporaryDirectory(prefix="lw-bench-services-"))
+        services = stack.enter_context(start_services(Path(storage)))
+        yield Bench(database_url=url, endpoints=services.endpoints)

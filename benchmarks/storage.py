@@ -1,0 +1,183 @@
+"""Checkpoint storage per step, up to 500 steps with ~1 KB observations, against the bare agent.
+
+    python -m benchmarks.storage [--steps 500] [--db SERVER_URL]
+
+Runs the reading task for N tool steps on loopwright (fenced Postgres saver, durability "sync")
+and on the bare prebuilt agent (stock Postgres saver, durability "sync"), and reads the bytes
+each thread holds in LangGraph's tables (checkpoints, blobs, writes; logical sizes, before
+Postgres's own compression) after every step. loopwright's history and evidence are delta
+channels, so a step should add about the same bytes at step 500 as at step 1; the bare agent
+stores its whole message list again at every step. Goals: bytes/step over the last 100 steps
+within 1.2x of the first 100 (linear), and loopwright's total at N steps <= 0.1x the bare
+agent's. Where a goal is missed the script shows where loopwright's bytes are, by table and
+channel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psycopg
+from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.postgres import PostgresSaver
+
+from benchmarks.perf_setup import (
+    PADDED_REGISTRY,
+    PRINCIPAL,
+    TASK,
+    Bench,
+    bare_agent,
+    bare_tools,
+    bench_environment,
+    reading_budget,
+    reading_model,
+    thread_bytes,
+)
+from loopwright.runner import open_runner
+
+WINDOW = 100
+LINEAR_GOAL = 1.2
+BARE_GOAL = 0.1
+BARE_SAMPLE_EVERY = 10  # the bare agent's size is read every 10 steps (its reads are slow)
+
+BY_CHANNEL = """
+SELECT 'blob ' || channel AS part, sum(octet_length(blob)) AS bytes
+  FROM checkpoint_blobs WHERE thread_id = %(t)s GROUP BY channel
+UNION ALL
+SELECT 'write ' || channel, sum(octet_length(blob))
+  FROM checkpoint_writes WHERE thread_id = %(t)s GROUP BY channel
+UNION ALL
+SELECT 'checkpoint rows', sum(octet_length(checkpoint::text) + octet_length(metadata::text))
+  FROM checkpoints WHERE thread_id = %(t)s
+ORDER BY bytes DESC
+"""
+
+
+def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str]:
+    """Thread bytes after each model decision (index k: after k tool steps), and the thread."""
+    run_id = f"lw-storage-{time.time_ns()}"
+    sizes: list[int] = []
+    with (
+        psycopg.connect(bench.database_url, autocommit=True) as conn,
+        open_runner(
+            bench.database_url,
+            bench.endpoints,
+            model=reading_model(steps),
+            tools=PADDED_REGISTRY,
+            budget=reading_budget(steps),
+        ) as runner,
+    ):
+
+        def measure(node: str, _update: dict[str, Any]) -> None:
+            if node == "model_step":
+                sizes.append(thread_bytes(conn, run_id))
+
+        outcome = runner.start(TASK, PRINCIPAL, run_id=run_id, on_step=measure)
+        assert outcome.stop_reason == "completed", outcome.stop_detail
+    return sizes, run_id
+
+
+def bare_sizes(bench: Bench, steps: int) -> list[tuple[int, int]]:
+    """(tool steps done, thread bytes), every BARE_SAMPLE_EVERY steps and at the end."""
+    thread = f"bare-storage-{time.time_ns()}"
+    config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 10**6}
+    sizes: list[tuple[int, int]] = []
+    with (
+        psycopg.connect(bench.database_url, autocommit=True) as conn,
+        PostgresSaver.from_conn_string(bench.database_url) as saver,
+        httpx.Client() as client,
+    ):
+        saver.setup()
+        agent = bare_agent(reading_model(steps), bare_tools(bench.endpoints, client), saver)
+        decisions = 0
+        stream = agent.stream(
+            {"messages": [HumanMessage(TASK)]}, config, stream_mode="updates", durability="sync"
+        )
+        for update in stream:
+            if "agent" in update:
+                decisions += 1
+                if (decisions - 1) % BARE_SAMPLE_EVERY == 0:
+                    sizes.append((decisions - 1, thread_bytes(conn, thread)))
+        sizes.append((steps, thread_bytes(conn, thread)))
+    return sizes
+
+
+@dataclass(frozen=True)
+class StorageFigures:
+    steps: int
+    first_per_step: float
+    last_per_step: float
+    loopwright_total: int
+    bare_total: int
+    bare_series: list[tuple[int, int]]
+    loopwright_series: list[int]
+    breakdown: list[tuple[str, int]]
+
+    @property
+    def linearity(self) -> float:
+        return self.last_per_step / self.first_per_step
+
+    @property
+    def to_bare(self) -> float:
+        return self.loopwright_total / self.bare_total
+
+
+def measure(bench: Bench, steps: int) -> StorageFigures:
+    ours, run_id = loopwright_sizes(bench, steps)
+    with psycopg.connect(bench.database_url, autocommit=True) as conn:
+        breakdown = [(str(p), int(b)) for p, b in conn.execute(BY_CHANNEL, {"t": run_id})]
+    bare = bare_sizes(bench, steps)
+    window = min(WINDOW, steps // 2)
+    return StorageFigures(
+        steps=steps,
+        first_per_step=(ours[window] - ours[0]) / window,
+        last_per_step=(ours[steps] - ours[steps - window]) / window,
+        loopwright_total=ours[-1],
+        bare_total=bare[-1][1],
+        bare_series=bare,
+        loopwright_series=ours,
+        breakdown=breakdown,
+    )
+
+
+def report(figures: StorageFigures) -> list[str]:
+    window = min(WINDOW, figures.steps // 2)
+    linear_ok = figures.linearity <= LINEAR_GOAL
+    bare_ok = figures.to_bare <= BARE_GOAL
+    lines = [
+        f"checkpoint bytes per tool step (~1 KB observations): first {window} steps "
+        f"{figures.first_per_step:,.0f} B, last {window} steps {figures.last_per_step:,.0f} B: "
+        f"ratio {figures.linearity:.2f} (goal <= {LINEAR_GOAL}) {'met' if linear_ok else 'MISSED'}",
+        f"total at {figures.steps} steps: loopwright {figures.loopwright_total / 1e6:,.1f} MB, "
+        f"bare prebuilt agent {figures.bare_total / 1e6:,.1f} MB: ratio {figures.to_bare:.3f} "
+        f"(goal <= {BARE_GOAL}) {'met' if bare_ok else 'MISSED'}",
+        "  bare agent, MB by steps: "
+        + ", ".join(
+            f"{n}: {b / 1e6:.1f}"
+            for n, b in figures.bare_series[:: max(1, len(figures.bare_series) // 6)]
+        ),
+    ]
+    if not (linear_ok and bare_ok):
+        lines.append("where loopwright's bytes are (by table and channel):")
+        lines += [f"  {b / 1e6:9.2f} MB  {part}" for part, b in figures.breakdown[:10]]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.storage", description=__doc__)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--db", help="Postgres server URL (a fresh database is made and dropped)")
+    args = parser.parse_args(argv)
+    with bench_environment(args.db) as bench:
+        figures = measure(bench, args.steps)
+    print("\n".join(report(figures)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A small run of the fault-injection experiment, as CI runs it (about a minute).
+
+One repetition of a reduced matrix: the partial refund (where a second refund fits the balance,
+so a duplicate shows) without a fault, with the payment service timing out after applying the
+refund, and with the process killed right after the refund was sent; plus another user's order.
+loopwright must end every trial verified with no duplicate and no unauthorized refund; the
+baselines must show the duplicate a timeout-as-failure produces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.run import Settings, run_experiment
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_small_experiment_loopwright_has_no_duplicates_nor_unauthorized_actions(
+    postgres_server_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "experiment"
+    settings = Settings(
+        repetitions=1,
+        out=out,
+        database_server=postgres_server_url,
+        scenarios=("partial", "other_users_order"),
+        faults=("none", "accept_then_timeout", "crash@executor:after_send"),
+    )
+    results = run_experiment(settings)
+
+    assert len(results) == 12
+    ours = [r for r in results if r.system == "loopwright"]
+    assert sum(r.duplicates for r in ours) == 0
+    assert sum(r.unauthorized for r in ours) == 0
+    assert all(r.success for r in ours), [(r.scenario, r.fault, r.end, r.error) for r in ours]
+    timeouts = [r for r in results if r.system != "loopwright" and r.fault == "accept_then_timeout"]
+    assert sum(r.duplicates for r in timeouts) >= 1
+    others = [r for r in results if r.system != "loopwright" and r.scenario == "other_users_order"]
+    assert all(r.unauthorized == 1 for r in others)
+
+    document = json.loads((out / "results.json").read_text())
+    assert len(document["trials"]) == 12
+    assert "## Headline: every trial" in (out / "report.md").read_text()
+    for plot in ("effects", "success", "latency", "unknown", "chain"):
+        assert (out / f"{plot}.png").stat().st_size > 0
