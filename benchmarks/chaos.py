@@ -2,16 +2,18 @@
 
 The runtime promises that a crash at any moment neither repeats a business effect nor loses a
 run (docs/architecture.md, invariants 4, 5 and 7). The crash tests prove it at named points, one
-at a time; this script checks it at points nobody chose. It submits N refund runs, starts W
-`loopwright worker` processes, and every few hundred milliseconds kills a random worker with
-SIGKILL and starts a new one in its place. At the end it compares what each run says with the
-ground truth in the payments service's own storage.
+at a time; this script checks it at points nobody chose. It submits N refund runs (a few at a
+time), starts W `loopwright worker` processes, and every few hundred milliseconds kills a random
+working worker with SIGKILL and starts a new one in its place. At the end it compares what each
+run says with the ground truth in the payments service's own storage.
 
-    python -m benchmarks.chaos --runs 200 --kills 1000 --kill-every-ms 1000
+    python -m benchmarks.chaos --runs 20 --kills 10 --kill-every-ms 300      # as CI runs it
+    python -m benchmarks.chaos --runs 2500 --kills 1000 --kill-every-ms 500 --timeout-s 10800
 
 It prints runs, kills, completed and incomplete runs, duplicates (orders refunded more than
 once), lost runs (ended without their verified refund, or a refund their journal does not know)
-and stuck runs (not finished at the end). Exit code 0 only if duplicates, lost and stuck are 0.
+and stuck runs (not finished at the end). Exit code 0 only if duplicates, lost and stuck are 0;
+then the scratch directory (service data, one log per worker slot) is deleted, else kept.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -69,6 +72,8 @@ class Settings:
     json_path: Path | None = None
     seed: int = 1
     lease_ttl_s: float = 1.0
+    backlog: int = 10
+    stall_s: float = 30.0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -94,9 +99,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default=1.0,
         help="workers' lease ttl: how soon a dead worker's run is taken over",
     )
+    parser.add_argument(
+        "--backlog", type=int, default=10, help="at most this many runs unfinished at once"
+    )
+    parser.add_argument(
+        "--stall-s",
+        type=float,
+        default=30.0,
+        help="a started run whose lease row has not changed for this long counts as stuck",
+    )
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.workers < 1 or args.kill_every_ms <= 0:
-        parser.error("--runs, --workers and --kill-every-ms must be positive")
+    if min(args.runs, args.workers, args.backlog, args.kill_every_ms, args.stall_s) <= 0:
+        parser.error("--runs, --workers, --backlog, --kill-every-ms and --stall-s must be positive")
     return Settings(**vars(args))
 
 
@@ -114,9 +128,8 @@ def benchmark_database(explicit: str | None) -> Iterator[str]:
         yield url
         return
     with ExitStack() as stack:
-        server = LOCAL_SERVER if _reachable(LOCAL_SERVER) else None
-        if server is None:
-            server = stack.enter_context(_embedded_server())
+        local = _reachable(LOCAL_SERVER)
+        server = LOCAL_SERVER if local else stack.enter_context(_embedded_server())
         yield stack.enter_context(_fresh_database(server))
 
 
@@ -159,21 +172,41 @@ class BenchmarkError(RuntimeError):
     """The benchmark cannot run as asked (reported as one line, exit code 2)."""
 
 
-def submit_runs(runner: Runner, endpoints: ServiceEndpoints, count: int) -> dict[str, str]:
-    """Create `count` refundable orders and submit one run per order: run id -> order id.
-
-    Runs of an earlier benchmark in the same database would be worked too, against orders of
-    other services, and blur every figure: an empty database is required.
-    """
+def require_empty(runner: Runner) -> None:
+    """Runs of an earlier benchmark in the same database would be worked too, against orders of
+    other services, and blur every figure: an empty database is required."""
     if existing := runner.leases.runs():
         raise BenchmarkError(f"the database already holds {len(existing)} runs; use an empty one")
-    runs: dict[str, str] = {}
-    for i in range(1, count + 1):
-        order_id = f"O-{FIRST_ORDER + i}"
-        create_order(endpoints, order_id, USER, AMOUNT)
-        task = TASK.format(order_id=order_id)
-        runs[runner.submit(task, Principal(user_id=USER, scope=task_scope(task)))] = order_id
-    return runs
+
+
+class Backlog:
+    """Submits the runs a few at a time, each on a new refundable order: at most `size` runs
+    unfinished at once.
+
+    A run's deadline (300 s by default) counts from its submission. Submitting all N at once
+    would let the last ones time out in the queue, measuring queueing instead of recovery, and
+    workers would spread their progress thinly over every run.
+    """
+
+    def __init__(self, runner: Runner, endpoints: ServiceEndpoints, count: int, size: int) -> None:
+        self._runner = runner
+        self._endpoints = endpoints
+        self._waiting = deque(f"O-{FIRST_ORDER + i}" for i in range(1, count + 1))
+        self._size = size
+        self.runs: dict[str, str] = {}  # run id -> order id, of the runs submitted so far
+
+    @property
+    def all_submitted(self) -> bool:
+        return not self._waiting
+
+    def top_up(self, unfinished: int) -> None:
+        while self._waiting and unfinished < self._size:
+            order_id = self._waiting.popleft()
+            create_order(self._endpoints, order_id, USER, AMOUNT)
+            task = TASK.format(order_id=order_id)
+            principal = Principal(user_id=USER, scope=task_scope(task))
+            self.runs[self._runner.submit(task, principal)] = order_id
+            unfinished += 1
 
 
 # --- the workers and the driver ----------------------------------------------------------------
@@ -192,14 +225,14 @@ class Worker:
         self.log = log
         self._process: subprocess.Popen[bytes] | None = None
         self._log_start = 0
-        self._ready = False
+        self._ready_at: float | None = None
 
     def start(self, why: str = "start") -> None:
         with self.log.open("ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} {why}\n".encode())
             log.flush()
             self._log_start = log.tell()
-            self._ready = False
+            self._ready_at = None
             self._process = subprocess.Popen(
                 self._command,
                 cwd=REPO,
@@ -214,14 +247,15 @@ class Worker:
         assert self._process is not None, "started"
         return self._process.pid
 
-    @property
-    def ready(self) -> bool:
-        """Past its imports and polling: from now on a kill can land in the middle of a run."""
-        if not self._ready:
+    def working_for(self) -> float:
+        """Seconds since this process was seen past its imports and polling (0: not yet)."""
+        if self._ready_at is None:
             with self.log.open("rb") as log:
                 log.seek(self._log_start)
-                self._ready = READY_LINE in log.read()
-        return self._ready
+                if READY_LINE not in log.read():
+                    return 0.0
+            self._ready_at = time.monotonic()
+        return time.monotonic() - self._ready_at
 
     def exit_code(self) -> int | None:
         assert self._process is not None, "started"
@@ -273,53 +307,73 @@ class Kills:
 
 
 def unleash(
-    runner: Runner, workers: list[Worker], run_ids: set[str], settings: Settings
+    runner: Runner, workers: list[Worker], backlog: Backlog, settings: Settings
 ) -> tuple[Kills, float]:
     """Kill and replace random workers until the runs are done or enough kills were made, then
-    let the runs finish without kills; give up at the timeout. Returns the kills and the time.
+    let the remaining runs finish without kills; give up at the timeout. Returns the kills and
+    the time.
 
-    Victims are drawn from the workers past their imports (about a second): a process killed
-    while importing has touched nothing, so such kills would only inflate the count.
+    Kills come a jittered interval apart, and a victim must have been working (past its imports,
+    about 1.5 s) for at least that interval too. A process killed while importing has touched
+    nothing, and one killed the moment it got going has barely touched anything: with intervals
+    shorter than the start-up time, most kills would otherwise be one or the other.
     """
     rng = random.Random(settings.seed)
     kills = Kills()
-    settled: set[str] = set()
-    started = time.monotonic()
+    watch = StallWatch(settings.stall_s)
+    started = last_kill = time.monotonic()
+    gap = settings.kill_every_ms / 1000 * rng.uniform(0.5, 1.5)
     while time.monotonic() - started < settings.timeout_s:
         kills.crashes += replace_exited(workers)
-        killing = settings.kills is None or kills.total < settings.kills
-        ready = [w for w in workers if w.ready]
-        if killing and not ready:
-            time.sleep(0.05)  # the driver shares the CPUs: look at the database only when needed
-            continue
-        records = [r for r in runner.leases.runs() if r.run_id in run_ids]
-        if all_done(runner, records, settled):
+        records = [r for r in unfinished_runs(runner) if r.run_id in backlog.runs]
+        moving = sum(watch.moving(r) for r in records)
+        if moving == 0 and backlog.all_submitted:
             break
-        if killing:
-            kill_one(rng.choice(ready), records, kills)
-            kills.last_at_s = time.monotonic() - started
-            time.sleep(settings.kill_every_ms / 1000 * rng.uniform(0.5, 1.5))
-        else:
-            time.sleep(0.25)
+        backlog.top_up(moving)
+        victims = [w for w in workers if w.working_for() >= gap]
+        wanted = settings.kills is None or kills.total < settings.kills
+        if wanted and victims and time.monotonic() - last_kill >= gap:
+            kill_one(rng.choice(victims), records, kills)
+            last_kill = time.monotonic()
+            kills.last_at_s = last_kill - started
+            gap = settings.kill_every_ms / 1000 * rng.uniform(0.5, 1.5)
+        time.sleep(0.05)
     return kills, time.monotonic() - started
 
 
-def all_done(runner: Runner, records: list[RunRecord], settled: set[str]) -> bool:
-    """Whether every run finished, by lw_runs or, where lw_runs was never told, by checkpoints.
+def unfinished_runs(runner: Runner) -> list[RunRecord]:
+    """Runs not finished by lw_runs. Read from the table itself: `LeaseStore.runs()` returns
+    every run, finished or not, and the driver must not eat the workers' CPU."""
+    rows = runner.leases.db.execute(
+        "SELECT *, COALESCE(lease_expires_at > now(), FALSE) AS lease_live FROM lw_runs"
+        " WHERE phase NOT IN ('COMPLETED', 'INCOMPLETE')"
+    )
+    return [RunRecord.model_validate(row) for row in rows]
 
-    A run whose final checkpoint committed but whose worker died before recording the phase in
-    lw_runs will not move again, so waiting for it is pointless; the report counts it as stuck.
-    Only started runs that nobody holds can be such a run: the check stays cheap.
+
+class StallWatch:
+    """Tells runs still on their way from runs that stopped moving without finishing.
+
+    A run moves while its lw_runs row changes (claims, lease renewals, its final phase). A
+    started run whose row has not changed for `stall_s` is taken for stuck: waiting for it
+    would only run into the timeout, and it would hold a backlog slot forever. The verdict is
+    made from the database at the end, so a stalled run that finishes after all is not counted.
     """
-    for record in records:
-        if record.phase in FINISHED or record.run_id in settled:
-            continue
-        if record.fence == 0 or record.lease_live:
+
+    def __init__(self, stall_s: float) -> None:
+        self._stall_s = stall_s
+        self._last_change: dict[str, tuple[datetime, float]] = {}
+
+    def moving(self, record: RunRecord) -> bool:
+        """Not finished (by lw_runs) and not stalled."""
+        if record.phase in FINISHED:
             return False
-        if runner.state(record.run_id).get("phase") not in FINISHED:
-            return False
-        settled.add(record.run_id)
-    return True
+        now = time.monotonic()
+        seen = self._last_change.get(record.run_id)
+        if seen is None or seen[0] != record.updated_at:
+            self._last_change[record.run_id] = (record.updated_at, now)
+            return True
+        return record.fence == 0 or now - seen[1] < self._stall_s
 
 
 def replace_exited(workers: list[Worker]) -> int:
@@ -352,18 +406,45 @@ class RunFacts:
     run_id: str
     order_id: str
     registry_phase: str  # lw_runs: what workers go by
-    phase: str  # the last checkpoint: where the run really is
+    phase: str  # the last checkpoint, with the saved writes of a step not yet checkpointed
     stop_reason: str | None
     stop_detail: str
     fence: int
+    step: int  # of the last checkpoint
+    next_nodes: tuple[str, ...]  # what LangGraph says runs next from there
+    saved_tasks: tuple[str, ...]  # tasks of that step whose writes are saved already
     actions: list[Action]
     refunds: list[dict[str, Any]]
+
+    @property
+    def finished(self) -> bool:
+        """Ended, by its checkpoints: a final phase and nothing left to run or to apply.
+
+        `phase` includes the saved writes of a step whose checkpoint is missing, so it can read
+        COMPLETED while LangGraph has yet to apply verify's writes: that run is not finished.
+        """
+        return self.phase in FINISHED and not self.next_nodes and not self.saved_tasks
 
     def problems(self) -> list[tuple[str, str]]:
         """(kind, evidence) for each way this run breaks the goal; kinds: stuck, duplicate, lost."""
         found = []
-        if self.phase not in FINISHED:
-            found.append(("stuck", f"not finished: phase {self.phase}"))
+        if self.saved_tasks and not self.next_nodes:
+            found.append(
+                (
+                    "stuck",
+                    f"stranded after {', '.join(self.saved_tasks)}: its writes are saved, the "
+                    f"checkpoint after them is not (last checkpoint step {self.step}, phase with "
+                    f"those writes {self.phase}); LangGraph reports next=() for it",
+                )
+            )
+        elif not self.finished:
+            found.append(
+                (
+                    "stuck",
+                    f"not finished: phase {self.phase}, checkpoint step {self.step}, next "
+                    f"{list(self.next_nodes)}",
+                )
+            )
         elif self.registry_phase not in FINISHED:
             found.append(
                 (
@@ -381,7 +462,7 @@ class RunFacts:
         for refund in self.refunds:
             if refund["idempotency_key"] not in journaled:
                 found.append(("lost", f"refund {refund['refund_id']} is not in the run's journal"))
-        if self.phase in FINISHED and not self.verified_refund():
+        if self.finished and not self.verified_refund():
             found.append(
                 (
                     "lost",
@@ -412,6 +493,9 @@ class RunFacts:
             "stop_reason": self.stop_reason,
             "stop_detail": self.stop_detail,
             "fence": self.fence,
+            "checkpoint_step": self.step,
+            "checkpoint_next": list(self.next_nodes),
+            "tasks_with_saved_writes": list(self.saved_tasks),
             "actions": [
                 {
                     "action_id": a.action_id,
@@ -430,7 +514,8 @@ def gather(runner: Runner, endpoints: ServiceEndpoints, runs: dict[str, str]) ->
     registry = {r.run_id: r for r in runner.leases.runs()}
     facts = []
     for run_id, order_id in runs.items():
-        state = runner.state(run_id)
+        snapshot = runner.graph.get_state(runner.config(run_id))
+        state = snapshot.values
         facts.append(
             RunFacts(
                 run_id=run_id,
@@ -440,6 +525,9 @@ def gather(runner: Runner, endpoints: ServiceEndpoints, runs: dict[str, str]) ->
                 stop_reason=state.get("stop_reason"),
                 stop_detail=state.get("stop_detail", ""),
                 fence=registry[run_id].fence,
+                step=int(snapshot.metadata["step"]) if snapshot.metadata else -1,
+                next_nodes=snapshot.next,
+                saved_tasks=tuple(t.name for t in snapshot.tasks if t.result is not None),
                 actions=runner.journal.for_run(run_id),
                 refunds=list_refunds(endpoints, order_id),
             )
@@ -449,7 +537,8 @@ def gather(runner: Runner, endpoints: ServiceEndpoints, runs: dict[str, str]) ->
 
 @dataclass
 class Figures:
-    runs: int
+    runs: int  # submitted; fewer than asked if the timeout came first
+    runs_asked: int
     workers: int
     kills: int
     kills_mid_run: int
@@ -461,8 +550,9 @@ class Figures:
     duplicates: int
     lost: int
     stuck: int
+    stuck_unrecorded: int  # of the stuck: finished in their checkpoints, never in lw_runs
     taken_over: int  # runs claimed again after their worker died (fence > 1)
-    writes_reconciled: int  # writes found DISPATCHED or UNKNOWN and settled by reconciliation
+    writes_reconciled: int  # writes a crash left with an unknown outcome (an UNKNOWN event)
     actions: dict[str, int]
     wall_time_s: float
     runs_per_s: float
@@ -470,15 +560,16 @@ class Figures:
 
     @property
     def ok(self) -> bool:
-        return self.duplicates == self.lost == self.stuck == 0
+        every_run_ran = self.runs == self.runs_asked
+        return every_run_ran and self.duplicates == self.lost == self.stuck == 0
 
 
 def judge(
-    runner: Runner, facts: list[RunFacts], kills: Kills, workers: int, wall_s: float
+    runner: Runner, facts: list[RunFacts], kills: Kills, settings: Settings, wall_s: float
 ) -> Figures:
     problems = {f.run_id: f.problems() for f in facts}
     kinds = Counter(kind for found in problems.values() for kind in {k for k, _ in found})
-    finished = [f for f in facts if f.phase in FINISHED]
+    finished = [f for f in facts if f.finished]
     reconciled = sum(
         any(e.to_status is ActionStatus.UNKNOWN for e in runner.journal.events(a.action_id))
         for f in facts
@@ -486,7 +577,8 @@ def judge(
     )
     return Figures(
         runs=len(facts),
-        workers=workers,
+        runs_asked=settings.runs,
+        workers=settings.workers,
         kills=kills.total,
         kills_mid_run=kills.mid_run,
         kills_idle=kills.idle,
@@ -499,6 +591,7 @@ def judge(
         duplicates=kinds["duplicate"],
         lost=kinds["lost"],
         stuck=kinds["stuck"],
+        stuck_unrecorded=sum(f.finished and f.registry_phase not in FINISHED for f in facts),
         taken_over=sum(f.fence > 1 for f in facts),
         writes_reconciled=reconciled,
         actions=dict(Counter(a.status.value for f in facts for a in f.actions)),
@@ -516,7 +609,11 @@ def render(figures: Figures, settings: Settings) -> str:
     incomplete = sum(figures.incomplete.values())
     by_reason = ", ".join(f"{k} {v}" for k, v in sorted(figures.incomplete.items()))
     rows = [
-        ("runs", f"{figures.runs}"),
+        (
+            "runs",
+            f"{figures.runs}"
+            + (f"  (of {figures.runs_asked} asked)" if figures.runs < figures.runs_asked else ""),
+        ),
         ("workers", f"{figures.workers}"),
         (
             "kills",
@@ -528,7 +625,15 @@ def render(figures: Figures, settings: Settings) -> str:
         ("incomplete", f"{incomplete}" + (f"  ({by_reason})" if by_reason else "")),
         ("duplicates", f"{figures.duplicates}"),
         ("lost", f"{figures.lost}"),
-        ("stuck", f"{figures.stuck}"),
+        (
+            "stuck",
+            f"{figures.stuck}"
+            + (
+                f"  ({figures.stuck_unrecorded} of them finished, but lw_runs was never told)"
+                if figures.stuck_unrecorded
+                else ""
+            ),
+        ),
         ("runs taken over", f"{figures.taken_over}"),
         ("writes reconciled", f"{figures.writes_reconciled}"),
         ("journal actions", ", ".join(f"{k} {v}" for k, v in sorted(figures.actions.items()))),
@@ -551,7 +656,8 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
         url = stack.enter_context(benchmark_database(settings.db))
         endpoints = stack.enter_context(start_services(scratch / "services")).endpoints
         runner = stack.enter_context(open_runner(url, endpoints, model=make_model("scripted")))
-        runs = submit_runs(runner, endpoints, settings.runs)
+        require_empty(runner)
+        backlog = Backlog(runner, endpoints, settings.runs, settings.backlog)
         command = [sys.executable, "-m", "loopwright", "worker", "--db", url, "--poll", "0.05"]
         env = worker_env(url, endpoints, scratch / "home", settings.lease_ttl_s)
         workers = [
@@ -560,10 +666,11 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
         for worker in workers:
             stack.callback(worker.stop)
             worker.start()
-        kills, wall_s = unleash(runner, workers, set(runs), settings)
+        kills, wall_s = unleash(runner, workers, backlog, settings)
         for worker in workers:
             worker.stop()
-        return judge(runner, gather(runner, endpoints, runs), kills, settings.workers, wall_s)
+        facts = gather(runner, endpoints, backlog.runs)
+        return judge(runner, facts, kills, settings, wall_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -575,9 +682,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
         print(f"chaos: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the workers and services were stopped on the way out
+        print(f"chaos: interrupted; worker logs kept in {scratch}", file=sys.stderr)
+        return 130
     print(render(figures, settings))
     if settings.json_path is not None:
-        report = {"settings": {**asdict(settings), "json_path": None}, **asdict(figures)}
+        report = {"settings": asdict(settings), **asdict(figures)}
         settings.json_path.write_text(json.dumps(report, indent=2, default=str))
     if figures.ok:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,47 @@
+"""The chaos benchmark, small: workers SIGKILLed mid-run neither duplicate, lose nor strand a run.
+
+The benchmark is a script (`python -m benchmarks.chaos`); this runs it the way CI does, as a
+separate process on a fresh Postgres database, and reads the figures it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.runtime_fixtures import REPO
+
+# 20 runs, 10 kills of working workers; a run stalled for 15 s is reported as stuck.
+SMALL = ("--runs", "20", "--kills", "10", "--kill-every-ms", "300", "--stall-s", "15")
+BENCHMARK = (sys.executable, "-m", "benchmarks.chaos", *SMALL, "--timeout-s", "90")
+
+
+def figure(output: str, name: str) -> int:
+    """The number on the benchmark's `name` line, e.g. `kills   10  (mid-run 9, ...)`."""
+    match = re.search(rf"^{name}\s+(\d+)", output, re.MULTILINE)
+    assert match, f"no {name!r} line in:\n{output}"
+    return int(match.group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_runs_survive_workers_killed_at_random(postgres_url: str) -> None:
+    result = subprocess.run(
+        [*BENCHMARK, "--db", postgres_url],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    output = result.stdout + result.stderr
+    assert figure(output, "runs") == 20, output
+    assert figure(output, "kills") >= 5, output
+    for name in ("duplicates", "lost", "stuck"):
+        assert figure(output, name) == 0, output
+    assert figure(output, "completed") == 20, output
+    assert result.returncode == 0, output
