@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,7 @@ AMOUNT = "20.00"  # below the policy's 50.00 approval threshold: no run waits fo
 FIRST_ORDER = 100_000  # the refund tools take O-<1 to 9 digits>; clear of the seeded O-42..O-99
 FINISHED = frozenset({"COMPLETED", "INCOMPLETE"})
 READY_LINE = b"polling every"  # what `loopwright worker` prints once it is past its imports
+ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Settings:
     lease_ttl_s: float = 1.0
     backlog: int = 10
     stall_s: float = 30.0
+    run_limit_s: float = 600.0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -108,9 +111,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default=30.0,
         help="a started run whose lease row has not changed for this long counts as stuck",
     )
+    parser.add_argument(
+        "--run-limit-s",
+        type=float,
+        default=600.0,
+        help="a run unfinished this long after its submission counts as stuck (2x its deadline)",
+    )
     args = parser.parse_args(argv)
-    if min(args.runs, args.workers, args.backlog, args.kill_every_ms, args.stall_s) <= 0:
-        parser.error("--runs, --workers, --backlog, --kill-every-ms and --stall-s must be positive")
+    positive = ("runs", "workers", "backlog", "kill_every_ms", "stall_s", "run_limit_s")
+    if min(getattr(args, name) for name in positive) <= 0:
+        parser.error(f"{', '.join('--' + n.replace('_', '-') for n in positive)} must be positive")
     return Settings(**vars(args))
 
 
@@ -261,6 +271,14 @@ class Worker:
         assert self._process is not None, "started"
         return self._process.poll()
 
+    def last_error(self) -> str:
+        """The exception a crashed process ended with, from the last such line of its log."""
+        with self.log.open("rb") as log:
+            log.seek(self._log_start)
+            lines = log.read().decode(errors="replace").splitlines()
+        errors = [m.group(1) for line in lines if (m := ERROR_LINE.match(line))]
+        return errors[-1] if errors else "no exception in its log"
+
     def kill(self) -> None:
         """SIGKILL: no handler, no cleanup, whatever the process was in the middle of."""
         assert self._process is not None, "started"
@@ -303,42 +321,69 @@ class Kills:
     mid_run: int = 0
     idle: int = 0
     last_at_s: float = 0.0  # when the last kill was made, from the workers' start
-    crashes: int = 0  # workers that exited without being killed (replaced as well)
+    # Workers that exited without being killed (replaced as well), by the exception they died of.
+    crashes: Counter[str] = field(default_factory=Counter)
+    interrupted: bool = False  # Ctrl-C ended the chaos early
 
 
 def unleash(
     runner: Runner, workers: list[Worker], backlog: Backlog, settings: Settings
 ) -> tuple[Kills, float]:
     """Kill and replace random workers until the runs are done or enough kills were made, then
-    let the remaining runs finish without kills; give up at the timeout. Returns the kills and
-    the time.
+    let the remaining runs finish without kills; give up at the timeout. Ctrl-C ends it early
+    (a long run's figures are still worth having). Returns the kills and the time taken."""
+    driver = Driver(runner, workers, backlog, settings)
+    try:
+        while time.monotonic() - driver.started < settings.timeout_s and driver.step():
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        driver.kills.interrupted = True
+    return driver.kills, time.monotonic() - driver.started
 
-    Kills come a jittered interval apart, and a victim must have been working (past its imports,
-    about 1.5 s) for at least that interval too. A process killed while importing has touched
-    nothing, and one killed the moment it got going has barely touched anything: with intervals
-    shorter than the start-up time, most kills would otherwise be one or the other.
+
+class Driver:
+    """The chaos loop's state, one `step` at a time.
+
+    Kills come a jittered interval apart, and a victim must have been working (past its
+    imports, about 1.5 s) for at least that interval too. A process killed while importing has
+    touched nothing, and one killed the moment it got going has barely touched anything: with
+    intervals shorter than the start-up time, most kills would otherwise be one or the other.
     """
-    rng = random.Random(settings.seed)
-    kills = Kills()
-    watch = StallWatch(settings.stall_s)
-    started = last_kill = time.monotonic()
-    gap = settings.kill_every_ms / 1000 * rng.uniform(0.5, 1.5)
-    while time.monotonic() - started < settings.timeout_s:
-        kills.crashes += replace_exited(workers)
-        records = [r for r in unfinished_runs(runner) if r.run_id in backlog.runs]
-        moving = sum(watch.moving(r) for r in records)
-        if moving == 0 and backlog.all_submitted:
-            break
-        backlog.top_up(moving)
-        victims = [w for w in workers if w.working_for() >= gap]
-        wanted = settings.kills is None or kills.total < settings.kills
-        if wanted and victims and time.monotonic() - last_kill >= gap:
-            kill_one(rng.choice(victims), records, kills)
-            last_kill = time.monotonic()
-            kills.last_at_s = last_kill - started
-            gap = settings.kill_every_ms / 1000 * rng.uniform(0.5, 1.5)
-        time.sleep(0.05)
-    return kills, time.monotonic() - started
+
+    def __init__(
+        self, runner: Runner, workers: list[Worker], backlog: Backlog, settings: Settings
+    ) -> None:
+        self.runner = runner
+        self.workers = workers
+        self.backlog = backlog
+        self.settings = settings
+        self.kills = Kills()
+        self.watch = StallWatch(settings.stall_s, settings.run_limit_s)
+        self.rng = random.Random(settings.seed)
+        self.started = self.last_kill = time.monotonic()
+        self.gap = self._draw_gap()
+
+    def _draw_gap(self) -> float:
+        return self.settings.kill_every_ms / 1000 * self.rng.uniform(0.5, 1.5)
+
+    def step(self) -> bool:
+        """Replace crashed workers, top the runs up, kill if it is time. False once all is done."""
+        replace_exited(self.workers, self.kills.crashes)
+        records = [r for r in unfinished_runs(self.runner) if r.run_id in self.backlog.runs]
+        moving = sum(self.watch.moving(r) for r in records)
+        if moving == 0 and self.backlog.all_submitted:
+            return False
+        self.backlog.top_up(moving)
+        limit = self.settings.kills
+        if limit is not None and self.kills.total >= limit:
+            return True
+        victims = [w for w in self.workers if w.working_for() >= self.gap]
+        if victims and time.monotonic() - self.last_kill >= self.gap:
+            kill_one(self.rng.choice(victims), records, self.kills)
+            self.last_kill = time.monotonic()
+            self.kills.last_at_s = self.last_kill - self.started
+            self.gap = self._draw_gap()
+        return True
 
 
 def unfinished_runs(runner: Runner) -> list[RunRecord]:
@@ -352,23 +397,29 @@ def unfinished_runs(runner: Runner) -> list[RunRecord]:
 
 
 class StallWatch:
-    """Tells runs still on their way from runs that stopped moving without finishing.
+    """Tells runs still on their way from runs that will not finish, to stop waiting for those.
 
-    A run moves while its lw_runs row changes (claims, lease renewals, its final phase). A
-    started run whose row has not changed for `stall_s` is taken for stuck: waiting for it
-    would only run into the timeout, and it would hold a backlog slot forever. The verdict is
-    made from the database at the end, so a stalled run that finishes after all is not counted.
+    Given up on are a started run whose lw_runs row has not changed for `stall_s` (nobody
+    advances it: claims, lease renewals and the final phase all change it), and a run still
+    unfinished `limit_s` after it was first seen (submitted): every run ends by its deadline,
+    300 s by default, so one that goes on much longer is going round in circles. Waiting for
+    either would only run into the timeout, with a backlog slot held all along. The verdict is
+    made from the database at the end, so a run given up on that finishes after all is fine.
     """
 
-    def __init__(self, stall_s: float) -> None:
+    def __init__(self, stall_s: float, limit_s: float) -> None:
         self._stall_s = stall_s
+        self._limit_s = limit_s
+        self._first_seen: dict[str, float] = {}
         self._last_change: dict[str, tuple[datetime, float]] = {}
 
     def moving(self, record: RunRecord) -> bool:
-        """Not finished (by lw_runs) and not stalled."""
+        """Not finished (by lw_runs) and not given up on."""
         if record.phase in FINISHED:
             return False
         now = time.monotonic()
+        if now - self._first_seen.setdefault(record.run_id, now) >= self._limit_s:
+            return False
         seen = self._last_change.get(record.run_id)
         if seen is None or seen[0] != record.updated_at:
             self._last_change[record.run_id] = (record.updated_at, now)
@@ -376,24 +427,24 @@ class StallWatch:
         return record.fence == 0 or now - seen[1] < self._stall_s
 
 
-def replace_exited(workers: list[Worker]) -> int:
-    exited = 0
+def replace_exited(workers: list[Worker], crashes: Counter[str]) -> None:
     for worker in workers:
         if (code := worker.exit_code()) is not None:
+            crashes[worker.last_error()] += 1
             worker.start(f"replacing a worker that exited by itself with code {code}")
-            exited += 1
-    return exited
 
 
 def kill_one(victim: Worker, records: list[RunRecord], kills: Kills) -> None:
     holders = {int(r.owner.rsplit(":", 2)[1]) for r in records if r.owner and r.lease_live}
-    if victim.pid in holders:
+    mid_run = victim.pid in holders
+    if mid_run:
         kills.mid_run += 1
     else:
         kills.idle += 1
     victim.kill()
     kills.total += 1
-    victim.start(f"restart after kill {kills.total} of pid {victim.pid}")
+    what = "mid-run" if mid_run else "idle"
+    victim.start(f"restart after kill {kills.total} ({what}) of pid {victim.pid}")
 
 
 # --- the verdict -------------------------------------------------------------------------------
@@ -544,7 +595,7 @@ class Figures:
     kills_mid_run: int
     kills_idle: int
     kill_interval_ms: float  # the mean achieved: victims must be past their imports
-    worker_crashes: int
+    worker_crashes: dict[str, int]
     completed: int
     incomplete: dict[str, int]
     duplicates: int
@@ -556,11 +607,12 @@ class Figures:
     actions: dict[str, int]
     wall_time_s: float
     runs_per_s: float
+    interrupted: bool
     problems: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        every_run_ran = self.runs == self.runs_asked
+        every_run_ran = self.runs == self.runs_asked and not self.interrupted
         return every_run_ran and self.duplicates == self.lost == self.stuck == 0
 
 
@@ -583,7 +635,7 @@ def judge(
         kills_mid_run=kills.mid_run,
         kills_idle=kills.idle,
         kill_interval_ms=round(1000 * kills.last_at_s / kills.total) if kills.total else 0,
-        worker_crashes=kills.crashes,
+        worker_crashes=dict(kills.crashes),
         completed=sum(f.stop_reason == "completed" for f in finished),
         incomplete=dict(
             Counter(str(f.stop_reason) for f in finished if f.stop_reason != "completed")
@@ -597,6 +649,7 @@ def judge(
         actions=dict(Counter(a.status.value for f in facts for a in f.actions)),
         wall_time_s=round(wall_s, 2),
         runs_per_s=round(len(finished) / wall_s, 2) if wall_s else 0.0,
+        interrupted=kills.interrupted,
         problems=[
             {"problems": [text for _, text in found], **f.evidence(runner)}
             for f in facts
@@ -607,7 +660,7 @@ def judge(
 
 def render(figures: Figures, settings: Settings) -> str:
     incomplete = sum(figures.incomplete.values())
-    by_reason = ", ".join(f"{k} {v}" for k, v in sorted(figures.incomplete.items()))
+    by_reason = _by_count(figures.incomplete)
     rows = [
         (
             "runs",
@@ -620,7 +673,11 @@ def render(figures: Figures, settings: Settings) -> str:
             f"{figures.kills}  (mid-run {figures.kills_mid_run}, idle {figures.kills_idle};"
             f" one per {figures.kill_interval_ms:g} ms, asked {settings.kill_every_ms:g} ms)",
         ),
-        ("worker crashes", f"{figures.worker_crashes}"),
+        (
+            "worker crashes",
+            f"{sum(figures.worker_crashes.values())}"
+            + (f"  ({by_error})" if (by_error := _by_count(figures.worker_crashes)) else ""),
+        ),
         ("completed", f"{figures.completed}"),
         ("incomplete", f"{incomplete}" + (f"  ({by_reason})" if by_reason else "")),
         ("duplicates", f"{figures.duplicates}"),
@@ -636,15 +693,21 @@ def render(figures: Figures, settings: Settings) -> str:
         ),
         ("runs taken over", f"{figures.taken_over}"),
         ("writes reconciled", f"{figures.writes_reconciled}"),
-        ("journal actions", ", ".join(f"{k} {v}" for k, v in sorted(figures.actions.items()))),
+        ("journal actions", _by_count(figures.actions)),
         ("wall time s", f"{figures.wall_time_s:.1f}"),
         ("runs/s", f"{figures.runs_per_s:.2f}"),
     ]
+    if figures.interrupted:
+        rows.append(("interrupted", "Ctrl-C ended the chaos early"))
     lines = [f"{name:<18} {value}" for name, value in rows]
     for problem in figures.problems[:10]:
         lines.append(f"PROBLEM {problem['run_id']} ({problem['order_id']}):")
         lines += [f"  {text}" for text in problem["problems"]]
     return "\n".join(lines)
+
+
+def _by_count(counts: dict[str, int]) -> str:
+    return ", ".join(f"{key} {n}" for key, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 # --- main --------------------------------------------------------------------------------------
