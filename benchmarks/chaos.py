@@ -736,8 +736,16 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
         return judge(runner, facts, kills, settings, wall_s)
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(argv)
+    # `kill` (or a CI timeout) ends it as Ctrl-C does: figures so far, workers and services
+    # stopped. SIGINT too, which a shell ignores in a job it starts in the background.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     scratch = Path(tempfile.mkdtemp(prefix="lw-chaos-"))
     try:
         figures = benchmark(settings, scratch)

@@ -51,7 +51,7 @@ from loopwright.runner import (
     new_run_id,
     open_runner,
 )
-from loopwright.timeline import TimelinePrinter, render_run
+from loopwright.timeline import Redactor, TimelinePrinter, render_run
 from loopwright.worker import work
 from models.factory import make_model
 from server.launch import ServerFailedToStart
@@ -169,7 +169,9 @@ def decide(
     ).model_dump(mode="json")
 
 
-def report(outcome: RunOutcome) -> None:
+def report(outcome: RunOutcome, redactor: Redactor) -> None:
+    """The run's end; for a run that did not complete, what it did and did not do in the
+    business system, with sensitive arguments redacted as in the timeline."""
     console.print()
     if outcome.stop_reason == "completed":
         facts = (outcome.verification or {}).get("facts", {})
@@ -202,18 +204,18 @@ def report(outcome: RunOutcome) -> None:
     if outcome.stop_reason != "completed":
         # An honest account of what happened in the business system, whatever the run's end.
         for action in outcome.actions:
+            call = redactor.call(action.tool, action.args)
             if action.status == "SUCCEEDED":
-                console.print(
-                    f"  done: {action.tool} {action.args} -> {action.outcome}", markup=False
-                )
+                done = redactor.outcome(action.tool, action.outcome or {})
+                console.print(redactor.text(f"  done: {call} -> {done}"))
             elif action.status in UNRESOLVED_STATUSES or action.status == "ESCALATED":
                 console.print(
-                    f"  [bold red]unconfirmed write[/] {action.action_id} {action.tool} {action.args}: {action.status}"
+                    redactor.text(
+                        f"  [bold red]unconfirmed write[/] {action.action_id} {call}: {action.status}"
+                    )
                 )
             else:
-                console.print(
-                    f"  not done: {action.tool} {action.args} ({action.status})", markup=False
-                )
+                console.print(redactor.text(f"  not done: {call} ({action.status})"))
     for offer in outcome.compensations:
         console.print(f"  compensation you may want (not performed): {offer}", markup=False)
 
@@ -254,7 +256,7 @@ def demo(
         printer = TimelinePrinter(console)
         outcome = runner.start(DEMO_TASK, principal, on_step=printer)
         outcome = drive(runner, outcome, yes=yes, approver=DEMO_APPROVER, printer=printer)
-        report(outcome)
+        report(outcome, printer.redactor)
 
 
 @app.command()
@@ -270,22 +272,24 @@ def run(
         principal = principal_for(runner, user, task)
         run_id = run_id or new_run_id()
         console.print(f"run {run_id}")
-        report(runner.start(task, principal, run_id=run_id, on_step=TimelinePrinter(console)))
+        printer = TimelinePrinter(console)
+        report(runner.start(task, principal, run_id=run_id, on_step=printer), printer.redactor)
 
 
 @app.command()
 def resume(run_id: str, db: DbOption = None, model: ModelOption = None) -> None:
     """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
     with session(db, model) as runner:
-        report(runner.resume(run_id, on_step=TimelinePrinter(console)))
+        printer = TimelinePrinter(console)
+        report(runner.resume(run_id, on_step=printer), printer.redactor)
 
 
 @app.command()
 def cancel(run_id: str, db: DbOption = None) -> None:
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
     with session(db) as runner:
-        outcome = runner.cancel(run_id, on_step=TimelinePrinter(console))
-        report(outcome)
+        printer = TimelinePrinter(console)
+        report(runner.cancel(run_id, on_step=printer), printer.redactor)
 
 
 # `show` and `runs` read the database only: no business service is started, none is called.
@@ -347,12 +351,13 @@ def _decide_command(
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
         edits = _parse_changes(changes or [], request["args"]) if decision == "edit" else None
+        printer = TimelinePrinter(console)
         outcome = runner.resume(
             request["run_id"],
             decide(request, decision, approver, comment, changes=edits),
-            on_step=TimelinePrinter(console),
+            on_step=printer,
         )
-        report(outcome)
+        report(outcome, printer.redactor)
 
 
 def _parse_changes(changes: list[str], args: dict[str, Any]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from graph.crashpoints import ENV_VAR as CRASH_ENV
 from graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright import cli as cli_module
 from loopwright.runner import Runner
 from loopwright.timeline import TimelinePrinter, render_run
 from observability.instrument import TracedJournal
@@ -37,7 +38,7 @@ from observability.tracing import (
 )
 from services.admin import list_refunds, set_fault
 from services.endpoints import ServiceEndpoints
-from tests.card_payments import CARD, PAY_WITH_CARD, TASK, card_runner
+from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal
 
 RUN_ID = "run-traced"
@@ -209,6 +210,26 @@ def test_a_card_number_never_reaches_the_trace_or_the_timeline(
         assert recorded == {**action.args, "card_number": REDACTED}
     else:
         assert '"loopwright.tool.args":' not in trace.read_text()
+
+
+def test_the_report_of_an_escalated_run_redacts_the_unconfirmed_write(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end-of-run report lists writes nobody confirmed: with the card number blanked."""
+    printed = io.StringIO()
+    monkeypatch.setattr(cli_module, "console", Console(file=printed, soft_wrap=True))
+    with card_runner(database_url, LOST_PAYMENT) as runner:
+        printer = TimelinePrinter(cli_module.console, runner.tools)
+        outcome = runner.start(TASK, principal(task=TASK), on_step=printer)
+    cli_module.report(outcome, printer.redactor)
+
+    assert outcome.stop_reason == "needs_human"
+    [action] = outcome.actions
+    assert action.args["card_number"] == CARD  # the journal keeps what was sent
+    report = printed.getvalue().split("needs_human", 1)[1]
+    assert f"unconfirmed write {action.action_id} pay_with_card(" in report
+    assert f"card_number={REDACTED}" in report
+    assert CARD not in printed.getvalue()
 
 
 def test_a_disabled_tracer_writes_nothing_and_leaves_the_journal_alone(
