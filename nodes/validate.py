@@ -21,6 +21,10 @@ journal and before its checkpoint committed is run again), and:
            the edited call becomes a new intent (its key carries the call's revision) with its
            own digest and its own approval request, whatever the amount. An edit may not change
            what the call touches (its resources): it corrects an action, it does not start one.
+
+A write refused at dispatch because its plan was stale (the order changed since the model read
+it) was never sent: the same intent proposed again after a fresh read is planned anew, under
+the key's next `:replan-N`, and needs its own approval where the policy asks for one.
 """
 
 from __future__ import annotations
@@ -136,6 +140,29 @@ def intent_key(contract: ToolContract, run_id: str, args: BaseModel, revision: i
     return f"{key}:edit-{revision}" if revision else key
 
 
+# Refusals made at dispatch time because the world moved on since the plan (nodes/execute.py):
+# nothing was sent, and the model is told to read again and propose anew.
+REPLANNABLE = frozenset({"stale_plan", "stale_check_failed"})
+
+
+def _released(action: Action) -> bool:
+    """An intent refused before it was ever sent because its basis was stale: planning it again
+    cannot repeat an effect, so the key no longer binds it. An approver's rejection binds."""
+    error = (action.outcome or {}).get("error") or {}
+    return action.status is ActionStatus.REJECTED and error.get("code") in REPLANNABLE
+
+
+def open_intent_key(key: str, context: RunContext) -> str:
+    """`key`, or `key:replan-N` after N plans of the intent were released (see `_released`).
+
+    Deterministic, so a validate step run again after a crash finds its own action again."""
+    candidate, replans = key, 0
+    while (existing := context.journal.by_intent(candidate)) is not None and _released(existing):
+        replans += 1
+        candidate = f"{key}:replan-{replans}"
+    return candidate
+
+
 def _plan_write(
     call: PendingCall,
     contract: ToolContract,
@@ -146,7 +173,7 @@ def _plan_write(
     edited_by: str | None = None,
 ) -> tuple[PendingCall, Action, ToolEnvelope | None]:
     """Journal the write's intent. Returns the call, its action, and an answer if already settled."""
-    key = intent_key(contract, state["run_id"], args, call.revision)
+    key = open_intent_key(intent_key(contract, state["run_id"], args, call.revision), context)
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
     needs_approval = edited_by is not None or contract.needs_approval(args, context.env)

@@ -23,7 +23,7 @@ from models.refund_procedure import RefundProcedure
 from models.scripted import Decision, ScriptedChatModel
 from services.admin import list_refunds, requests_seen, set_fault, slow_down, update_order
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, decide, principal
 from tests.stub_server import serve_app
 from tools.contract import Effect, ToolArgs, ToolContract
 from tools.http import read_json
@@ -348,3 +348,62 @@ def test_write_planned_on_an_old_version_is_refused(
     assert "version 1 when you read it, it is now 2" in error["detail"]
     assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
     assert list_refunds(services, "O-43") == []
+
+
+def test_a_stale_plan_read_again_is_planned_anew_and_refunds_once(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """The refused write was never sent, so the same refund after a fresh read is a new plan
+    (not `duplicate_intent`), sent once under its own key."""
+
+    def reads_again_after_a_stale_plan(
+        messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        seen = results(messages)
+        refund = {"order_id": "O-43", "amount": "30.00", "currency": "USD", "reason": "x"}
+        if not seen:
+            return Decision(tool_calls=[("get_order", {"order_id": "O-43"})])
+        if len(seen) == 1:
+            update_order(services, "O-43", amount="31.00")  # another agent changes the order
+            return Decision(tool_calls=[("submit_refund", refund)])
+        if len(seen) == 2:
+            return Decision(tool_calls=[("get_order", {"order_id": "O-43"})])
+        if len(seen) == 3:
+            return Decision(tool_calls=[("submit_refund", refund)])
+        return Decision(content="Refunded 30.00 on order O-43.")
+
+    with open_test_runner(model=scripted(reads_again_after_a_stale_plan)) as runner:
+        outcome = run(runner, "Refund order O-43.")
+        answers = results(runner.state(outcome.run_id)["history"])
+    assert answers[1]["error"]["code"] == "stale_plan"
+    assert answers[3]["status"] == "ok"
+    assert outcome.stop_reason == "completed"
+    stale, sent = outcome.actions
+    assert (stale.status, stale.attempts) == (ActionStatus.REJECTED, 0)
+    assert (sent.status, sent.attempts) == (ActionStatus.SUCCEEDED, 1)
+    assert sent.intent_key == f"{stale.intent_key}:replan-1"
+    [refund] = list_refunds(services, "O-43")
+    assert refund["amount"] == "30.00"
+
+
+def test_an_approver_rejection_still_binds_the_intent(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """Only a stale plan releases its key: a rejected refund proposed again is not re-planned."""
+
+    def proposes_again_after_rejection(
+        messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        seen = results(messages)
+        refund = {"order_id": "O-42", "amount": "80.00", "currency": "USD", "reason": "x"}
+        if len(seen) < 2:
+            return Decision(tool_calls=[("submit_refund", refund)])
+        return Decision(content="The refund was refused.")
+
+    with open_test_runner(model=scripted(proposes_again_after_rejection)) as runner:
+        started = run(runner, "Refund 80.00 of order O-42.")
+        outcome = runner.resume(started.run_id, decide(started, "reject"))
+        answers = results(runner.state(outcome.run_id)["history"])
+    assert [a["error"]["code"] for a in answers] == ["approval_rejected", "duplicate_intent"]
+    assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
+    assert list_refunds(services, "O-42") == []
