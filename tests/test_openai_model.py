@@ -9,6 +9,7 @@ import pytest
 from langchain_core.messages import AIMessageChunk
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
+from pydantic import SecretStr
 
 from models.factory import make_model
 from models.openai_chat import (
@@ -45,7 +46,7 @@ def test_environment_configures_a_stateless_responses_client(
 
     assert isinstance(model, StrictChatOpenAI)
     assert (model.model_name, model.openai_api_base) == ("gpt-5-mini", "http://127.0.0.1:9/v1")
-    assert model.openai_api_key is not None
+    assert isinstance(model.openai_api_key, SecretStr)
     assert model.openai_api_key.get_secret_value() == "sk-local"
     assert (model.max_retries, model.request_timeout, model.streaming) == (5, 12.5, True)
     assert model.use_responses_api is True and model.output_version == "responses/v1"

@@ -39,7 +39,7 @@ def credit_entries(services: ServiceEndpoints) -> list[dict[str, Any]]:
 
 def run_credit(
     open_test_runner: RunnerFactory, tools: ToolRegistry
-) -> tuple[RunOutcome, list[str]]:
+) -> tuple[RunOutcome, list[ActionStatus]]:
     model = ScriptedChatModel(policy=credit_once)
     with open_test_runner(model=model, tools=tools) as runner:
         outcome = runner.start(TASK, principal(task=TASK))

@@ -66,7 +66,7 @@ def test_checkpoint_history_has_one_commit_per_node_step(open_test_runner: Runne
     # Step 0 holds the applied input; then one committed checkpoint after every node step, and
     # each checkpoint names exactly the node that ran next.
     loop_checkpoints = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
-    assert [s.metadata["step"] for s in loop_checkpoints] == list(range(len(steps) + 1))  # type: ignore[index]
+    assert [s.metadata["step"] for s in loop_checkpoints] == list(range(len(steps) + 1))
     assert [s.next for s in loop_checkpoints[:-1]] == [(node,) for node in steps]
     assert loop_checkpoints[-1].next == ()
     # One chain, no fork: every checkpoint's parent is the one before it.

@@ -9,10 +9,10 @@ checkpointers for, `acopy_thread` and `adelete_for_runs`.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base import CheckpointMetadata, empty_checkpoint
 
 from checkpoints.leases import StaleWriter, open_lease_store
 from server.checkpointer import FencedAsyncPostgresSaver, checkpointer
@@ -26,11 +26,16 @@ def config(thread_id: str) -> Any:
 
 async def put(saver: FencedAsyncPostgresSaver, thread_id: str, run_id: str) -> Any:
     """One checkpoint (with a pending write) on the thread, as written by server run `run_id`."""
+    # The server stores the thread id in the metadata too, beyond what the TypedDict declares.
+    metadata = {
+        "source": "update",
+        "step": 0,
+        "parents": {},
+        "run_id": run_id,
+        "thread_id": thread_id,
+    }
     stored = await saver.aput(
-        config(thread_id),
-        empty_checkpoint(),
-        {"source": "update", "step": 0, "parents": {}, "run_id": run_id, "thread_id": thread_id},
-        {},
+        config(thread_id), empty_checkpoint(), cast(CheckpointMetadata, metadata), {}
     )
     await saver.aput_writes(stored, [("task", "refund O-42")], task_id="t")
     return stored

@@ -83,7 +83,8 @@ def test_a_decision_is_signed_by_the_authenticated_approver() -> None:
     assert isinstance(request, Resume)
     assert request.command.resume == {"int-1": {**decision(), "approver": "a-1"}}
     single = parse_request(Command(resume=decision(approver="u-1")), ANN)
-    assert isinstance(single, Resume) and single.command.resume["approver"] == "a-1"
+    assert isinstance(single, Resume) and isinstance(single.command.resume, dict)
+    assert single.command.resume["approver"] == "a-1"
 
 
 def test_only_approvers_decide() -> None:
@@ -103,7 +104,8 @@ def test_an_approver_never_decides_their_own_run() -> None:
     allowed = payload_for(
         parse_request(Command(resume={"int-1": decision()}), ANN), waiting, "t-1", ANN
     )
-    assert isinstance(allowed, Command) and allowed.resume["int-1"]["approver"] == "a-1"
+    assert isinstance(allowed, Command) and isinstance(allowed.resume, dict)
+    assert allowed.resume["int-1"]["approver"] == "a-1"
 
 
 def test_a_repeated_start_continues_and_a_different_one_is_refused() -> None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli
 
 
-def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
