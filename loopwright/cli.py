@@ -46,6 +46,7 @@ from loopwright.run_list import render_runs
 from loopwright.runner import (
     Runner,
     RunOutcome,
+    RunExists,
     UnknownRun,
     lease_ttl_from_env,
     new_run_id,
@@ -584,6 +585,7 @@ def main() -> None:
     except (
         UsageError,
         UnknownRun,
+        RunExists,
         LeaseHeld,
         LeaseLost,
         StaleWriter,

@@ -167,8 +167,19 @@ class Runner:
         run_id: str | None = None,
         on_step: StepListener | None = None,
     ) -> RunOutcome:
+        """Start a run of `task` for `principal`.
+
+        Starting a run id that exists already, with the same task and user, is a retry of the
+        start (the caller may not know whether the first got through): it resumes the run and
+        never begins it again, which would ask the model anew. Another task or user under an
+        existing id is refused (`RunExists`).
+        """
         run_id = run_id or new_run_id()
-        self.leases.register(run_id, task=task, user_id=principal.user_id)
+        record = self.leases.register(run_id, task=task, user_id=principal.user_id)
+        if (record.task, record.user_id) != (task, principal.user_id):
+            raise RunExists(run_id)
+        if self.graph.get_state(self.config(run_id)).values:
+            return self.resume(run_id, on_step=on_step)
         return self._advance(run_id, initial_state(run_id, task, principal), on_step)
 
     def resume(
@@ -262,6 +273,10 @@ class Runner:
         lease = self._claim(run_id)
         self.saver.fence = Fence.of(lease)
         try:
+            if isinstance(payload, dict) and self.graph.get_state(self.config(run_id)).values:
+                # A concurrent start of this run got its first step in before our claim: go on
+                # from there rather than begin again.
+                payload = None
             with LeaseKeeper(self.leases, lease):
                 stream = self.graph.stream(
                     payload,
@@ -347,6 +362,12 @@ class Runner:
             actions=actions,
             compensations=compensations,
         )
+
+
+class RunExists(ValueError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} exists already, with another task or user")
+        self.run_id = run_id
 
 
 class UnknownRun(LookupError):

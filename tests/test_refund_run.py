@@ -5,10 +5,12 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage
 
 from graph.build import NODES
 from graph.state import ActionStatus, ApprovalDecision
+from loopwright.runner import RunExists
 from services.admin import list_refunds
 from services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
@@ -90,3 +92,34 @@ def test_ineligible_order_completes_without_effect(
     assert outcome.actions == []
     assert list_refunds(services, "O-44") == []
     assert isinstance(final, AIMessage) and "cannot be refunded" in final.text
+
+
+def test_starting_a_run_again_resumes_it_and_never_asks_the_model_again(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """A caller that retries `start` (it could not tell whether the first got through) must
+    not begin the run a second time."""
+    with open_test_runner() as runner:
+        first = runner.start(DEMO_TASK, principal(), run_id="run-started-twice")
+        requests = runner.state(first.run_id)["usage"]["model_requests"]
+        again = runner.start(DEMO_TASK, principal(), run_id="run-started-twice")
+        assert again.waiting_for_approval == first.waiting_for_approval
+        assert runner.state(first.run_id)["usage"]["model_requests"] == requests
+
+        done = approve(runner, again)
+        restarted = runner.start(DEMO_TASK, principal(), run_id="run-started-twice")
+        final = runner.state(first.run_id)
+    assert done.stop_reason == restarted.stop_reason == "completed"
+    assert final["usage"]["model_requests"] == UNCRASHED_MODEL_CALLS
+    assert len(list_refunds(services, "O-42")) == 1
+
+
+def test_a_run_id_is_not_reused_for_another_task(open_test_runner: RunnerFactory) -> None:
+    with open_test_runner() as runner:
+        runner.start(DEMO_TASK, principal(), run_id="run-taken")
+        other = "Refund order O-43."
+        with pytest.raises(RunExists, match="run-taken exists already"):
+            runner.start(other, principal(task=other), run_id="run-taken")
+        with pytest.raises(RunExists):
+            runner.start(DEMO_TASK, principal(user_id="u-2"), run_id="run-taken")
+        assert runner.state("run-taken")["task"] == DEMO_TASK
