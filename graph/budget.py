@@ -47,6 +47,12 @@ class Usage(BaseModel):
             }
         )
 
+    def after_failed_model_request(self) -> Usage:
+        """A request that raised: counted, though no tokens are known for it."""
+        return self.model_copy(
+            update={"steps": self.steps + 1, "model_requests": self.model_requests + 1}
+        )
+
 
 class BudgetExceeded(BaseModel):
     reason: StopReason

@@ -54,5 +54,10 @@ class RunContext:
 
     @property
     def model_id(self) -> str:
-        """The model's own name (e.g. "gpt-4.1", "scripted-refund-v1"): recorded in V, priced in B."""
-        return str(getattr(self.model, "model_name", None) or type(self.model).__name__)
+        """The run's first model, recorded in V."""
+        return model_name(self.model)
+
+
+def model_name(model: BaseChatModel) -> str:
+    """A model's own name (e.g. "gpt-4.1", "scripted-refund-v1"): what its usage is priced by."""
+    return str(getattr(model, "model_name", None) or type(model).__name__)

@@ -44,9 +44,9 @@ from graph.state import (
 )
 from loopwright.run_list import render_runs
 from loopwright.runner import (
+    RunExists,
     Runner,
     RunOutcome,
-    RunExists,
     UnknownRun,
     lease_ttl_from_env,
     new_run_id,

@@ -17,7 +17,7 @@ from typing import Any
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
-from graph.context import RunContext
+from graph.context import RunContext, model_name
 from graph.crashpoints import crash_point
 from graph.plan import Planner
 from graph.state import PendingCall, Phase, RunState, StopReason, digest
@@ -86,18 +86,24 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
                 reply = model.bind_tools(allowed).invoke(render(state))
                 note_model_reply(span, reply)
         except Exception as exc:  # the model client already retried transient faults (one layer)
-            return stop(
-                StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}"
-            )
+            # The request was made (and may be billed) though nothing came back of it.
+            failed = usage_of(state).after_failed_model_request()
+            return {
+                **stop(
+                    StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}"
+                ),
+                "usage": failed.model_dump(mode="json"),
+            }
     if not isinstance(reply, AIMessage):
         return stop(StopReason.TOOL_UNAVAILABLE, f"model returned {type(reply).__name__}")
     usage = usage_of(state)
     if planner is not None:
         usage = usage.model_copy(update={"steps": usage.steps + 1})  # a step, but no model call
     else:
+        # Priced by the model that answered: a specialist agent may have its own.
         meta = reply.usage_metadata or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         usage = usage.after_model_request(
-            meta["input_tokens"], meta["output_tokens"], context.budget.price(context.model_id)
+            meta["input_tokens"], meta["output_tokens"], context.budget.price(model_name(model))
         )
     pending = _pending_calls(reply)
     return {

@@ -33,6 +33,7 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
 
 from checkpoints.journal import ActionEvent, ActionJournal
+from graph.context import model_name
 from graph.state import (
     UNRESOLVED_STATUSES,
     Action,
@@ -210,7 +211,7 @@ def _note_verdict(opened: Span, call: PendingCall, tools: ToolRegistry) -> None:
 
 
 def model_span(model: BaseChatModel, prompt_version: str) -> AbstractContextManager[Span]:
-    model_id = str(getattr(model, "model_name", None) or type(model).__name__)
+    model_id = model_name(model)
     return span(
         f"chat {model_id}",
         attributes={

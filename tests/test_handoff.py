@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from graph.agents import AgentProfile, handoff_contract
+from graph.budget import Budget, Price
 from graph.state import StopReason
 from models.refund_procedure import RefundProcedure
 from models.scripted import Decision, ScriptedChatModel
@@ -68,6 +69,28 @@ def test_specialist_takes_over_with_its_own_tools_and_the_shared_journal(
     assert action.tool == "submit_refund" and action.status == "SUCCEEDED"
     assert state["usage"]["model_requests"] == 3 + 3
     assert len(list_refunds(services, "O-42")) == 1
+
+
+def test_the_specialists_tokens_are_priced_at_its_own_models_price(
+    open_test_runner: RunnerFactory,
+) -> None:
+    """Only the specialist's model has a price here: the run's cost is its tokens, nothing else."""
+    price = Price(input_per_mtok=3.0, output_per_mtok=15.0)
+    budget = Budget(prices={"scripted-payments": price})
+    model = ScriptedChatModel(policy=triage)
+    with open_test_runner(model=model, tools=TOOLS, agents=AGENTS, budget=budget) as runner:
+        outcome = approve(runner, runner.start(DEMO_TASK, principal()))
+        state = runner.state(outcome.run_id)
+    replies = [m for m in state["history"] if isinstance(m, AIMessage)]
+    specialist = [
+        m.usage_metadata
+        for m in replies
+        if m.response_metadata.get("model_name") == "scripted-payments" and m.usage_metadata
+    ]
+    assert len(specialist) == 3 and len(replies) == 6
+    expected = sum(price.cost(u["input_tokens"], u["output_tokens"]) for u in specialist)
+    assert expected > 0
+    assert state["usage"]["cost_usd"] == pytest.approx(expected)
 
 
 def test_the_primary_agent_cannot_use_the_specialists_tools(

@@ -58,9 +58,13 @@ def test_persistent_503_is_retries_plus_one_requests_then_a_typed_stop(
 
     with open_test_runner(model=model) as runner:
         outcome = runner.start(DEMO_TASK, principal())
-        history = runner.state(outcome.run_id)["history"]
+        state = runner.state(outcome.run_id)
+        history = state["history"]
 
     assert openai_stub.statuses == [503] * (retries + 1)
+    # The failed model step is in B: one request as the run sees it (the client's retries are its
+    # own layer), with no tokens known for it.
+    assert state["usage"]["model_requests"] == 1 and state["usage"]["input_tokens"] == 0
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "tool_unavailable")
     assert "Error code: 503" in outcome.stop_detail
     assert [type(m) for m in history] == [HumanMessage]
