@@ -5,7 +5,9 @@ fragments where the two dialects differ; `Database.spell` turns it into the back
 
     {for_update} {for_share}   row locks in Postgres; nothing in SQLite, whose BEGIN IMMEDIATE
                                already makes the writing transaction exclusive
-    {json} {timestamp}         column types: JSONB / TIMESTAMPTZ, or TEXT in SQLite
+    {json} {timestamp}         column types: JSON / TIMESTAMPTZ, or TEXT in SQLite. JSON, not
+                               JSONB: it keeps the text as sent, NUL characters (\\u0000) included,
+                               which a business system may return and JSONB cannot hold
     {after_seconds}            "now + %s seconds", for lease expiry
 
 `now()` is the database clock in Postgres (the start of the transaction). SQLite has no such
@@ -45,7 +47,7 @@ _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
     DatabaseKind.POSTGRES: {
         "for_update": " FOR UPDATE",
         "for_share": " FOR SHARE",
-        "json": "JSONB",
+        "json": "JSON",
         "timestamp": "TIMESTAMPTZ",
         "after_seconds": "now() + make_interval(secs => %s)",
     },
@@ -134,7 +136,7 @@ class Database:
         return rows[0] if rows else None
 
     def to_json(self, value: Any) -> str | None:
-        """A JSON parameter. Postgres casts the text to JSONB on insert; SQLite stores it."""
+        """A JSON parameter: text, stored as JSON by Postgres and as it is by SQLite."""
         return None if value is None else canonical_json(value)
 
     def timestamp(self, moment: datetime | None) -> datetime | str | None:

@@ -1,7 +1,7 @@
 """validate: a model's tool call is a request, not a permission.
 
 Every call passes, in order: a known tool allowed now, arguments valid against the contract's
-schema (and free of NUL characters, which no business system or journal can store), the task
+schema (and free of NUL characters, which C-string based business systems cut short), the task
 boundary (scope), authorisation from the trusted principal, and, for writes, the journal's
 intent check (the same intent proposed again maps to the first action; changed parameters under
 the same intent are refused) and the approval policy.

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from graph.state import ActionStatus
+from graph.state import ActionStatus, digest
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome
 from services.admin import list_refunds, set_fault
 from services.endpoints import ServiceEndpoints
+from tests.card_payments import PAY_WITH_CARD, TASK, PayArgs, card_runner
 from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, approve, principal
+from tools.contract import ToolEnv
 
 
 def start_and_approve(runner: Runner) -> RunOutcome:
@@ -101,3 +105,25 @@ def test_still_processing_parks_the_run_and_a_worker_finishes_it(
     assert [a.status for a in final.actions] == [ActionStatus.SUCCEEDED]
     [refund] = list_refunds(services, "O-42")
     assert refund["status"] == "succeeded"
+
+
+def _charge_with_nul(_env: ToolEnv, args: PayArgs, key: str | None) -> dict[str, Any]:
+    return {
+        "payment_id": f"pay_{digest(key)[:8]}\x00",
+        "card_number": args.card_number,
+        "status": "ok",
+    }
+
+
+def test_a_business_answer_with_a_nul_character_is_recorded_as_it_came(database_url: str) -> None:
+    """The write happened: its answer must be journaled whatever it holds, never lost to a
+    storage error that would leave the action DISPATCHED and the run unable to go on."""
+    tool = dataclasses.replace(PAY_WITH_CARD, run=_charge_with_nul)
+    with card_runner(database_url, tool) as runner:
+        outcome = runner.start(TASK, principal(task=TASK))
+        [action] = outcome.actions
+        reread = runner.journal.get(action.action_id)
+    assert outcome.stop_reason == "completed"
+    assert action.status is ActionStatus.SUCCEEDED and action.attempts == 1
+    assert reread is not None and reread.outcome is not None
+    assert reread.outcome["payment_id"].endswith("\x00")

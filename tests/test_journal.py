@@ -251,3 +251,23 @@ def test_unresolved_lists_actions_without_a_known_outcome(journal: ActionJournal
     for status in (S.PLANNED, S.APPROVED, S.SUCCEEDED, S.FAILED, S.ESCALATED):
         walk(journal, path_to(status), f"i-{status}", run_id="run-done")
     assert {a.action_id for a in journal.unresolved()} == expected
+
+
+def test_values_with_nul_characters_are_kept_exactly(journal: ActionJournal) -> None:
+    """A business system may answer with a NUL character; the journal must record that answer
+    as it came (Postgres JSONB cannot hold one, so the columns are JSON)."""
+    args = {"order_id": "O-42", "note": "a\x00b"}
+    action = journal.plan(proposed(args=args))
+    journal.transition(action.action_id, S.PLANNED, S.DISPATCHED, fence=1, count_attempt=True)
+    outcome = {"refund_id": "R-1\x00", "lines": [{"memo": "\x00"}]}
+    done = journal.transition(
+        action.action_id,
+        S.DISPATCHED,
+        S.SUCCEEDED,
+        fence=1,
+        outcome=outcome,
+        detail={"raw": "\x00"},
+    )
+    assert done.args == args and done.outcome == outcome
+    assert journal.get(action.action_id) == done
+    assert journal.events(action.action_id)[-1].detail == {"raw": "\x00"}
