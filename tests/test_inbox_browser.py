@@ -11,20 +11,17 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from langgraph_sdk import get_sync_client
-from psycopg import sql
 
+from checkpoints.scratch import fresh_database
 from server.launch import server_env, start_server
 from services.admin import list_refunds
 from services.launcher import start_services
-from tests.conftest import with_database
 from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, free_port, values_of
 
 CHROMIUM = os.environ.get("LOOPWRIGHT_CHROMIUM", "/usr/bin/chromium")
@@ -50,26 +47,19 @@ pytestmark = [
 def inbox_server(
     postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Any]]:
-    name = f"lw_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    workdir = tmp_path_factory.mktemp("inbox")
-    try:
+    with fresh_database(postgres_server_url, prefix="lw_test") as url:
+        workdir = tmp_path_factory.mktemp("inbox")
         with start_services(workdir / "services") as services:
             env = server_env(
                 {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                 {
-                    "DATABASE_URL": with_database(postgres_server_url, name),
+                    "DATABASE_URL": url,
                     "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
                     **services.endpoints.to_env(),
                 },
             )
             with start_server(workdir, env, port=free_port()) as server:
                 yield server.url, services.endpoints
-    finally:
-        with psycopg.connect(postgres_server_url, autocommit=True) as admin:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            admin.execute(drop.format(sql.Identifier(name)))
 
 
 def test_an_approver_approves_in_the_inbox_and_the_run_completes(

