@@ -44,7 +44,7 @@ from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from models.factory import make_model
 from services.admin import create_order, list_refunds
 from services.endpoints import ServiceEndpoints
-from services.launcher import start_services
+from services.launcher import start_services, terminate
 from tools.refunds import task_scope
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,14 +246,8 @@ class Worker:
 
     def stop(self) -> None:
         """SIGTERM lets a worker finish the attempt in hand; killed if that takes over 10 s."""
-        if self._process is None or self._process.poll() is not None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        if self._process is not None:
+            terminate(self._process, grace_s=10)
 
 
 def worker_env(

@@ -22,6 +22,8 @@ from typing import IO, Any, Self
 
 import httpx
 
+from services.launcher import terminate
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "langgraph.json"
 DEV_TOKENS = REPO / "server" / "dev-tokens.json"
@@ -85,13 +87,7 @@ class RunningServer:
         self.log = log
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, grace_s=10)
 
     def __enter__(self) -> Self:
         return self

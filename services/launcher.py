@@ -40,7 +40,7 @@ class RunningServices:
 
     def stop(self) -> None:
         """Terminate gracefully; kill if that takes more than 5 s. Safe to call twice."""
-        _terminate(self._process)
+        terminate(self._process)
 
     def __enter__(self) -> Self:
         return self
@@ -79,7 +79,7 @@ def start_services(data_dir: Path, *, timeout: float = 20) -> RunningServices:
         return RunningServices(
             process, ServiceEndpoints.model_validate_json(ready_file.read_text())
         )
-    _terminate(process)
+    terminate(process)
     with (data_dir / LOG_FILE).open("rb") as log:
         log.seek(log_start)
         stderr = log.read().decode(errors="replace")
@@ -108,10 +108,13 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _terminate(process: subprocess.Popen[bytes]) -> None:
+def terminate(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if the child has not exited within `grace_s`. Safe to call twice."""
+    if process.poll() is not None:
+        return
     process.terminate()
     try:
-        process.wait(timeout=5)
+        process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

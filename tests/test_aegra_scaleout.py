@@ -38,7 +38,7 @@ from checkpoints.scratch import fresh_database
 from server.launch import CONFIG, REPO
 from services.admin import create_order, list_refunds, slow_down
 from services.endpoints import ServiceEndpoints
-from services.launcher import start_services
+from services.launcher import start_services, terminate
 from tests.test_server_langgraph import GRAPH, TOKENS, free_port, values_of
 
 REDIS = ("127.0.0.1", 6379)
@@ -72,13 +72,7 @@ class Instance:
         return get_sync_client(url=self.url, headers={"Authorization": f"Bearer {token}"})
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, grace_s=10)
 
 
 @dataclass
