@@ -16,6 +16,10 @@ Points in the runtime (`POINTS`):
                                         has not been read (armed through the payments fault
                                         switch, which delays the answer; see tests)
   executor:before_outcome_record        the response was read, the outcome is not recorded
+  reconcile:after_settle                the business system's answer about an unknown write is
+                                        journaled, reconcile's own writes are not saved (the
+                                        resumed step finds nothing unresolved in the journal
+                                        and must still bring the state's projection up to date)
   checkpoint:after_writes:<node>        a node's writes are saved, the checkpoint after them
                                         is not (the resumed run must apply them, not stop)
 """
@@ -43,6 +47,7 @@ POINTS = (
     "executor:after_dispatch_record",
     "executor:after_send",
     "executor:before_outcome_record",
+    "reconcile:after_settle",
     "checkpoint:after_writes:validate",
     "checkpoint:after_writes:execute",
 )

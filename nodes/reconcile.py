@@ -105,12 +105,18 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
 def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:reconcile:start")
     context = runtime.context
+    projected = state.get("journal") or {}
     settled: list[Action] = []
     waits: list[float] = []
     for action in context.journal.for_run(state["run_id"]):
         if action.status not in UNRESOLVED_STATUSES:
+            if (projected.get(action.action_id) or {}).get("status") != action.status:
+                # Settled by an earlier attempt of this step that died before its writes were
+                # saved: the projection must catch up, or guard would route here forever.
+                settled.append(action)
             continue
         action, wait = reconcile_action(action, context)
+        crash_point("reconcile:after_settle")
         settled.append(action)
         if wait is not None:
             waits.append(wait)

@@ -19,11 +19,13 @@ from services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
 
 # A crash point is met at most once per case; "then" points are armed after the first crash.
+IN_RECONCILE = ("node:reconcile:start", "reconcile:after_settle")
 CASES: dict[str, tuple[str, ...]] = {
-    point: (point,) for point in POINTS if point != "node:reconcile:start"
+    point: (point,) for point in POINTS if point not in IN_RECONCILE
 }
 # reconcile only runs when an outcome is unknown: crash after DISPATCHED, then inside reconcile.
-CASES["node:reconcile:start"] = ("executor:after_dispatch_record", "node:reconcile:start")
+for point in IN_RECONCILE:
+    CASES[point] = ("executor:after_dispatch_record", point)
 
 
 def advance(run_id: str, db: str, env: dict[str, str]) -> tuple[int, str]:
