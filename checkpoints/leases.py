@@ -32,6 +32,8 @@ RUNS_SCHEMA = (
         user_id TEXT NOT NULL,
         next_attempt_at {timestamp},
         cancel_requested_at {timestamp},
+        failures INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
         created_at {timestamp} NOT NULL,
         updated_at {timestamp} NOT NULL
     )""",
@@ -39,7 +41,7 @@ RUNS_SCHEMA = (
 
 _SELECT_RUNS = (
     "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
-    " cancel_requested_at, created_at, updated_at,"
+    " cancel_requested_at, failures, last_error, created_at, updated_at,"
     " COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
     " FROM lw_runs"
 )
@@ -72,6 +74,10 @@ class RunRecord(BaseModel):
     user_id: str
     next_attempt_at: datetime | None
     cancel_requested_at: datetime | None = None
+    # Attempts in a row that ended in an error, and the last one: a run that keeps failing is
+    # retried later and later (`failure_backoff_s`), so it cannot keep every worker busy.
+    failures: int = 0
+    last_error: str | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -138,6 +144,16 @@ def refuse_if_superseded(db: Database, run_id: str, fence: int) -> None:
     run = lock_run(db, run_id)
     if run is not None and run.fence > fence:
         raise StaleWriter(run_id, fence, run.fence, f"the run was taken over by {run.owner}")
+
+
+FAILURE_BACKOFF_BASE_S = 1.0
+FAILURE_BACKOFF_CAP_S = 300.0
+
+
+def failure_backoff_s(failures: int) -> float:
+    """Seconds before a run that failed `failures` times in a row is due again: 1, 2, 4, ...
+    up to five minutes."""
+    return min(FAILURE_BACKOFF_CAP_S, FAILURE_BACKOFF_BASE_S * 2 ** max(0, failures - 1))
 
 
 class LeaseStore:
@@ -227,16 +243,33 @@ class LeaseStore:
         return [RunRecord.model_validate(row) for row in rows]
 
     def record(self, lease: Lease, phase: str, next_attempt_at: datetime | None = None) -> None:
-        """Note where the run stands, for listings and workers. Refused for a lost lease."""
+        """Note where the run stands after an attempt that went through, for listings and
+        workers; its failure streak is over. Refused for a lost lease."""
         with self.db.transaction():
-            run = lock_run(self.db, lease.run_id, exclusive=True)
-            if run is None or run.fence != lease.fence or run.owner != lease.owner:
-                raise LeaseLost(lease, run)
+            self._check_held(lease)
             self.db.execute(
-                "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, updated_at = now()"
-                " WHERE run_id = %s",
+                "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, failures = 0,"
+                " last_error = NULL, updated_at = now() WHERE run_id = %s",
                 (phase, self.db.timestamp(next_attempt_at), lease.run_id),
             )
+
+    def record_failure(self, lease: Lease, error: str) -> RunRecord:
+        """Note an attempt that ended in an error, and when to try again: after
+        `failure_backoff_s` of the streak so far. Refused for a lost lease."""
+        with self.db.transaction():
+            run = self._check_held(lease)
+            self.db.execute(
+                "UPDATE lw_runs SET failures = failures + 1, last_error = %s,"
+                " next_attempt_at = {after_seconds}, updated_at = now() WHERE run_id = %s",
+                (error, failure_backoff_s(run.failures + 1), lease.run_id),
+            )
+            return RunRecord.model_validate(self.db.execute(_SELECT_RUN, (lease.run_id,))[0])
+
+    def _check_held(self, lease: Lease) -> RunRecord:
+        run = lock_run(self.db, lease.run_id, exclusive=True)
+        if run is None or run.fence != lease.fence or run.owner != lease.owner:
+            raise LeaseLost(lease, run)
+        return run
 
     def request_cancel(self, run_id: str) -> RunRecord:
         """Ask for a run to stop. Not fenced: anyone allowed to cancel may, at any time; the

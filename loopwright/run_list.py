@@ -2,6 +2,7 @@
 
 A run with a write in flight, of unknown outcome, being reconciled or escalated is the one a
 person may have to look at, so it heads the list whatever its age; the rest follow newest first.
+A run whose attempts keep failing with an error says so, with the last error.
 Phase and stop reason come from the run's checkpoint (`lw_runs` is only as fresh as the last
 process that let go of the run normally), the actions from the journal.
 """
@@ -59,8 +60,11 @@ def render_runs(runner: Runner, console: Console) -> None:
     for line in lines:
         writes = ", ".join(f"{a.action_id} {a.status}" for a in line.unconfirmed) or "-"
         leased = f"  (leased by {line.record.owner})" if line.record.lease_live else ""
+        failing = ""
+        if line.record.failures:
+            failing = f"  (failed {line.record.failures}x in a row: {line.record.last_error})"
         console.print(
             f"{line.record.run_id:<20} {line.phase:<16} {line.stop_reason or '-':<18}"
-            f" {age(now - line.record.created_at):>5}  {writes}{leased}",
+            f" {age(now - line.record.created_at):>5}  {writes}{leased}{failing}",
             markup=False,
         )

@@ -29,8 +29,16 @@ from langgraph.types import Command, StateSnapshot
 
 from checkpoints.factory import open_checkpointer
 from checkpoints.fenced import Fence, FencedSaver
-from checkpoints.journal import ActionJournal, open_journal
-from checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, open_lease_store
+from checkpoints.journal import ActionJournal, StaleTransition, open_journal
+from checkpoints.leases import (
+    Lease,
+    LeaseHeld,
+    LeaseKeeper,
+    LeaseLost,
+    LeaseStore,
+    StaleWriter,
+    open_lease_store,
+)
 from graph.agents import AgentProfile
 from graph.budget import Budget
 from graph.build import NODES, RUN_DURABILITY, compile_graph
@@ -97,6 +105,9 @@ def worker_name() -> str:
 
 
 SILENT_NODES = ("__interrupt__",)
+# What an attempt ends with when another worker took the run over while it worked.
+OWNERSHIP_LOST = (StaleWriter, StaleTransition, LeaseLost)
+MAX_ERROR_CHARS = 1_000
 DEFAULT_LEASE_TTL_S = 30.0
 LEASE_TTL_ENV = "LOOPWRIGHT_LEASE_TTL_S"
 
@@ -298,6 +309,13 @@ class Runner:
                             on_step(node, update or {})
             outcome = self.outcome(run_id)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
+        except OWNERSHIP_LOST:
+            raise  # the new owner carries on; nothing of ours to note
+        except Exception as exc:
+            # An attempt that cannot go on (a bug, a graph that does not end): noted on the run,
+            # so that workers retry it later and later instead of at once, forever.
+            self.leases.record_failure(lease, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+            raise
         finally:
             self.saver.fence = None
             self.leases.release(lease)

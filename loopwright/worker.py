@@ -4,6 +4,8 @@ Runs that need a worker are those whose lease is free or expired and that are ne
 nor waiting for a person: runs submitted but never started, runs whose process died mid-flight,
 and parked reconciliations whose next attempt is due. Several workers may share one database:
 the lease decides who advances a run, and fencing refuses whatever a stalled worker writes late.
+A run whose attempt fails with an error is retried with a growing backoff, and the worker goes
+on with the other runs: one poisoned run never takes the workers down.
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from checkpoints.journal import StaleTransition
-from checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
-from loopwright.runner import Runner, RunOutcome, UnknownRun
+from checkpoints.leases import LeaseHeld
+from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
 WorkListener = Callable[[str, RunOutcome | Exception], None]
@@ -41,8 +42,12 @@ def work(
                 outcome: RunOutcome | Exception = runner.resume(run.run_id)
             except (LeaseHeld, UnknownRun):
                 continue  # another worker got there first, or its creator has not written it yet
-            except (StaleWriter, StaleTransition, LeaseLost) as exc:
+            except OWNERSHIP_LOST as exc:
                 outcome = exc  # taken over while we worked: the new owner carries on
+            except Exception as exc:
+                # This run's own failure, noted on it with a backoff (see Runner): the worker
+                # goes on with the others rather than die and leave them all.
+                outcome = exc
             if on_attempt is not None:
                 on_attempt(run.run_id, outcome)
     return attempts

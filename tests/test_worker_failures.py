@@ -1,0 +1,140 @@
+"""A run whose attempts fail with an error is retried with a growing backoff, and the worker goes
+on with the other runs: one poisoned run never takes the workers down."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, ToolMessage
+from pydantic import BaseModel
+from rich.console import Console
+
+from checkpoints.leases import failure_backoff_s
+from loopwright.run_list import render_runs
+from loopwright.runner import Runner, RunOutcome
+from loopwright.worker import work
+from models.scripted import Decision, ScriptedChatModel
+from tests.runtime_fixtures import RunnerFactory, principal
+from tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
+from tools.registry import ToolRegistry
+
+POISONED = "Check the flaky ledger."
+HEALTHY = "Say hello."
+
+
+class NoArgs(ToolArgs):
+    pass
+
+
+class Nothing(BaseModel):
+    pass
+
+
+class Ledger:
+    """A client with a bug that raises (not a ToolFault: nothing in the runtime expects it)."""
+
+    fixed = False
+
+    @classmethod
+    def read(cls, _env: ToolEnv, _args: NoArgs, _key: str | None) -> dict[str, Any]:
+        if not cls.fixed:
+            raise RuntimeError("ledger client bug")
+        return {}
+
+
+BUGGY_READ = ToolContract(
+    name="read_ledger",
+    description="Read the ledger.",
+    args_model=NoArgs,
+    output_model=Nothing,
+    effect=Effect.READ,
+    run=Ledger.read,
+)
+
+
+def reads_the_ledger_when_asked(
+    messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+) -> Decision:
+    task = str(messages[-1].content) if messages else ""
+    if "ledger" in task and not any(isinstance(m, ToolMessage) for m in messages):
+        return Decision(tool_calls=[("read_ledger", {})])
+    return Decision(content="Hello.")
+
+
+def test_backoff_doubles_up_to_five_minutes() -> None:
+    assert [failure_backoff_s(n) for n in (1, 2, 3, 4, 10, 100)] == [1, 2, 4, 8, 300, 300]
+
+
+def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_others(
+    open_test_runner: RunnerFactory,
+) -> None:
+    model = ScriptedChatModel(policy=reads_the_ledger_when_asked)
+    tools = ToolRegistry([BUGGY_READ])
+    with open_test_runner(model=model, tools=tools) as runner:
+        poisoned = runner.submit(POISONED, principal(task=POISONED))
+        healthy = runner.submit(HEALTHY, principal(task=HEALTHY))
+        attempts: list[tuple[str, RunOutcome | Exception]] = []
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=work,
+            args=(runner,),
+            kwargs={"stop": stop, "poll_s": 0.05, "on_attempt": lambda *a: attempts.append(a)},
+        )
+        thread.start()
+        try:
+            _wait_for(lambda: runner.outcome(healthy).phase == "COMPLETED")
+            _wait_for(lambda: _failures(runner, poisoned) >= 2)
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+        record = runner.leases.get(poisoned)
+
+    assert not thread.is_alive()
+    assert record is not None and record.owner is None  # released after each failed attempt
+    assert record.last_error == "RuntimeError: ledger client bug"
+    assert record.next_attempt_at is not None and record.next_attempt_at > record.updated_at
+    # Backed off, not retried at every poll: two failures in ~1 s of 0.05 s polls.
+    failed = [r for run_id, r in attempts if run_id == poisoned]
+    assert all(isinstance(r, RuntimeError) for r in failed)
+    assert len(failed) == record.failures <= 3
+    [done] = [r for run_id, r in attempts if run_id == healthy]
+    assert isinstance(done, RunOutcome) and done.phase == "COMPLETED"
+    listed = io.StringIO()
+    with open_test_runner(model=model, tools=tools) as runner:
+        render_runs(runner, Console(file=listed, width=200, soft_wrap=True))
+    [line] = [line for line in listed.getvalue().splitlines() if line.startswith(poisoned)]
+    assert line.endswith(f"(failed {record.failures}x in a row: RuntimeError: ledger client bug)")
+
+
+def test_a_run_that_goes_through_again_ends_its_failure_streak(
+    open_test_runner: RunnerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = ScriptedChatModel(policy=reads_the_ledger_when_asked)
+    with open_test_runner(model=model, tools=ToolRegistry([BUGGY_READ])) as runner:
+        run_id = runner.submit(POISONED, principal(task=POISONED))
+        with pytest.raises(RuntimeError):
+            runner.resume(run_id)
+        failed = runner.leases.get(run_id)
+        monkeypatch.setattr(Ledger, "fixed", True)  # the bug is fixed and deployed
+        outcome = runner.resume(run_id)
+        healed = runner.leases.get(run_id)
+    assert failed is not None and failed.failures == 1
+    assert outcome.phase == "COMPLETED"
+    assert healed is not None and (healed.failures, healed.last_error) == (0, None)
+
+
+def _failures(runner: Runner, run_id: str) -> int:
+    record = runner.leases.get(run_id)
+    return record.failures if record is not None else 0
+
+
+def _wait_for(condition: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
