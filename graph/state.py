@@ -167,6 +167,33 @@ class ApprovalRequest(BaseModel):
     requested_by: str
     expires_at: datetime
 
+    def answer(
+        self,
+        decision: ApprovalChoice,
+        approver: str,
+        comment: str = "",
+        changes: dict[str, Any] | None = None,
+    ) -> ApprovalDecision:
+        """The decision on this request. An edit replaces the arguments named in `changes`
+        (which must be arguments the action has) and keeps the rest; nothing else changes any.
+        Raises ValueError (a pydantic ValidationError for malformed fields)."""
+        if decision == "edit":
+            if not changes:
+                raise ValueError("an edit changes at least one argument")
+            if unknown := sorted(set(changes) - set(self.args)):
+                known = ", ".join(sorted(self.args))
+                raise ValueError(f"cannot edit {', '.join(unknown)}: the arguments are {known}")
+        elif changes:
+            raise ValueError("only an edit changes arguments")
+        return ApprovalDecision(
+            approval_id=self.approval_id,
+            digest=self.digest,
+            decision=decision,
+            approver=approver,
+            comment=comment,
+            args={**self.args, **(changes or {})} if decision == "edit" else None,
+        )
+
 
 ApprovalChoice = Literal["approve", "reject", "edit"]
 

@@ -38,7 +38,6 @@ from graph.build import compile_graph
 from graph.state import (
     UNRESOLVED_STATUSES,
     ApprovalChoice,
-    ApprovalDecision,
     ApprovalRequest,
     Principal,
 )
@@ -159,15 +158,13 @@ def decide(
     changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The resume value that answers `request`; an edit changes `changes` and keeps the rest."""
-    parsed = ApprovalRequest.model_validate(request)
-    return ApprovalDecision(
-        approval_id=parsed.approval_id,
-        digest=parsed.digest,
-        decision=decision,
-        approver=approver,
-        comment=comment,
-        args={**parsed.args, **(changes or {})} if decision == "edit" else None,
-    ).model_dump(mode="json")
+    try:
+        answer = ApprovalRequest.model_validate(request).answer(
+            decision, approver, comment, changes
+        )
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise UsageError(str(exc)) from None
+    return answer.model_dump(mode="json")
 
 
 def report(outcome: RunOutcome, redactor: Redactor) -> None:
@@ -351,7 +348,7 @@ def _decide_command(
         if not match:
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
-        edits = _parse_changes(changes or [], request["args"]) if decision == "edit" else None
+        edits = _parse_changes(changes or []) if decision == "edit" else None
         printer = TimelinePrinter(console)
         outcome = runner.resume(
             request["run_id"],
@@ -361,17 +358,14 @@ def _decide_command(
         report(outcome, printer.redactor)
 
 
-def _parse_changes(changes: list[str], args: dict[str, Any]) -> dict[str, str]:
-    """`FIELD=VALUE` pairs, each naming an argument the pending action has."""
+def _parse_changes(changes: list[str]) -> dict[str, str]:
+    """`FIELD=VALUE` pairs (which fields an edit may change, `ApprovalRequest.answer` says)."""
     parsed: dict[str, str] = {}
     for change in changes:
         field, sep, value = change.partition("=")
-        if not sep or field not in args:
-            known = ", ".join(sorted(args))
-            raise UsageError(f"--set {change!r}: expected FIELD=VALUE with FIELD one of {known}")
+        if not sep or not field:
+            raise UsageError(f"--set {change!r}: expected FIELD=VALUE")
         parsed[field] = value
-    if not parsed:
-        raise UsageError("an edit needs at least one --set FIELD=VALUE")
     return parsed
 
 

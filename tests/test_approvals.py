@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from graph.state import ActionStatus
+from graph.state import ActionStatus, ApprovalChoice, ApprovalRequest
 from loopwright.cli import decide
 from loopwright.runner import Runner, RunOutcome, open_runner
 from models.factory import make_model
@@ -258,9 +258,48 @@ def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_
     assert "Refund 40.00 USD to order O-42 (edited by a-1)" in edited.stdout
     match = APPROVE_COMMAND.search(edited.stdout)
     assert match is not None and match[1] != approval_id
+    refused = cli("approvals", "edit", match[1], "--set", "iban=X", *decide_args, env=env)
+    assert refused.returncode == 2
+    assert "cannot edit iban: the arguments are amount, currency, order_id" in refused.stderr
     approved = cli("approvals", "approve", match[1], *decide_args, env=env, check=True)
     assert "COMPLETED" in approved.stdout
     assert [r["amount"] for r in list_refunds(services, "O-42")] == ["40.00"]
+
+
+REQUEST = ApprovalRequest(
+    approval_id="apr_1",
+    run_id="run-1",
+    action_id="act_1",
+    digest="0" * 64,
+    tool="submit_refund",
+    args={"order_id": "O-42", "amount": "100.00", "currency": "USD"},
+    summary="Refund 100.00 USD to order O-42",
+    requested_by="u-1",
+    expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+)
+
+
+def test_an_edit_changes_only_the_arguments_it_names() -> None:
+    edit = REQUEST.answer("edit", "a-1", "too much", {"amount": "40.00"})
+    assert edit.args == {"order_id": "O-42", "amount": "40.00", "currency": "USD"}
+    assert (edit.approval_id, edit.digest, edit.comment) == ("apr_1", "0" * 64, "too much")
+    assert REQUEST.answer("approve", "a-1").args is None
+
+
+@pytest.mark.parametrize(
+    ("decision", "changes", "problem"),
+    [
+        ("edit", {}, "an edit changes at least one argument"),
+        ("edit", {"iban": "X", "amount": "1.00"}, "cannot edit iban: the arguments are amount"),
+        ("approve", {"amount": "1.00"}, "only an edit changes arguments"),
+        ("reject", {"amount": "1.00"}, "only an edit changes arguments"),
+    ],
+)
+def test_a_decision_that_cannot_mean_anything_is_refused(
+    decision: ApprovalChoice, changes: dict[str, str], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        REQUEST.answer(decision, "a-1", changes=changes)
 
 
 # The demo's approval behaviour does not depend on the backend; cross-process approval on each
