@@ -1,16 +1,19 @@
 """loopwright's own HTTP routes on the server (langgraph.json `http.app`): the approval inbox.
 
 `GET /inbox` is a small page (plain HTML and script, no assets from elsewhere) that asks for a
-bearer token, lists the approvals waiting across threads and approves or rejects one. Its data
+bearer token, lists the approvals waiting across threads and approves, rejects or edits one
+(the amount, for a write that has one). Its data
 comes from two JSON routes, which authenticate with the same token table as the server
 (`server.auth`) and then talk to the server's own API with the caller's token, so every rule of
 the auth hooks applies to them as well:
 
 * `GET /inbox/api/approvals`: pending approvals (summary, amount, digest, expiry), for approvers
   only, without the runs they started themselves;
-* `POST /inbox/api/decisions`: `{"thread_id", "interrupt_id", "decision": "approve"|"reject",
-  "comment"}` resumes the run with an `ApprovalDecision` through the server (a new server run
-  with `Command(resume={interrupt_id: decision})`, multitask strategy "reject").
+* `POST /inbox/api/decisions`: `{"thread_id", "interrupt_id", "decision": "approve"|"reject"|
+  "edit", "comment", "changes"}` resumes the run with an `ApprovalDecision` through the server
+  (a new server run with `Command(resume={interrupt_id: decision})`, multitask strategy
+  "reject"). An edit's `changes` name the arguments it replaces (e.g. `{"amount": "40.00"}`);
+  the edited action then waits for an approval of its own.
 
 The page itself carries no data, so it needs no token; the JSON routes do.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from fastapi import FastAPI
@@ -30,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from graph.state import ApprovalDecision, ApprovalRequest
+from graph.state import ApprovalChoice, ApprovalRequest
 from server.auth import User, user_for_authorization
 
 ASSISTANT_ID = "loopwright"
@@ -43,8 +46,11 @@ class DecisionRequest(BaseModel):
 
     thread_id: str = Field(min_length=1, max_length=64)
     interrupt_id: str = Field(min_length=1, max_length=128)
-    decision: str = Field(pattern=r"^(approve|reject)$")
+    # Builtin types only: the server loads this module from its path, outside sys.modules, where
+    # pydantic cannot resolve this module's own names in (postponed) annotations.
+    decision: str = Field(pattern=r"^(approve|reject|edit)$")
     comment: str = Field(default="", max_length=500)
+    changes: dict[str, str] = Field(default_factory=dict, max_length=20)
 
 
 class InboxError(Exception):
@@ -137,13 +143,11 @@ async def decide(request: Request) -> Response:
             raise InboxError(409, "that approval is no longer pending")
         if user.user_id in ((thread.get("metadata") or {}).get("owner"), req.requested_by):
             raise InboxError(403, "an approver cannot decide about their own run")
-        decision = ApprovalDecision(
-            approval_id=req.approval_id,
-            digest=req.digest,
-            decision="approve" if body.decision == "approve" else "reject",
-            approver=user.user_id,
-            comment=body.comment,
-        )
+        try:
+            choice = cast(ApprovalChoice, body.decision)
+            decision = req.answer(choice, user.user_id, body.comment, body.changes)
+        except ValueError as exc:  # pydantic's ValidationError included
+            raise InboxError(422, f"bad decision: {exc}") from None
         run = await client.runs.create(
             body.thread_id,
             ASSISTANT_ID,

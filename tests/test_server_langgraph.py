@@ -263,6 +263,40 @@ def test_an_approver_cannot_approve_their_own_run(served: Served) -> None:
     assert state["next"] == ["approval"] and list_refunds(served.services, "O-900") == []
 
 
+def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served: Served) -> None:
+    create_order(served.services, "O-802", "u-1", "80.00")
+    task = "Check whether order O-802 can be refunded and refund it if so."
+    thread_id, waiting = start_run(served.client("t-u1"), task)
+    interrupt = waiting["interrupts"][0]
+    headers = {"Authorization": "Bearer t-a1"}
+
+    def post(decision: str, interrupt_id: str, **changes: str) -> httpx.Response:
+        body = {"thread_id": thread_id, "interrupt_id": interrupt_id, "decision": decision}
+        return httpx.post(
+            f"{served.url}/inbox/api/decisions", headers=headers, json={**body, "changes": changes}
+        )
+
+    refused = post("edit", interrupt["id"], iban="DE00")
+    assert refused.status_code == 422 and "cannot edit iban" in refused.json()["detail"]
+    assert post("approve", interrupt["id"], amount="1.00").status_code == 422
+    assert post("edit", interrupt["id"], amount="40.00").status_code == 202
+
+    deadline = time.monotonic() + 30
+    edited: list[dict[str, Any]] = []
+    while not edited and time.monotonic() < deadline:
+        time.sleep(0.2)
+        listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+        edited = [a for a in listed["approvals"] if a["thread_id"] == thread_id]
+    [item] = edited
+    assert item["summary"] == "Refund 40.00 USD to order O-802 (edited by a-1)"
+    assert item["interrupt_id"] != interrupt["id"] and item["amount"] == "40.00"
+    assert post("approve", item["interrupt_id"]).status_code == 202
+
+    final = wait_for_end(served.client("t-u1"), thread_id)["values"]
+    assert final["stop_reason"] == "completed"
+    assert [r["amount"] for r in list_refunds(served.services, "O-802")] == ["40.00"]
+
+
 def test_nobody_writes_a_threads_state_through_the_api(
     served: Served, waiting_run: tuple[str, Any]
 ) -> None:
