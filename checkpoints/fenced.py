@@ -4,8 +4,9 @@ A fencing check in a separate transaction would leave a gap: the lease could cha
 between the check and the write, and the stale worker's checkpoint would fork the run. So the
 fenced savers subclass langgraph's own savers and run each `put` / `put_writes` inside one
 transaction on the saver's connection that first locks the run's lw_runs row, performs the
-stock write, and commits only if the fence checks out (Postgres pipelines all of it). A takeover (`LeaseStore.claim`) needs that row exclusively
-and therefore waits for the write to commit; the next write of the stale worker is refused.
+stock write, and commits only if the fence checks out (Postgres pipelines all of it). A
+takeover (`LeaseStore.claim`) needs that row exclusively and therefore waits for the write to
+commit; the next write of the stale worker is refused.
 
 Everything else (reads, `get_delta_channel_history` for `DeltaChannel` state, pruning) is the
 stock saver's, untouched. With `fence=None` a fenced saver is exactly the stock saver. The
