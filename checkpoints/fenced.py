@@ -3,10 +3,9 @@
 A fencing check in a separate transaction would leave a gap: the lease could change hands
 between the check and the write, and the stale worker's checkpoint would fork the run. So the
 fenced savers subclass langgraph's own savers and run each `put` / `put_writes` inside one
-transaction on the saver's connection that first locks the run's lw_runs row, performs the
-stock write, and commits only if the fence checks out (Postgres pipelines all of it). A
-takeover (`LeaseStore.claim`) needs that row exclusively and therefore waits for the write to
-commit; the next write of the stale worker is refused.
+transaction on the saver's connection that first locks the run's lw_runs row and checks the
+fence, then performs the stock write. A takeover (`LeaseStore.claim`) needs that row exclusively
+and therefore waits for the write to commit; the next write of the stale worker is refused.
 
 Everything else (reads, `get_delta_channel_history` for `DeltaChannel` state, pruning) is the
 stock saver's, untouched. With `fence=None` a fenced saver is exactly the stock saver. The
@@ -36,10 +35,10 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from pydantic import BaseModel, ConfigDict
 
-from checkpoints.leases import Lease, RunRecord, StaleWriter, lock_run, lock_run_sql
+from checkpoints.leases import Lease, StaleWriter, lock_run
 from checkpoints.sql import Database
 from graph.crashpoints import crash_point
 
@@ -62,15 +61,9 @@ class Fence(BaseModel):
 
         Call inside the writing transaction: the run's row stays locked until it commits.
         """
-        self.check_thread(run_id)
-        self.check_row(run_id, lock_run(db, run_id))
-
-    def check_thread(self, run_id: str) -> None:
         if run_id != self.run_id:
             raise StaleWriter(run_id, self.fence, None, f"the saver is fenced for {self.run_id}")
-
-    def check_row(self, run_id: str, run: RunRecord | None) -> None:
-        """Refuse unless `run`, the run's row as locked by the writing transaction, is ours."""
+        run = lock_run(db, run_id)
         if run is None:
             raise StaleWriter(run_id, self.fence, None, "the run is not registered")
         if run.fence != self.fence or run.owner != self.owner:
@@ -130,14 +123,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
 
 
 class FencedPostgresSaver(FencedSaver, PostgresSaver):
-    """`PostgresSaver` with fencing, pipelined: two round trips to Postgres per write.
-
-    The fencing transaction's BEGIN, the lease row's lock, and the stock saver's statements go
-    out together (its own pipeline block syncs them); the fence is judged when the locked row
-    arrives with their results, and only then is COMMIT sent, or ROLLBACK for a stale writer.
-    The row is locked before the stock statements run, so a takeover still waits for the
-    commit, and a stale writer's statements are never committed.
-    """
+    """`PostgresSaver` with fencing. Its pipelined statements join the fencing transaction."""
 
     def __init__(
         self,
@@ -148,26 +134,6 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
     ) -> None:
         super().__init__(conn, serde=serde)
         self._init_fencing(conn, fence)
-        self._pg = conn
-
-    @contextmanager
-    def _fenced(self, config: RunnableConfig) -> Iterator[None]:
-        fence = self.fence
-        if fence is None:
-            yield
-            return
-        run_id = str(config["configurable"]["thread_id"])
-        fence.check_thread(run_id)
-        with (
-            self.lock,
-            self._pg.pipeline(),
-            self._pg.transaction(),
-            self._pg.cursor(row_factory=dict_row) as cur,
-        ):
-            cur.execute(self._fence_db.spell(lock_run_sql()), (run_id,))
-            yield
-            row = cur.fetchone()
-            fence.check_row(run_id, RunRecord.model_validate(row) if row else None)
 
 
 class FencedSqliteSaver(FencedSaver, SqliteSaver):

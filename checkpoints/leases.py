@@ -131,13 +131,9 @@ def lock_run(db: Database, run_id: str, *, exclusive: bool = False) -> RunRecord
     until every write that checked the old fence has committed: a takeover can never slip in
     between a fence check and the write it guards.
     """
-    row = db.one(lock_run_sql(exclusive=exclusive), (run_id,))
+    lock = "{for_update}" if exclusive else "{for_share}"
+    row = db.one(_SELECT_RUN + lock, (run_id,))
     return RunRecord.model_validate(row) if row else None
-
-
-def lock_run_sql(*, exclusive: bool = False) -> str:
-    """The statement of `lock_run`, for callers that pipeline it (one parameter: the run id)."""
-    return _SELECT_RUN + ("{for_update}" if exclusive else "{for_share}")
 
 
 def refuse_if_superseded(db: Database, run_id: str, fence: int) -> None:
