@@ -40,7 +40,8 @@ BASELINE_CRASH_POINTS = frozenset(
         "executor:before_outcome_record",
     }
 )
-RECONCILE_CRASH = ("executor:after_dispatch_record", "node:reconcile:start")
+# reconcile only runs when an outcome is unknown: crash after DISPATCHED first, then in reconcile.
+RECONCILE_POINTS = ("node:reconcile:start", "reconcile:after_settle")
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,9 @@ def _crash_faults() -> list[Row]:
     """One row per crash point."""
     found: list[Row] = []
     for point in POINTS:
-        if point == "node:reconcile:start":
-            found.append(("partial", Fault(FaultKind.CRASH, RECONCILE_CRASH), ("loopwright",)))
+        if point in RECONCILE_POINTS:
+            crashes = ("executor:after_dispatch_record", point)
+            found.append(("partial", Fault(FaultKind.CRASH, crashes), ("loopwright",)))
             continue
         scenario = "approval_required" if point == "node:approval:start" else "partial"
         systems = SYSTEMS if point in BASELINE_CRASH_POINTS else ("loopwright",)
