@@ -287,6 +287,15 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     for action in outcome.actions:
         if action.status in UNCONFIRMED:
             say(f"[bold red]unconfirmed write[/] {action.action_id}: {action.status}")
+    record = runner.leases.get(run_id)
+    if record is not None and record.failures:
+        retry = (
+            f", next attempt at {_time(record.next_attempt_at)}" if record.next_attempt_at else ""
+        )
+        say(
+            f"[bold red]failing[/]: {record.failures} attempts in a row ended in an error{retry}:"
+            f" {escape(record.last_error or '')}"
+        )
     say(
         f"budget used: {_budget_line(Usage.model_validate(state.get('usage') or {}), runner.budget)}"
     )

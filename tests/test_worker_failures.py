@@ -17,6 +17,7 @@ from rich.console import Console
 from checkpoints.leases import failure_backoff_s
 from loopwright.run_list import render_runs
 from loopwright.runner import Runner, RunOutcome
+from loopwright.timeline import render_run
 from loopwright.worker import work
 from models.scripted import Decision, ScriptedChatModel
 from tests.runtime_fixtures import RunnerFactory, principal
@@ -109,6 +110,12 @@ def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_oth
         render_runs(runner, Console(file=listed, width=200, soft_wrap=True))
     [line] = [line for line in listed.getvalue().splitlines() if line.startswith(poisoned)]
     assert line.endswith(f"(failed {record.failures}x in a row: RuntimeError: ledger client bug)")
+    shown = io.StringIO()
+    with open_test_runner(model=model, tools=tools) as runner:
+        render_run(runner, poisoned, Console(file=shown, width=200, soft_wrap=True))
+    [failing] = [line for line in shown.getvalue().splitlines() if line.startswith("failing:")]
+    assert failing.startswith(f"failing: {record.failures} attempts in a row ended in an error")
+    assert failing.endswith(": RuntimeError: ledger client bug")
 
 
 def test_a_run_that_goes_through_again_ends_its_failure_streak(
