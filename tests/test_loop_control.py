@@ -73,8 +73,10 @@ def test_max_steps(open_test_runner: RunnerFactory) -> None:
 
 
 def test_deadline_exceeded(open_test_runner: RunnerFactory) -> None:
+    # Every other limit out of reach, however fast the machine gets through steps in 1 s.
+    unlimited = {"max_steps": 10**6, "max_tool_attempts": 10**6, "max_input_tokens": 10**9}
     with open_test_runner(
-        model=scripted(KeepsReading(reads=1000)), budget=Budget(deadline_s=1.0, max_steps=1000)
+        model=scripted(KeepsReading(reads=10**6)), budget=Budget(deadline_s=1.0, **unlimited)
     ) as runner:
         started = time.monotonic()
         outcome = run(runner, READ_TASK)
