@@ -23,41 +23,12 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from checkpoints.leases import RUNS_SCHEMA, refuse_if_superseded
+from checkpoints.leases import refuse_if_superseded
+from checkpoints.schema import migrate
 from checkpoints.sql import Database, Row, open_database
 from graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus
 
 PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})
-
-JOURNAL_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS lw_actions (
-        action_id TEXT PRIMARY KEY,
-        run_id TEXT NOT NULL,
-        call_id TEXT NOT NULL,
-        tool TEXT NOT NULL,
-        args {json} NOT NULL,
-        args_digest TEXT NOT NULL,
-        intent_key TEXT NOT NULL UNIQUE,
-        status TEXT NOT NULL,
-        attempts INTEGER NOT NULL,
-        fence BIGINT NOT NULL,
-        outcome {json},
-        created_at {timestamp} NOT NULL,
-        updated_at {timestamp} NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS lw_actions_by_run ON lw_actions (run_id, created_at)",
-    "CREATE INDEX IF NOT EXISTS lw_actions_by_status ON lw_actions (status)",
-    """CREATE TABLE IF NOT EXISTS lw_action_events (
-        action_id TEXT NOT NULL REFERENCES lw_actions (action_id),
-        seq INTEGER NOT NULL,
-        from_status TEXT,
-        to_status TEXT NOT NULL,
-        fence BIGINT NOT NULL,
-        at {timestamp} NOT NULL,
-        detail {json},
-        PRIMARY KEY (action_id, seq)
-    )""",
-)
 
 # Timestamps come last: they are not taken from the caller but from the database clock.
 _WRITTEN = (
@@ -180,10 +151,9 @@ class SqlJournal:
         self.db = db
 
     def setup(self) -> None:
-        """Create the journal tables, and lw_runs, which `transition` checks leases against."""
-        with self.db.transaction():
-            for statement in (*RUNS_SCHEMA, *JOURNAL_SCHEMA):
-                self.db.execute(statement)
+        """Bring the journal tables, and lw_runs, which `transition` checks leases against, to
+        the current version."""
+        migrate(self.db)
 
     def plan(self, action: Action) -> Action:
         """Insert `action` unless its intent is journaled already; return the journaled action.

@@ -18,26 +18,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from checkpoints.schema import migrate
 from checkpoints.sql import Database, open_database
 from graph.state import Phase
-
-RUNS_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS lw_runs (
-        run_id TEXT PRIMARY KEY,
-        owner TEXT,
-        fence BIGINT NOT NULL,
-        lease_expires_at {timestamp},
-        phase TEXT NOT NULL,
-        task TEXT NOT NULL,
-        user_id TEXT NOT NULL,
-        next_attempt_at {timestamp},
-        cancel_requested_at {timestamp},
-        failures INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        created_at {timestamp} NOT NULL,
-        updated_at {timestamp} NOT NULL
-    )""",
-)
 
 _SELECT_RUNS = (
     "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
@@ -163,9 +146,7 @@ class LeaseStore:
         self.db = db
 
     def setup(self) -> None:
-        with self.db.transaction():
-            for statement in RUNS_SCHEMA:
-                self.db.execute(statement)
+        migrate(self.db)
 
     def register(self, run_id: str, *, task: str, user_id: str) -> RunRecord:
         """Record a run (unowned, fence 0). Registering an existing run changes nothing."""

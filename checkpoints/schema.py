@@ -1,0 +1,136 @@
+"""loopwright's own tables (lw_runs, the journal) and how a database gets to their current shape.
+
+Each migration takes a database from one version to the next in one transaction; `migrate`
+applies the ones it lacks, holding a lock meanwhile, so that processes starting together apply
+each exactly once. The version is the one row of `lw_schema`. A database from before versions
+were kept (it has lw_runs but no lw_schema) is at version 1, the shape migration 1 creates.
+
+Migrations are written once, in Postgres spelling with the fragments of `checkpoints.sql`;
+where the dialects cannot share a statement, the migration says so by `db.kind`. LangGraph's
+checkpoint tables are the savers' own business (their `setup`), not versioned here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from checkpoints.database import DatabaseKind
+from checkpoints.sql import Database
+
+# Postgres: a transaction-scoped advisory lock that every migrating process takes first.
+# SQLite needs none: `Database.transaction` begins IMMEDIATE, which already excludes writers.
+_MIGRATION_LOCK_KEY = 0x6C77_5343  # "lwSC"
+
+_RUNS_V1 = """CREATE TABLE IF NOT EXISTS lw_runs (
+    run_id TEXT PRIMARY KEY,
+    owner TEXT,
+    fence BIGINT NOT NULL,
+    lease_expires_at {timestamp},
+    phase TEXT NOT NULL,
+    task TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    next_attempt_at {timestamp},
+    cancel_requested_at {timestamp},
+    created_at {timestamp} NOT NULL,
+    updated_at {timestamp} NOT NULL
+)"""
+_ACTIONS_V1 = """CREATE TABLE IF NOT EXISTS lw_actions (
+    action_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args {json} NOT NULL,
+    args_digest TEXT NOT NULL,
+    intent_key TEXT NOT NULL UNIQUE,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    fence BIGINT NOT NULL,
+    outcome {json},
+    created_at {timestamp} NOT NULL,
+    updated_at {timestamp} NOT NULL
+)"""
+_EVENTS_V1 = """CREATE TABLE IF NOT EXISTS lw_action_events (
+    action_id TEXT NOT NULL REFERENCES lw_actions (action_id),
+    seq INTEGER NOT NULL,
+    from_status TEXT,
+    to_status TEXT NOT NULL,
+    fence BIGINT NOT NULL,
+    at {timestamp} NOT NULL,
+    detail {json},
+    PRIMARY KEY (action_id, seq)
+)"""
+
+
+def _v1_runs_and_journal(db: Database) -> None:
+    """Runs with leases and fencing tokens; the action journal and its status history."""
+    for statement in (
+        _RUNS_V1,
+        _ACTIONS_V1,
+        "CREATE INDEX IF NOT EXISTS lw_actions_by_run ON lw_actions (run_id, created_at)",
+        "CREATE INDEX IF NOT EXISTS lw_actions_by_status ON lw_actions (status)",
+        _EVENTS_V1,
+    ):
+        db.execute(statement)
+
+
+def _v2_failure_streak_and_json(db: Database) -> None:
+    """A run's failure streak (attempts in a row that ended in an error, the last error); and
+    journal values as JSON rather than JSONB in Postgres, which cannot hold a NUL character
+    that a business system may answer with (SQLite stores text either way)."""
+    db.execute("ALTER TABLE lw_runs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE lw_runs ADD COLUMN last_error TEXT")
+    if db.kind is DatabaseKind.POSTGRES:
+        for table, column in (
+            ("lw_actions", "args"),
+            ("lw_actions", "outcome"),
+            ("lw_action_events", "detail"),
+        ):
+            db.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE JSON USING {column}::json")
+
+
+MIGRATIONS: tuple[Callable[[Database], None], ...] = (
+    _v1_runs_and_journal,
+    _v2_failure_streak_and_json,
+)
+LATEST = len(MIGRATIONS)
+
+
+def migrate(db: Database) -> int:
+    """Bring loopwright's tables to the current version; returns how many migrations ran."""
+    applied = 0
+    while True:
+        with db.transaction():
+            version = _locked_version(db)
+            if version >= LATEST:
+                return applied
+            MIGRATIONS[version](db)
+            db.execute("DELETE FROM lw_schema")
+            db.execute("INSERT INTO lw_schema (version) VALUES (%s)", (version + 1,))
+            applied += 1
+
+
+def schema_version(db: Database) -> int:
+    """The version of loopwright's tables in `db` (0: none of them yet)."""
+    with db.transaction():
+        return _locked_version(db)
+
+
+def _locked_version(db: Database) -> int:
+    """The version, read under the migration lock (call inside a transaction)."""
+    if db.kind is DatabaseKind.POSTGRES:
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
+    db.execute("CREATE TABLE IF NOT EXISTS lw_schema (version INTEGER NOT NULL)")
+    row = db.one("SELECT version FROM lw_schema")
+    if row is not None:
+        return int(row["version"])
+    return 1 if _has_table(db, "lw_runs") else 0
+
+
+def _has_table(db: Database, name: str) -> bool:
+    if db.kind is DatabaseKind.POSTGRES:
+        row = db.one("SELECT to_regclass(%s) IS NOT NULL AS found", (name,))
+        return bool(row and row["found"])
+    found = db.one(
+        "SELECT 1 AS found FROM sqlite_master WHERE type = 'table' AND name = %s", (name,)
+    )
+    return found is not None

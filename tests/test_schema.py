@@ -1,0 +1,110 @@
+"""Schema versions: a fresh database and one made before versions were kept both end up at the
+current shape, with their rows kept, and processes starting together migrate it once."""
+
+from __future__ import annotations
+
+import threading
+
+from checkpoints.database import DatabaseKind
+from checkpoints.journal import open_journal
+from checkpoints.leases import open_lease_store
+from checkpoints.schema import LATEST, MIGRATIONS, migrate, schema_version
+from checkpoints.sql import Database, open_database
+from graph.state import Action, ActionStatus, digest
+
+
+def test_a_fresh_database_is_migrated_to_the_latest_version_once(database_url: str) -> None:
+    with open_database(database_url) as db:
+        assert schema_version(db) == 0
+        assert migrate(db) == LATEST
+        assert migrate(db) == 0
+        assert schema_version(db) == LATEST
+
+
+class FirstRelease(Database):
+    """Spells journal values as the first release did: JSONB in Postgres."""
+
+    def spell(self, sql: str) -> str:
+        if self.kind is DatabaseKind.POSTGRES:
+            sql = sql.replace("{json}", "JSONB")
+        return super().spell(sql)
+
+
+def _as_released_before_versions(db: Database) -> None:
+    """The tables as the first release created them: version 1's shape, no lw_schema."""
+    first = FirstRelease(db.conn)
+    with first.transaction():
+        MIGRATIONS[0](first)
+    with db.transaction():
+        db.execute(
+            "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, created_at,"
+            " updated_at) VALUES ('run-old', NULL, 3, 'COMPLETED', 'an old task', 'u-1',"
+            " now(), now())"
+        )
+
+
+def test_a_database_from_before_versions_is_migrated_keeping_its_rows(database_url: str) -> None:
+    with open_database(database_url) as db:
+        _as_released_before_versions(db)
+        assert schema_version(db) == 1
+    with open_lease_store(database_url) as leases, open_journal(database_url) as journal:
+        old = leases.get("run-old")
+        assert old is not None and (old.fence, old.task) == (3, "an old task")
+        assert (old.failures, old.last_error) == (0, None)
+        # What version 2 is for: a NUL character in a business answer is journaled as it came.
+        args = {"order_id": "O-42", "amount": "1.00"}
+        action = journal.plan(
+            Action(
+                action_id="act-nul",
+                run_id="run-old",
+                call_id="call-1",
+                tool="refund",
+                args=args,
+                args_digest=digest(args),
+                intent_key="refund:run-old:O-42",
+                status=ActionStatus.PLANNED,
+                fence=3,
+            )
+        )
+        journal.transition(action.action_id, ActionStatus.PLANNED, ActionStatus.DISPATCHED, fence=3)
+        done = journal.transition(
+            action.action_id,
+            ActionStatus.DISPATCHED,
+            ActionStatus.SUCCEEDED,
+            fence=3,
+            outcome={"refund_id": "R-1\x00"},
+        )
+        assert done.outcome == {"refund_id": "R-1\x00"}
+        assert schema_version(leases.db) == LATEST
+
+
+def test_processes_starting_together_migrate_once(database_url: str) -> None:
+    errors: list[BaseException] = []
+    applied: list[int] = []
+    start = threading.Barrier(4)
+
+    def start_up() -> None:
+        try:
+            with open_database(database_url) as db:
+                start.wait(5)
+                applied.append(migrate(db))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start_up) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert sum(applied) == LATEST  # each migration ran once, in whichever process got to it
+    with open_database(database_url) as db:
+        assert db.execute("SELECT count(*) AS n, max(version) AS v FROM lw_schema") == [
+            {"n": 1, "v": LATEST}
+        ]
+        if db.kind is DatabaseKind.POSTGRES:  # the journal's values are JSON, not JSONB
+            types = db.execute(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_name = 'lw_actions' AND column_name IN ('args', 'outcome')"
+            )
+            assert {t["data_type"] for t in types} == {"json"}
