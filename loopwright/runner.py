@@ -44,7 +44,8 @@ from graph.budget import Budget
 from graph.build import NODES, RUN_DURABILITY, compile_graph
 from graph.context import RunContext
 from graph.plan import Planner
-from graph.state import Action, Phase, Principal, RunState, initial_state
+from graph.state import Action, Phase, Principal, RunState, StopReason, initial_state
+from graph.views import stop
 from observability.instrument import note_run, traced_journal
 from observability.tracing import run_span
 from services.endpoints import ServiceEndpoints
@@ -108,6 +109,8 @@ SILENT_NODES = ("__interrupt__",)
 # What an attempt ends with when another worker took the run over while it worked.
 OWNERSHIP_LOST = (StaleWriter, StaleTransition, LeaseLost)
 MAX_ERROR_CHARS = 1_000
+# 8 failures in a row: the last retry comes after 1 + 2 + ... + 64 = 127 s of backoff.
+MAX_FAILURES = 8
 DEFAULT_LEASE_TTL_S = 30.0
 LEASE_TTL_ENV = "LOOPWRIGHT_LEASE_TTL_S"
 
@@ -147,6 +150,8 @@ class Runner:
         # How long to wait for another owner's lease to expire (a crashed process holds its
         # lease until expiry) before giving up with LeaseHeld.
         self.lease_wait_s = lease_wait_s
+        # Attempts in a row that may end in an error before the run ends typed (needs_human).
+        self.max_failures = MAX_FAILURES
         self.env = env
         self.model = model
         self.tools = tools
@@ -313,13 +318,25 @@ class Runner:
             raise  # the new owner carries on; nothing of ours to note
         except Exception as exc:
             # An attempt that cannot go on (a bug, a graph that does not end): noted on the run,
-            # so that workers retry it later and later instead of at once, forever.
-            self.leases.record_failure(lease, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+            # so that workers retry it later and later, and after `max_failures` it ends typed.
+            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            if self.leases.record_failure(lease, error).failures >= self.max_failures:
+                self._give_up(run_id, lease, error)
             raise
         finally:
             self.saver.fence = None
             self.leases.release(lease)
         return outcome
+
+    def _give_up(self, run_id: str, lease: Lease, error: str) -> None:
+        """End a run whose attempts keep failing: INCOMPLETE, needs_human, the last error in its
+        detail. Written as guard's step, whose edge then ends the graph; the journal keeps all
+        the run did, and any write it could not confirm is reported as such."""
+        detail = f"{self.max_failures} attempts in a row ended in an error; the last: {error}"
+        self.graph.update_state(
+            self.config(run_id), stop(StopReason.NEEDS_HUMAN, detail), as_node="guard"
+        )
+        self.leases.record(lease, Phase.INCOMPLETE.value)
 
     def _claim(self, run_id: str) -> Lease:
         give_up = time.monotonic() + self.lease_wait_s

@@ -145,3 +145,28 @@ def _wait_for(condition: Any, timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_a_run_that_keeps_failing_ends_typed_needs_human(
+    open_test_runner: RunnerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not retried for ever: after `max_failures` in a row it stops, saying why, and no worker
+    takes it again."""
+    monkeypatch.setattr(Ledger, "fixed", False)
+    model = ScriptedChatModel(policy=reads_the_ledger_when_asked)
+    with open_test_runner(model=model, tools=ToolRegistry([BUGGY_READ])) as runner:
+        runner.max_failures = 2
+        run_id = runner.submit(POISONED, principal(task=POISONED))
+        for _ in range(2):
+            with pytest.raises(RuntimeError):
+                runner.resume(run_id)
+        outcome = runner.outcome(run_id)
+        record = runner.leases.get(run_id)
+        due = [r.run_id for r in runner.leases.due()]
+        again = runner.resume(run_id)  # a finished run just reports where it stands
+    assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "needs_human")
+    assert outcome.stop_detail == (
+        "2 attempts in a row ended in an error; the last: RuntimeError: ledger client bug"
+    )
+    assert record is not None and record.phase == "INCOMPLETE" and run_id not in due
+    assert again.stop_reason == "needs_human"
