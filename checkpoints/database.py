@@ -50,6 +50,15 @@ class DatabaseUnavailable(RuntimeError):
         super().__init__(f"database {url} is unreachable: {reason}")
 
 
+# Faults of the database itself (unreachable, connection lost, lock or statement timeouts), not
+# of a run: a worker reconnects and tries again; the run it was advancing is not blamed.
+DATABASE_FAULTS: tuple[type[Exception], ...] = (
+    DatabaseUnavailable,
+    psycopg.OperationalError,
+    sqlite3.OperationalError,
+)
+
+
 def resolve_database_url(explicit: str | None = None) -> str:
     """The URL to use: `explicit`, else DATABASE_URL, else the embedded SQLite file.
 

@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from checkpoints.database import (
+    DATABASE_FAULTS,
     DatabaseKind,
     DatabaseUnavailable,
     DatabaseUrlError,
@@ -405,6 +406,10 @@ def approvals_edit(
     _decide_command(approval_id, "edit", approver, db, comment, changes)
 
 
+RECONNECT_FIRST_S = 1.0
+RECONNECT_MAX_S = 30.0
+
+
 @app.command()
 def worker(
     db: DbOption = None,
@@ -413,7 +418,10 @@ def worker(
         float, typer.Option("--poll", help="Seconds between looks for due runs.")
     ] = 0.5,
 ) -> None:
-    """Claim and advance runs that need it (expired leases, due reconciliations) until stopped."""
+    """Claim and advance runs that need it (expired leases, due reconciliations) until stopped.
+
+    A database that goes away does not end the worker: it reconnects, waiting 1, 2, 4, ... up
+    to 30 s between tries."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -424,10 +432,23 @@ def worker(
         else:
             console.print(f"{run_id}: {result.phase} {result.stop_reason or ''}", markup=False)
 
-    with session(db, model) as runner:
-        runner.lease_wait_s = 0  # a run held by another worker is theirs: skip it
-        console.print(f"worker {runner.owner} polling every {poll}s", markup=False)
-        work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
+    reconnect_s = RECONNECT_FIRST_S
+    while not stop.is_set():
+        try:
+            with session(db, model) as runner:
+                runner.lease_wait_s = 0  # a run held by another worker is theirs: skip it
+                console.print(f"worker {runner.owner} polling every {poll}s", markup=False)
+                reconnect_s = RECONNECT_FIRST_S
+                work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
+        except DATABASE_FAULTS as exc:
+            # The connections are suspect: open new ones (after a pause) rather than exit.
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            console.print(
+                f"worker: database fault ({first_line}); reconnecting in {reconnect_s:g}s",
+                markup=False,
+            )
+            stop.wait(reconnect_s)
+            reconnect_s = min(2 * reconnect_s, RECONNECT_MAX_S)
 
 
 @app.command()

@@ -27,6 +27,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, StateSnapshot
 
+from checkpoints.database import DATABASE_FAULTS
 from checkpoints.factory import open_checkpointer
 from checkpoints.fenced import Fence, FencedSaver
 from checkpoints.journal import ActionJournal, StaleTransition, open_journal
@@ -108,6 +109,8 @@ def worker_name() -> str:
 SILENT_NODES = ("__interrupt__",)
 # What an attempt ends with when another worker took the run over while it worked.
 OWNERSHIP_LOST = (StaleWriter, StaleTransition, LeaseLost)
+# What an attempt may end with that says nothing about the run itself.
+NOT_THE_RUNS_FAULT: tuple[type[Exception], ...] = (*OWNERSHIP_LOST, *DATABASE_FAULTS)
 MAX_ERROR_CHARS = 1_000
 # 8 failures in a row: the last retry comes after 1 + 2 + ... + 64 = 127 s of backoff.
 MAX_FAILURES = 8
@@ -314,8 +317,8 @@ class Runner:
                             on_step(node, update or {})
             outcome = self.outcome(run_id)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
-        except OWNERSHIP_LOST:
-            raise  # the new owner carries on; nothing of ours to note
+        except NOT_THE_RUNS_FAULT:
+            raise  # the new owner carries on, or the database failed us: not the run's fault
         except Exception as exc:
             # An attempt that cannot go on (a bug, a graph that does not end): noted on the run,
             # so that workers retry it later and later, and after `max_failures` it ends typed.

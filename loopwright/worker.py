@@ -5,7 +5,9 @@ nor waiting for a person: runs submitted but never started, runs whose process d
 and parked reconciliations whose next attempt is due. Several workers may share one database:
 the lease decides who advances a run, and fencing refuses whatever a stalled worker writes late.
 A run whose attempt fails with an error is retried with a growing backoff, and the worker goes
-on with the other runs: one poisoned run never takes the workers down.
+on with the other runs: one poisoned run never takes the workers down. A fault of the database
+itself (`DATABASE_FAULTS`) is nobody's run's: `work` lets it out, and `loopwright worker`
+reconnects and goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from checkpoints.database import DATABASE_FAULTS
 from checkpoints.leases import LeaseHeld
 from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
 
@@ -44,6 +47,8 @@ def work(
                 continue  # another worker got there first, or its creator has not written it yet
             except OWNERSHIP_LOST as exc:
                 outcome = exc  # taken over while we worked: the new owner carries on
+            except DATABASE_FAULTS:
+                raise  # the worker's connections are suspect: its caller reconnects
             except Exception as exc:
                 # This run's own failure, noted on it with a backoff (see Runner): the worker
                 # goes on with the others rather than die and leave them all.

@@ -4,11 +4,16 @@ on with the other runs: one poisoned run never takes the workers down."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel
@@ -16,11 +21,13 @@ from rich.console import Console
 
 from checkpoints.leases import failure_backoff_s
 from loopwright.run_list import render_runs
-from loopwright.runner import Runner, RunOutcome
+from loopwright.runner import Runner, RunOutcome, open_runner
 from loopwright.timeline import render_run
 from loopwright.worker import work
+from models.factory import make_model
 from models.scripted import Decision, ScriptedChatModel
-from tests.runtime_fixtures import RunnerFactory, principal
+from services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import REPO, RunnerFactory, principal
 from tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
 from tools.registry import ToolRegistry
 
@@ -135,6 +142,18 @@ def test_a_run_that_goes_through_again_ends_its_failure_streak(
     assert healed is not None and (healed.failures, healed.last_error) == (0, None)
 
 
+WORKER_APP = "lw-test-worker"
+SMALL_REFUND = "Check whether order O-43 can be refunded and refund it if so."  # 30.00: no approval
+
+
+def _worker_backends(url: str) -> list[int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (WORKER_APP,)
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def _failures(runner: Runner, run_id: str) -> int:
     record = runner.leases.get(run_id)
     return record.failures if record is not None else 0
@@ -170,3 +189,42 @@ def test_a_run_that_keeps_failing_ends_typed_needs_human(
     )
     assert record is not None and record.phase == "INCOMPLETE" and run_id not in due
     assert again.stop_reason == "needs_human"
+
+
+@pytest.mark.postgres
+def test_a_worker_outlives_its_database_connections(
+    postgres_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """Postgres drops every connection of the worker's (a failover, a restart): the worker
+    reconnects and goes on, and the run it meets afterwards is not blamed for it."""
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    tagged = f"{postgres_url}?application_name={WORKER_APP}"  # to tell its connections apart
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", "worker", "--db", tagged, "--poll", "0.1"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        with open_runner(postgres_url, services, model=make_model("scripted")) as runner:
+            _wait_for(lambda: len(_worker_backends(postgres_url)) >= 3)  # saver, journal, leases
+            first = _worker_backends(postgres_url)
+            with psycopg.connect(postgres_url, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = %s",
+                    (WORKER_APP,),
+                )
+            _wait_for(lambda: len(set(_worker_backends(postgres_url)) - set(first)) >= 3)
+            run_id = runner.submit(SMALL_REFUND, principal(task=SMALL_REFUND))
+            _wait_for(lambda: runner.outcome(run_id).phase == "COMPLETED", timeout_s=60)
+            record = runner.leases.get(run_id)
+        assert worker.poll() is None, "the worker is still running"
+    finally:
+        worker.terminate()
+        output, _ = worker.communicate(timeout=15)
+    assert "database fault" in output and "reconnecting in 1s" in output, output
+    assert output.count("polling every") >= 2, output  # connected again
+    assert record is not None and record.failures == 0
