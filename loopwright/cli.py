@@ -421,7 +421,7 @@ def worker(
     """Claim and advance runs that need it (expired leases, due reconciliations) until stopped.
 
     A database that goes away does not end the worker: it reconnects, waiting 1, 2, 4, ... up
-    to 30 s between tries."""
+    to 30 s between tries. One it cannot reach at all at start is a configuration error."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -433,14 +433,17 @@ def worker(
             console.print(f"{run_id}: {result.phase} {result.stop_reason or ''}", markup=False)
 
     reconnect_s = RECONNECT_FIRST_S
+    connected = False
     while not stop.is_set():
         try:
             with session(db, model) as runner:
                 runner.lease_wait_s = 0  # a run held by another worker is theirs: skip it
                 console.print(f"worker {runner.owner} polling every {poll}s", markup=False)
-                reconnect_s = RECONNECT_FIRST_S
+                connected, reconnect_s = True, RECONNECT_FIRST_S
                 work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
         except DATABASE_FAULTS as exc:
+            if not connected:
+                raise  # never reached: a wrong URL or a database that is not there
             # The connections are suspect: open new ones (after a pause) rather than exit.
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             console.print(

@@ -98,6 +98,11 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
             ],
             "unreachable",
         ),
+        # A worker reconnects when a database it reached goes away, but not to one never there.
+        "worker, unreachable database": (
+            ["worker", "--db", "postgresql://postgres@127.0.0.1:1/nowhere"],
+            "unreachable",
+        ),
         "bad database url": (
             ["run", DEMO_TASK, "--user", "u-1", "--db", "mysql://x"],
             "database URL",
