@@ -8,7 +8,11 @@ working worker with SIGKILL and starts a new one in its place. At the end it com
 run says with the ground truth in the payments service's own storage.
 
     python -m benchmarks.chaos --runs 20 --kills 10 --kill-every-ms 300      # as CI runs it
-    python -m benchmarks.chaos --runs 2500 --kills 1000 --kill-every-ms 500 --timeout-s 10800
+    python -m benchmarks.chaos --runs 3400 --kills 1000 --kill-every-ms 500 --timeout-s 10800
+    python -m benchmarks.chaos --runs 300 --kills 100 --drop-every-ms 2000   # and failovers
+
+With `--drop-every-ms` the driver also terminates a random worker's Postgres connections now
+and then (as a failover or a restart would): the worker must reconnect, and no run may suffer.
 
 It prints runs, kills, completed and incomplete runs, duplicates (orders refunded more than
 once), lost runs (ended without their verified refund, or a refund their journal does not know)
@@ -37,8 +41,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from checkpoints.database import DatabaseKind, database_kind
 from checkpoints.leases import RunRecord
-from checkpoints.scratch import LOCAL_SERVER, embedded_server, fresh_database, reachable
+from checkpoints.scratch import (
+    LOCAL_SERVER,
+    embedded_server,
+    fresh_database,
+    reachable,
+    with_application_name,
+)
 from graph.state import Action, ActionStatus, Principal
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from models.factory import make_model
@@ -54,6 +65,7 @@ AMOUNT = "20.00"  # below the policy's 50.00 approval threshold: no run waits fo
 FIRST_ORDER = 100_000  # the refund tools take O-<1 to 9 digits>; clear of the seeded O-42..O-99
 FINISHED = frozenset({"COMPLETED", "INCOMPLETE"})
 READY_LINE = b"polling every"  # what `loopwright worker` prints once it is past its imports
+RECONNECT_LINE = "reconnecting in"  # what it prints when it opens new connections after a fault
 ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):")
 
 
@@ -71,6 +83,7 @@ class Settings:
     backlog: int = 10
     stall_s: float = 30.0
     run_limit_s: float = 600.0
+    drop_every_ms: float | None = None  # also drop a worker's database connections this often
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -111,7 +124,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default=600.0,
         help="a run unfinished this long after its submission counts as stuck (2x its deadline)",
     )
+    parser.add_argument(
+        "--drop-every-ms",
+        type=float,
+        help="also terminate a random worker's Postgres connections this often (jittered ±50%%),"
+        " while the kills go on: the worker must reconnect, its runs must not suffer",
+    )
     args = parser.parse_args(argv)
+    if args.drop_every_ms is not None and args.drop_every_ms <= 0:
+        parser.error("--drop-every-ms must be positive")
     positive = ("runs", "workers", "backlog", "kill_every_ms", "stall_s", "run_limit_s")
     if min(getattr(args, name) for name in positive) <= 0:
         parser.error(f"{', '.join('--' + n.replace('_', '-') for n in positive)} must be positive")
@@ -188,7 +209,8 @@ class Worker:
     can be traced to the process that wrote it (its first line names its pid).
     """
 
-    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, name: str) -> None:
+        self.name = name  # its connections' application_name in Postgres
         self._command = command
         self._env = env
         self.log = log
@@ -250,6 +272,15 @@ class Worker:
             terminate(self._process, grace_s=10)
 
 
+def worker_slot(url: str, env: dict[str, str], scratch: Path, name: str) -> Worker:
+    """A worker slot whose processes name their Postgres connections `name`."""
+    tagged = (
+        with_application_name(url, name) if database_kind(url) is DatabaseKind.POSTGRES else url
+    )
+    command = [sys.executable, "-m", "loopwright", "worker", "--db", tagged, "--poll", "0.05"]
+    return Worker(command, env, scratch / f"{name}.log", name)
+
+
 def worker_env(
     url: str, endpoints: ServiceEndpoints, home: Path, lease_ttl_s: float
 ) -> dict[str, str]:
@@ -274,6 +305,7 @@ class Kills:
     mid_run: int = 0
     idle: int = 0
     last_at_s: float = 0.0  # when the last kill was made, from the workers' start
+    drops: int = 0  # times a worker's database connections were terminated under it
     # Workers that exited without being killed (replaced as well), by the exception they died of.
     crashes: Counter[str] = field(default_factory=Counter)
     interrupted: bool = False  # Ctrl-C ended the chaos early
@@ -313,11 +345,12 @@ class Driver:
         self.kills = Kills()
         self.watch = StallWatch(settings.stall_s, settings.run_limit_s)
         self.rng = random.Random(settings.seed)
-        self.started = self.last_kill = time.monotonic()
-        self.gap = self._draw_gap()
+        self.started = self.last_kill = self.last_drop = time.monotonic()
+        self.gap = self._draw_gap(settings.kill_every_ms)
+        self.drop_gap = self._draw_gap(settings.drop_every_ms or 0.0)
 
-    def _draw_gap(self) -> float:
-        return self.settings.kill_every_ms / 1000 * self.rng.uniform(0.5, 1.5)
+    def _draw_gap(self, mean_ms: float) -> float:
+        return mean_ms / 1000 * self.rng.uniform(0.5, 1.5)
 
     def step(self) -> bool:
         """Replace crashed workers, top the runs up, kill if it is time. False once all is done."""
@@ -335,8 +368,22 @@ class Driver:
             kill_one(self.rng.choice(victims), records, self.kills)
             self.last_kill = time.monotonic()
             self.kills.last_at_s = self.last_kill - self.started
-            self.gap = self._draw_gap()
+            self.gap = self._draw_gap(self.settings.kill_every_ms)
+        if self.settings.drop_every_ms and time.monotonic() - self.last_drop >= self.drop_gap:
+            self.kills.drops += drop_connections(self.runner, self.rng.choice(self.workers))
+            self.last_drop = time.monotonic()
+            self.drop_gap = self._draw_gap(self.settings.drop_every_ms)
         return True
+
+
+def drop_connections(runner: Runner, victim: Worker) -> int:
+    """Terminate the victim's Postgres connections, as a failover would; 1 if it had any."""
+    rows = runner.leases.db.execute(
+        "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
+        " WHERE application_name = %s",
+        (victim.name,),
+    )
+    return int(rows[0]["n"] > 0)
 
 
 def unfinished_runs(runner: Runner) -> list[RunRecord]:
@@ -549,6 +596,8 @@ class Figures:
     kills_idle: int
     kill_interval_ms: float  # the mean achieved: victims must be past their imports
     worker_crashes: dict[str, int]
+    connection_drops: int  # times a worker's Postgres connections were terminated under it
+    reconnects: int  # times a worker reported a database fault and opened new connections
     completed: int
     incomplete: dict[str, int]
     duplicates: int
@@ -570,7 +619,12 @@ class Figures:
 
 
 def judge(
-    runner: Runner, facts: list[RunFacts], kills: Kills, settings: Settings, wall_s: float
+    runner: Runner,
+    facts: list[RunFacts],
+    kills: Kills,
+    settings: Settings,
+    wall_s: float,
+    reconnects: int = 0,
 ) -> Figures:
     problems = {f.run_id: f.problems() for f in facts}
     kinds = Counter(kind for found in problems.values() for kind in {k for k, _ in found})
@@ -589,6 +643,8 @@ def judge(
         kills_idle=kills.idle,
         kill_interval_ms=round(1000 * kills.last_at_s / kills.total) if kills.total else 0,
         worker_crashes=dict(kills.crashes),
+        connection_drops=kills.drops,
+        reconnects=reconnects,
         completed=sum(f.stop_reason == "completed" for f in finished),
         incomplete=dict(
             Counter(str(f.stop_reason) for f in finished if f.stop_reason != "completed")
@@ -630,6 +686,11 @@ def render(figures: Figures, settings: Settings) -> str:
             "worker crashes",
             f"{sum(figures.worker_crashes.values())}"
             + (f"  ({by_error})" if (by_error := _by_count(figures.worker_crashes)) else ""),
+        ),
+        *(
+            [("connection drops", f"{figures.connection_drops}  (reconnects {figures.reconnects})")]
+            if settings.drop_every_ms
+            else []
         ),
         ("completed", f"{figures.completed}"),
         ("incomplete", f"{incomplete}" + (f"  ({by_reason})" if by_reason else "")),
@@ -674,10 +735,9 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
         runner = stack.enter_context(open_runner(url, endpoints, model=make_model("scripted")))
         require_empty(runner)
         backlog = Backlog(runner, endpoints, settings.runs, settings.backlog)
-        command = [sys.executable, "-m", "loopwright", "worker", "--db", url, "--poll", "0.05"]
         env = worker_env(url, endpoints, scratch / "home", settings.lease_ttl_s)
         workers = [
-            Worker(command, env, scratch / f"worker-{i}.log") for i in range(settings.workers)
+            worker_slot(url, env, scratch, f"lw-chaos-worker-{i}") for i in range(settings.workers)
         ]
         for worker in workers:
             stack.callback(worker.stop)
@@ -686,7 +746,8 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
         for worker in workers:
             worker.stop()
         facts = gather(runner, endpoints, backlog.runs)
-        return judge(runner, facts, kills, settings, wall_s)
+        reconnects = sum(w.log.read_text(errors="replace").count(RECONNECT_LINE) for w in workers)
+        return judge(runner, facts, kills, settings, wall_s, reconnects)
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

@@ -42,6 +42,14 @@ def with_database(server: str, name: str) -> str:
     return urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
 
 
+def with_application_name(url: str, name: str) -> str:
+    """`url` with Postgres' application_name set, so that its connections can be told apart in
+    pg_stat_activity (kept with the URL's other query parameters, such as a socket `host`)."""
+    parts = urlsplit(url)
+    query = "&".join(q for q in (parts.query, f"application_name={name}") if q)
+    return urlunsplit(parts._replace(query=query))
+
+
 @contextmanager
 def fresh_database(server: str, prefix: str = "lw_scratch") -> Iterator[str]:
     """Create a uniquely named database on `server`; drop it (even with open connections) after."""

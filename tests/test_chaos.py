@@ -1,4 +1,5 @@
-"""The chaos benchmark, small: workers SIGKILLed mid-run neither duplicate, lose nor strand a run.
+"""The chaos benchmark, small: workers SIGKILLed mid-run, or cut off from Postgres, neither
+duplicate, lose nor strand a run.
 
 The benchmark is a script (`python -m benchmarks.chaos`); this runs it the way CI does, as a
 separate process on a fresh Postgres database, and reads the figures it prints.
@@ -15,8 +16,12 @@ import pytest
 
 from tests.runtime_fixtures import REPO
 
-# 20 runs, 10 kills of working workers; a run stalled for 15 s is reported as stuck.
-SMALL = ("--runs", "20", "--kills", "10", "--kill-every-ms", "300", "--stall-s", "15")
+# 20 runs, 10 kills of working workers, and now and then a worker's Postgres connections
+# terminated under it; a run stalled for 15 s is reported as stuck.
+SMALL = (
+    *("--runs", "20", "--kills", "10", "--kill-every-ms", "300"),
+    *("--drop-every-ms", "800", "--stall-s", "15"),
+)
 BENCHMARK = (sys.executable, "-m", "benchmarks.chaos", *SMALL, "--timeout-s", "90")
 
 
@@ -41,6 +46,8 @@ def test_runs_survive_workers_killed_at_random(postgres_url: str) -> None:
     output = result.stdout + result.stderr
     assert figure(output, "runs") == 20, output
     assert figure(output, "kills") >= 5, output
+    assert figure(output, "connection drops") >= 1, output
+    assert re.search(r"\(reconnects [1-9]", output), output
     for name in ("duplicates", "lost", "stuck"):
         assert figure(output, name) == 0, output
     assert figure(output, "completed") == 20, output

@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -21,6 +20,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from checkpoints.leases import failure_backoff_s
+from checkpoints.scratch import with_application_name
 from loopwright.run_list import render_runs
 from loopwright.runner import Runner, RunOutcome, open_runner
 from loopwright.timeline import render_run
@@ -199,10 +199,7 @@ def test_a_worker_outlives_its_database_connections(
     """Postgres drops every connection of the worker's (a failover, a restart): the worker
     reconnects and goes on, and the run it meets afterwards is not blamed for it."""
     env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
-    # Its connections carry an application name, to tell them apart (the URL may have a query).
-    parts = urlsplit(postgres_url)
-    query = "&".join(q for q in (parts.query, f"application_name={WORKER_APP}") if q)
-    tagged = urlunsplit(parts._replace(query=query))
+    tagged = with_application_name(postgres_url, WORKER_APP)  # to tell its connections apart
     worker = subprocess.Popen(
         [sys.executable, "-m", "loopwright", "worker", "--db", tagged, "--poll", "0.1"],
         cwd=REPO,
