@@ -17,12 +17,11 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import httpx
 
-from services.launcher import terminate
+from services.launcher import ChildProcess
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "langgraph.json"
@@ -78,27 +77,15 @@ def dev_command(config: Path, *, host: str, port: int) -> list[str]:
     ]
 
 
-class RunningServer:
-    """A `langgraph dev` child process; a context manager that stops it."""
+class RunningServer(ChildProcess):
+    """A `langgraph dev` child process."""
+
+    grace_s = 10.0
 
     def __init__(self, process: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.process = process
+        super().__init__(process)
         self.url = url
         self.log = log
-
-    def stop(self) -> None:
-        terminate(self.process, grace_s=10)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def start_server(

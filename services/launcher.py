@@ -27,20 +27,21 @@ class ServicesFailedToStart(RuntimeError):
     pass
 
 
-class RunningServices:
-    """The child process serving the three services; a context manager that stops it."""
+class ChildProcess:
+    """A child process; a context manager that stops it (`terminate`, after `grace_s`)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], endpoints: ServiceEndpoints) -> None:
-        self._process = process
-        self.endpoints = endpoints
+    grace_s = 5.0
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
 
     @property
     def pid(self) -> int:
-        return self._process.pid
+        return self.process.pid
 
     def stop(self) -> None:
-        """Terminate gracefully; kill if that takes more than 5 s. Safe to call twice."""
-        terminate(self._process)
+        """Terminate gracefully; kill if that takes more than `grace_s`. Safe to call twice."""
+        terminate(self.process, self.grace_s)
 
     def __enter__(self) -> Self:
         return self
@@ -52,6 +53,14 @@ class RunningServices:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class RunningServices(ChildProcess):
+    """The child process serving the three services."""
+
+    def __init__(self, process: subprocess.Popen[bytes], endpoints: ServiceEndpoints) -> None:
+        super().__init__(process)
+        self.endpoints = endpoints
 
 
 def start_services(data_dir: Path, *, timeout: float = 20) -> RunningServices:

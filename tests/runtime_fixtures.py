@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -85,6 +86,15 @@ def decide(
 
 def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
     return runner.resume(outcome.run_id, decide(outcome, "approve", approver))
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    """Poll `predicate` until it holds; fail the test if it has not within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
 
 
 def tool_errors(state: RunState) -> list[dict[str, Any]]:

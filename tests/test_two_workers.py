@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -18,15 +16,7 @@ from graph.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV
 from services.admin import list_refunds, set_fault
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
+from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli, wait_for
 
 
 @pytest.mark.slow

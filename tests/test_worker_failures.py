@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from loopwright.worker import work
 from models.factory import make_model
 from models.scripted import Decision, ScriptedChatModel
 from services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import REPO, RunnerFactory, principal
+from tests.runtime_fixtures import REPO, RunnerFactory, principal, wait_for
 from tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
 from tools.registry import ToolRegistry
 
@@ -96,8 +95,8 @@ def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_oth
         )
         thread.start()
         try:
-            _wait_for(lambda: runner.outcome(healthy).phase == "COMPLETED")
-            _wait_for(lambda: _failures(runner, poisoned) >= 2)
+            wait_for(lambda: runner.outcome(healthy).phase == "COMPLETED")
+            wait_for(lambda: _failures(runner, poisoned) >= 2)
         finally:
             stop.set()
             thread.join(timeout=30)
@@ -160,13 +159,6 @@ def _failures(runner: Runner, run_id: str) -> int:
     return record.failures if record is not None else 0
 
 
-def _wait_for(condition: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_a_run_that_keeps_failing_ends_typed_needs_human(
     open_test_runner: RunnerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,7 +202,7 @@ def test_a_worker_outlives_its_database_connections(
     )
     try:
         with open_runner(postgres_url, services, model=make_model("scripted")) as runner:
-            _wait_for(lambda: len(_worker_backends(postgres_url)) >= 3)  # saver, journal, leases
+            wait_for(lambda: len(_worker_backends(postgres_url)) >= 3)  # saver, journal, leases
             first = _worker_backends(postgres_url)
             with psycopg.connect(postgres_url, autocommit=True) as admin:
                 admin.execute(
@@ -218,9 +210,9 @@ def test_a_worker_outlives_its_database_connections(
                     " WHERE application_name = %s",
                     (WORKER_APP,),
                 )
-            _wait_for(lambda: len(set(_worker_backends(postgres_url)) - set(first)) >= 3)
+            wait_for(lambda: len(set(_worker_backends(postgres_url)) - set(first)) >= 3)
             run_id = runner.submit(SMALL_REFUND, principal(task=SMALL_REFUND))
-            _wait_for(lambda: runner.outcome(run_id).phase == "COMPLETED", timeout_s=60)
+            wait_for(lambda: runner.outcome(run_id).phase == "COMPLETED", timeout=60)
             record = runner.leases.get(run_id)
         assert worker.poll() is None, "the worker is still running"
     finally:
