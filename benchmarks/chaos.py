@@ -41,22 +41,23 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from checkpoints.database import DatabaseKind, database_kind
-from checkpoints.leases import RunRecord
-from checkpoints.scratch import (
+from loopwright.checkpoints.database import DatabaseKind, database_kind
+from loopwright.checkpoints.leases import RunRecord
+from loopwright.checkpoints.scratch import (
     LOCAL_SERVER,
     embedded_server,
     fresh_database,
     reachable,
     with_application_name,
 )
-from graph.state import Action, ActionStatus, Principal
+from loopwright.graph.state import Action, ActionStatus, Principal
+from loopwright.models.factory import make_model
+from loopwright.processes import terminate
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
-from models.factory import make_model
-from services.admin import create_order, list_refunds
-from services.endpoints import ServiceEndpoints
-from services.launcher import start_services, terminate
-from tools.refunds import task_scope
+from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.services.admin import create_order, list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import start_services
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "Check whether order {order_id} can be refunded and refund it if so."

@@ -39,17 +39,17 @@ from hypothesis import seed as seeded
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 
-from checkpoints.journal import open_journal
-from graph.context import RunContext
-from graph.state import PendingCall, Principal
-from models.misbehaving import OneShot
-from models.scripted import Decision, ScriptedChatModel
-from nodes.model_step import _pending_calls
-from nodes.validate import Refusal, check_call
-from services.launcher import start_services
-from tools.contract import ToolEnv
-from tools.refunds import DEFAULT_APPROVAL_THRESHOLD, task_scope
-from tools.registry import refund_registry
+from loopwright.checkpoints.journal import open_journal
+from loopwright.graph.context import RunContext
+from loopwright.graph.state import PendingCall, Principal
+from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.nodes.model_step import _pending_calls
+from loopwright.nodes.validate import Refusal, check_call
+from loopwright.tools.contract import ToolEnv
+from loopwright.tools.registry import refund_registry
+from loopwright_refunds.contracts import DEFAULT_APPROVAL_THRESHOLD, task_scope
+from loopwright_refunds.misbehaving import OneShot
+from loopwright_refunds.services.launcher import start_services
 
 # The fuzzed calls act for u-1 on a task that names O-42, u-1's order, and O-99, someone
 # else's: a call about O-99 passes the scope check and must be refused by authorisation.

@@ -30,16 +30,16 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
-from checkpoints.scratch import fresh_database, server_url
-from experiments.services import start_services
-from graph.budget import Budget
-from graph.state import Principal
-from models.long_task import KeepsReading
-from models.scripted import ScriptedChatModel
-from services.endpoints import ServiceEndpoints
-from tools.contract import Effect, ToolContract, ToolEnv
-from tools.refunds import GET_ORDER, GetOrderArgs, Order, fetch_order, task_scope
-from tools.registry import ToolRegistry
+from loopwright.checkpoints.scratch import fresh_database, server_url
+from loopwright.graph.budget import Budget
+from loopwright.graph.state import Principal
+from loopwright.models.scripted import ScriptedChatModel
+from loopwright.tools.contract import Effect, ToolContract, ToolEnv
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.contracts import GET_ORDER, GetOrderArgs, Order, fetch_order, task_scope
+from loopwright_refunds.experiments.services import start_services
+from loopwright_refunds.long_task import KeepsReading
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 TASK = "Read orders O-42, O-43 and O-44 in turn, again and again."
 PRINCIPAL = Principal(user_id="u-1", scope=task_scope(TASK))

@@ -44,10 +44,10 @@ from benchmarks.perf_setup import (
     reading_budget,
     reading_model,
 )
-from checkpoints.leases import Lease, LeaseStore, open_lease_store
+from loopwright.checkpoints.leases import Lease, LeaseStore, open_lease_store
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from loopwright.worker import work
-from services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 TTL_S = 2.0
 STEPS = 2000  # far more than a victim lives through

@@ -41,7 +41,7 @@ from benchmarks.perf_setup import (
     reading_model,
     thread_bytes,
 )
-from checkpoints.fenced import FencedSaver
+from loopwright.checkpoints.fenced import FencedSaver
 from loopwright.runner import open_runner
 
 STEP_GOAL = 1.5

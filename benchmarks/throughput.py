@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.perf_setup import Bench, bench_environment
-from graph.state import Principal
+from loopwright.graph.state import Principal
+from loopwright.models.factory import make_model
 from loopwright.runner import open_runner
-from models.factory import make_model
-from services.admin import create_order, list_refunds
-from tools.refunds import task_scope
+from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.services.admin import create_order, list_refunds
 
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
 AMOUNT = "20.00"

@@ -22,16 +22,16 @@ from typing import Any, cast
 
 from langgraph.runtime import Runtime
 
-from graph.context import RunContext
-from graph.state import Principal, RunState, initial_state
+from loopwright.graph.context import RunContext
+from loopwright.graph.state import Principal, RunState, initial_state
+from loopwright.models.factory import make_model
+from loopwright.observability.instrument import Node, traced_node
+from loopwright.observability.jsonl import read_spans
+from loopwright.observability.tracing import TraceSettings, configure_tracing
 from loopwright.runner import Runner, open_runner
-from models.factory import make_model
-from observability.instrument import Node, traced_node
-from observability.jsonl import read_spans
-from observability.tracing import TraceSettings, configure_tracing
-from services.admin import create_order
-from services.launcher import start_services
-from tools.refunds import task_scope
+from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.services.admin import create_order
+from loopwright_refunds.services.launcher import start_services
 
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
 FIRST_ORDER = 200_000  # clear of the seeded orders

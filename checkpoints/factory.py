@@ -15,7 +15,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from checkpoints.database import (
+from loopwright.checkpoints.database import (
     DatabaseKind,
     aconnect_postgres,
     connect_postgres,
@@ -23,7 +23,7 @@ from checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from checkpoints.fenced import Fence, FencedPostgresSaver, FencedSaver, FencedSqliteSaver
+from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSaver, FencedSqliteSaver
 
 
 @contextmanager

@@ -38,9 +38,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from psycopg.rows import DictRow
 from pydantic import BaseModel, ConfigDict
 
-from checkpoints.leases import Lease, StaleWriter, lock_run
-from checkpoints.sql import Database
-from graph.crashpoints import crash_point
+from loopwright.checkpoints.leases import Lease, StaleWriter, lock_run
+from loopwright.checkpoints.sql import Database
+from loopwright.graph.crashpoints import crash_point
 
 
 class Fence(BaseModel):

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from checkpoints.leases import refuse_if_superseded
-from checkpoints.schema import migrate
-from checkpoints.sql import Database, Row, open_database
-from graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus
+from loopwright.checkpoints.leases import refuse_if_superseded
+from loopwright.checkpoints.schema import migrate
+from loopwright.checkpoints.sql import Database, Row, open_database
+from loopwright.graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus
 
 PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})
 

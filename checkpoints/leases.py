@@ -18,9 +18,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from checkpoints.schema import migrate
-from checkpoints.sql import Database, open_database
-from graph.state import Phase
+from loopwright.checkpoints.schema import migrate
+from loopwright.checkpoints.sql import Database, open_database
+from loopwright.graph.state import Phase
 
 _SELECT_RUNS = (
     "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"

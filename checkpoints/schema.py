@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from checkpoints.database import DatabaseKind
-from checkpoints.sql import Database
+from loopwright.checkpoints.database import DatabaseKind
+from loopwright.checkpoints.sql import Database
 
 # Postgres: a transaction-scoped advisory lock that every migrating process takes first.
 # SQLite needs none: `Database.transaction` begins IMMEDIATE, which already excludes writers.

@@ -32,14 +32,14 @@ from typing import Any
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
-from checkpoints.database import (
+from loopwright.checkpoints.database import (
     DatabaseKind,
     connect_postgres,
     connect_sqlite,
     database_kind,
     sqlite_path,
 )
-from graph.state import canonical_json
+from loopwright.graph.state import canonical_json
 
 Row = dict[str, Any]
 

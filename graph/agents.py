@@ -16,8 +16,8 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
 
-from graph.plan import Planner
-from tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
+from loopwright.graph.plan import Planner
+from loopwright.tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
 
 HANDOFF_PREFIX = "handoff_to_"
 PRIMARY = "primary"

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from graph.state import StopReason
+from loopwright.graph.state import StopReason
 
 
 class Price(BaseModel):

@@ -26,21 +26,21 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from graph.agents import handoff_target
-from graph.context import RunContext
-from graph.crashpoints import NODE_NAMES
-from graph.state import CallVerdict, Phase, RunState, StopReason
-from graph.views import pending_of
-from nodes.approval import approval
-from nodes.compile_context import compile_context
-from nodes.execute import execute
-from nodes.guard import guard
-from nodes.handoff import handoff
-from nodes.model_step import model_step
-from nodes.reconcile import reconcile
-from nodes.validate import validate
-from nodes.verify import verify
-from observability.instrument import traced_node
+from loopwright.graph.agents import handoff_target
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import NODE_NAMES
+from loopwright.graph.state import CallVerdict, Phase, RunState, StopReason
+from loopwright.graph.views import pending_of
+from loopwright.nodes.approval import approval
+from loopwright.nodes.compile_context import compile_context
+from loopwright.nodes.execute import execute
+from loopwright.nodes.guard import guard
+from loopwright.nodes.handoff import handoff
+from loopwright.nodes.model_step import model_step
+from loopwright.nodes.reconcile import reconcile
+from loopwright.nodes.validate import validate
+from loopwright.nodes.verify import verify
+from loopwright.observability.instrument import traced_node
 
 RUN_DURABILITY: Literal["sync"] = "sync"
 NODES = NODE_NAMES  # the loop's nodes, one crash point at the start of each

@@ -16,8 +16,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from graph.protocol import parse_tool_content
-from graph.state import canonical_json
+from loopwright.graph.protocol import parse_tool_content
+from loopwright.graph.state import canonical_json
 
 
 def estimate_tokens(message: BaseMessage) -> int:

@@ -14,13 +14,13 @@ from datetime import datetime, timedelta
 
 from langchain_core.language_models import BaseChatModel
 
-from checkpoints.journal import ActionJournal
-from graph.agents import PRIMARY, AgentProfile
-from graph.budget import Budget
-from graph.plan import Planner
-from graph.state import Principal, utcnow
-from tools.contract import ToolEnv
-from tools.registry import ToolRegistry
+from loopwright.checkpoints.journal import ActionJournal
+from loopwright.graph.agents import PRIMARY, AgentProfile
+from loopwright.graph.budget import Budget
+from loopwright.graph.plan import Planner
+from loopwright.graph.state import Principal, utcnow
+from loopwright.tools.contract import ToolEnv
+from loopwright.tools.registry import ToolRegistry
 
 PROMPT_VERSION = "refund-agent/1"
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from graph.state import RunState
+from loopwright.graph.state import RunState
 
 StepStatus = Literal["todo", "done", "failed", "skipped"]
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from graph.budget import Usage
-from graph.protocol import ToolEnvelope, render_tool_content
-from graph.state import Action, PendingCall, Phase, Principal, RunState, StopReason
+from loopwright.graph.budget import Usage
+from loopwright.graph.protocol import ToolEnvelope, render_tool_content
+from loopwright.graph.state import Action, PendingCall, Phase, Principal, RunState, StopReason
 
 
 def principal_of(state: RunState) -> Principal:

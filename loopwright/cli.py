@@ -24,7 +24,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from checkpoints.database import (
+from loopwright.checkpoints.database import (
     DATABASE_FAULTS,
     DatabaseKind,
     DatabaseUnavailable,
@@ -33,15 +33,16 @@ from checkpoints.database import (
     loopwright_home,
     resolve_database_url,
 )
-from checkpoints.journal import StaleTransition
-from checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
-from graph.build import compile_graph
-from graph.state import (
+from loopwright.checkpoints.journal import StaleTransition
+from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
+from loopwright.graph.build import compile_graph
+from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
     ApprovalChoice,
     ApprovalRequest,
     Principal,
 )
+from loopwright.models.factory import make_model
 from loopwright.run_list import render_runs
 from loopwright.runner import (
     RunExists,
@@ -52,13 +53,12 @@ from loopwright.runner import (
     new_run_id,
     open_runner,
 )
+from loopwright.server.launch import ServerFailedToStart
 from loopwright.timeline import Redactor, TimelinePrinter, render_run
 from loopwright.worker import work
-from models.factory import make_model
-from server.launch import ServerFailedToStart
-from services.endpoints import ServiceEndpoints
-from services.launcher import ServicesFailedToStart, start_services
-from tools.refunds import ORDER_IN_TEXT, task_scope
+from loopwright_refunds.contracts import ORDER_IN_TEXT, task_scope
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import ServicesFailedToStart, start_services
 
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
 DEMO_USER = "u-1"
@@ -510,7 +510,7 @@ def serve(
     db: DbOption = None,
 ) -> None:
     """Serve runs over HTTP: `langgraph dev`, offline, on Postgres, with the approval inbox."""
-    from server.launch import DEV_TOKENS, server_env, start_server
+    from loopwright.server.launch import DEV_TOKENS, server_env, start_server
 
     url = resolve_database_url(db)
     if database_kind(url) is not DatabaseKind.POSTGRES:
@@ -579,7 +579,7 @@ def experiment(
     ] = None,
 ) -> None:
     """Run the fault-injection experiment: loopwright against two baselines, then report."""
-    from experiments.run import Settings, run_experiment
+    from loopwright_refunds.experiments.run import Settings, run_experiment
 
     settings = Settings(
         repetitions=repetitions,

@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from checkpoints.leases import RunRecord
-from graph.state import Action
+from loopwright.checkpoints.leases import RunRecord
+from loopwright.graph.state import Action
 from loopwright.runner import Runner, UnknownRun
 from loopwright.timeline import UNCONFIRMED
 

@@ -27,11 +27,11 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, StateSnapshot
 
-from checkpoints.database import DATABASE_FAULTS
-from checkpoints.factory import open_checkpointer
-from checkpoints.fenced import Fence, FencedSaver
-from checkpoints.journal import ActionJournal, StaleTransition, open_journal
-from checkpoints.leases import (
+from loopwright.checkpoints.database import DATABASE_FAULTS
+from loopwright.checkpoints.factory import open_checkpointer
+from loopwright.checkpoints.fenced import Fence, FencedSaver
+from loopwright.checkpoints.journal import ActionJournal, StaleTransition, open_journal
+from loopwright.checkpoints.leases import (
     Lease,
     LeaseHeld,
     LeaseKeeper,
@@ -40,19 +40,19 @@ from checkpoints.leases import (
     StaleWriter,
     open_lease_store,
 )
-from graph.agents import AgentProfile
-from graph.budget import Budget
-from graph.build import NODES, RUN_DURABILITY, compile_graph
-from graph.context import RunContext
-from graph.plan import Planner
-from graph.state import Action, Phase, Principal, RunState, StopReason, initial_state
-from graph.views import stop
-from observability.instrument import note_run, traced_journal
-from observability.tracing import run_span
-from services.endpoints import ServiceEndpoints
-from tools.contract import ToolEnv
-from tools.refunds import is_approver
-from tools.registry import ToolRegistry, refund_registry
+from loopwright.graph.agents import AgentProfile
+from loopwright.graph.budget import Budget
+from loopwright.graph.build import NODES, RUN_DURABILITY, compile_graph
+from loopwright.graph.context import RunContext
+from loopwright.graph.plan import Planner
+from loopwright.graph.state import Action, Phase, Principal, RunState, StopReason, initial_state
+from loopwright.graph.views import stop
+from loopwright.observability.instrument import note_run, traced_journal
+from loopwright.observability.tracing import run_span
+from loopwright.tools.contract import ToolEnv
+from loopwright.tools.registry import ToolRegistry, refund_registry
+from loopwright_refunds.contracts import is_approver
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]

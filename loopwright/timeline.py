@@ -22,10 +22,10 @@ from langchain_core.messages import AIMessage, ToolMessage
 from rich.console import Console
 from rich.markup import escape
 
-from checkpoints.journal import ActionEvent
-from graph.budget import Budget, Usage
-from graph.protocol import parse_tool_content
-from graph.state import (
+from loopwright.checkpoints.journal import ActionEvent
+from loopwright.graph.budget import Budget, Usage
+from loopwright.graph.protocol import parse_tool_content
+from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -34,8 +34,8 @@ from graph.state import (
     PendingCall,
     Verification,
 )
-from observability.redaction import REDACTED, redact, redacted_digest
-from tools.registry import ToolRegistry, refund_registry
+from loopwright.observability.redaction import REDACTED, redact, redacted_digest
+from loopwright.tools.registry import ToolRegistry, refund_registry
 
 if TYPE_CHECKING:
     from loopwright.runner import Runner

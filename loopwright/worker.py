@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from checkpoints.database import DATABASE_FAULTS
-from checkpoints.leases import LeaseHeld
+from loopwright.checkpoints.database import DATABASE_FAULTS
+from loopwright.checkpoints.leases import LeaseHeld
 from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).

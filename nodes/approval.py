@@ -19,10 +19,10 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.state import ApprovalDecision, ApprovalRecord, CallVerdict, Phase, RunState
-from graph.views import pending_of, principal_of
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.state import ApprovalDecision, ApprovalRecord, CallVerdict, Phase, RunState
+from loopwright.graph.views import pending_of, principal_of
 
 
 def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:

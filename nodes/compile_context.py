@@ -19,13 +19,13 @@ from typing import Any
 from langchain_core.messages import BaseMessage, SystemMessage
 from langgraph.runtime import Runtime
 
-from graph.agents import allowed_tools
-from graph.compaction import choose_window
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.plan import describe_plan
-from graph.state import Action, ActionStatus, Phase, RunState
-from graph.views import actions_of, principal_of
+from loopwright.graph.agents import allowed_tools
+from loopwright.graph.compaction import choose_window
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.plan import describe_plan
+from loopwright.graph.state import Action, ActionStatus, Phase, RunState
+from loopwright.graph.views import actions_of, principal_of
 
 INSTRUCTIONS = """\
 You are loopwright's refund agent. You act for the user named below and for no one else.

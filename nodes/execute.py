@@ -26,10 +26,10 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables.config import ContextThreadPoolExecutor
 from langgraph.runtime import Runtime
 
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.protocol import ToolEnvelope
-from graph.state import (
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.protocol import ToolEnvelope
+from loopwright.graph.state import (
     Action,
     ActionStatus,
     CallVerdict,
@@ -39,7 +39,7 @@ from graph.state import (
     RunState,
     StopReason,
 )
-from graph.views import (
+from loopwright.graph.views import (
     dump_actions,
     dump_pending,
     pending_of,
@@ -49,9 +49,15 @@ from graph.views import (
     tool_result,
     usage_of,
 )
-from nodes.validate import Refusal, check_call
-from tools.contract import Effect, ToolContract, ToolFault
-from tools.executor import ReadResult, dispatch_write, envelope_of, run_read, settle_reentry
+from loopwright.nodes.validate import Refusal, check_call
+from loopwright.tools.contract import Effect, ToolContract, ToolFault
+from loopwright.tools.executor import (
+    ReadResult,
+    dispatch_write,
+    envelope_of,
+    run_read,
+    settle_reentry,
+)
 
 CANCELLED = ToolEnvelope(
     status="error", error={"code": "cancelled", "detail": "the run was cancelled; not started"}

@@ -19,11 +19,18 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.progress import check_progress, error_codes, last_step, step_signature
-from graph.state import UNRESOLVED_STATUSES, ActionStatus, Phase, RunState, StopReason, Versions
-from graph.views import actions_of, dump_actions, pending_of, started_at, stop, usage_of
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.progress import check_progress, error_codes, last_step, step_signature
+from loopwright.graph.state import (
+    UNRESOLVED_STATUSES,
+    ActionStatus,
+    Phase,
+    RunState,
+    StopReason,
+    Versions,
+)
+from loopwright.graph.views import actions_of, dump_actions, pending_of, started_at, stop, usage_of
 
 # A refused permission is not retried: the model hears why once; a second refusal stops.
 MAX_DENIALS = 2

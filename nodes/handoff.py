@@ -11,11 +11,11 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from graph.agents import PRIMARY, handoff_target
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.state import CallVerdict, Phase, RunState
-from graph.views import pending_of
+from loopwright.graph.agents import PRIMARY, handoff_target
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.state import CallVerdict, Phase, RunState
+from loopwright.graph.views import pending_of
 
 
 def handoff(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:

@@ -17,13 +17,13 @@ from typing import Any
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
-from graph.context import RunContext, model_name
-from graph.crashpoints import crash_point
-from graph.plan import Planner
-from graph.state import PendingCall, Phase, RunState, StopReason, digest
-from graph.views import dump_pending, stop, usage_of
-from nodes.compile_context import render
-from observability.instrument import model_span, note_model_reply
+from loopwright.graph.context import RunContext, model_name
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.plan import Planner
+from loopwright.graph.state import PendingCall, Phase, RunState, StopReason, digest
+from loopwright.graph.views import dump_pending, stop, usage_of
+from loopwright.nodes.compile_context import render
+from loopwright.observability.instrument import model_span, note_model_reply
 
 
 def _pending_calls(message: AIMessage) -> list[PendingCall]:

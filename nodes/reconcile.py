@@ -25,9 +25,9 @@ from langchain_core.messages import ToolMessage
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.state import (
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -36,9 +36,14 @@ from graph.state import (
     Phase,
     RunState,
 )
-from graph.views import dump_actions, dump_pending, pending_of, tool_result
-from tools.contract import Guarantee, ReconcileStatus
-from tools.executor import dispatch_write, envelope_of, journaled_pre_image, settle_reentry
+from loopwright.graph.views import dump_actions, dump_pending, pending_of, tool_result
+from loopwright.tools.contract import Guarantee, ReconcileStatus
+from loopwright.tools.executor import (
+    dispatch_write,
+    envelope_of,
+    journaled_pre_image,
+    settle_reentry,
+)
 
 MAX_SENDS = 3
 

@@ -36,11 +36,11 @@ from langchain_core.messages import ToolMessage
 from langgraph.runtime import Runtime
 from pydantic import BaseModel, ValidationError
 
-from checkpoints.journal import IntentConflict
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.protocol import ToolEnvelope
-from graph.state import (
+from loopwright.checkpoints.journal import IntentConflict
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.protocol import ToolEnvelope
+from loopwright.graph.state import (
     Action,
     ActionStatus,
     ApprovalRecord,
@@ -52,8 +52,8 @@ from graph.state import (
     RunState,
     digest,
 )
-from graph.views import dump_actions, dump_pending, pending_of, principal_of, tool_result
-from tools.contract import Effect, ToolContract, ToolFault
+from loopwright.graph.views import dump_actions, dump_pending, pending_of, principal_of, tool_result
+from loopwright.tools.contract import Effect, ToolContract, ToolFault
 
 # An unknown tool's name is echoed back to the model this long at most (names can be huge).
 ECHOED_NAME_CHARS = 64

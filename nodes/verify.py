@@ -15,11 +15,11 @@ from typing import Any
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
-from graph.context import RunContext
-from graph.crashpoints import crash_point
-from graph.state import ActionStatus, Phase, RunState, StopReason, Verification
-from graph.views import messages_of
-from tools.contract import Effect
+from loopwright.graph.context import RunContext
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.state import ActionStatus, Phase, RunState, StopReason, Verification
+from loopwright.graph.views import messages_of
+from loopwright.tools.contract import Effect
 
 CITED_IDS = re.compile(r"\brf_[0-9]+\b")
 

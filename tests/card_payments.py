@@ -14,11 +14,10 @@ from typing import Any
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel, Field
 
-from graph.state import Action, digest
+from loopwright.graph.state import Action, digest
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import Runner, open_runner
-from models.scripted import Decision, ScriptedChatModel
-from services.endpoints import ServiceEndpoints
-from tools.contract import (
+from loopwright.tools.contract import (
     Effect,
     Guarantee,
     OutcomeUnknown,
@@ -27,7 +26,8 @@ from tools.contract import (
     ToolEnv,
     VerifyResult,
 )
-from tools.registry import ToolRegistry
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 CARD = "4111111111111111"
 TASK = f"Pay 10.00 for order O-42 with card {CARD}."

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoints.scratch import embedded_server, fresh_database
+from loopwright.checkpoints.scratch import embedded_server, fresh_database
 
 # Whole-run fixtures (reference services, an in-process runner) live in their own module.
 pytest_plugins = ["tests.runtime_fixtures"]

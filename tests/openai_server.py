@@ -44,11 +44,11 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 
-from graph.state import digest
-from models.factory import make_model
-from models.openai_chat import API_ENV, REASONING_ENV, RETRIES_ENV, STREAM_ENV
-from models.refund_procedure import RefundProcedure, Transcript
-from models.scripted import Decision, Policy
+from loopwright.graph.state import digest
+from loopwright.models.factory import make_model
+from loopwright.models.openai_chat import API_ENV, REASONING_ENV, RETRIES_ENV, STREAM_ENV
+from loopwright.models.scripted import Decision, Policy
+from loopwright_refunds.procedure import RefundProcedure, Transcript
 from tests.stub_server import serve_app
 
 # Streams cut text and arguments into pieces of this many characters.

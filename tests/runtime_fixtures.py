@@ -15,19 +15,19 @@ import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 
-from graph.agents import AgentProfile
-from graph.budget import Budget
-from graph.plan import Planner
-from graph.protocol import parse_tool_content
-from graph.state import ApprovalDecision, Principal, RunState
+from loopwright.graph.agents import AgentProfile
+from loopwright.graph.budget import Budget
+from loopwright.graph.plan import Planner
+from loopwright.graph.protocol import parse_tool_content
+from loopwright.graph.state import ApprovalDecision, Principal, RunState
+from loopwright.models.factory import make_model
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
-from models.factory import make_model
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
-from services.launcher import start_services
-from services.orders import SEED_ORDERS
-from tools.refunds import task_scope
-from tools.registry import ToolRegistry
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import start_services
+from loopwright_refunds.services.orders import SEED_ORDERS
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."

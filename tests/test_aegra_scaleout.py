@@ -34,11 +34,13 @@ import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
-from checkpoints.scratch import fresh_database
-from server.launch import CONFIG, REPO
-from services.admin import create_order, list_refunds, slow_down
-from services.endpoints import ServiceEndpoints
-from services.launcher import start_services, terminate
+import loopwright.server
+from loopwright.checkpoints.scratch import fresh_database
+from loopwright.processes import terminate
+from loopwright.server.launch import CONFIG
+from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import start_services
 from tests.test_server_langgraph import GRAPH, TOKENS, free_port, values_of
 
 REDIS = ("127.0.0.1", 6379)
@@ -115,6 +117,18 @@ class Cluster:
             return conn.execute(query, params).fetchall()
 
 
+def aegra_config(workdir: Path) -> Path:
+    """langgraph.json for Aegra, which loads graphs, auth and apps from files, not modules."""
+    config = json.loads(CONFIG.read_text())
+    served = Path(loopwright.server.__file__).parent
+    config["graphs"] = {"loopwright": f"{served / 'graph.py'}:graph"}
+    config["auth"]["path"] = f"{served / 'auth.py'}:auth"
+    config["http"]["app"] = f"{served / 'app.py'}:app"
+    target = workdir / "aegra.json"
+    target.write_text(json.dumps(config))
+    return target
+
+
 @pytest.fixture
 def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
     with fresh_database(postgres_server_url, prefix="lw_test") as url:
@@ -124,8 +138,7 @@ def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
                 **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                 **services.endpoints.to_env(),
                 "DATABASE_URL": url,
-                "AEGRA_CONFIG": str(CONFIG),
-                "PYTHONPATH": str(REPO),
+                "AEGRA_CONFIG": str(aegra_config(tmp_path)),
                 "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
                 "LOOPWRIGHT_LEASE_TTL_S": "3",
                 "REDIS_BROKER_ENABLED": "true",

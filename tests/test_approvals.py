@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from graph.state import ActionStatus, ApprovalChoice, ApprovalRequest
 from loopwright.cli import decide
+from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalRequest
+from loopwright.models.factory import make_model
+from loopwright.models.scripted import ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome, open_runner
-from models.factory import make_model
-from models.misbehaving import AsksForMore
-from models.scripted import ScriptedChatModel
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright_refunds.misbehaving import AsksForMore
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
     RunnerFactory,

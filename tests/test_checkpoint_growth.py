@@ -7,9 +7,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from graph.budget import Budget
-from models.long_task import KeepsReading
-from models.scripted import ScriptedChatModel
+from loopwright.graph.budget import Budget
+from loopwright.models.scripted import ScriptedChatModel
+from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal
 
 STEPS = 200

@@ -17,17 +17,17 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from checkpoints.database import (
+from loopwright.checkpoints.database import (
     DatabaseKind,
     DatabaseUnavailable,
     DatabaseUrlError,
     database_kind,
     resolve_database_url,
 )
-from checkpoints.factory import open_async_checkpointer, open_checkpointer
-from checkpoints.fenced import Fence, FencedPostgresSaver
-from checkpoints.journal import open_journal
-from checkpoints.leases import open_lease_store
+from loopwright.checkpoints.factory import open_async_checkpointer, open_checkpointer
+from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver
+from loopwright.checkpoints.journal import open_journal
+from loopwright.checkpoints.leases import open_lease_store
 
 CONFIG: RunnableConfig = {"configurable": {"thread_id": "run-1"}}
 

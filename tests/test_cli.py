@@ -6,11 +6,11 @@ from pathlib import Path
 
 from langchain_core.messages import AIMessage
 
-from graph.build import NODES
-from graph.crashpoints import ENV_VAR as CRASH_ENV
-from graph.crashpoints import EXIT_CODE as CRASH_EXIT
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.build import NODES
+from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
 
 

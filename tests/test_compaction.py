@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 
-from graph.budget import Budget
-from graph.compaction import estimate_tokens
-from models.scripted import Decision, ScriptedChatModel
+from loopwright.graph.budget import Budget
+from loopwright.graph.compaction import estimate_tokens
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from tests.runtime_fixtures import RunnerFactory, decide, principal
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

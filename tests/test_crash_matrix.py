@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from graph.crashpoints import ENV_VAR as CRASH_ENV
-from graph.crashpoints import EXIT_CODE as CRASH_EXIT
-from graph.crashpoints import POINTS
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.graph.crashpoints import POINTS
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
 
 # A crash point is met at most once per case; "then" points are armed after the first crash.

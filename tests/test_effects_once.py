@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graph.state import ActionStatus, digest
+from loopwright.graph.state import ActionStatus, digest
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome
-from services.admin import list_refunds, set_fault
-from services.endpoints import ServiceEndpoints
+from loopwright.tools.contract import ToolEnv
+from loopwright_refunds.services.admin import list_refunds, set_fault
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import PAY_WITH_CARD, TASK, PayArgs, card_runner
 from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, approve, principal
-from tools.contract import ToolEnv
 
 
 def start_and_approve(runner: Runner) -> RunOutcome:

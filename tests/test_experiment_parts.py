@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from experiments.matrix import BASELINE_CRASH_POINTS, full_matrix, select
-from experiments.metrics import chain_success, measure, percentile
-from experiments.policy import RetryingRefunds
-from experiments.trials import TrialResult
-from graph.crashpoints import POINTS
+from loopwright.graph.crashpoints import POINTS
+from loopwright_refunds.experiments.matrix import BASELINE_CRASH_POINTS, full_matrix, select
+from loopwright_refunds.experiments.metrics import chain_success, measure, percentile
+from loopwright_refunds.experiments.policy import RetryingRefunds
+from loopwright_refunds.experiments.trials import TrialResult
 
 TASK = "The customer returned one item of order O-7: refund 15.00 of order O-7 if allowed."
 ORDER = {
@@ -124,7 +124,7 @@ def test_cost_per_success_counts_the_failed_trials_too() -> None:
 
 
 def test_outputs_are_written(tmp_path: Path) -> None:
-    from experiments.report import write_outputs
+    from loopwright_refunds.experiments.report import write_outputs
 
     write_outputs([trial(True, 0, False)], tmp_path)
     assert "| prebuilt | 1 |" in (tmp_path / "report.md").read_text()

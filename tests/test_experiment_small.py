@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.run import Settings, run_experiment
+from loopwright_refunds.experiments.run import Settings, run_experiment
 
 
 @pytest.mark.slow

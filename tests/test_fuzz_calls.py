@@ -24,10 +24,10 @@ from benchmarks.fuzz_calls import (
     fuzzed_calls,
     runs_without_approval,
 )
-from graph.state import ActionStatus, StopReason
-from models.misbehaving import OneShot
-from models.scripted import ScriptedChatModel
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.state import ActionStatus, StopReason
+from loopwright.models.scripted import ScriptedChatModel
+from loopwright_refunds.misbehaving import OneShot
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import RunnerFactory, all_refunds, principal
 
 NEVER_SENT = frozenset({ActionStatus.NEEDS_APPROVAL, ActionStatus.PLANNED, ActionStatus.REJECTED})

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, message_to_dict, messages_from_dict
 
-from graph.build import after_guard, after_validate
-from graph.state import STATE_SCHEMA_VERSION, Action, CallVerdict, RunState, Versions
-from graph.views import actions_of, pending_of, principal_of, usage_of
-from nodes.compile_context import system_text
+from loopwright.graph.build import after_guard, after_validate
+from loopwright.graph.state import STATE_SCHEMA_VERSION, Action, CallVerdict, RunState, Versions
+from loopwright.graph.views import actions_of, pending_of, principal_of, usage_of
+from loopwright.nodes.compile_context import system_text
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
 
 GOLDEN = Path(__file__).parent / "golden"

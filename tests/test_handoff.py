@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from graph.agents import AgentProfile, handoff_contract
-from graph.budget import Budget, Price
-from graph.state import StopReason
-from models.refund_procedure import RefundProcedure
-from models.scripted import Decision, ScriptedChatModel
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.agents import AgentProfile, handoff_contract
+from loopwright.graph.budget import Budget, Price
+from loopwright.graph.state import StopReason
+from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.contracts import REFUND_TOOLS
+from loopwright_refunds.procedure import RefundProcedure
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
-from tools.refunds import REFUND_TOOLS
-from tools.registry import ToolRegistry
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from graph.plan import PlannerDecision, PlanStep
-from graph.state import RunState, StopReason
-from models.refund_workflow import RefundWorkflow
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.plan import PlannerDecision, PlanStep
+from loopwright.graph.state import RunState, StopReason
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.workflow import RefundWorkflow
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from langgraph_sdk import get_sync_client
 
-from checkpoints.scratch import fresh_database
-from server.launch import server_env, start_server
-from services.admin import create_order, list_refunds
-from services.launcher import start_services
+from loopwright.checkpoints.scratch import fresh_database
+from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.services.admin import create_order, list_refunds
+from loopwright_refunds.services.launcher import start_services
 from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, free_port, values_of
 
 CHROMIUM = os.environ.get("LOOPWRIGHT_CHROMIUM", "/usr/bin/chromium")

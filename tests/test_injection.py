@@ -14,15 +14,15 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 
-from graph.protocol import UNTRUSTED_HEADER
-from graph.state import Action, ActionStatus, StopReason, initial_state
-from graph.views import dump_actions
 from loopwright.cli import decide
-from models.misbehaving import Gullible
-from models.scripted import ScriptedChatModel
-from nodes.compile_context import INSTRUCTIONS, system_text
-from services.admin import create_order, list_refunds, publish_policy
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.protocol import UNTRUSTED_HEADER
+from loopwright.graph.state import Action, ActionStatus, StopReason, initial_state
+from loopwright.graph.views import dump_actions
+from loopwright.models.scripted import ScriptedChatModel
+from loopwright.nodes.compile_context import INSTRUCTIONS, system_text
+from loopwright_refunds.misbehaving import Gullible
+from loopwright_refunds.services.admin import create_order, list_refunds, publish_policy
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import RunnerFactory, all_refunds, principal, tool_errors
 
 TASK = "Check whether order {order} can be refunded and refund it if so."

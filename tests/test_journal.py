@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from checkpoints.journal import (
+from loopwright.checkpoints.journal import (
     ActionJournal,
     ActionNotFound,
     IllegalTransition,
@@ -20,8 +20,8 @@ from checkpoints.journal import (
     StaleTransition,
     open_journal,
 )
-from checkpoints.leases import StaleWriter, open_lease_store
-from graph.state import TRANSITIONS, Action, ActionStatus, digest
+from loopwright.checkpoints.leases import StaleWriter, open_lease_store
+from loopwright.graph.state import TRANSITIONS, Action, ActionStatus, digest
 
 S = ActionStatus
 INTENT = "refund:O-42:EUR:10.00"

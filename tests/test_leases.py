@@ -17,21 +17,21 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from checkpoints.database import (
+from loopwright.checkpoints.database import (
     DatabaseKind,
     connect_postgres,
     connect_sqlite,
     database_kind,
     sqlite_path,
 )
-from checkpoints.factory import open_checkpointer
-from checkpoints.fenced import (
+from loopwright.checkpoints.factory import open_checkpointer
+from loopwright.checkpoints.fenced import (
     Fence,
     FencedPostgresSaver,
     FencedSaver,
     FencedSqliteSaver,
 )
-from checkpoints.leases import (
+from loopwright.checkpoints.leases import (
     LeaseHeld,
     LeaseLost,
     LeaseStore,

@@ -13,23 +13,29 @@ from fastapi import FastAPI, Response
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel
 
-from checkpoints.leases import open_lease_store
-from graph.budget import Budget
-from graph.protocol import parse_tool_content
-from graph.state import ActionStatus, StopReason
+from loopwright.checkpoints.leases import open_lease_store
+from loopwright.graph.budget import Budget
+from loopwright.graph.protocol import parse_tool_content
+from loopwright.graph.state import ActionStatus, StopReason
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome, open_runner
-from models.long_task import KeepsReading
-from models.refund_procedure import RefundProcedure
-from models.scripted import Decision, ScriptedChatModel
-from services.admin import list_refunds, requests_seen, set_fault, slow_down, update_order
-from services.endpoints import ServiceEndpoints
+from loopwright.tools.contract import Effect, ToolArgs, ToolContract
+from loopwright.tools.http import read_json
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.contracts import GET_POLICY, REFUND_TOOLS
+from loopwright_refunds.long_task import KeepsReading
+from loopwright_refunds.procedure import RefundProcedure
+from loopwright_refunds.services.admin import (
+    list_refunds,
+    requests_seen,
+    set_fault,
+    slow_down,
+    update_order,
+)
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.store_credit import STORE_CREDIT
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, decide, principal
 from tests.stub_server import serve_app
-from tools.contract import Effect, ToolArgs, ToolContract
-from tools.http import read_json
-from tools.refunds import GET_POLICY, REFUND_TOOLS
-from tools.registry import ToolRegistry
-from tools.store_credit import STORE_CREDIT
 
 # The loop's decisions do not depend on the backend (the storage suites cover both); SQLite only.
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

@@ -19,15 +19,15 @@ from langchain_core.messages import BaseMessage
 from mcp import StdioServerParameters
 from pydantic import ValidationError
 
-from graph.state import ActionStatus, Principal
+from loopwright.graph.state import ActionStatus, Principal
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import open_runner
-from models.refund_procedure import Transcript
-from models.scripted import Decision, ScriptedChatModel
-from services.endpoints import ServiceEndpoints
+from loopwright.tools.contract import Effect, Guarantee
+from loopwright.tools.mcp import McpSession, mcp_contracts
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.procedure import Transcript
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import approve, tool_errors
-from tools.contract import Effect, Guarantee
-from tools.mcp import McpSession, mcp_contracts
-from tools.registry import ToolRegistry
 
 SERVER_SCRIPT = Path(__file__).with_name("mcp_server.py")
 TASK = "Look up customer c-7 and note that we called back."

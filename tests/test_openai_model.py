@@ -11,8 +11,8 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 from pydantic import SecretStr
 
-from models.factory import make_model
-from models.openai_chat import (
+from loopwright.models.factory import make_model
+from loopwright.models.openai_chat import (
     API_ENV,
     PLACEHOLDER_KEY,
     REASONING_ENV,

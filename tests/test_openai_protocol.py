@@ -18,16 +18,16 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
-from graph.budget import Budget, Price
-from graph.context import PROMPT_VERSION
-from graph.protocol import parse_tool_content
-from graph.state import RunState
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.budget import Budget, Price
+from loopwright.graph.context import PROMPT_VERSION
+from loopwright.graph.protocol import parse_tool_content
+from loopwright.graph.state import RunState
+from loopwright.tools.registry import refund_registry
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import openai_server
 from tests.openai_server import FRAGMENT_CHARS, MODEL, ModelFactory, OpenAIStub, ReadsTogether
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
-from tools.registry import refund_registry
 
 # The stub's fixtures, bound here so that pytest finds them in this module.
 openai_stub = openai_server.openai_stub

@@ -9,16 +9,16 @@ from typing import Any
 import httpx
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from graph.state import ActionStatus
+from loopwright.graph.state import ActionStatus
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import RunOutcome
-from models.scripted import Decision, ScriptedChatModel
-from services.admin import set_fault
-from services.endpoints import ServiceEndpoints
+from loopwright.tools.contract import Guarantee
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.contracts import REFUND_TOOLS
+from loopwright_refunds.services.admin import set_fault
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.store_credit import STORE_CREDIT
 from tests.runtime_fixtures import RunnerFactory, principal
-from tools.contract import Guarantee
-from tools.refunds import REFUND_TOOLS
-from tools.registry import ToolRegistry
-from tools.store_credit import STORE_CREDIT
 
 TASK = "Give 20.00 USD store credit for order O-43."
 CREDIT = {"order_id": "O-43", "amount": "20.00", "currency": "USD", "note": "late delivery"}

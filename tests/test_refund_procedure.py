@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from graph.protocol import ToolEnvelope, render_tool_content
-from models import RefundProcedure, ScriptedChatModel
+from loopwright.graph.protocol import ToolEnvelope, render_tool_content
+from loopwright.models import RefundProcedure, ScriptedChatModel
 
 NOW = datetime(2025, 6, 15, 12, 0, tzinfo=UTC)
 TASK = "Check whether order O-42 can be refunded and refund it if so."

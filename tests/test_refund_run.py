@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
-from graph.build import NODES
-from graph.state import ActionStatus, ApprovalDecision
+from loopwright.graph.build import NODES
+from loopwright.graph.state import ActionStatus, ApprovalDecision
 from loopwright.runner import RunExists
-from services.admin import list_refunds
-from services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
     UNCRASHED_MODEL_CALLS,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 
-from checkpoints.database import DatabaseKind
-from checkpoints.journal import open_journal
-from checkpoints.leases import open_lease_store
-from checkpoints.schema import LATEST, MIGRATIONS, migrate, schema_version
-from checkpoints.sql import Database, open_database
-from graph.state import Action, ActionStatus, digest
+from loopwright.checkpoints.database import DatabaseKind
+from loopwright.checkpoints.journal import open_journal
+from loopwright.checkpoints.leases import open_lease_store
+from loopwright.checkpoints.schema import LATEST, MIGRATIONS, migrate, schema_version
+from loopwright.checkpoints.sql import Database, open_database
+from loopwright.graph.state import Action, ActionStatus, digest
 
 
 def test_a_fresh_database_is_migrated_to_the_latest_version_once(database_url: str) -> None:

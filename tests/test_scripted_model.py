@@ -21,7 +21,7 @@ from langchain_core.messages import (
 from langgraph.graph import START, StateGraph
 from pydantic import SecretStr
 
-from models import Decision, RefundProcedure, ScriptedChatModel, make_model
+from loopwright.models import Decision, RefundProcedure, ScriptedChatModel, make_model
 
 CALL_ID = re.compile(r"call_[0-9a-f]{12}")
 

@@ -14,8 +14,8 @@ from typing import Any, cast
 import pytest
 from langgraph.checkpoint.base import CheckpointMetadata, empty_checkpoint
 
-from checkpoints.leases import StaleWriter, open_lease_store
-from server.checkpointer import FencedAsyncPostgresSaver, checkpointer
+from loopwright.checkpoints.leases import StaleWriter, open_lease_store
+from loopwright.server.checkpointer import FencedAsyncPostgresSaver, checkpointer
 
 pytestmark = pytest.mark.postgres
 

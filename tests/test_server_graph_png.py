@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from graph.build import NODES, compile_graph
 from loopwright.cli import graph_dot
+from loopwright.graph.build import NODES, compile_graph
 from tests.runtime_fixtures import cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

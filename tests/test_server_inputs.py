@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
 
-from graph.state import Principal, initial_state
-from server.auth import authorization_of, carries_decision, token_table
-from server.graph import is_user_cancel
-from server.inputs import (
+from loopwright.graph.state import Principal, initial_state
+from loopwright.server.auth import authorization_of, carries_decision, token_table
+from loopwright.server.graph import is_user_cancel
+from loopwright.server.inputs import (
     Continue,
     NewRun,
     Resume,

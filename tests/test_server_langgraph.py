@@ -22,11 +22,11 @@ import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
-from checkpoints.scratch import fresh_database
-from server.launch import server_env, start_server
-from services.admin import create_order, list_refunds, set_fault
-from services.endpoints import ServiceEndpoints
-from services.launcher import start_services
+from loopwright.checkpoints.scratch import fresh_database
+from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import start_services
 
 pytestmark = pytest.mark.postgres
 

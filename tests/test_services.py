@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from services.admin import list_refunds, publish_policy, set_fault, update_order
-from services.endpoints import ServiceEndpoints
-from services.launcher import RunningServices, start_services
+from loopwright_refunds.services.admin import list_refunds, publish_policy, set_fault, update_order
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import RunningServices, start_services
 
 
 @pytest.fixture(scope="module")

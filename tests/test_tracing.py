@@ -21,23 +21,23 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
-from graph.crashpoints import ENV_VAR as CRASH_ENV
-from graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright import cli as cli_module
-from loopwright.runner import Runner
-from loopwright.timeline import TimelinePrinter, render_run
-from observability.instrument import TracedJournal
-from observability.jsonl import JsonLinesExporter, read_spans
-from observability.redaction import REDACTED, redacted_digest
-from observability.tracing import (
+from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.observability.instrument import TracedJournal
+from loopwright.observability.jsonl import JsonLinesExporter, read_spans
+from loopwright.observability.redaction import REDACTED, redacted_digest
+from loopwright.observability.tracing import (
     TraceSettings,
     configure_tracing,
     flush_traces,
     run_trace_id,
     span,
 )
-from services.admin import list_refunds, set_fault
-from services.endpoints import ServiceEndpoints
+from loopwright.runner import Runner
+from loopwright.timeline import TimelinePrinter, render_run
+from loopwright_refunds.services.admin import list_refunds, set_fault
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from checkpoints.leases import LeaseHeld
-from graph.state import ActionStatus
+from loopwright.checkpoints.leases import LeaseHeld
+from loopwright.graph.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV
-from services.admin import list_refunds, set_fault
-from services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.admin import list_refunds, set_fault
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli, wait_for
 
 

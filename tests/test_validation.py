@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
-from graph.budget import Budget
-from graph.state import ActionStatus, RunState
 from loopwright.cli import decide
+from loopwright.graph.budget import Budget
+from loopwright.graph.state import ActionStatus, RunState
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome
-from models.misbehaving import Duplicating, OneShot
-from models.scripted import Decision, ScriptedChatModel
-from services.endpoints import ServiceEndpoints
+from loopwright.tools.registry import ToolRegistry
+from loopwright_refunds.contracts import GET_ORDER, REFUND_TOOLS
+from loopwright_refunds.misbehaving import Duplicating, OneShot
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
     RunnerFactory,
@@ -28,8 +30,6 @@ from tests.runtime_fixtures import (
     principal,
     tool_errors,
 )
-from tools.refunds import GET_ORDER, REFUND_TOOLS
-from tools.registry import ToolRegistry
 
 OTHER_USERS_TASK = "Check whether order O-99 can be refunded and refund it if so."
 SMALL_REFUND_TASK = "Check whether order O-43 can be refunded and refund it if so."

@@ -18,18 +18,18 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel
 from rich.console import Console
 
-from checkpoints.leases import failure_backoff_s
-from checkpoints.scratch import with_application_name
+from loopwright.checkpoints.leases import failure_backoff_s
+from loopwright.checkpoints.scratch import with_application_name
+from loopwright.models.factory import make_model
+from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.run_list import render_runs
 from loopwright.runner import Runner, RunOutcome, open_runner
 from loopwright.timeline import render_run
+from loopwright.tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
+from loopwright.tools.registry import ToolRegistry
 from loopwright.worker import work
-from models.factory import make_model
-from models.scripted import Decision, ScriptedChatModel
-from services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import REPO, RunnerFactory, principal, wait_for
-from tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
-from tools.registry import ToolRegistry
 
 POISONED = "Check the flaky ledger."
 HEALTHY = "Say hello."

@@ -19,8 +19,8 @@ import httpx
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict
 
-from graph.state import Action, Principal, digest, utcnow
-from services.endpoints import ServiceEndpoints
+from loopwright.graph.state import Action, Principal, digest, utcnow
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 MIN_TIMEOUT_S = 0.05
 

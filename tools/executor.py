@@ -20,13 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from checkpoints.journal import ActionJournal
-from graph.crashpoints import crash_point
-from graph.protocol import ToolEnvelope
-from graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
-from observability.instrument import tool_span
-from observability.tracing import record_error
-from tools.contract import OutcomeUnknown, ToolContract, ToolEnv, ToolFault
+from loopwright.checkpoints.journal import ActionJournal
+from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.protocol import ToolEnvelope
+from loopwright.graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
+from loopwright.observability.instrument import tool_span
+from loopwright.observability.tracing import record_error
+from loopwright.tools.contract import OutcomeUnknown, ToolContract, ToolEnv, ToolFault
 
 BACKOFF_BASE_S = 0.05
 

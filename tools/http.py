@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from graph.crashpoints import crash_point
-from tools.contract import OutcomeUnknown, ToolFault
+from loopwright.graph.crashpoints import crash_point
+from loopwright.tools.contract import OutcomeUnknown, ToolFault
 
 
 def _error_of(response: httpx.Response) -> ToolFault:

@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
-from graph.state import Action, digest
-from tools.contract import (
+from loopwright.graph.state import Action, digest
+from loopwright.tools.contract import (
     Effect,
     Guarantee,
     OutcomeUnknown,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from tools.contract import ToolContract
+from loopwright.tools.contract import ToolContract
 
 
 class ToolRegistry:
@@ -29,6 +29,6 @@ class ToolRegistry:
 
 
 def refund_registry() -> ToolRegistry:
-    from tools.refunds import REFUND_TOOLS
+    from loopwright_refunds.contracts import REFUND_TOOLS
 
     return ToolRegistry(REFUND_TOOLS)

@@ -1,0 +1,372 @@
+"""What the runtime puts on its spans: a trace that answers what the agent decided, what it did,
+what happened in the business system, and why it stopped, without the model's text.
+
+* `traced_node`: a `node NAME` span per node step, with what the step committed: the model's
+  decision (tool, call id, argument digest), validation verdicts, approvals (who, which digest,
+  when), evidence ids, budget usage, the verification, the stop reason; an interrupt (approval,
+  parked reconciliation) as an event.
+* `model_span` / `note_model_reply`: a `chat MODEL` span around the model call: model id,
+  prompt version, tokens, latency (the span's duration), error class.
+* `tool_span`: an `execute_tool NAME` span per tool call: schema hash, argument digest (the
+  arguments themselves only with raw capture, sensitive fields always redacted), and for writes
+  the action id, intent key and attempt.
+* `TracedJournal`: every journal status change, whoever makes it (the executor, reconcile,
+  validate, guard), as a `journal.transition` event on the span current at that moment.
+
+Nothing here changes what a node returns or raises.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, Protocol
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from langgraph.errors import GraphInterrupt
+from langgraph.runtime import Runtime
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span
+from opentelemetry.util.types import AttributeValue
+from pydantic import BaseModel
+
+from loopwright.checkpoints.journal import ActionEvent, ActionJournal
+from loopwright.graph.context import model_name
+from loopwright.graph.state import (
+    UNRESOLVED_STATUSES,
+    Action,
+    ActionStatus,
+    PendingCall,
+    RunState,
+    canonical_json,
+)
+from loopwright.observability.redaction import redact, redacted_digest
+from loopwright.observability.tracing import active_tracer, capture_raw_args, span
+from loopwright.tools.contract import ToolContract
+from loopwright.tools.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    from loopwright.graph.context import RunContext
+    from loopwright.runner import RunOutcome
+
+
+class Node(Protocol):
+    """A node function of the loop, as LangGraph calls it."""
+
+    def __call__(self, state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]: ...
+
+
+Attributes = dict[str, AttributeValue]
+# Actions a person may have to look at: outcome not confirmed, or escalated.
+_UNSETTLED = UNRESOLVED_STATUSES | {ActionStatus.ESCALATED}
+# Journal event details that say why a status moved; the others (a pre-image) are business data.
+_DETAIL_KEYS = ("reason", "reconciled", "stage", "approval_id", "approver")
+
+
+def _args(args: Mapping[str, Any], sensitive: frozenset[str]) -> Attributes:
+    """The digest of a call's arguments, and the (redacted) arguments with raw capture on."""
+    attributes: Attributes = {"loopwright.tool.args_digest": redacted_digest(args, sensitive)}
+    if capture_raw_args():
+        attributes["loopwright.tool.args"] = canonical_json(redact(args, sensitive))
+    return attributes
+
+
+def _sensitive(tools: ToolRegistry, name: str) -> frozenset[str]:
+    contract = tools.get(name)
+    return contract.sensitive_fields if contract is not None else frozenset()
+
+
+def _approval_digest(tools: ToolRegistry, tool: str, digest: str) -> Attributes:
+    """An approval's digest, unless it was taken over sensitive arguments (see redaction)."""
+    return {} if _sensitive(tools, tool) else {"loopwright.digest": digest}
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_hash(contract: ToolContract) -> str:
+    return contract.schema_hash  # renders the JSON schemas: computed once per contract
+
+
+# --- node steps ------------------------------------------------------------------------------
+
+
+def traced_node(name: str, node: Node) -> Node:
+    """`node`, run inside a `node NAME` span that records what the step committed."""
+
+    @functools.wraps(node)
+    def traced(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+        if active_tracer() is None:
+            return node(state, runtime)
+        attributes: Attributes = {"loopwright.node": name, "loopwright.step": state.get("step", 0)}
+        with span(f"node {name}", run_id=state.get("run_id"), attributes=attributes) as opened:
+            try:
+                update = node(state, runtime)
+            except GraphInterrupt as interrupted:
+                _note_interrupts(opened, interrupted, runtime.context.tools)
+                raise
+            _note_update(opened, name, state, update, runtime.context.tools)
+            return update
+
+    return traced
+
+
+def _note_interrupts(opened: Span, interrupted: GraphInterrupt, tools: ToolRegistry) -> None:
+    for pending in interrupted.args[0] if interrupted.args else ():
+        value = pending.value if isinstance(pending.value, dict) else {}
+        keys = ("kind", "approval_id", "action_id", "retry_at")
+        attributes: Attributes = {f"loopwright.{k}": str(value[k]) for k in keys if k in value}
+        if "digest" in value:
+            attributes |= _approval_digest(tools, str(value.get("tool")), str(value["digest"]))
+        opened.add_event("interrupt", attributes)
+
+
+def _note_update(
+    opened: Span, node: str, state: RunState, update: dict[str, Any], tools: ToolRegistry
+) -> None:
+    attributes: Attributes = {}
+    if update.get("phase"):
+        attributes["loopwright.phase"] = str(update["phase"])
+    if update.get("stop_reason"):
+        attributes["loopwright.stop_reason"] = str(update["stop_reason"])
+        attributes["loopwright.stop_detail"] = str(update.get("stop_detail", ""))
+    if update.get("usage"):
+        attributes |= _usage(update["usage"])
+    if update.get("evidence"):
+        attributes["loopwright.evidence_ids"] = [e["evidence_id"] for e in update["evidence"]]
+    if update.get("verification"):
+        verification = update["verification"]
+        writes = verification.get("facts", {}).get("writes", [])
+        attributes["loopwright.verified"] = bool(verification.get("verified"))
+        attributes["loopwright.verified_action_ids"] = [w["action_id"] for w in writes]
+        attributes["loopwright.verification.problems"] = len(verification.get("problems", []))
+    opened.set_attributes(attributes)
+    for message in update.get("history") or []:
+        if isinstance(message, AIMessage):
+            _note_decision(opened, message, tools)
+    if node == "validate":
+        for raw in update.get("pending") or []:
+            _note_verdict(opened, PendingCall.model_validate(raw), tools)
+    pending = state.get("pending") or []
+    decided = {r["approval_id"] for r in state.get("approvals") or []}
+    asked = {c["approval"]["approval_id"]: c["tool"] for c in pending if c.get("approval")}
+    for record in update.get("approvals") or []:
+        if record["approval_id"] not in decided:
+            tool = asked.get(record["approval_id"], "")
+            opened.add_event(
+                "approval",
+                {
+                    "loopwright.approval_id": record["approval_id"],
+                    "loopwright.action_id": record["action_id"],
+                    "loopwright.decision": record["decision"],
+                    "loopwright.approver": record["approver"],
+                    "loopwright.decided_at": record["decided_at"],
+                    **_approval_digest(tools, tool, record["digest"]),
+                },
+            )
+
+
+def _usage(usage: Mapping[str, Any]) -> Attributes:
+    return {f"loopwright.usage.{k}": v for k, v in usage.items() if isinstance(v, int | float)}
+
+
+def _note_decision(opened: Span, message: AIMessage, tools: ToolRegistry) -> None:
+    for call in message.tool_calls:
+        attributes: Attributes = {
+            "gen_ai.tool.name": call["name"],
+            "gen_ai.tool.call.id": str(call["id"]),
+            **_args(call["args"], _sensitive(tools, call["name"])),
+        }
+        opened.add_event("decision", attributes)
+    for invalid in message.invalid_tool_calls:
+        opened.add_event(
+            "decision",
+            {
+                "gen_ai.tool.name": str(invalid.get("name")),
+                "gen_ai.tool.call.id": str(invalid.get("id")),
+                "loopwright.invalid": True,
+            },
+        )
+    if not message.tool_calls and not message.invalid_tool_calls:
+        opened.add_event("answer", {"loopwright.answer_chars": len(message.text)})
+
+
+def _note_verdict(opened: Span, call: PendingCall, tools: ToolRegistry) -> None:
+    attributes: Attributes = {
+        "gen_ai.tool.name": call.tool,
+        "gen_ai.tool.call.id": call.call_id,
+        "loopwright.verdict": str(call.verdict or ""),
+    }
+    if call.error is not None:
+        attributes["loopwright.error.code"] = str(call.error.get("code"))
+    if call.action_id is not None:
+        attributes["loopwright.action_id"] = call.action_id
+    if call.approval is not None:
+        attributes["loopwright.approval_id"] = call.approval.approval_id
+        attributes |= _approval_digest(tools, call.tool, call.approval.digest)
+    opened.add_event("verdict", attributes)
+
+
+# --- model and tool calls --------------------------------------------------------------------
+
+
+def model_span(model: BaseChatModel, prompt_version: str) -> AbstractContextManager[Span]:
+    model_id = model_name(model)
+    return span(
+        f"chat {model_id}",
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model_id,
+            "loopwright.prompt_version": prompt_version,
+        },
+    )
+
+
+def note_model_reply(opened: Span, reply: object) -> None:
+    if not opened.is_recording() or not isinstance(reply, AIMessage):
+        return
+    attributes: Attributes = {"loopwright.tool_calls": len(reply.tool_calls)}
+    if reply.usage_metadata:
+        attributes["gen_ai.usage.input_tokens"] = reply.usage_metadata["input_tokens"]
+        attributes["gen_ai.usage.output_tokens"] = reply.usage_metadata["output_tokens"]
+    if model_name := reply.response_metadata.get("model_name"):
+        attributes["gen_ai.response.model"] = str(model_name)
+    opened.set_attributes(attributes)
+
+
+def tool_span(
+    contract: ToolContract,
+    args: BaseModel | Mapping[str, Any],
+    *,
+    call_id: str,
+    action: Action | None = None,
+) -> AbstractContextManager[Span]:
+    """The span of one tool call (a read, or one send of a write: `action`)."""
+    if active_tracer() is None:
+        return nullcontext(INVALID_SPAN)
+    values = args.model_dump(mode="json") if isinstance(args, BaseModel) else args
+    attributes: Attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": contract.name,
+        "gen_ai.tool.call.id": call_id,
+        "loopwright.tool.effect": contract.effect.value,
+        "loopwright.tool.schema_hash": _schema_hash(contract),
+        **_args(values, contract.sensitive_fields),
+    }
+    if action is not None:
+        attributes |= {
+            "loopwright.action_id": action.action_id,
+            "loopwright.intent_key": action.intent_key,
+            "loopwright.attempt": action.attempts + 1,
+        }
+    return span(
+        f"execute_tool {contract.name}",
+        run_id=action.run_id if action is not None else None,
+        attributes=attributes,
+    )
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+def note_run(opened: Span, outcome: RunOutcome, state: RunState) -> None:
+    """Where the run stands as this process lets go of it."""
+    if not opened.is_recording():
+        return
+    versions = state.get("versions") or {}
+    unresolved = [a for a in outcome.actions if a.status in _UNSETTLED]
+    opened.set_attributes(
+        {
+            "loopwright.phase": outcome.phase,
+            "loopwright.stop_reason": outcome.stop_reason or "",
+            "loopwright.stop_detail": outcome.stop_detail,
+            "loopwright.model_id": versions.get("model_id", ""),
+            "loopwright.prompt_version": versions.get("prompt_version", ""),
+            "loopwright.interrupts": [str(i.get("kind")) for i in outcome.interrupts],
+            "loopwright.unresolved_action_ids": [a.action_id for a in unresolved],
+            **_usage(state.get("usage") or {}),
+        }
+    )
+
+
+def traced_journal(journal: ActionJournal) -> ActionJournal:
+    """`journal`, noting its status changes on spans when tracing is on."""
+    return journal if active_tracer() is None else TracedJournal(journal)
+
+
+class TracedJournal:
+    """An `ActionJournal` that notes every status change as an event on the current span."""
+
+    def __init__(self, journal: ActionJournal) -> None:
+        self._journal = journal
+
+    def setup(self) -> None:
+        self._journal.setup()
+
+    def plan(self, action: Action) -> Action:
+        planned = self._journal.plan(action)
+        _note_move("journal.plan", None, planned, None)
+        return planned
+
+    def transition(
+        self,
+        action_id: str,
+        expected: ActionStatus,
+        to: ActionStatus,
+        *,
+        fence: int,
+        outcome: dict[str, Any] | None = None,
+        count_attempt: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> Action:
+        moved = self._journal.transition(
+            action_id,
+            expected,
+            to,
+            fence=fence,
+            outcome=outcome,
+            count_attempt=count_attempt,
+            detail=detail,
+        )
+        _note_move("journal.transition", expected, moved, detail)
+        return moved
+
+    def get(self, action_id: str) -> Action | None:
+        return self._journal.get(action_id)
+
+    def by_intent(self, intent_key: str) -> Action | None:
+        return self._journal.by_intent(intent_key)
+
+    def for_run(self, run_id: str) -> list[Action]:
+        return self._journal.for_run(run_id)
+
+    def events(self, action_id: str) -> list[ActionEvent]:
+        return self._journal.events(action_id)
+
+    def unresolved(self) -> list[Action]:
+        return self._journal.unresolved()
+
+
+def _note_move(
+    name: str, before: ActionStatus | None, action: Action, detail: Mapping[str, Any] | None
+) -> None:
+    current = trace.get_current_span()
+    if not current.is_recording():
+        return
+    attributes: Attributes = {
+        "loopwright.action_id": action.action_id,
+        "loopwright.intent_key": action.intent_key,
+        "loopwright.run_id": action.run_id,
+        "gen_ai.tool.name": action.tool,
+        "gen_ai.tool.call.id": action.call_id,
+        "loopwright.to": action.status.value,
+        "loopwright.fence": action.fence,
+        "loopwright.attempts": action.attempts,
+        "loopwright.at": action.updated_at.isoformat(),
+    }
+    if before is not None:
+        attributes["loopwright.from"] = before.value
+    for key in _DETAIL_KEYS:
+        if detail and key in detail:
+            attributes[f"loopwright.{key}"] = str(detail[key])
+    current.add_event(name, attributes)

@@ -1,0 +1,216 @@
+"""The tracer: configured once per process from the environment, and the spans opened with it.
+
+Configuration (read at the first span, or set with `configure_tracing`):
+
+  LOOPWRIGHT_TRACE=off              no tracing at all: every span helper returns at once
+  LOOPWRIGHT_TRACE_FILE=PATH        the JSON-lines file (default $LOOPWRIGHT_HOME/traces.jsonl)
+  LOOPWRIGHT_TRACE_RAW_ARGS=1       record tool arguments, sensitive fields still redacted
+  OTEL_EXPORTER_OTLP_ENDPOINT=URL   also export over OTLP (http/protobuf; the `otlp` extra)
+
+Spans are exported by a `BatchSpanProcessor`, off the hot path, and flushed when a run span ends
+(`run_span`) and at process exit. A process killed mid-run loses the spans it had not flushed;
+the journal and the checkpoints, not the trace, are the record of what happened.
+
+Every root span of a run gets a trace id derived from the run id, so that all processes that
+advance one run (start, approve, resume after a crash) add to one trace. The provider is this
+module's own, not OpenTelemetry's global one: an application's own tracing is left alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+from langgraph.errors import GraphBubbleUp
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer
+from opentelemetry.util.types import AttributeValue
+
+from loopwright.checkpoints.database import loopwright_home
+from loopwright.observability.jsonl import JsonLinesExporter
+
+TRACE_ENV = "LOOPWRIGHT_TRACE"
+TRACE_FILE_ENV = "LOOPWRIGHT_TRACE_FILE"
+RAW_ARGS_ENV = "LOOPWRIGHT_TRACE_RAW_ARGS"
+OTLP_ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+DEFAULT_TRACE_FILE = "traces.jsonl"
+_NO = frozenset({"0", "off", "false", "no"})
+_YES = frozenset({"1", "on", "true", "yes"})
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    enabled: bool = True
+    file: Path | None = None
+    otlp: bool = False
+    raw_args: bool = False
+
+    @classmethod
+    def from_env(cls) -> TraceSettings:
+        if os.environ.get(TRACE_ENV, "").strip().lower() in _NO:
+            return cls(enabled=False)
+        file = os.environ.get(TRACE_FILE_ENV) or loopwright_home() / DEFAULT_TRACE_FILE
+        return cls(
+            file=Path(file),
+            otlp=any(os.environ.get(name) for name in OTLP_ENDPOINT_ENVS),
+            raw_args=os.environ.get(RAW_ARGS_ENV, "").strip().lower() in _YES,
+        )
+
+
+def run_trace_id(run_id: str) -> int:
+    """The trace id of a run: the same in every process, and never the invalid id 0."""
+    return int(hashlib.sha256(run_id.encode()).hexdigest()[:32], 16) or 1
+
+
+# The run a root span about to start belongs to (set by `span` around its start only).
+_ROOT_RUN: ContextVar[str | None] = ContextVar("loopwright_root_run", default=None)
+
+
+class _RunTraceIds(RandomIdGenerator):
+    """Root spans that belong to a run get the run's trace id; others a random one."""
+
+    def generate_trace_id(self) -> int:
+        run_id = _ROOT_RUN.get()
+        return run_trace_id(run_id) if run_id else super().generate_trace_id()
+
+
+@dataclass(frozen=True)
+class _Tracing:
+    settings: TraceSettings
+    provider: TracerProvider | None = None
+    tracer: Tracer | None = None
+
+
+def _otlp_exporter() -> SpanExporter | None:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        sys.stderr.write(
+            "loopwright: OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not"
+            " installed (pip install 'loopwright[otlp]'); tracing to the JSON-lines file only\n"
+        )
+        return None
+    return OTLPSpanExporter()  # endpoint, headers and timeout from the OTEL_* environment
+
+
+def _start(settings: TraceSettings) -> _Tracing:
+    if not settings.enabled:
+        return _Tracing(settings)
+    resource = Resource.create(
+        {
+            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "loopwright",
+            "process.pid": os.getpid(),
+        }
+    )
+    provider = TracerProvider(resource=resource, id_generator=_RunTraceIds())
+    exporters: list[SpanExporter] = [
+        JsonLinesExporter(settings.file or loopwright_home() / DEFAULT_TRACE_FILE)
+    ]
+    if settings.otlp and (otlp := _otlp_exporter()) is not None:
+        exporters.append(otlp)
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return _Tracing(settings, provider, provider.get_tracer("loopwright"))
+
+
+_current: _Tracing | None = None
+_lock = threading.Lock()
+
+
+def _tracing() -> _Tracing:
+    current = _current
+    if current is not None:
+        return current
+    with _lock:
+        if _current is None:
+            configure_tracing(TraceSettings.from_env())
+        assert _current is not None
+        return _current
+
+
+def configure_tracing(settings: TraceSettings) -> None:
+    """Trace with `settings` from now on; the spans of the previous setup are flushed first."""
+    global _current
+    previous, _current = _current, _start(settings)
+    if previous is not None and previous.provider is not None:
+        previous.provider.shutdown()
+
+
+def active_tracer() -> Tracer | None:
+    """The tracer, or None when tracing is off (callers then skip all work for spans)."""
+    return _tracing().tracer
+
+
+def capture_raw_args() -> bool:
+    return _tracing().settings.raw_args
+
+
+def flush_traces() -> None:
+    provider = _tracing().provider
+    if provider is not None:
+        provider.force_flush()
+
+
+@contextmanager
+def span(
+    name: str,
+    *,
+    run_id: str | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> Iterator[Span]:
+    """A span, current while the block runs; a non-recording one when tracing is off.
+
+    An exception marks it as an error with its class in `error.type` (no message or stack:
+    they may carry arguments); LangGraph's control flow (an interrupt) is not an error.
+    """
+    tracer = active_tracer()
+    if tracer is None:
+        yield INVALID_SPAN
+        return
+    token = _ROOT_RUN.set(run_id)
+    try:
+        opened = tracer.start_span(name, attributes=attributes)
+    finally:
+        _ROOT_RUN.reset(token)
+    if run_id is not None:
+        opened.set_attribute("loopwright.run_id", run_id)
+    with trace.use_span(
+        opened, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ):
+        try:
+            yield opened
+        except GraphBubbleUp:
+            raise
+        except BaseException as exc:
+            record_error(exc)
+            opened.set_status(Status(StatusCode.ERROR))
+            raise
+
+
+@contextmanager
+def run_span(run_id: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
+    """The span of one process advancing a run; its spans are flushed when it ends."""
+    try:
+        with span("run", run_id=run_id, attributes=attributes) as opened:
+            yield opened
+    finally:
+        flush_traces()
+
+
+def record_error(exc: BaseException) -> None:
+    """Note an error's class (and a tool fault's code) on the current span, if it records."""
+    current = trace.get_current_span()
+    current.set_attribute("error.type", type(exc).__name__)
+    if isinstance(code := getattr(exc, "code", None), str):
+        current.set_attribute("loopwright.error.code", code)

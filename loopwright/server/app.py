@@ -1,0 +1,177 @@
+"""loopwright's own HTTP routes on the server (langgraph.json `http.app`): the approval inbox.
+
+`GET /inbox` is a small page (plain HTML and script, no assets from elsewhere) that asks for a
+bearer token, lists the approvals waiting across threads and approves, rejects or edits one
+(the amount, for a write that has one). Its data
+comes from two JSON routes, which authenticate with the same token table as the server
+(`server.auth`) and then talk to the server's own API with the caller's token, so every rule of
+the auth hooks applies to them as well:
+
+* `GET /inbox/api/approvals`: pending approvals (summary, amount, digest, expiry), for approvers
+  only, without the runs they started themselves;
+* `POST /inbox/api/decisions`: `{"thread_id", "interrupt_id", "decision": "approve"|"reject"|
+  "edit", "comment", "changes"}` resumes the run with an `ApprovalDecision` through the server
+  (a new server run with `Command(resume={interrupt_id: decision})`, multitask strategy
+  "reject"). An edit's `changes` name the arguments it replaces (e.g. `{"amount": "40.00"}`);
+  the edited action then waits for an approval of its own.
+
+The page itself carries no data, so it needs no token; the JSON routes do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+from fastapi import FastAPI
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+
+from loopwright.graph.state import ApprovalChoice, ApprovalRequest
+from loopwright.server.auth import User, user_for_authorization
+
+ASSISTANT_ID = "loopwright"
+PAGE = Path(__file__).with_name("inbox.html").read_text()  # read once: no file I/O per request
+MAX_THREADS = 200
+
+
+class DecisionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    thread_id: str = Field(min_length=1, max_length=64)
+    interrupt_id: str = Field(min_length=1, max_length=128)
+    # Builtin types only: the server loads this module from its path, outside sys.modules, where
+    # pydantic cannot resolve this module's own names in (postponed) annotations.
+    decision: str = Field(pattern=r"^(approve|reject|edit)$")
+    comment: str = Field(default="", max_length=500)
+    changes: dict[str, str] = Field(default_factory=dict, max_length=20)
+
+
+class InboxError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def _approver(request: Request) -> User:
+    user = user_for_authorization(request.headers.get("authorization"))
+    if user is None:
+        raise InboxError(401, "a valid bearer token is required")
+    if not user.is_approver:
+        raise InboxError(403, "only approvers may see and decide approvals")
+    return user
+
+
+def _server(request: Request) -> LangGraphClient:
+    """The server's own API, called as the caller (their token), so its auth rules apply."""
+    return get_client(
+        url=str(request.base_url).rstrip("/"),
+        headers={"Authorization": request.headers.get("authorization", "")},
+    )
+
+
+def _approval_interrupts(thread: dict[str, Any]) -> Iterable[tuple[str, ApprovalRequest]]:
+    for interrupts in (thread.get("interrupts") or {}).values():
+        for interrupt in interrupts:
+            value = interrupt.get("value")
+            if isinstance(value, dict) and value.get("kind") == "approval":
+                yield str(interrupt["id"]), ApprovalRequest.model_validate(value)
+
+
+def _listing(thread_id: str, interrupt_id: str, req: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "thread_id": thread_id,
+        "interrupt_id": interrupt_id,
+        "approval_id": req.approval_id,
+        "run_id": req.run_id,
+        "summary": req.summary,
+        "tool": req.tool,
+        "amount": req.args.get("amount"),
+        "currency": req.args.get("currency"),
+        "order_id": req.args.get("order_id"),
+        "digest": req.digest,
+        "requested_by": req.requested_by,
+        "expires_at": req.expires_at.isoformat(),
+        "expired": req.expires_at <= datetime.now(UTC),
+    }
+
+
+async def _pending(client: LangGraphClient, user: User) -> list[dict[str, Any]]:
+    threads = await client.threads.search(status="interrupted", limit=MAX_THREADS)
+    found = []
+    for thread in threads:
+        owner = (thread.get("metadata") or {}).get("owner")
+        for interrupt_id, req in _approval_interrupts(dict(thread)):
+            if user.user_id not in (owner, req.requested_by):
+                found.append(_listing(str(thread["thread_id"]), interrupt_id, req))
+    return sorted(found, key=lambda item: item["expires_at"])
+
+
+async def page(_request: Request) -> Response:
+    return HTMLResponse(PAGE, headers={"Cache-Control": "no-store"})
+
+
+async def list_approvals(request: Request) -> Response:
+    try:
+        user = _approver(request)
+        return JSONResponse({"approvals": await _pending(_server(request), user)})
+    except InboxError as exc:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+    except httpx.HTTPStatusError as exc:
+        return _upstream(exc)
+
+
+async def decide(request: Request) -> Response:
+    try:
+        user = _approver(request)
+        try:
+            body = DecisionRequest.model_validate(await request.json())
+        except (ValidationError, ValueError) as exc:
+            raise InboxError(422, f"bad decision: {exc}") from None
+        client = _server(request)
+        thread = await client.threads.get(body.thread_id)
+        pending = dict(_approval_interrupts(dict(thread)))
+        req = pending.get(body.interrupt_id)
+        if req is None:
+            raise InboxError(409, "that approval is no longer pending")
+        if user.user_id in ((thread.get("metadata") or {}).get("owner"), req.requested_by):
+            raise InboxError(403, "an approver cannot decide about their own run")
+        try:
+            choice = cast(ApprovalChoice, body.decision)
+            decision = req.answer(choice, user.user_id, body.comment, body.changes)
+        except ValueError as exc:  # pydantic's ValidationError included
+            raise InboxError(422, f"bad decision: {exc}") from None
+        run = await client.runs.create(
+            body.thread_id,
+            ASSISTANT_ID,
+            command={"resume": {body.interrupt_id: decision.model_dump(mode="json")}},
+            multitask_strategy="reject",
+        )
+        return JSONResponse({"run_id": run["run_id"], "decision": body.decision}, status_code=202)
+    except InboxError as exc:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+    except httpx.HTTPStatusError as exc:
+        return _upstream(exc)
+
+
+def _upstream(exc: httpx.HTTPStatusError) -> Response:
+    """The server's own answer (401, 403, 404, 409 ...), passed on."""
+    try:
+        detail = exc.response.json().get("detail", exc.response.text)
+    except ValueError:
+        detail = exc.response.text
+    return JSONResponse({"detail": detail}, status_code=exc.response.status_code)
+
+
+# FastAPI (a Starlette app) because Aegra mounts only FastAPI apps; LangGraph's server takes either.
+app = FastAPI(title="loopwright inbox", docs_url=None, redoc_url=None, openapi_url=None)
+app.add_api_route("/inbox", page, methods=["GET"], include_in_schema=False)
+app.add_api_route("/inbox/api/approvals", list_approvals, methods=["GET"])
+app.add_api_route("/inbox/api/decisions", decide, methods=["POST"])

@@ -1,0 +1,262 @@
+"""Who may do what on the server (langgraph.json `auth`): bearer tokens to principals, and rules.
+
+A reference token table maps each bearer token to a user, e.g.
+
+    {"tok-ada": {"user_id": "u-1", "roles": ["customer"]},
+     "tok-ann": {"user_id": "a-1", "roles": ["approver"]}}
+
+read from `LOOPWRIGHT_TOKENS` (the JSON itself) or `LOOPWRIGHT_TOKENS_FILE` (a path to it). With
+neither set, every request is refused: a server without a token table has no trusted identity.
+
+The rules, enforced here and again by the served graph (`server.inputs`), so that a server whose
+auth hooks differ (Aegra calls them with other shapes) still cannot be talked into more:
+
+* a request without a known token gets 401;
+* customers see and start runs on their own threads only, about orders they own (the orders
+  service says who owns an order); asking for another customer's thread gets 403;
+* only approvers list or decide approvals (they may read every thread for that), and never on a
+  run they started themselves;
+* nobody writes a thread's state or metadata through the API, and assistants, crons and the
+  store are read-only or closed: a run changes only by running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+from langgraph_sdk import Auth
+
+from loopwright.checkpoints.leases import RunRecord
+from loopwright.server.inputs import APPROVER_ROLE, principal_of_user
+from loopwright.server.resources import aresources, server_endpoints
+from loopwright_refunds.contracts import ORDER_IN_TEXT
+
+TOKENS_ENV = "LOOPWRIGHT_TOKENS"
+TOKENS_FILE_ENV = "LOOPWRIGHT_TOKENS_FILE"
+CUSTOMER_ROLE = "customer"
+ORDER_LOOKUP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class User:
+    user_id: str
+    roles: tuple[str, ...]
+    tenant: str = "default"
+
+    @property
+    def is_approver(self) -> bool:
+        return APPROVER_ROLE in self.roles
+
+    @property
+    def is_customer(self) -> bool:
+        return CUSTOMER_ROLE in self.roles
+
+
+def token_table(environ: Mapping[str, str] | None = None) -> dict[str, User]:
+    """The token table from the environment; empty if none is configured."""
+    env = os.environ if environ is None else environ
+    raw = env.get(TOKENS_ENV) or ""
+    if not raw and env.get(TOKENS_FILE_ENV):
+        raw = Path(env[TOKENS_FILE_ENV]).read_text()
+    table = json.loads(raw) if raw else {}
+    return {
+        token: User(
+            user_id=str(entry["user_id"]),
+            roles=tuple(str(role) for role in entry.get("roles", ())),
+            tenant=str(entry.get("tenant", "default")),
+        )
+        for token, entry in table.items()
+    }
+
+
+@functools.cache
+def configured_tokens() -> dict[str, User]:
+    """The process's token table, read once (at import: reading a file in the server's event
+    loop would block it). Changing the table takes a restart."""
+    return token_table()
+
+
+def user_for_authorization(authorization: str | None) -> User | None:
+    """The user an `Authorization: Bearer <token>` header names, or None."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return configured_tokens().get(token.strip())
+
+
+def _forbidden(detail: str) -> Auth.exceptions.HTTPException:
+    return Auth.exceptions.HTTPException(status_code=403, detail=detail)
+
+
+def _user(ctx: Auth.types.AuthContext) -> User:
+    principal = principal_of_user(ctx.user)
+    if principal is None:
+        raise Auth.exceptions.HTTPException(status_code=401, detail="no authenticated user")
+    return User(user_id=principal.user_id, roles=principal.roles, tenant=principal.tenant)
+
+
+async def run_record(thread_id: Any) -> RunRecord | None:
+    """The loopwright run on a thread (its user), if one was started there."""
+    if not thread_id:
+        return None
+    res = await aresources()
+    return await asyncio.to_thread(res.leases.get, str(thread_id))
+
+
+async def order_owner(order_id: str) -> str | None:
+    """Who owns an order, according to the orders service (None: no such order)."""
+    url = f"{server_endpoints().orders}/orders/{order_id}"
+    async with httpx.AsyncClient(timeout=ORDER_LOOKUP_TIMEOUT_S) as client:
+        response = await client.get(url)
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    owner = response.json().get("owner")
+    return str(owner) if owner is not None else None
+
+
+def carries_decision(resume: Any) -> bool:
+    """Whether a resume value is (or maps interrupt ids to) an approval decision."""
+    if not isinstance(resume, Mapping):
+        return False
+    return "approval_id" in resume or any(
+        isinstance(v, Mapping) and "approval_id" in v for v in resume.values()
+    )
+
+
+configured_tokens()  # a broken token table stops the server at startup, not at a request
+auth = Auth()
+
+
+def authorization_of(headers: Mapping[Any, Any]) -> str | None:
+    """The Authorization header from LangGraph's (bytes) or Aegra's (str) header mapping."""
+    for key, value in headers.items():
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        if name.lower() == "authorization":
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return None
+
+
+@auth.authenticate
+async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict:
+    """Bearer token to user. Takes `headers` (not `authorization`): Aegra passes them whole."""
+    user = user_for_authorization(authorization_of(headers))
+    if user is None:
+        raise Auth.exceptions.HTTPException(
+            status_code=401, detail="a valid bearer token is required"
+        )
+    return {
+        "identity": user.user_id,
+        "roles": list(user.roles),  # type: ignore[typeddict-unknown-key]  # kept on the user
+        "tenant": user.tenant,
+        "permissions": list(user.roles),
+    }
+
+
+@auth.on.threads.create
+async def on_thread_create(
+    ctx: Auth.types.AuthContext, value: Auth.types.ThreadsCreate
+) -> Auth.types.FilterType:
+    """A new thread belongs to whoever creates it."""
+    if value.get("metadata") is None:
+        value["metadata"] = {}
+    value["metadata"]["owner"] = ctx.user.identity  # in place: the server keeps this dict
+    return {"owner": ctx.user.identity}
+
+
+@auth.on.threads.read
+async def on_thread_read(
+    ctx: Auth.types.AuthContext, value: Auth.types.ThreadsRead
+) -> Auth.types.FilterType | None:
+    user = _user(ctx)
+    if user.is_approver:
+        return None  # approvers review runs across threads
+    run = await run_record(value.get("thread_id"))
+    if run is not None and run.user_id != user.user_id:
+        raise _forbidden("this run belongs to another user")
+    return {"owner": user.user_id}
+
+
+@auth.on.threads.search
+async def on_thread_search(
+    ctx: Auth.types.AuthContext, value: Auth.types.ThreadsSearch
+) -> Auth.types.FilterType | None:
+    user = _user(ctx)
+    return None if user.is_approver else {"owner": user.user_id}
+
+
+@auth.on.threads.update
+async def on_thread_update(
+    ctx: Auth.types.AuthContext, value: Auth.types.ThreadsUpdate
+) -> Auth.types.FilterType:
+    """Only cancelling one's own run; a thread's state and metadata change by running only."""
+    if value.get("action") not in ("interrupt", "rollback"):
+        raise _forbidden("a thread changes only by running; its state cannot be written")
+    user = _user(ctx)
+    run = await run_record(value.get("thread_id"))
+    if run is not None and run.user_id != user.user_id:
+        raise _forbidden("only the run's own user may cancel it")
+    return {"owner": user.user_id}
+
+
+@auth.on.threads.delete
+async def on_thread_delete(
+    ctx: Auth.types.AuthContext, value: Auth.types.ThreadsDelete
+) -> Auth.types.FilterType:
+    return {"owner": ctx.user.identity}
+
+
+@auth.on.threads.create_run
+async def on_run_create(
+    ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate
+) -> Auth.types.FilterType | None:
+    """Starting a run: a customer, their thread, their orders. Deciding: an approver, not theirs."""
+    user = _user(ctx)
+    # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
+    kwargs: Mapping[str, Any] = value.get("kwargs") or cast(Mapping[str, Any], value)
+    command = kwargs.get("command") or {}
+    run = await run_record(value.get("thread_id"))
+    if command.get("update") is not None or command.get("goto"):
+        raise _forbidden("a client may resume a run, not write its state or route it")
+    if carries_decision(command.get("resume")):
+        if not user.is_approver:
+            raise _forbidden("only approvers decide approvals")
+        if run is not None and run.user_id == user.user_id:
+            raise _forbidden("an approver cannot decide about their own run")
+        return None
+    if not user.is_customer:
+        raise _forbidden("only customers start runs")
+    if run is not None and run.user_id != user.user_id:
+        raise _forbidden("this run belongs to another user")
+    run_input = kwargs.get("input")
+    task = run_input.get("task") if isinstance(run_input, Mapping) else None
+    if isinstance(run_input, dict):
+        run_input.pop("principal", None)  # never trusted anyway: the served graph ignores it
+    for order_id in ORDER_IN_TEXT.findall(task if isinstance(task, str) else ""):
+        if await order_owner(order_id) != user.user_id:
+            raise _forbidden(f"order {order_id} is not an order of {user.user_id}")
+    return {"owner": user.user_id}
+
+
+@auth.on.assistants
+async def on_assistants(
+    ctx: Auth.types.AuthContext, value: dict[str, Any]
+) -> Auth.types.FilterType | None:
+    """Assistants may be read (Studio lists them); the server's own one is the only one."""
+    if ctx.action not in ("read", "search"):
+        raise _forbidden("assistants are read-only")
+    return None
+
+
+@auth.on
+async def closed(ctx: Auth.types.AuthContext, value: Any) -> Auth.types.FilterType | None:
+    """Everything not named above (the store, crons) is closed."""
+    raise _forbidden(f"{ctx.resource}.{ctx.action} is not available")

@@ -1,0 +1,338 @@
+"""The graph the server runs (langgraph.json `graphs.loopwright`): loopwright's graph, served.
+
+`ServedGraph` is the compiled loopwright graph with one method replaced: `astream`, through which
+every server run goes (`ainvoke` and `astream_events` call it too). LangGraph's server and Aegra
+both take the graph object, copy it with their checkpointer and call `astream(input, config,
+context=..., durability=..., stream_mode=...)`. A served run does what the CLI's `Runner` does,
+in a thread of its own:
+
+1. the principal is the user the server authenticated (`configurable.langgraph_auth_user`),
+   never the run input or the client's context, and the input is reduced to what a client may
+   ask (`server.inputs`);
+2. the run's lease is claimed (one writer per run, whatever the server does: Aegra does not keep
+   one run per thread, and a re-queued run may race its first attempt);
+3. the graph is streamed synchronously with `durability="sync"` and a saver fenced with the
+   lease's token (`checkpoints.fenced`), with a `RunContext` built here, and the chunks the
+   server asked for are handed back to it;
+4. where the run stands is recorded in lw_runs and the lease released.
+
+Running the sync stream in a thread (rather than the server's async stream) is what makes a
+server-side stop safe. When the server stops a run it stops consuming our stream; a node may be
+in the middle of sending a refund, and an abandoned node thread would race anything started
+after it. So the node always finishes, and then:
+
+* a user's cancel (LangGraph's `runs.cancel`; Aegra's cancel endpoints) sets loopwright's own
+  cancel flag (lw_runs, read by guard through `RunContext.cancel_requested`) and waits for the
+  run's typed end: guard settles writes in flight by reconciliation, then stops the run with
+  `cancelled`;
+* any other stop (the server shutting down or losing its own lease on the run) only pauses the
+  run at the next step boundary, as a crash there would: the run is not cancelled, and the
+  server's re-delivery continues it from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import StateSnapshot
+from pydantic import BaseModel, create_model
+
+from loopwright.checkpoints.database import connect_postgres
+from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver
+from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore
+from loopwright.graph.build import RUN_DURABILITY, compile_graph
+from loopwright.graph.context import RunContext
+from loopwright.graph.state import Phase, Principal, RunState
+from loopwright.runner import worker_name
+from loopwright.server.inputs import (
+    APPROVER_ROLE,
+    NewRun,
+    RunRequest,
+    parse_request,
+    payload_for,
+    principal_for_task,
+    principal_of_user,
+)
+from loopwright.server.resources import ServerResources, aresources
+
+log = logging.getLogger(__name__)
+
+# How long a cancelled run may take to reach its typed end before the server is told it stopped
+# (the run still gets there: its thread goes on).
+CANCEL_SETTLE_S = 60.0
+# Checkpoint metadata naming the process that wrote a step (where a run went, after a takeover).
+WRITER_METADATA_KEY = "lw_writer"
+INPUT_SCHEMA: dict[str, Any] = {
+    "title": "LoopwrightRun",
+    "type": "object",
+    "properties": {
+        "task": {
+            "type": "string",
+            "title": "Task",
+            "description": "What to do, e.g. 'Check whether order O-42 can be refunded and refund it if so.'",
+        }
+    },
+    "required": ["task"],
+}
+
+
+def where_it_stands(snapshot: StateSnapshot) -> tuple[str, datetime | None]:
+    """The phase to record in lw_runs, and when a parked reconciliation is due (as the CLI does)."""
+    kinds = {i.value.get("kind"): i.value for i in snapshot.interrupts if isinstance(i.value, dict)}
+    if "approval" in kinds:
+        return Phase.WAITING_APPROVAL.value, None
+    if "reconcile_wait" in kinds:
+        waits = [
+            i.value["retry_at"]
+            for i in snapshot.interrupts
+            if isinstance(i.value, dict) and i.value.get("kind") == "reconcile_wait"
+        ]
+        return Phase.RECONCILING.value, datetime.fromisoformat(min(waits))
+    return str((snapshot.values or {}).get("phase", Phase.READY.value)), None
+
+
+def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float) -> Lease:
+    """Claim the run, waiting out a dead owner's lease (it expires after `ttl_s`), no longer."""
+    give_up = time.monotonic() + ttl_s + 1
+    while True:
+        try:
+            return leases.claim(run_id, owner, ttl_s)
+        except LeaseHeld:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
+_END = object()
+_NO_CONFIG = create_model("LoopwrightConfig")
+
+
+class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
+    """The loopwright graph as the LangGraph server and Aegra run it; see the module docstring."""
+
+    @classmethod
+    def build(cls) -> ServedGraph:
+        compiled = compile_graph()
+        return cls(**{k: v for k, v in compiled.__dict__.items() if k != "__orig_class__"})
+
+    def get_input_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        """What a client sends to start a run (Studio builds its input form from this)."""
+        return INPUT_SCHEMA
+
+    def get_context_jsonschema(self) -> dict[str, Any] | None:
+        """No client context is taken: servers drop context keys this schema does not name."""
+        return {"title": "LoopwrightContext", "type": "object", "properties": {}}
+
+    def config_schema(self, *, include: Sequence[str] | None = None) -> type[BaseModel]:
+        """No client configuration either (the run context's live objects have no schema)."""
+        return _NO_CONFIG
+
+    async def astream(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        context: Any = None,
+        stream_mode: Any = None,
+        durability: Any = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        del context, durability  # never the client's: the run context and "sync" are ours
+        res = await aresources()
+        run_config = _run_config(config)
+        thread_id = str(run_config["configurable"]["thread_id"])
+        principal = principal_of_user(run_config["configurable"].get("langgraph_auth_user"))
+        request = parse_request(input, principal)
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        finished: asyncio.Future[None] = loop.create_future()
+        pause = threading.Event()
+
+        def emit(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                self._advance(
+                    res, thread_id, request, principal, run_config, stream_mode, kwargs, emit, pause
+                )
+            except BaseException as exc:
+                emit(_Failed(exc))
+            finally:
+                emit(_END)
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_resolve, finished)
+
+        threading.Thread(target=work, name=f"loopwright-run-{thread_id}", daemon=True).start()
+        try:
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        except BaseException as stopped:
+            if not finished.done():
+                if is_user_cancel(stopped, _server_run_id(run_config)):
+                    await _cancel_and_settle(res, thread_id, finished)
+                else:
+                    pause.set()
+            raise
+
+    def _advance(
+        self,
+        res: ServerResources,
+        run_id: str,
+        request: RunRequest,
+        principal: Principal | None,
+        config: RunnableConfig,
+        stream_mode: Any,
+        stream_kwargs: dict[str, Any],
+        emit: Callable[[Any], None],
+        pause: threading.Event,
+    ) -> None:
+        """Steps 2-4 of the module docstring, in the run's own thread."""
+        owner = worker_name()
+        if isinstance(request, NewRun) and principal is not None:
+            res.leases.register(run_id, task=request.task, user_id=principal.user_id)
+        lease = claim(res.leases, run_id, owner, res.lease_ttl_s)
+        try:
+            with connect_postgres(res.database_url) as conn:
+                saver = FencedPostgresSaver(conn, fence=Fence.of(lease))
+                graph = self.copy(update={"checkpointer": saver, "store": None})
+                run_config = _with_writer(config, owner)
+                payload = payload_for(request, graph.get_state(run_config), run_id, principal)
+                context = served_context(res, run_id, lease.fence, request, principal)
+                with LeaseKeeper(res.leases, lease):
+                    for chunk in graph.stream(
+                        payload,
+                        run_config,
+                        context=context,
+                        durability=RUN_DURABILITY,
+                        stream_mode=stream_mode,
+                        **stream_kwargs,
+                    ):
+                        emit(chunk)
+                        if pause.is_set():
+                            break  # a step boundary: what ran is committed
+                phase, next_attempt_at = where_it_stands(graph.get_state(run_config))
+                res.leases.record(lease, phase, next_attempt_at)
+        finally:
+            res.leases.release(lease)
+
+
+def served_context(
+    res: ServerResources,
+    run_id: str,
+    fence: int,
+    request: RunRequest,
+    user: Principal | None,
+) -> RunContext:
+    """The CLI's run context for this run, with the trust decisions the server's auth made.
+
+    The principal is only given for a new run (guard fixes it on the first step; afterwards it
+    is the run's, in state). A decision counts only if it comes from the authenticated user of
+    this server run, who holds the approver role in the token table and in the directory the
+    runner is configured with.
+    """
+    context = res.runner.context(run_id, fence)
+    directory = context.is_approver
+
+    def is_approver(user_id: str) -> bool:
+        return (
+            user is not None
+            and user_id == user.user_id
+            and APPROVER_ROLE in user.roles
+            and directory(user_id)
+        )
+
+    principal = (
+        principal_for_task(user, request.task) if isinstance(request, NewRun) and user else None
+    )
+    return dataclasses.replace(context, principal=principal, is_approver=is_approver)
+
+
+def _run_config(config: RunnableConfig | None) -> RunnableConfig:
+    """The server's config, checked, without the server's own checkpointer (ours is fenced)."""
+    configurable = dict((config or {}).get("configurable") or {})
+    if not configurable.get("thread_id"):
+        raise ValueError("a loopwright run is a thread: the config names no thread_id")
+    if configurable.get("checkpoint_id"):
+        raise PermissionError("a run continues from its latest checkpoint, not a chosen one")
+    configurable.pop(CONFIG_KEY_CHECKPOINTER, None)
+    return {**(config or {}), "configurable": configurable}
+
+
+def _with_writer(config: RunnableConfig, owner: str) -> RunnableConfig:
+    metadata = {**(config.get("metadata") or {}), WRITER_METADATA_KEY: owner}
+    return {**config, "metadata": metadata, "recursion_limit": 10_000}
+
+
+def _server_run_id(config: RunnableConfig) -> str | None:
+    run_id = config.get("run_id") or config["configurable"].get("run_id")
+    return str(run_id) if run_id else None
+
+
+# The reasons Aegra records before it cancels a run for its own sake (not a user's cancel).
+_AEGRA_INFRA_STOPS = (
+    "_lease_loss_cancellations",
+    "_shutdown_cancellations",
+    "_timeout_cancellations",
+)
+
+
+def is_user_cancel(stopped: BaseException, server_run_id: str | None) -> bool:
+    """Whether the server stopped the run because someone cancelled it.
+
+    LangGraph's server cancels with its `UserInterrupt` / `UserRollback` as the reason. Aegra
+    cancels plainly, but notes its own reasons (shutdown, a lost worker lease, a timeout) in
+    module-level sets first. Anything else is not taken for a cancel.
+    """
+    if not isinstance(stopped, asyncio.CancelledError):
+        return False
+    reasons = {type(arg).__name__ for arg in stopped.args if isinstance(arg, BaseException)}
+    if reasons & {"UserInterrupt", "UserRollback"}:
+        return True
+    aegra = sys.modules.get("aegra_api.services.run_executor")
+    if aegra is None or server_run_id is None:
+        return False
+    return not any(server_run_id in getattr(aegra, name, ()) for name in _AEGRA_INFRA_STOPS)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _cancel_and_settle(
+    res: ServerResources, run_id: str, finished: asyncio.Future[None]
+) -> None:
+    """The server stopped the run: ask loopwright's run to stop, and wait for its typed end."""
+    try:
+        await asyncio.shield(asyncio.to_thread(res.leases.request_cancel, run_id))
+        await asyncio.wait_for(asyncio.shield(finished), CANCEL_SETTLE_S)
+    except (TimeoutError, asyncio.CancelledError):
+        log.warning("run %s: stopped by the server; it reaches its typed end on its own", run_id)
+    except Exception:
+        log.exception("run %s: could not request the cancel", run_id)
+
+
+graph = ServedGraph.build()

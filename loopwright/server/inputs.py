@@ -1,0 +1,186 @@
+"""What a client may send to a run, and what the run makes of it.
+
+Under a server, a run's input and resume values come from a client and are untrusted. The
+graph's input channels are its whole state, so passing a client's input through would let it
+write any channel: a `principal` of its choosing (guard takes the input's principal first), a
+forged approval record, a journal projection. So the served graph never passes client input
+through. It accepts three shapes and builds the graph's payload itself:
+
+* a new run: `{"task": "..."}` and nothing else that matters. The initial state is built here
+  from the task and the principal the server authenticated; any other key (`principal`
+  included) is ignored.
+* a resume: a `Command` with `resume` only (no `update`, no `goto`). An approval decision is
+  accepted from an approver only, never from the run's own user, and its `approver` field is
+  overwritten with the authenticated user: a client cannot decide in someone else's name.
+* nothing (`None`): continue from the last checkpoint, e.g. after a crash.
+
+The same input can be delivered twice (a server re-queues a run whose worker died), so a
+repeated start of the same task continues the run, and a resume whose interrupt is no longer
+pending continues it too, instead of forking it or resuming a later interrupt with a stale
+answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from langgraph.types import Command, StateSnapshot
+
+from loopwright.graph.state import Principal, RunState, initial_state
+from loopwright_refunds.contracts import task_scope
+
+MAX_TASK_CHARS = 2_000
+APPROVER_ROLE = "approver"
+
+
+class RunRefused(PermissionError):
+    """The input is not something this client may ask of this run; nothing was written."""
+
+
+@dataclass(frozen=True)
+class NewRun:
+    task: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    command: Command[Any]
+
+
+@dataclass(frozen=True)
+class Continue:
+    pass
+
+
+RunRequest = NewRun | Resume | Continue
+
+
+def principal_of_user(user: Any) -> Principal | None:
+    """The principal for the server's authenticated user object (LangGraph's or Aegra's)."""
+    if user is None:
+        return None
+    identity = _field(user, "identity")
+    if not isinstance(identity, str) or not identity:
+        return None
+    roles = _field(user, "roles") or ()
+    tenant = _field(user, "tenant") or "default"
+    return Principal(user_id=identity, tenant=str(tenant), roles=tuple(str(r) for r in roles))
+
+
+def _field(user: Any, name: str) -> Any:
+    if isinstance(user, Mapping) or hasattr(user, "get"):
+        with contextlib.suppress(Exception):
+            value = user.get(name)
+            if value is not None:
+                return value
+    return getattr(user, name, None)
+
+
+def parse_request(raw: Any, principal: Principal | None) -> RunRequest:
+    """Classify a client's input; refuse what no client may send (no thread state needed)."""
+    if raw is None:
+        return Continue()
+    if isinstance(raw, Command):
+        if raw.update is not None or raw.goto:
+            raise RunRefused("a client may resume a run, not write its state or route it")
+        return Resume(Command(resume=_stamp_decisions(raw.resume, principal)))
+    if isinstance(raw, Mapping):
+        task = raw.get("task")
+        if not isinstance(task, str) or not task.strip():
+            raise RunRefused('a new run takes {"task": "<what to do>"}')
+        if len(task) > MAX_TASK_CHARS:
+            raise RunRefused(f"a task is at most {MAX_TASK_CHARS} characters")
+        if principal is None:
+            raise RunRefused("a run needs an authenticated principal")
+        return NewRun(task=task.strip())
+    raise RunRefused(f"unsupported run input of type {type(raw).__name__}")
+
+
+def principal_for_task(user: Principal, task: str) -> Principal:
+    """The run's principal: the authenticated user, scoped to the orders the task names."""
+    return user.model_copy(update={"scope": task_scope(task)})
+
+
+def payload_for(
+    request: RunRequest, snapshot: StateSnapshot, run_id: str, principal: Principal | None
+) -> RunState | Command[Any] | None:
+    """What to stream, given where the run stands (read under the run's lease)."""
+    values = snapshot.values or {}
+    if isinstance(request, NewRun) and not values:
+        assert principal is not None  # parse_request refuses a new run without one
+        return initial_state(run_id, request.task, principal_for_task(principal, request.task))
+    if not values:
+        raise RunRefused(f"thread {run_id} has no run to continue")
+    if values.get("run_id") != run_id:
+        raise RunRefused(
+            f"thread {run_id} is a copy of run {values.get('run_id')}; it is read-only"
+        )
+    if isinstance(request, NewRun):
+        owner = (values.get("principal") or {}).get("user_id")
+        if values.get("task") == request.task and principal and owner == principal.user_id:
+            return None  # the same start delivered again: continue where it stands
+        raise RunRefused(f"thread {run_id} already carries a run; start a new thread")
+    if isinstance(request, Continue):
+        return None
+    return _pending_resume(request.command, snapshot, values, principal)
+
+
+def _pending_resume(
+    command: Command[Any],
+    snapshot: StateSnapshot,
+    values: Mapping[str, Any],
+    principal: Principal | None,
+) -> Command[Any] | None:
+    """The resume to send, keeping only answers to interrupts that are still pending."""
+    pending = {i.id: i.value for i in snapshot.interrupts}
+    resume = command.resume
+    if _is_id_map(resume):
+        answers = {key: value for key, value in resume.items() if key in pending}
+        decisions: list[Any] = list(answers.values())
+        resume = answers or None
+    else:
+        decisions = [resume]
+        resume = resume if pending else None
+    if resume is None:
+        return None  # nothing waits for this answer (any more): continue instead
+    run_user = (values.get("principal") or {}).get("user_id")
+    if (
+        principal is not None
+        and run_user == principal.user_id
+        and any(_is_decision(d) for d in decisions)
+    ):
+        raise RunRefused(f"{principal.user_id} cannot decide about their own run")
+    return Command(resume=resume)
+
+
+def _stamp_decisions(resume: Any, principal: Principal | None) -> Any:
+    """Approval decisions in `resume`, each signed with the authenticated approver."""
+    if _is_id_map(resume):
+        return {key: _stamp(value, principal) for key, value in resume.items()}
+    return _stamp(resume, principal)
+
+
+def _stamp(value: Any, principal: Principal | None) -> Any:
+    if not _is_decision(value):
+        return value
+    if principal is None or APPROVER_ROLE not in principal.roles:
+        raise RunRefused("only an approver may decide an approval")
+    return {**value, "approver": principal.user_id}
+
+
+def _is_decision(value: Any) -> bool:
+    return isinstance(value, Mapping) and "approval_id" in value
+
+
+def _is_id_map(resume: Any) -> TypeGuard[Mapping[str, Any]]:
+    """A resume keyed by interrupt id, as opposed to one value (which is a dict itself here)."""
+    return (
+        isinstance(resume, Mapping)
+        and bool(resume)
+        and not _is_decision(resume)
+        and "kind" not in resume
+        and all(isinstance(v, Mapping) for v in resume.values())
+    )

@@ -1,0 +1,107 @@
+"""What a server process needs to advance runs, created once per process from the environment.
+
+The graph's nodes are sync functions that use live objects from the run context: a journal, an
+HTTP client for the business services and a model. The LangGraph server builds graphs per
+request but has no notion of these, so they are created here, once per process, on first use:
+
+| variable | meaning | default |
+| --- | --- | --- |
+| `DATABASE_URL` | the Postgres database of checkpoints, journal and leases | required |
+| `LOOPWRIGHT_SERVICES` | `ServiceEndpoints` JSON of the business services | required |
+| `LOOPWRIGHT_MODEL` | `scripted` or `openai:<model>` | `scripted` |
+| `LOOPWRIGHT_LEASE_TTL_S` | run lease time to live, seconds | 30 |
+
+They are the CLI's `Runner` (`open_runner`): its journal and lease store each hold one
+connection, shared by the runs of the process (their `Database` serialises use with a lock);
+every served run gets its own checkpointer connection, because a fenced saver carries one
+run's fence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
+from loopwright.checkpoints.leases import LeaseStore
+from loopwright.models.factory import make_model
+from loopwright.runner import Runner, open_runner
+from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+
+DATABASE_ENV = "DATABASE_URL"
+
+
+class ServerMisconfigured(RuntimeError):
+    """The server's environment lacks something it needs; the message names the variable."""
+
+
+def server_database_url(environ: dict[str, str] | None = None) -> str:
+    """The Postgres URL from DATABASE_URL: the server keeps everything in one Postgres database."""
+    url = (environ if environ is not None else os.environ).get(DATABASE_ENV, "")
+    if not url:
+        raise ServerMisconfigured(f"{DATABASE_ENV} is not set: the server needs a Postgres URL")
+    if database_kind(url) is not DatabaseKind.POSTGRES:
+        raise ServerMisconfigured(f"{DATABASE_ENV}={redact(url)!r} is not a Postgres URL")
+    return url
+
+
+def server_endpoints() -> ServiceEndpoints:
+    endpoints = ServiceEndpoints.from_env()
+    if endpoints is None:
+        raise ServerMisconfigured(
+            f"{SERVICES_ENV} is not set: run `loopwright services` and export what it prints"
+        )
+    return endpoints
+
+
+@dataclass
+class ServerResources:
+    """The live objects every run of this process shares: the CLI's `Runner`, and its database.
+
+    The runner is what the CLI advances runs with; the server uses its journal, lease store,
+    business-service client, model, tools, budget and `context()` (so a served run gets the very
+    run context the CLI would build), not its checkpointer: each served run has its own, fenced.
+    """
+
+    database_url: str
+    runner: Runner
+
+    @property
+    def leases(self) -> LeaseStore:
+        return self.runner.leases
+
+    @property
+    def lease_ttl_s(self) -> float:
+        return self.runner.lease_ttl_s
+
+
+_lock = threading.Lock()
+_resources: ServerResources | None = None
+_stack = ExitStack()  # kept open for the life of the process
+
+
+def resources() -> ServerResources:
+    """The process's resources, created on first use (blocking: call from a thread)."""
+    global _resources
+    with _lock:
+        if _resources is None:
+            url = server_database_url()
+            endpoints = server_endpoints()
+            try:
+                model = make_model(None)
+            except ValueError as exc:
+                raise ServerMisconfigured(str(exc)) from exc
+            runner = _stack.enter_context(open_runner(url, endpoints, model=model))
+            _resources = ServerResources(database_url=url, runner=runner)
+        return _resources
+
+
+async def aresources() -> ServerResources:
+    """`resources()` from async code: the first call connects, which must not block the loop."""
+    if _resources is not None:
+        return _resources
+    return await asyncio.to_thread(resources)

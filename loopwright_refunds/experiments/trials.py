@@ -1,0 +1,163 @@
+"""One trial: stage a scenario, arm a fault, let a system do the job, judge the outcome.
+
+The trial's wall time runs from the first delivery to the end of the last process that worked on
+the job (recovery waits included: a lease that must expire is part of what a crash costs). The
+seed of a trial depends on the repetition, the scenario and the fault, not on the system, so in
+each repetition the three systems meet the same orders, amounts and fault timings.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loopwright_refunds.experiments.faults import Execution, Plan, disarm
+from loopwright_refunds.experiments.matrix import Cell
+from loopwright_refunds.experiments.model import experiment_model, read_bill
+from loopwright_refunds.experiments.processes import crash_then_recover, kill_then_recover
+from loopwright_refunds.experiments.scenarios import SCENARIOS, OrderIds, Stage, staged
+from loopwright_refunds.experiments.systems import Deployment, Job, Trace, make_system
+from loopwright_refunds.experiments.truth import judge, refund_ids
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """Everything measured in one trial; one row of results.json."""
+
+    system: str
+    scenario: str
+    fault: str
+    fault_kind: str
+    repetition: int
+    seed: str
+    long: bool
+    concurrent: bool
+    success: bool
+    duplicates: int
+    unauthorized: int
+    unauthorized_reasons: list[str]
+    crashed: bool  # a process died mid-run (a crash point fired, or a kill landed)
+    latency_s: float
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+    unknown_windows_s: list[float] | None
+    end: str
+    refunds: dict[str, list[str]]
+    expected: dict[str, list[str]]
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Without an unfaulted trial of the same task to time, a kill lands this long after the start.
+DEFAULT_RUN_S = 1.0
+
+
+def _execute(
+    cell: Cell, deployment: Deployment, job: Job, plan: Plan, log: Path, typical_s: float | None
+) -> bool:
+    """Run the job the way the fault asks; returns whether a process died mid-run."""
+    execution = cell.fault.execution
+    if execution is Execution.CRASH:
+        return crash_then_recover(cell.system, deployment, job, cell.fault.crash_at, log) > 0
+    if execution is Execution.KILL:
+        kill_after = plan.kill_at_fraction * (typical_s or DEFAULT_RUN_S)
+        return kill_then_recover(cell.system, deployment, job, kill_after, log)
+    system = make_system(cell.system, deployment)
+    failures: list[Exception] = []
+
+    def deliver() -> None:
+        try:
+            system.deliver(job, experiment_model(job.ledger, plan.change, deployment.endpoints))
+        except Exception as exc:  # reported by the thread that waits for both deliveries
+            failures.append(exc)
+
+    if execution is Execution.DUPLICATE:
+        second = threading.Timer(plan.second_delivery_after_s, deliver)
+        second.start()
+        deliver()
+        second.join()
+    else:
+        deliver()
+    if failures:
+        raise failures[0]
+    return False
+
+
+def run_trial(
+    cell: Cell,
+    repetition: int,
+    seed: int,
+    deployment: Deployment,
+    ids: OrderIds,
+    workdir: Path,
+    typical_s: float | None = None,
+) -> TrialResult:
+    """Run one cell once. `typical_s`: how long this system took for the same task unfaulted
+    (a worker kill lands at a seeded fraction of it, so it falls mid-run for fast and slow
+    systems alike)."""
+    seed_text = f"{seed}:{repetition}:{cell.scenario}:{cell.fault.name}"
+    rng = random.Random(seed_text)
+    scenario = SCENARIOS[cell.scenario]
+    endpoints = deployment.endpoints
+    tag = f"{cell.system}-{uuid.uuid4().hex[:10]}"
+    with staged(scenario, Stage(endpoints, rng, ids)) as trial:
+        plan = cell.fault.plan(rng, trial)
+        job = Job(
+            job_id=tag,
+            task=trial.task,
+            user_id=trial.user_id,
+            ledger=workdir / f"{tag}.ledger",
+            approval_ttl_s=plan.approval_ttl_s,
+            approve_after_s=plan.approve_after_s,
+        )
+        before = refund_ids(endpoints)
+        cell.fault.arm(endpoints, rng)
+        error = None
+        crashed = False
+        started = time.monotonic()
+        try:
+            crashed = _execute(cell, deployment, job, plan, workdir / f"{tag}.log", typical_s)
+        except Exception as exc:  # a system that falls over is a result, not a reason to stop
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            latency = time.monotonic() - started
+            disarm(endpoints)
+        expected = cell.fault.expected(trial)
+        try:
+            trace = make_system(cell.system, deployment).inspect(job)
+        except Exception as exc:
+            trace = Trace(end=f"not inspectable: {type(exc).__name__}")
+        verdict = judge(endpoints, trial, expected, before, trace.approved_keys)
+    bill = read_bill(job.ledger)
+    return TrialResult(
+        system=cell.system,
+        scenario=cell.scenario,
+        fault=cell.fault.name,
+        fault_kind=cell.fault.kind.value,
+        repetition=repetition,
+        seed=seed_text,
+        long=scenario.long,
+        concurrent=scenario.concurrent,
+        success=verdict.success and error is None,
+        duplicates=verdict.duplicates,
+        unauthorized=verdict.unauthorized,
+        unauthorized_reasons=verdict.reasons,
+        crashed=crashed,
+        latency_s=latency,
+        model_calls=bill.calls,
+        input_tokens=bill.input_tokens,
+        output_tokens=bill.output_tokens,
+        unknown_windows_s=trace.unknown_windows_s,
+        end=trace.end,
+        refunds=verdict.refunds,
+        expected={order: amounts for order, amounts in expected.items() if amounts},
+        error=error,
+    )

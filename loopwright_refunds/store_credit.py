@@ -1,0 +1,148 @@
+"""A write without an idempotency key: store credit, reconciled through a pre-image.
+
+The credit service cannot dedupe a re-sent request, so this contract never re-sends. What it
+declares instead is a pre-image read: the executor journals the customer's credit account
+(balance and version) with DISPATCHED, before the write is sent. When the outcome is unknown,
+reconciliation reads the account again and compares: unchanged means the write was not applied
+(definitively absent: FAILED, never re-sent); exactly one new entry of this amount means it was;
+anything else (someone else changed the account meanwhile) cannot be told apart and escalates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from loopwright.graph.state import Action
+from loopwright.tools.contract import (
+    Effect,
+    Guarantee,
+    ReconcileResult,
+    ReconcileStatus,
+    ToolArgs,
+    ToolContract,
+    ToolEnv,
+    ToolFault,
+    VerifyResult,
+)
+from loopwright.tools.http import read_json, write_json
+from loopwright_refunds.contracts import (
+    MONEY,
+    ORDER_ID,
+    READ_TIMEOUT_S,
+    fetch_order,
+    order_version,
+    owns_order,
+)
+
+
+class IssueStoreCreditArgs(ToolArgs):
+    order_id: str = Field(pattern=ORDER_ID, description="The order the credit compensates")
+    amount: str = Field(pattern=MONEY)
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    note: str = Field(min_length=1, max_length=200)
+
+
+class CreditEntry(BaseModel):
+    entry_id: int
+    amount: str
+    currency: str
+    note: str
+
+
+class CreditAccount(BaseModel):
+    user_id: str
+    balance: str
+    version: int
+    entries: list[CreditEntry]
+
+
+def _account(env: ToolEnv, user_id: str) -> CreditAccount:
+    url = f"{env.endpoints.payments}/credits/{user_id}"
+    return CreditAccount.model_validate(
+        read_json(env.http, url, timeout=env.timeout(READ_TIMEOUT_S))
+    )
+
+
+def _owner(env: ToolEnv, order_id: str) -> str:
+    return fetch_order(env, order_id).owner
+
+
+def _pre_image(env: ToolEnv, args: IssueStoreCreditArgs) -> dict[str, Any]:
+    account = _account(env, _owner(env, args.order_id))
+    return {"user_id": account.user_id, "version": account.version, "balance": account.balance}
+
+
+def _issue(env: ToolEnv, args: IssueStoreCreditArgs, _key: str | None) -> dict[str, Any]:
+    body = {
+        "user_id": _owner(env, args.order_id),
+        "amount": args.amount,
+        "currency": args.currency,
+        "note": args.note,
+    }
+    url = f"{env.endpoints.payments}/credits"
+    # No idempotency key exists downstream; the header is sent for the record and ignored.
+    answer = write_json(
+        env.http, url, body, idempotency_key="", timeout=env.timeout(STORE_CREDIT.timeout_s)
+    )
+    return CreditAccount.model_validate(answer).model_dump(mode="json")
+
+
+def _new_entries(before: dict[str, Any], now: CreditAccount) -> list[CreditEntry]:
+    return now.entries[int(before["version"]) :]
+
+
+def _reconcile(env: ToolEnv, action: Action, pre_image: dict[str, Any] | None) -> ReconcileResult:
+    if pre_image is None:
+        return ReconcileResult(ReconcileStatus.UNCONFIRMABLE, detail="no pre-image was journaled")
+    try:
+        now = _account(env, pre_image["user_id"])
+    except ToolFault as fault:
+        return ReconcileResult(ReconcileStatus.PENDING, detail=f"credits unreadable: {fault}")
+    new = _new_entries(pre_image, now)
+    if not new:
+        return ReconcileResult(ReconcileStatus.ABSENT, detail="the account is as it was before")
+    mine = [
+        e for e in new if (e.amount, e.currency) == (action.args["amount"], action.args["currency"])
+    ]
+    if len(new) == 1 and len(mine) == 1:
+        return ReconcileResult(ReconcileStatus.APPLIED, outcome=now.model_dump(mode="json"))
+    return ReconcileResult(
+        ReconcileStatus.UNCONFIRMABLE,
+        detail=f"{len(new)} entries since the pre-image: cannot tell which is ours",
+    )
+
+
+def _verify(env: ToolEnv, action: Action) -> VerifyResult:
+    outcome = CreditAccount.model_validate(action.outcome)
+    ours = outcome.entries[-1] if outcome.entries else None
+    current = _account(env, outcome.user_id)
+    if ours is None or ours not in current.entries:
+        return VerifyResult(False, {}, "the credit entry is not in the customer's ledger")
+    facts = {"credit_entry": ours.entry_id, "amount": ours.amount, "currency": ours.currency}
+    return VerifyResult(True, facts)
+
+
+STORE_CREDIT = ToolContract(
+    name="issue_store_credit",
+    description="Give the customer store credit for an order. Moves money; cannot be deduped.",
+    args_model=IssueStoreCreditArgs,
+    output_model=CreditAccount,
+    effect=Effect.WRITE,
+    run=_issue,
+    resources=lambda args: frozenset({f"order:{args.order_id}"}),
+    authorize=lambda principal, args, env: owns_order(principal, args.order_id, env),
+    intent_key=lambda run_id, args: f"credit:{run_id}:{args.order_id}",
+    pre_image=_pre_image,
+    current_versions=order_version,
+    compensation=lambda action: (
+        f"remove the {action.args['amount']} {action.args['currency']} credit entry for order "
+        f"{action.args['order_id']} from the customer's ledger"
+    ),
+    reconcile=_reconcile,
+    verify=_verify,
+    summarize=lambda args: f"Store credit {args.amount} {args.currency} for order {args.order_id}",
+    guarantee=Guarantee.QUERYABLE,
+    timeout_s=3.0,
+)
