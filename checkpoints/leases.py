@@ -24,7 +24,7 @@ from loopwright.graph.state import Phase
 
 _SELECT_RUNS = (
     "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
-    " cancel_requested_at, failures, last_error, created_at, updated_at,"
+    " cancel_requested_at, failures, last_error, agent, agent_version, created_at, updated_at,"
     " COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
     " FROM lw_runs"
 )
@@ -61,6 +61,9 @@ class RunRecord(BaseModel):
     # retried later and later (`failure_backoff_s`), so it cannot keep every worker busy.
     failures: int = 0
     last_error: str | None = None
+    # The agent the run belongs to ("" for runs from before agents were recorded).
+    agent: str = ""
+    agent_version: str = ""
     created_at: datetime
     updated_at: datetime
 
@@ -148,14 +151,17 @@ class LeaseStore:
     def setup(self) -> None:
         migrate(self.db)
 
-    def register(self, run_id: str, *, task: str, user_id: str) -> RunRecord:
+    def register(
+        self, run_id: str, *, task: str, user_id: str, agent: str = "", agent_version: str = ""
+    ) -> RunRecord:
         """Record a run (unowned, fence 0). Registering an existing run changes nothing."""
         with self.db.transaction():
             self.db.execute(
-                "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, created_at,"
-                " updated_at) VALUES (%s, NULL, 0, %s, %s, %s, now(), now())"
+                "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, agent,"
+                " agent_version, created_at, updated_at)"
+                " VALUES (%s, NULL, 0, %s, %s, %s, %s, %s, now(), now())"
                 " ON CONFLICT (run_id) DO NOTHING",
-                (run_id, Phase.READY.value, task, user_id),
+                (run_id, Phase.READY.value, task, user_id, agent, agent_version),
             )
             return RunRecord.model_validate(self.db.execute(_SELECT_RUN, (run_id,))[0])
 
@@ -211,15 +217,17 @@ class LeaseStore:
             for row in self.db.execute(_SELECT_RUNS + " ORDER BY created_at DESC", ())
         ]
 
-    def due(self) -> list[RunRecord]:
+    def due(self, agent: str | None = None) -> list[RunRecord]:
         """Runs a worker should advance now: unowned or expired, and not finished or waiting
-        for a person. A parked run (RECONCILING) is due once its next attempt time has come."""
+        for a person. A parked run (RECONCILING) is due once its next attempt time has come.
+        With `agent`, only that agent's runs (and those from before agents were recorded)."""
         rows = self.db.execute(
             _SELECT_RUNS + " WHERE (owner IS NULL OR lease_expires_at <= now())"
             " AND phase NOT IN ('COMPLETED', 'INCOMPLETE', 'WAITING_APPROVAL')"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= now())"
+            " AND (CAST(%s AS TEXT) IS NULL OR agent = %s OR agent = '')"
             " ORDER BY updated_at",
-            (),
+            (agent, agent),
         )
         return [RunRecord.model_validate(row) for row in rows]
 

@@ -88,9 +88,18 @@ def _v2_failure_streak_and_json(db: Database) -> None:
             db.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE JSON USING {column}::json")
 
 
+def _v3_run_agent(db: Database) -> None:
+    """Which agent (name and version) a run belongs to: a process of another agent never
+    advances it, and an operator can list the runs still pinned to an old version. Runs from
+    before agents were recorded have an empty name."""
+    db.execute("ALTER TABLE lw_runs ADD COLUMN agent TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE lw_runs ADD COLUMN agent_version TEXT NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
+    _v3_run_agent,
 )
 LATEST = len(MIGRATIONS)
 

@@ -17,7 +17,7 @@ from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
 
 from loopwright.graph.plan import Planner
-from loopwright.tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
+from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 
 HANDOFF_PREFIX = "handoff_to_"
 PRIMARY = "primary"
@@ -49,7 +49,7 @@ class Handoff(BaseModel):
 def handoff_contract(profile: AgentProfile) -> ToolContract:
     """The tool that passes ownership to `profile`. It touches no business system."""
 
-    def run(_env: ToolEnv, args: Any, _key: str | None) -> dict[str, Any]:
+    def run(_ctx: ToolContext[Any], args: Any, _key: str | None) -> dict[str, Any]:
         return Handoff(owner=profile.name, reason=args.reason).model_dump()
 
     return ToolContract(

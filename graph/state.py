@@ -111,8 +111,17 @@ class Principal(BaseModel):
     user_id: str
     tenant: str = "default"
     roles: tuple[str, ...] = ("customer",)
-    # Resources this run may touch, e.g. ("order:O-42",). Empty means "whatever the task names".
+    # The task boundary: the resources this run may touch, e.g. ("order:O-42",), from the
+    # agent's `boundary`. An entry ending in "*" covers every resource it is a prefix of ("*"
+    # alone: everything). Empty: the run may touch no declared resource at all.
     scope: tuple[str, ...] = ()
+
+    def covers(self, resource: str) -> bool:
+        """Whether `resource` is inside the task boundary."""
+        return any(
+            entry == resource or (entry.endswith("*") and resource.startswith(entry[:-1]))
+            for entry in self.scope
+        )
 
 
 class Action(BaseModel):
@@ -166,6 +175,8 @@ class ApprovalRequest(BaseModel):
     summary: str
     requested_by: str
     expires_at: datetime
+    # The arguments an approver may change (the write contract's `editable`).
+    editable: tuple[str, ...] = ()
 
     def answer(
         self,
@@ -180,9 +191,13 @@ class ApprovalRequest(BaseModel):
         if decision == "edit":
             if not changes:
                 raise ValueError("an edit changes at least one argument")
-            if unknown := sorted(set(changes) - set(self.args)):
-                known = ", ".join(sorted(self.args))
-                raise ValueError(f"cannot edit {', '.join(unknown)}: the arguments are {known}")
+            if not self.editable:
+                raise ValueError(f"{self.tool} allows no edits: approve or reject it")
+            if unknown := sorted(set(changes) - set(self.editable)):
+                known = ", ".join(sorted(self.editable))
+                raise ValueError(
+                    f"cannot edit {', '.join(unknown)}: the editable arguments are {known}"
+                )
         elif changes:
             raise ValueError("only an edit changes arguments")
         return ApprovalDecision(
@@ -262,7 +277,11 @@ class PendingCall(BaseModel):
 
 
 class Versions(BaseModel):
+    """V: what the run was started with. A process that resumes it compares (see `nodes.guard`)."""
+
     state_schema: int = STATE_SCHEMA_VERSION
+    agent: str = ""
+    agent_version: str = ""
     model_id: str = ""
     prompt_version: str = ""
     tool_schemas: dict[str, str] = Field(default_factory=dict)

@@ -1,1 +1,188 @@
-"""loopwright."""
+"""loopwright: a recoverable agent runtime on LangGraph.
+
+Define an agent and its tools, then run, resume and serve it:
+
+    from loopwright import Agent, Guarantee, ToolContext
+
+    agent = Agent("ops", instructions="Restart services on request.", deps=open_inventory)
+
+    @agent.write(intent=lambda run_id, a: f"restart:{run_id}:{a.name}",
+                 guarantee=Guarantee.QUERYABLE, reconcile=was_restarted)
+    def restart(ctx: ToolContext[Inventory], args: Restart, intent_key: str) -> Restarted:
+        '''Restart a service.'''
+        ...
+
+Everything a user writes goes through the names below (`__all__`). They load on first use, so
+that importing loopwright (or asking its CLI for help) costs nothing until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+# Public name -> the module that defines it.
+_HOMES = {
+    # Agents and their tools
+    "Agent": "loopwright._agent",
+    "Demo": "loopwright._agent",
+    "TaskRefused": "loopwright._agent",
+    "load_agent": "loopwright._loading",
+    "AgentProfile": "loopwright.graph.agents",
+    "ToolContext": "loopwright.tools.contract",
+    "ToolContract": "loopwright.tools.contract",
+    "Effect": "loopwright.tools.contract",
+    "Guarantee": "loopwright.tools.contract",
+    "ToolFault": "loopwright.tools.contract",
+    "PermissionDenied": "loopwright.tools.contract",
+    "PreconditionFailed": "loopwright.tools.contract",
+    "OutcomeUnknown": "loopwright.tools.contract",
+    "ReconcileResult": "loopwright.tools.contract",
+    "ReconcileStatus": "loopwright.tools.contract",
+    "VerifyResult": "loopwright.tools.contract",
+    "read_tool": "loopwright.tools.define",
+    "write_tool": "loopwright.tools.define",
+    "ToolDefinitionError": "loopwright.tools.define",
+    "read_json": "loopwright.tools.http",
+    "write_json": "loopwright.tools.http",
+    "McpSession": "loopwright.tools.mcp",
+    "mcp_contracts": "loopwright.tools.mcp",
+    # What runs are made of
+    "Action": "loopwright.graph.state",
+    "ActionStatus": "loopwright.graph.state",
+    "Principal": "loopwright.graph.state",
+    "Phase": "loopwright.graph.state",
+    "StopReason": "loopwright.graph.state",
+    "RunState": "loopwright.graph.state",
+    "ApprovalDecision": "loopwright.graph.state",
+    "ApprovalRequest": "loopwright.graph.state",
+    "Budget": "loopwright.graph.budget",
+    "Price": "loopwright.graph.budget",
+    "ToolEnvelope": "loopwright.graph.protocol",
+    "parse_tool_content": "loopwright.graph.protocol",
+    "Planner": "loopwright.graph.plan",
+    "PlannerDecision": "loopwright.graph.plan",
+    "PlanStep": "loopwright.graph.plan",
+    "StepStatus": "loopwright.graph.plan",
+    "crash_point": "loopwright.graph.crashpoints",
+    # Running them
+    "Runner": "loopwright.runner",
+    "RunOutcome": "loopwright.runner",
+    "open_runner": "loopwright.runner",
+    "loopwright_home": "loopwright.checkpoints.database",
+    # Models for tests and demos
+    "ScriptedChatModel": "loopwright.models.scripted",
+    "Decision": "loopwright.models.scripted",
+}
+__all__ = [
+    "Action",
+    "ActionStatus",
+    "Agent",
+    "AgentProfile",
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "Budget",
+    "Decision",
+    "Demo",
+    "Effect",
+    "Guarantee",
+    "McpSession",
+    "OutcomeUnknown",
+    "PermissionDenied",
+    "Phase",
+    "PlanStep",
+    "Planner",
+    "PlannerDecision",
+    "PreconditionFailed",
+    "Price",
+    "Principal",
+    "ReconcileResult",
+    "ReconcileStatus",
+    "RunOutcome",
+    "RunState",
+    "Runner",
+    "ScriptedChatModel",
+    "StepStatus",
+    "StopReason",
+    "TaskRefused",
+    "ToolContext",
+    "ToolContract",
+    "ToolDefinitionError",
+    "ToolEnvelope",
+    "ToolFault",
+    "VerifyResult",
+    "crash_point",
+    "load_agent",
+    "loopwright_home",
+    "mcp_contracts",
+    "open_runner",
+    "parse_tool_content",
+    "read_json",
+    "read_tool",
+    "write_json",
+    "write_tool",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'loopwright' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    from pydantic import BaseModel  # loaded by then: every home imports it
+
+    # One namespace, as httpx does: `loopwright.Agent`, not `loopwright._agent.Agent`. Not for
+    # models and enums: LangGraph's serializer stores their module path in checkpoints.
+    if (inspect.isclass(value) and not issubclass(value, BaseModel | Enum)) or inspect.isfunction(
+        value
+    ):
+        value.__module__ = __name__
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:
+    from loopwright._agent import Agent, Demo, TaskRefused
+    from loopwright._loading import load_agent
+    from loopwright.checkpoints.database import loopwright_home
+    from loopwright.graph.agents import AgentProfile
+    from loopwright.graph.budget import Budget, Price
+    from loopwright.graph.crashpoints import crash_point
+    from loopwright.graph.plan import Planner, PlannerDecision, PlanStep, StepStatus
+    from loopwright.graph.protocol import ToolEnvelope, parse_tool_content
+    from loopwright.graph.state import (
+        Action,
+        ActionStatus,
+        ApprovalDecision,
+        ApprovalRequest,
+        Phase,
+        Principal,
+        RunState,
+        StopReason,
+    )
+    from loopwright.models.scripted import Decision, ScriptedChatModel
+    from loopwright.runner import Runner, RunOutcome, open_runner
+    from loopwright.tools.contract import (
+        Effect,
+        Guarantee,
+        OutcomeUnknown,
+        PermissionDenied,
+        PreconditionFailed,
+        ReconcileResult,
+        ReconcileStatus,
+        ToolContext,
+        ToolContract,
+        ToolFault,
+        VerifyResult,
+    )
+    from loopwright.tools.define import ToolDefinitionError, read_tool, write_tool
+    from loopwright.tools.http import read_json, write_json
+    from loopwright.tools.mcp import McpSession, mcp_contracts

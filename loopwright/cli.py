@@ -1,7 +1,11 @@
-"""The `loopwright` command: demo, run, resume, show, approvals, graph, services.
+"""The `loopwright` command: host an agent's runs (run, resume, cancel, approvals, worker,
+serve), read them back (show, runs), and the demo.
 
-Errors a user can cause (a bad database URL, an unknown user, order or run) end with one line
-on stderr and exit code 2, never a traceback.
+Every command hosts one agent, named by import path (`--agent module:attribute`,
+`$LOOPWRIGHT_AGENT`, or `agent = "..."` in a `[tool.loopwright]` table of ./pyproject.toml);
+the reference refund agent is the default. Errors a user can cause (a bad database URL, a user
+or task the agent refuses, an unknown run, another agent's run) end with one line on stderr
+and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+import tomllib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,7 +27,10 @@ import click
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from loopwright._agent import Agent, TaskRefused
+from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import (
     DATABASE_FAULTS,
     DatabaseKind,
@@ -31,6 +38,7 @@ from loopwright.checkpoints.database import (
     DatabaseUrlError,
     database_kind,
     loopwright_home,
+    redact,
     resolve_database_url,
 )
 from loopwright.checkpoints.journal import StaleTransition
@@ -42,9 +50,9 @@ from loopwright.graph.state import (
     ApprovalRequest,
     Principal,
 )
-from loopwright.models.factory import make_model
 from loopwright.run_list import render_runs
 from loopwright.runner import (
+    OtherAgentsRun,
     RunExists,
     Runner,
     RunOutcome,
@@ -55,14 +63,12 @@ from loopwright.runner import (
 )
 from loopwright.server.launch import ServerFailedToStart
 from loopwright.timeline import Redactor, TimelinePrinter, render_run
+from loopwright.tools.define import ToolDefinitionError
 from loopwright.worker import work
-from loopwright_refunds.contracts import ORDER_IN_TEXT, task_scope
-from loopwright_refunds.services.endpoints import ServiceEndpoints
-from loopwright_refunds.services.launcher import ServicesFailedToStart, start_services
 
-DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
-DEMO_USER = "u-1"
-DEMO_APPROVER = "a-1"
+# The agent a command hosts when none is named: the reference refund agent (the demo's).
+DEFAULT_AGENT = "loopwright_refunds.agent:agent"
+AGENT_ENV = "LOOPWRIGHT_AGENT"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 approvals_app = typer.Typer(no_args_is_help=True, help="List and decide pending approvals.")
@@ -78,7 +84,22 @@ DbOption = Annotated[
     ),
 ]
 ModelOption = Annotated[
-    str | None, typer.Option("--model", help="scripted (default) or openai:<model>.")
+    str | None,
+    typer.Option(
+        "--model",
+        envvar="LOOPWRIGHT_MODEL",
+        help="openai:<model>, instead of the agent's own model.",
+    ),
+]
+AgentOption = Annotated[
+    str | None,
+    typer.Option(
+        "--agent",
+        help=(
+            "The agent to host, as module:attribute. Default: $LOOPWRIGHT_AGENT, else "
+            "[tool.loopwright] agent in ./pyproject.toml, else the reference refund agent."
+        ),
+    ),
 ]
 
 
@@ -86,39 +107,66 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
-def services_dir() -> Path:
-    return loopwright_home() / "services"
+class DepsUnavailable(Exception):
+    """The agent's dependencies could not be opened (its business systems are not there)."""
 
 
-@contextmanager
-def business_services(*, fresh: bool = False) -> Iterator[ServiceEndpoints]:
-    """The reference services: those named by $LOOPWRIGHT_SERVICES, or started here."""
-    configured = ServiceEndpoints.from_env()
-    if configured is not None:
-        yield configured
-        return
-    if fresh:
-        shutil.rmtree(services_dir(), ignore_errors=True)
-    with start_services(services_dir()) as running:
-        yield running.endpoints
+def configured_agent_path(given: str | None) -> str | None:
+    """The agent named by --agent, $LOOPWRIGHT_AGENT or ./pyproject.toml, if any."""
+    if given:
+        return given
+    if os.environ.get(AGENT_ENV):
+        return os.environ[AGENT_ENV]
+    pyproject = Path.cwd() / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            table = tomllib.loads(pyproject.read_text()).get("tool", {}).get("loopwright", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{pyproject}: {exc}") from None
+        if isinstance(table.get("agent"), str):
+            return str(table["agent"])
+    return None
+
+
+def agent_for(given: str | None) -> Agent[Any]:
+    """The agent a command hosts (see `configured_agent_path`; default: the reference one)."""
+    path = configured_agent_path(given) or DEFAULT_AGENT
+    try:
+        agent = load_agent(path)
+        agent.check()
+    except (AgentNotFound, ToolDefinitionError) as exc:
+        raise UsageError(str(exc)) from None
+    return agent
 
 
 @contextmanager
 def session(
-    db: str | None, model: str | None = None, *, fresh_services: bool = False
+    agent: Agent[Any],
+    db: str | None,
+    model: str | None = None,
+    *,
+    deps: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Iterator[Runner]:
+    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
     try:
-        chat_model = make_model(model)
+        chat_model = agent.chat_model(model) if model else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     url = resolve_database_url(db)
     with ExitStack() as stack:
-        endpoints = stack.enter_context(business_services(fresh=fresh_services))
+        try:
+            opened = stack.enter_context((deps or agent.open_deps)())
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DepsUnavailable(
+                f"agent {agent.name}: its dependencies could not be opened: {first}"
+            ) from exc
         # A run whose last process died holds its lease until expiry: wait that long, no longer.
         runner = stack.enter_context(
             open_runner(
                 url,
-                endpoints,
+                agent,
+                deps=opened,
                 model=chat_model,
                 lease_wait_s=lease_ttl_from_env() + 1,
             )
@@ -126,28 +174,24 @@ def session(
         yield runner
 
 
+@contextmanager
+def records(agent: Agent[Any], db: str | None) -> Iterator[Runner]:
+    """A runner that only reads: the agent's dependencies are not opened, no service starts."""
+    with open_runner(resolve_database_url(db), agent, deps=None) as runner:
+        yield runner
+
+
 def principal_for(runner: Runner, user_id: str, task: str) -> Principal:
-    """The trusted principal of a new run: a known user, scoped to the orders the task names."""
-    endpoints = runner.env.endpoints
-    response = runner.env.http.get(f"{endpoints.orders}/users/{user_id}", timeout=5.0)
-    if response.status_code == 404:
-        raise UsageError(f"unknown user {user_id!r}")
-    response.raise_for_status()
-    for order_id in ORDER_IN_TEXT.findall(task):
-        if (
-            runner.env.http.get(f"{endpoints.orders}/orders/{order_id}", timeout=5.0).status_code
-            == 404
-        ):
-            raise UsageError(f"unknown order {order_id!r}")
-    roles = tuple(response.json().get("roles", ["customer"]))
-    return Principal(user_id=user_id, roles=roles, scope=task_scope(task))
+    """The trusted principal of a new run, as the agent derives it from the user and task."""
+    try:
+        return runner.principal_for(user_id, task)
+    except TaskRefused as exc:
+        raise UsageError(str(exc)) from None
 
 
 def require_approver(runner: Runner, approver: str) -> None:
-    endpoints = runner.env.endpoints
-    response = runner.env.http.get(f"{endpoints.orders}/users/{approver}", timeout=5.0)
-    if response.status_code == 404 or "approver" not in response.json().get("roles", []):
-        raise UsageError(f"{approver!r} is not an approver")
+    if not runner.is_approver(approver):
+        raise UsageError(f"{approver!r} is not an approver of agent {runner.agent.name}")
 
 
 def decide(
@@ -168,9 +212,10 @@ def decide(
     return answer.model_dump(mode="json")
 
 
-def report(outcome: RunOutcome, redactor: Redactor) -> None:
+def report(outcome: RunOutcome, redactor: Redactor, *, again: str = "") -> None:
     """The run's end; for a run that did not complete, what it did and did not do in the
-    business system, with sensitive arguments redacted as in the timeline."""
+    business system, with sensitive arguments redacted as in the timeline. `again` is what a
+    command printed for a person to type needs besides its arguments (--agent, --db)."""
     console.print()
     if outcome.stop_reason == "completed":
         facts = (outcome.verification or {}).get("facts", {})
@@ -178,27 +223,27 @@ def report(outcome: RunOutcome, redactor: Redactor) -> None:
             f"[bold green]COMPLETED[/] run {outcome.run_id}, verified in the business system:"
         )
         for write in facts.get("writes", []):
-            console.print(
-                f"  refund [bold]{write.get('refund_id')}[/] order {write.get('order_id')} "
-                f"{write.get('amount')} {write.get('currency')} ({write.get('status')})"
+            produced = ", ".join(f"{k} {v}" for k, v in (write.get("produced") or {}).items())
+            line = f"  {write.get('summary', write.get('tool'))}" + (
+                f" ({produced})" if produced else ""
             )
+            console.print(redactor.text(escape(line)))
         if not facts.get("writes"):
             console.print("  no business effect was needed")
-        console.print(f"  answer: {facts.get('answer', '')}")
+        console.print(f"  answer: {facts.get('answer', '')}", markup=False)
     elif outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         console.print(
-            f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {request['summary']}"
+            f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {escape(request['summary'])}"
         )
-        console.print(
-            f"  approve: loopwright approvals approve {request['approval_id']} --as {DEMO_APPROVER}"
-        )
-        console.print(
-            f"  reject:  loopwright approvals reject {request['approval_id']} --as {DEMO_APPROVER}"
-        )
+        for verb in ("approve", "reject"):
+            console.print(
+                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as APPROVER{again}",
+                markup=False,
+            )
     else:
         console.print(
-            f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {outcome.stop_detail}"
+            f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {escape(outcome.stop_detail)}"
         )
     if outcome.stop_reason != "completed":
         # An honest account of what happened in the business system, whatever the run's end.
@@ -217,6 +262,16 @@ def report(outcome: RunOutcome, redactor: Redactor) -> None:
                 console.print(redactor.text(f"  not done: {call} ({action.status})"))
     for offer in outcome.compensations:
         console.print(f"  compensation you may want (not performed): {offer}", markup=False)
+
+
+def repeat_options(agent: str | None, db: str | None) -> str:
+    """The options a printed follow-up command needs to reach the same agent and database."""
+    shown = ""
+    if agent:
+        shown += f" --agent {agent}"
+    if db:
+        shown += f" --db {redact(db)}"
+    return shown
 
 
 def drive(
@@ -243,19 +298,24 @@ def drive(
 @app.command()
 def demo(
     db: DbOption = None,
+    agent: AgentOption = None,
     yes: Annotated[
-        bool, typer.Option("--yes", help=f"Approve as the demo approver {DEMO_APPROVER}.")
+        bool, typer.Option("--yes", help="Approve every request as the demo's approver.")
     ] = False,
 ) -> None:
-    """Run the refund scenario end to end on fresh reference services and print its timeline."""
-    with session(db, fresh_services=True) as runner:
-        principal = principal_for(runner, DEMO_USER, DEMO_TASK)
-        console.rule("[bold]loopwright demo")
-        console.print(f"task: {DEMO_TASK}\nuser: {DEMO_USER}\n")
-        printer = TimelinePrinter(console)
-        outcome = runner.start(DEMO_TASK, principal, on_step=printer)
-        outcome = drive(runner, outcome, yes=yes, approver=DEMO_APPROVER, printer=printer)
-        report(outcome, printer.redactor)
+    """Run the agent's demo end to end and print its timeline (default: the refund demo)."""
+    hosted = agent_for(agent)
+    script = hosted.demo
+    if script is None:
+        raise UsageError(f"agent {hosted.name} declares no demo (Agent(demo=Demo(...)))")
+    with session(hosted, db, deps=script.deps) as runner:
+        principal = principal_for(runner, script.user, script.task)
+        console.rule(f"[bold]loopwright demo: {hosted.name}")
+        console.print(f"task: {script.task}\nuser: {script.user}\n", markup=False)
+        printer = TimelinePrinter(console, runner.tools)
+        outcome = runner.start(script.task, principal, on_step=printer)
+        outcome = drive(runner, outcome, yes=yes, approver=script.approver, printer=printer)
+        report(outcome, printer.redactor, again=repeat_options(agent, db))
 
 
 @app.command()
@@ -263,73 +323,81 @@ def run(
     task: str,
     user: Annotated[str, typer.Option("--user", help="The trusted principal the run acts for.")],
     db: DbOption = None,
+    agent: AgentOption = None,
     model: ModelOption = None,
     run_id: Annotated[str | None, typer.Option("--run-id")] = None,
 ) -> None:
     """Start a run of TASK for USER."""
-    with session(db, model) as runner:
+    with session(agent_for(agent), db, model) as runner:
         principal = principal_for(runner, user, task)
         run_id = run_id or new_run_id()
-        console.print(f"run {run_id}")
-        printer = TimelinePrinter(console)
-        report(runner.start(task, principal, run_id=run_id, on_step=printer), printer.redactor)
+        console.print(f"run {run_id}", markup=False)
+        printer = TimelinePrinter(console, runner.tools)
+        outcome = runner.start(task, principal, run_id=run_id, on_step=printer)
+        report(outcome, printer.redactor, again=repeat_options(agent, db))
 
 
 @app.command()
-def resume(run_id: str, db: DbOption = None, model: ModelOption = None) -> None:
+def resume(
+    run_id: str, db: DbOption = None, agent: AgentOption = None, model: ModelOption = None
+) -> None:
     """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
-    with session(db, model) as runner:
-        printer = TimelinePrinter(console)
-        report(runner.resume(run_id, on_step=printer), printer.redactor)
+    with session(agent_for(agent), db, model) as runner:
+        printer = TimelinePrinter(console, runner.tools)
+        outcome = runner.resume(run_id, on_step=printer)
+        report(outcome, printer.redactor, again=repeat_options(agent, db))
 
 
 @app.command()
-def cancel(run_id: str, db: DbOption = None) -> None:
+def cancel(run_id: str, db: DbOption = None, agent: AgentOption = None) -> None:
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
-    with session(db) as runner:
-        printer = TimelinePrinter(console)
+    with session(agent_for(agent), db) as runner:
+        printer = TimelinePrinter(console, runner.tools)
         report(runner.cancel(run_id, on_step=printer), printer.redactor)
 
 
-# `show` and `runs` read the database only: no business service is started, none is called.
-NO_SERVICES = ServiceEndpoints(orders="", policies="", payments="")
-
-
-@contextmanager
-def records(db: str | None) -> Iterator[Runner]:
-    with open_runner(resolve_database_url(db), NO_SERVICES, model=make_model("scripted")) as runner:
-        yield runner
-
-
 @app.command()
-def show(run_id: str, db: DbOption = None) -> None:
+def show(run_id: str, db: DbOption = None, agent: AgentOption = None) -> None:
     """Print a run's timeline from the database: its steps, each action's full history, its end."""
-    with records(db) as runner:
+    with records(agent_for(agent), db) as runner:
+        runner.owned(run_id)
         render_run(runner, run_id, console)
 
 
 @app.command()
-def runs(db: DbOption = None) -> None:
-    """List runs: phase, stop reason, age; runs with unconfirmed writes first."""
-    with records(db) as runner:
-        render_runs(runner, console)
+def runs(
+    db: DbOption = None,
+    agent: AgentOption = None,
+    version: Annotated[
+        str | None, typer.Option("--version", help="Only runs pinned to this agent version.")
+    ] = None,
+) -> None:
+    """List runs: agent and version, phase, stop reason, age; unconfirmed writes first.
+
+    Every agent's runs, unless an agent is named (--agent, $LOOPWRIGHT_AGENT, pyproject)."""
+    named = configured_agent_path(agent)
+    hosted = agent_for(named)
+    with records(hosted, db) as runner:
+        render_runs(runner, console, agent=hosted.name if named else None, version=version)
 
 
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
     found = []
-    for run_id in runner.run_ids():
-        found += runner.outcome(run_id).waiting_for_approval
+    for record in runner.leases.runs():
+        if record.agent in ("", runner.agent.name):
+            found += runner.outcome(record.run_id).waiting_for_approval
     return found
 
 
 @approvals_app.command("list")
-def approvals_list(db: DbOption = None) -> None:
-    """Pending approvals across runs."""
-    with session(db) as runner:
+def approvals_list(db: DbOption = None, agent: AgentOption = None) -> None:
+    """Pending approvals across the agent's runs."""
+    with records(agent_for(agent), db) as runner:
         pending = _pending_approvals(runner)
         for request in pending:
             console.print(
-                f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}"
+                f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}",
+                markup=False,
             )
         if not pending:
             console.print("no pending approvals")
@@ -340,23 +408,24 @@ def _decide_command(
     decision: ApprovalChoice,
     approver: str,
     db: str | None,
+    agent: str | None,
     comment: str,
     changes: list[str] | None = None,
 ) -> None:
-    with session(db) as runner:
+    with session(agent_for(agent), db) as runner:
         require_approver(runner, approver)
         match = [r for r in _pending_approvals(runner) if r["approval_id"] == approval_id]
         if not match:
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
         edits = _parse_changes(changes or []) if decision == "edit" else None
-        printer = TimelinePrinter(console)
+        printer = TimelinePrinter(console, runner.tools)
         outcome = runner.resume(
             request["run_id"],
             decide(request, decision, approver, comment, changes=edits),
             on_step=printer,
         )
-        report(outcome, printer.redactor)
+        report(outcome, printer.redactor, again=repeat_options(agent, db))
 
 
 def _parse_changes(changes: list[str]) -> dict[str, str]:
@@ -371,22 +440,31 @@ def _parse_changes(changes: list[str]) -> dict[str, str]:
 
 
 ApproverOption = Annotated[str, typer.Option("--as", help="The approver's user id.")]
+CommentOption = Annotated[str, typer.Option("--comment", help="Why, for the record.")]
 
 
 @approvals_app.command("approve")
 def approvals_approve(
-    approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = ""
+    approval_id: str,
+    approver: ApproverOption,
+    db: DbOption = None,
+    agent: AgentOption = None,
+    comment: CommentOption = "",
 ) -> None:
     """Approve one pending action (exactly the digest it names) and resume its run."""
-    _decide_command(approval_id, "approve", approver, db, comment)
+    _decide_command(approval_id, "approve", approver, db, agent, comment)
 
 
 @approvals_app.command("reject")
 def approvals_reject(
-    approval_id: str, approver: ApproverOption, db: DbOption = None, comment: str = ""
+    approval_id: str,
+    approver: ApproverOption,
+    db: DbOption = None,
+    agent: AgentOption = None,
+    comment: CommentOption = "",
 ) -> None:
     """Reject one pending action and resume its run."""
-    _decide_command(approval_id, "reject", approver, db, comment)
+    _decide_command(approval_id, "reject", approver, db, agent, comment)
 
 
 @approvals_app.command("edit")
@@ -397,13 +475,14 @@ def approvals_edit(
         list[str], typer.Option("--set", help="FIELD=VALUE to change; repeat for more fields.")
     ],
     db: DbOption = None,
-    comment: str = "",
+    agent: AgentOption = None,
+    comment: CommentOption = "",
 ) -> None:
     """Change some arguments of one pending action and resume its run.
 
     The action asked about is rejected; the edited one waits for an approval of its own.
     """
-    _decide_command(approval_id, "edit", approver, db, comment, changes)
+    _decide_command(approval_id, "edit", approver, db, agent, comment, changes)
 
 
 RECONNECT_FIRST_S = 1.0
@@ -413,15 +492,18 @@ RECONNECT_MAX_S = 30.0
 @app.command()
 def worker(
     db: DbOption = None,
+    agent: AgentOption = None,
     model: ModelOption = None,
     poll: Annotated[
         float, typer.Option("--poll", help="Seconds between looks for due runs.")
     ] = 0.5,
 ) -> None:
-    """Claim and advance runs that need it (expired leases, due reconciliations) until stopped.
+    """Claim and advance the agent's runs that need it (expired leases, due reconciliations)
+    until stopped.
 
     A database that goes away does not end the worker: it reconnects, waiting 1, 2, 4, ... up
     to 30 s between tries. One it cannot reach at all at start is a configuration error."""
+    hosted = agent_for(agent)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -436,9 +518,13 @@ def worker(
     connected = False
     while not stop.is_set():
         try:
-            with session(db, model) as runner:
+            with session(hosted, db, model) as runner:
                 runner.lease_wait_s = 0  # a run held by another worker is theirs: skip it
-                console.print(f"worker {runner.owner} polling every {poll}s", markup=False)
+                console.print(
+                    f"worker {runner.owner} for agent {hosted.name} {hosted.version},"
+                    f" polling every {poll}s",
+                    markup=False,
+                )
                 connected, reconnect_s = True, RECONNECT_FIRST_S
                 work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
         except DATABASE_FAULTS as exc:
@@ -507,94 +593,43 @@ def graph_dot(drawable: Any) -> str:
 def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 2024,
-    db: DbOption = None,
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="Postgres URL (postgresql://...). Default: $DATABASE_URL."),
+    ] = None,
+    agent: AgentOption = None,
 ) -> None:
-    """Serve runs over HTTP: `langgraph dev`, offline, on Postgres, with the approval inbox."""
+    """Serve the agent's runs over HTTP: `langgraph dev`, offline, on Postgres, with the
+    approval inbox."""
     from loopwright.server.launch import DEV_TOKENS, server_env, start_server
 
+    path = configured_agent_path(agent) or DEFAULT_AGENT
+    hosted = agent_for(path)
     url = resolve_database_url(db)
     if database_kind(url) is not DatabaseKind.POSTGRES:
         raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
-    extra = {"DATABASE_URL": url}
+    extra = {"DATABASE_URL": url, AGENT_ENV: path}
     if not (os.environ.get("LOOPWRIGHT_TOKENS") or os.environ.get("LOOPWRIGHT_TOKENS_FILE")):
         extra["LOOPWRIGHT_TOKENS_FILE"] = str(DEV_TOKENS)
         errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")
-    with business_services() as endpoints:
-        extra.update(endpoints.to_env())
-        env = server_env(os.environ, extra)
-        with start_server(
-            loopwright_home() / "server", env, host=host, port=port, stdout=sys.stdout.buffer
-        ) as running:
-            console.print(f"API    {running.url}", markup=False)
-            console.print(f"inbox  {running.url}/inbox", markup=False)
-            console.print(
-                f"Studio https://smith.langchain.com/studio/?baseUrl={running.url}", markup=False
-            )
-            # SIGTERM too stops the server and the services this command started.
-            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-            with contextlib.suppress(KeyboardInterrupt):
-                running.process.wait()
+    env = server_env(os.environ, extra)
+    with start_server(
+        loopwright_home() / "server", env, host=host, port=port, stdout=sys.stdout.buffer
+    ) as running:
+        console.print(f"agent  {hosted.name} {hosted.version} ({path})", markup=False)
+        console.print(f"API    {running.url}", markup=False)
+        console.print(f"inbox  {running.url}/inbox", markup=False)
+        console.print(
+            f"Studio https://smith.langchain.com/studio/?baseUrl={running.url}", markup=False
+        )
+        # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        with contextlib.suppress(KeyboardInterrupt):
+            running.process.wait()
 
 
 def _raise_keyboard_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
-
-
-@app.command()
-def services() -> None:
-    """Run the reference services in the foreground (their URLs are printed)."""
-    with start_services(services_dir()) as running:
-        for name, value in running.endpoints.to_env().items():
-            console.print(f"export {name}='{value}'", markup=False)
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
-
-
-@app.command()
-def experiment(
-    repetitions: Annotated[
-        int, typer.Option("--repetitions", "-n", min=1, help="Seeded repetitions of the matrix.")
-    ] = 3,
-    out: Annotated[
-        Path, typer.Option("--out", help="Where results.json, report.md and the plots go.")
-    ] = Path(".loopwright/experiment"),
-    seed: Annotated[int, typer.Option("--seed", help="Seeds amounts and fault timings.")] = 1,
-    db: Annotated[
-        str | None,
-        typer.Option(
-            "--db",
-            help="Postgres server to create the experiment's database on (dropped after). Default: $DATABASE_URL, else postgresql://postgres@127.0.0.1:5432/postgres.",
-        ),
-    ] = None,
-    scenario: Annotated[
-        list[str] | None, typer.Option("--scenario", help="Only these scenarios (repeatable).")
-    ] = None,
-    fault: Annotated[
-        list[str] | None,
-        typer.Option("--fault", help="Only these faults, by kind or full name (repeatable)."),
-    ] = None,
-    system: Annotated[
-        list[str] | None, typer.Option("--system", help="Only these systems (repeatable).")
-    ] = None,
-) -> None:
-    """Run the fault-injection experiment: loopwright against two baselines, then report."""
-    from loopwright_refunds.experiments.run import Settings, run_experiment
-
-    settings = Settings(
-        repetitions=repetitions,
-        seed=seed,
-        out=out,
-        database_server=db,
-        scenarios=scenario or (),
-        faults=fault or (),
-        systems=system or (),
-    )
-    if not settings.matrix():
-        raise UsageError("no cell of the matrix matches --scenario, --fault and --system")
-    run_experiment(settings, console=errors)
-    console.print((out / "report.md").read_text().split("\n## By fault")[0], markup=False)
-    console.print(f"wrote {out}/results.json, report.md and the plots", markup=False)
 
 
 def main() -> None:
@@ -602,7 +637,10 @@ def main() -> None:
         app(standalone_mode=False)
     except (
         UsageError,
+        DepsUnavailable,
+        TaskRefused,
         UnknownRun,
+        OtherAgentsRun,
         RunExists,
         LeaseHeld,
         LeaseLost,
@@ -610,7 +648,6 @@ def main() -> None:
         StaleTransition,
         DatabaseUrlError,
         DatabaseUnavailable,
-        ServicesFailedToStart,
         ServerFailedToStart,
     ) as exc:
         errors.print(f"loopwright: error: {exc}", markup=False)

@@ -36,10 +36,15 @@ def age(delta: timedelta) -> str:
     return f"{seconds}s"
 
 
-def run_lines(runner: Runner) -> list[RunLine]:
-    """Every registered run, unconfirmed writes first, then newest first."""
+def run_lines(
+    runner: Runner, *, agent: str | None = None, version: str | None = None
+) -> list[RunLine]:
+    """Every registered run (of `agent`, at `version`, if given), unconfirmed writes first,
+    then newest first."""
     lines = []
     for record in runner.leases.runs():
+        if (agent and record.agent != agent) or (version and record.agent_version != version):
+            continue
         try:
             outcome = runner.outcome(record.run_id)
         except UnknownRun:  # registered, but its process died before the first checkpoint
@@ -50,21 +55,26 @@ def run_lines(runner: Runner) -> list[RunLine]:
     return sorted(lines, key=lambda line: not line.unconfirmed)  # stable: newest first stays
 
 
-def render_runs(runner: Runner, console: Console) -> None:
-    lines = run_lines(runner)
+def render_runs(
+    runner: Runner, console: Console, *, agent: str | None = None, version: str | None = None
+) -> None:
+    lines = run_lines(runner, agent=agent, version=version)
     if not lines:
         console.print("no runs")
         return
     now = datetime.now(UTC)
-    console.print(f"{'RUN':<20} {'PHASE':<16} {'STOP':<18} {'AGE':>5}  UNCONFIRMED WRITES")
+    console.print(
+        f"{'RUN':<20} {'AGENT':<16} {'PHASE':<16} {'STOP':<18} {'AGE':>5}  UNCONFIRMED WRITES"
+    )
     for line in lines:
         writes = ", ".join(f"{a.action_id} {a.status}" for a in line.unconfirmed) or "-"
         leased = f"  (leased by {line.record.owner})" if line.record.lease_live else ""
         failing = ""
         if line.record.failures:
             failing = f"  (failed {line.record.failures}x in a row: {line.record.last_error})"
+        pinned = f"{line.record.agent or '?'} {line.record.agent_version}".strip()
         console.print(
-            f"{line.record.run_id:<20} {line.phase:<16} {line.stop_reason or '-':<18}"
+            f"{line.record.run_id:<20} {pinned:<16} {line.phase:<16} {line.stop_reason or '-':<18}"
             f" {age(now - line.record.created_at):>5}  {writes}{leased}{failing}",
             markup=False,
         )

@@ -1,8 +1,10 @@
 """Run and resume agent runs in this process, against SQLite (default) or Postgres.
 
-`Runner` owns what one process needs to advance runs: the compiled graph with its fenced
-checkpointer, the action journal, the run leases, an HTTP client for the business services and
-the model. Runs are LangGraph threads; the thread id is the run id.
+`Runner` owns what one process needs to advance the runs of one agent: the compiled graph with
+its fenced checkpointer, the action journal, the run leases, the agent's dependencies (what its
+`deps` factory opened) and the model. Runs are LangGraph threads; the thread id is the run id.
+A run belongs to the agent that started it: a runner of another agent refuses it
+(`OtherAgentsRun`), whatever it is asked to do with it.
 
 Advancing a run means: claim its lease (one writer per run; a live lease held by another process
 is refused), fence the checkpointer and the journal with the lease's token, stream the graph with
@@ -22,11 +24,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-import httpx
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, StateSnapshot
 
+from loopwright._agent import Agent
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
@@ -37,22 +39,17 @@ from loopwright.checkpoints.leases import (
     LeaseKeeper,
     LeaseLost,
     LeaseStore,
+    RunRecord,
     StaleWriter,
     open_lease_store,
 )
-from loopwright.graph.agents import AgentProfile
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import NODES, RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
-from loopwright.graph.plan import Planner
 from loopwright.graph.state import Action, Phase, Principal, RunState, StopReason, initial_state
 from loopwright.graph.views import stop
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.tracing import run_span
-from loopwright.tools.contract import ToolEnv
-from loopwright.tools.registry import ToolRegistry, refund_registry
-from loopwright_refunds.contracts import is_approver
-from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]
@@ -107,6 +104,8 @@ def worker_name() -> str:
 
 
 SILENT_NODES = ("__interrupt__",)
+# `open_runner`'s default: enter the agent's own `deps` factory.
+OPEN_DEPS: Any = object()
 # What an attempt ends with when another worker took the run over while it worked.
 OWNERSHIP_LOST = (StaleWriter, StaleTransition, LeaseLost)
 # What an attempt may end with that says nothing about the run itself.
@@ -123,27 +122,32 @@ def lease_ttl_from_env() -> float:
 
 
 class Runner:
+    """Runs of one agent in one database, advanced by this process.
+
+    `deps` is what the agent's `deps` factory opened (tools get it as `ctx.deps`). `model` and
+    `budget` replace the agent's own (the CLI's `--model`, an experiment's tighter budget).
+    """
+
     def __init__(
         self,
         *,
         saver: FencedSaver,
         journal: ActionJournal,
         leases: LeaseStore,
-        env: ToolEnv,
-        model: BaseChatModel,
-        tools: ToolRegistry,
-        budget: Budget,
+        agent: Agent[Any],
+        deps: Any,
+        model: BaseChatModel | None = None,
+        budget: Budget | None = None,
         owner: str | None = None,
         lease_ttl_s: float | None = None,
         lease_wait_s: float = 0.0,
-        planner: Planner | None = None,
-        agents: dict[str, AgentProfile] | None = None,
-        approvers: Callable[[str], bool] | None = None,
     ) -> None:
-        self.planner = planner
-        # Who may decide approvals: by default the reference user directory's approver role.
-        self.approvers = approvers or (lambda user_id: is_approver(self.env, user_id))
-        self.agents = agents or {}
+        agent.check()
+        self.agent = agent
+        self.deps = deps
+        self.tools = agent.tools
+        self.budget = budget or agent.budget
+        self._model = model
         self.saver = saver
         self.graph = compile_graph(saver)
         self.journal = journal
@@ -155,28 +159,54 @@ class Runner:
         self.lease_wait_s = lease_wait_s
         # Attempts in a row that may end in an error before the run ends typed (needs_human).
         self.max_failures = MAX_FAILURES
-        self.env = env
-        self.model = model
-        self.tools = tools
-        self.budget = budget
+
+    @property
+    def model(self) -> BaseChatModel:
+        """The model, made on first use: listing and showing runs never needs one."""
+        if self._model is None:
+            self._model = self.agent.chat_model()
+        return self._model
 
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
 
+    def is_approver(self, user_id: str) -> bool:
+        return self.agent.is_approver(self.deps, user_id)
+
+    def principal_for(self, user_id: str, task: str) -> Principal:
+        """The trusted principal of a new run (the agent's answer; may raise TaskRefused)."""
+        return self.agent.principal_for(self.deps, user_id, task)
+
     def context(self, run_id: str, fence: int) -> RunContext:
         """The principal travels in the run's input, committed before any node runs."""
+        agent = self.agent
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
-            is_approver=self.approvers,
+            is_approver=self.is_approver,
             model=self.model,
             tools=self.tools,
-            env=self.env,
+            deps=self.deps,
+            agent_name=agent.name,
+            agent_version=agent.version,
+            instructions=agent.instructions,
+            prompt_version=agent.prompt_version,
             journal=traced_journal(self.journal),
             budget=self.budget,
+            approval_ttl=agent.approval_ttl,
             fence=fence,
-            planner=self.planner,
-            agents=self.agents,
+            planner=agent.planner,
+            agents=agent.specialists,
         )
+
+    def owned(self, run_id: str) -> RunRecord:
+        """The run's record, if this runner's agent may touch the run; else OtherAgentsRun.
+        Raises UnknownRun for a run this database does not have."""
+        record = self.leases.get(run_id)
+        if record is None:
+            raise UnknownRun(run_id)
+        if record.agent and record.agent != self.agent.name:
+            raise OtherAgentsRun(run_id, record.agent, self.agent.name)
+        return record
 
     def start(
         self,
@@ -194,7 +224,7 @@ class Runner:
         existing id is refused (`RunExists`).
         """
         run_id = run_id or new_run_id()
-        record = self.leases.register(run_id, task=task, user_id=principal.user_id)
+        record = self.register(run_id, task, principal)
         if (record.task, record.user_id) != (task, principal.user_id):
             raise RunExists(run_id)
         if self.graph.get_state(self.config(run_id)).values:
@@ -210,8 +240,7 @@ class Runner:
         A run waiting for approval is not advanced without an answer; a finished run stays as it
         is. Both just report where they stand.
         """
-        if self.leases.get(run_id) is None:
-            raise UnknownRun(run_id)
+        self.owned(run_id)
         snapshot = self.graph.get_state(self.config(run_id))
         kinds = {i.value.get("kind") for i in snapshot.interrupts}
         if finished(snapshot):
@@ -232,6 +261,7 @@ class Runner:
         database). A run that waits (for approval, or for a parked reconciliation) is advanced
         here to its typed end.
         """
+        self.owned(run_id)
         run = self.leases.request_cancel(run_id)
         snapshot = self.graph.get_state(self.config(run_id))
         if finished(snapshot) or (run.lease_live and run.owner != self.owner):
@@ -273,8 +303,21 @@ class Runner:
         self.graph.update_state(
             self.config(run_id), initial_state(run_id, task, principal), as_node="__start__"
         )
-        self.leases.register(run_id, task=task, user_id=principal.user_id)
+        self.register(run_id, task, principal)
         return run_id
+
+    def register(self, run_id: str, task: str, principal: Principal) -> RunRecord:
+        """Record the run as this agent's (at its version); another agent's is refused."""
+        record = self.leases.register(
+            run_id,
+            task=task,
+            user_id=principal.user_id,
+            agent=self.agent.name,
+            agent_version=self.agent.version,
+        )
+        if record.agent and record.agent != self.agent.name:
+            raise OtherAgentsRun(run_id, record.agent, self.agent.name)
+        return record
 
     def _advance(self, run_id: str, payload: Any, on_step: StepListener | None) -> RunOutcome:
         """Advance the run inside one `run` span: its node, model and tool spans are children,
@@ -408,6 +451,16 @@ class RunExists(ValueError):
         self.run_id = run_id
 
 
+class OtherAgentsRun(PermissionError):
+    """A run of another agent: this process has not its tools, rules or model, so it never
+    validates, approves, cancels or resumes it."""
+
+    def __init__(self, run_id: str, agent: str, mine: str) -> None:
+        super().__init__(f"run {run_id} belongs to agent {agent!r}, not {mine!r}")
+        self.run_id = run_id
+        self.agent = agent
+
+
 class UnknownRun(LookupError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"no run {run_id} in this database")
@@ -417,31 +470,28 @@ class UnknownRun(LookupError):
 @contextmanager
 def open_runner(
     database_url: str,
-    endpoints: ServiceEndpoints,
+    agent: Agent[Any],
     *,
-    model: BaseChatModel,
-    tools: ToolRegistry | None = None,
+    deps: Any = OPEN_DEPS,
+    model: BaseChatModel | None = None,
     budget: Budget | None = None,
     lease_wait_s: float = 0.0,
-    planner: Planner | None = None,
-    agents: dict[str, AgentProfile] | None = None,
-    approvers: Callable[[str], bool] | None = None,
 ) -> Iterator[Runner]:
+    """A runner of `agent` on the database at `database_url`, with the agent's dependencies
+    opened for as long as it is (or `deps`, given: `None` for a runner that only reads runs)."""
     with ExitStack() as stack:
         saver = stack.enter_context(open_checkpointer(database_url))
         journal = stack.enter_context(open_journal(database_url))
         leases = stack.enter_context(open_lease_store(database_url))
-        http = stack.enter_context(httpx.Client())
+        if deps is OPEN_DEPS:
+            deps = stack.enter_context(agent.open_deps())
         yield Runner(
             saver=saver,
             journal=journal,
             leases=leases,
-            env=ToolEnv(endpoints=endpoints, http=http),
+            agent=agent,
+            deps=deps,
             model=model,
-            tools=tools or refund_registry(),
-            budget=budget or Budget(),
+            budget=budget,
             lease_wait_s=lease_wait_s,
-            planner=planner,
-            agents=agents,
-            approvers=approvers,
         )

@@ -35,7 +35,7 @@ from loopwright.graph.state import (
     Verification,
 )
 from loopwright.observability.redaction import REDACTED, redact, redacted_digest
-from loopwright.tools.registry import ToolRegistry, refund_registry
+from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
     from loopwright.runner import Runner
@@ -186,12 +186,12 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
 class TimelinePrinter:
     """A StepListener that prints the timeline as the run advances.
 
-    `tools` names the sensitive fields to redact; the default is the command line's registry.
+    `tools` (the run's agent's) names the sensitive fields to redact.
     """
 
-    def __init__(self, console: Console, tools: ToolRegistry | None = None) -> None:
+    def __init__(self, console: Console, tools: ToolRegistry) -> None:
         self.console = console
-        self.redactor = Redactor(tools if tools is not None else refund_registry())
+        self.redactor = Redactor(tools)
         self.step = 0
 
     def __call__(self, node: str, update: dict[str, Any]) -> None:

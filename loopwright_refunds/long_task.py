@@ -14,7 +14,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from loopwright.models.scripted import Decision
+from loopwright import Decision
 from loopwright_refunds.procedure import ORDER_ID
 
 

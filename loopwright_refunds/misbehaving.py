@@ -23,7 +23,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
-from loopwright.models.scripted import Decision
+from loopwright import Decision
 from loopwright_refunds.procedure import RefundProcedure, Transcript
 
 

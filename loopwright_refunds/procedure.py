@@ -21,9 +21,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from pydantic import ValidationError
 
-from loopwright.graph.protocol import ToolEnvelope, parse_tool_content
-from loopwright.graph.state import utcnow
-from loopwright.models.scripted import Decision
+from loopwright import Decision, ToolEnvelope, parse_tool_content
 
 ORDER_ID = re.compile(r"O-\d+")
 # A failed read is tried this many times in total before the procedure gives up on it.
@@ -123,7 +121,7 @@ class RefundProcedure:
     `clock` supplies "now" for the refund window; tests pin it.
     """
 
-    clock: Callable[[], datetime] = utcnow
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     def __call__(
         self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]

@@ -12,32 +12,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from loopwright.graph.state import Action
-from loopwright.tools.contract import (
-    Effect,
+from loopwright import (
+    Action,
     Guarantee,
     ReconcileResult,
     ReconcileStatus,
-    ToolArgs,
-    ToolContract,
-    ToolEnv,
     ToolFault,
     VerifyResult,
+    read_json,
+    write_json,
+    write_tool,
 )
-from loopwright.tools.http import read_json, write_json
-from loopwright_refunds.contracts import (
+from loopwright_refunds.agent import (
     MONEY,
     ORDER_ID,
     READ_TIMEOUT_S,
+    Ctx,
     fetch_order,
+    order_resource,
     order_version,
     owns_order,
 )
 
+CREDIT_TIMEOUT_S = 3.0
 
-class IssueStoreCreditArgs(ToolArgs):
+
+class IssueStoreCreditArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     order_id: str = Field(pattern=ORDER_ID, description="The order the credit compensates")
     amount: str = Field(pattern=MONEY)
     currency: str = Field(pattern=r"^[A-Z]{3}$")
@@ -58,46 +62,31 @@ class CreditAccount(BaseModel):
     entries: list[CreditEntry]
 
 
-def _account(env: ToolEnv, user_id: str) -> CreditAccount:
-    url = f"{env.endpoints.payments}/credits/{user_id}"
+def _account(ctx: Ctx, user_id: str) -> CreditAccount:
+    url = f"{ctx.deps.endpoints.payments}/credits/{user_id}"
     return CreditAccount.model_validate(
-        read_json(env.http, url, timeout=env.timeout(READ_TIMEOUT_S))
+        read_json(ctx.deps.http, url, timeout=ctx.timeout(READ_TIMEOUT_S))
     )
 
 
-def _owner(env: ToolEnv, order_id: str) -> str:
-    return fetch_order(env, order_id).owner
+def _owner(ctx: Ctx, order_id: str) -> str:
+    return fetch_order(ctx, order_id).owner
 
 
-def _pre_image(env: ToolEnv, args: IssueStoreCreditArgs) -> dict[str, Any]:
-    account = _account(env, _owner(env, args.order_id))
+def _pre_image(ctx: Ctx, args: IssueStoreCreditArgs) -> dict[str, Any]:
+    account = _account(ctx, _owner(ctx, args.order_id))
     return {"user_id": account.user_id, "version": account.version, "balance": account.balance}
-
-
-def _issue(env: ToolEnv, args: IssueStoreCreditArgs, _key: str | None) -> dict[str, Any]:
-    body = {
-        "user_id": _owner(env, args.order_id),
-        "amount": args.amount,
-        "currency": args.currency,
-        "note": args.note,
-    }
-    url = f"{env.endpoints.payments}/credits"
-    # No idempotency key exists downstream; the header is sent for the record and ignored.
-    answer = write_json(
-        env.http, url, body, idempotency_key="", timeout=env.timeout(STORE_CREDIT.timeout_s)
-    )
-    return CreditAccount.model_validate(answer).model_dump(mode="json")
 
 
 def _new_entries(before: dict[str, Any], now: CreditAccount) -> list[CreditEntry]:
     return now.entries[int(before["version"]) :]
 
 
-def _reconcile(env: ToolEnv, action: Action, pre_image: dict[str, Any] | None) -> ReconcileResult:
+def _reconcile(ctx: Ctx, action: Action, pre_image: dict[str, Any] | None) -> ReconcileResult:
     if pre_image is None:
         return ReconcileResult(ReconcileStatus.UNCONFIRMABLE, detail="no pre-image was journaled")
     try:
-        now = _account(env, pre_image["user_id"])
+        now = _account(ctx, pre_image["user_id"])
     except ToolFault as fault:
         return ReconcileResult(ReconcileStatus.PENDING, detail=f"credits unreadable: {fault}")
     new = _new_entries(pre_image, now)
@@ -114,35 +103,47 @@ def _reconcile(env: ToolEnv, action: Action, pre_image: dict[str, Any] | None) -
     )
 
 
-def _verify(env: ToolEnv, action: Action) -> VerifyResult:
+def _verify(ctx: Ctx, action: Action) -> VerifyResult:
     outcome = CreditAccount.model_validate(action.outcome)
     ours = outcome.entries[-1] if outcome.entries else None
-    current = _account(env, outcome.user_id)
+    current = _account(ctx, outcome.user_id)
     if ours is None or ours not in current.entries:
         return VerifyResult(False, {}, "the credit entry is not in the customer's ledger")
     facts = {"credit_entry": ours.entry_id, "amount": ours.amount, "currency": ours.currency}
     return VerifyResult(True, facts)
 
 
-STORE_CREDIT = ToolContract(
-    name="issue_store_credit",
-    description="Give the customer store credit for an order. Moves money; cannot be deduped.",
-    args_model=IssueStoreCreditArgs,
-    output_model=CreditAccount,
-    effect=Effect.WRITE,
-    run=_issue,
-    resources=lambda args: frozenset({f"order:{args.order_id}"}),
-    authorize=lambda principal, args, env: owns_order(principal, args.order_id, env),
-    intent_key=lambda run_id, args: f"credit:{run_id}:{args.order_id}",
+def issue_store_credit(ctx: Ctx, args: IssueStoreCreditArgs, intent_key: str) -> CreditAccount:
+    """Give the customer store credit for an order. Moves money; cannot be deduped."""
+    body = {
+        "user_id": _owner(ctx, args.order_id),
+        "amount": args.amount,
+        "currency": args.currency,
+        "note": args.note,
+    }
+    url = f"{ctx.deps.endpoints.payments}/credits"
+    # No idempotency key exists downstream; the header is sent for the record and ignored.
+    answer = write_json(
+        ctx.deps.http, url, body, idempotency_key="", timeout=ctx.timeout(CREDIT_TIMEOUT_S)
+    )
+    return CreditAccount.model_validate(answer)
+
+
+STORE_CREDIT = write_tool(
+    issue_store_credit,
+    intent=lambda run_id, args: f"credit:{run_id}:{args.order_id}",
+    guarantee=Guarantee.QUERYABLE,
+    reconcile=_reconcile,
+    verify=_verify,
+    needs_approval=False,
     pre_image=_pre_image,
     current_versions=order_version,
     compensation=lambda action: (
         f"remove the {action.args['amount']} {action.args['currency']} credit entry for order "
         f"{action.args['order_id']} from the customer's ledger"
     ),
-    reconcile=_reconcile,
-    verify=_verify,
-    summarize=lambda args: f"Store credit {args.amount} {args.currency} for order {args.order_id}",
-    guarantee=Guarantee.QUERYABLE,
-    timeout_s=3.0,
+    summary=lambda args: f"Store credit {args.amount} {args.currency} for order {args.order_id}",
+    resources=order_resource,
+    authorize=lambda ctx, args: owns_order(ctx, args.order_id),
+    timeout_s=CREDIT_TIMEOUT_S,
 )

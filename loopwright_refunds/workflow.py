@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loopwright.graph.plan import PlannerDecision, PlanStep, StepStatus
-from loopwright.graph.protocol import ToolEnvelope
-from loopwright.graph.state import RunState
+from loopwright import PlannerDecision, PlanStep, RunState, StepStatus, ToolEnvelope
 from loopwright_refunds.procedure import RefundProcedure, Transcript
 
 

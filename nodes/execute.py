@@ -6,8 +6,8 @@ the model asked for them; lanes run concurrently, up to the budget's parallel-to
 reads run side by side and two writes to one order never overlap.
 
 Writes go through the journaled executor and are checked once more right before they are sent:
-authorisation and scope again, and the version of every resource the write touches against the
-version the model last observed (a refund planned on order version 17 is refused when the
+authorisation, scope and the write's business preconditions again, on current data, and the
+version of every resource the write touches against the version the model last observed (a refund planned on order version 17 is refused when the
 order is now at version 18, and the model is told why). A write met again after a crash is never
 sent from here: DISPATCHED without an outcome becomes UNKNOWN and reconcile asks the business
 system; a write whose outcome is UNKNOWN gets no answer until reconcile has one.
@@ -19,7 +19,7 @@ tool stays unavailable after the retry layer stops the run with `tool_unavailabl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -43,14 +43,13 @@ from loopwright.graph.views import (
     dump_actions,
     dump_pending,
     pending_of,
-    principal_of,
     started_at,
     stop,
     tool_result,
     usage_of,
 )
 from loopwright.nodes.validate import Refusal, check_call
-from loopwright.tools.contract import Effect, ToolContract, ToolFault
+from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
 from loopwright.tools.executor import (
     ReadResult,
     dispatch_write,
@@ -89,16 +88,16 @@ def observed_versions(
 
 
 def stale_basis(
-    contract: ToolContract, args: Any, state: RunState, context: RunContext
+    contract: ToolContract, args: Any, state: RunState, ctx: ToolContext[Any]
 ) -> dict[str, Any] | None:
     """The refusal for a write planned on an outdated observation, or None if it is current."""
     if contract.current_versions is None:
         return None
-    basis = observed_versions(state["evidence"], contract.resources(args))
+    basis = observed_versions(state["evidence"], contract.resources_of(args))
     if not basis:
         return None
     try:
-        current = contract.current_versions(context.env, args)
+        current = contract.current_versions(ctx, args)
     except ToolFault as fault:
         return {"code": "stale_check_failed", "detail": fault.detail}
     changed = {r: (v, current.get(r)) for r, v in basis.items() if current.get(r) != v}
@@ -118,9 +117,10 @@ def _write(call: PendingCall, state: RunState, context: RunContext) -> Action:
     action = settle_reentry(action, context.journal, context.fence)
     if action.status not in (ActionStatus.PLANNED, ActionStatus.APPROVED):
         return action  # already settled, or UNKNOWN: never sent twice from here
+    ctx = context.tool_context(state, bounded=True)
     try:
-        contract, args = check_call(call, principal_of(state), context)
-        refusal = stale_basis(contract, args, state, context)
+        contract, args = check_call(call, ctx, context)
+        refusal = stale_basis(contract, args, state, ctx)
     except Refusal as exc:
         refusal = exc.error
     if refusal is not None:
@@ -132,7 +132,7 @@ def _write(call: PendingCall, state: RunState, context: RunContext) -> Action:
             outcome={"error": refusal},
             detail={"stage": "pre-dispatch re-check"},
         )
-    return dispatch_write(contract, action, context.env, context.journal, context.fence)
+    return dispatch_write(contract, action, ctx, context.journal, context.fence)
 
 
 def _cancel_unsent(call: PendingCall, context: RunContext) -> Done:
@@ -157,7 +157,7 @@ def run_call(call: PendingCall, state: RunState, context: RunContext) -> Done:
     assert contract is not None, "validate admits only known tools"
     if contract.effect is Effect.READ:
         args = contract.args_model.model_validate(call.args)
-        read = run_read(contract, args, context.env, call.call_id)
+        read = run_read(contract, args, context.tool_context(state, bounded=True), call.call_id)
         return Done(call, read.envelope, read=read)
     action = _write(call, state, context)
     answer = None if action.status is ActionStatus.UNKNOWN else envelope_of(action)
@@ -171,7 +171,7 @@ def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[Pendin
     for call in calls:
         contract = context.tools.get(call.tool)
         assert contract is not None
-        resources = set(contract.resources(contract.args_model.model_validate(call.args)))
+        resources = set(contract.resources_of(contract.args_model.model_validate(call.args)))
         writes = contract.effect is Effect.WRITE
         hits = [
             i
@@ -195,9 +195,7 @@ def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[Pendin
 
 def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:execute:start")
-    # Every call's own timeout is bounded by what is left of the run's deadline.
-    deadline = runtime.context.budget.deadline(started_at(state))
-    context = replace(runtime.context, env=replace(runtime.context.env, deadline=deadline))
+    context = runtime.context
     usage = usage_of(state)
     ready = [c for c in pending_of(state) if c.verdict is CallVerdict.READY]
     exceeded = context.budget.check_before_tool_call(

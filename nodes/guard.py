@@ -44,6 +44,8 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
     if not principal:
         return stop(StopReason.PERMISSION_DENIED, "the run has no trusted principal")
     versions = Versions(
+        agent=context.agent_name,
+        agent_version=context.agent_version,
         model_id=context.model_id,
         prompt_version=context.prompt_version,
         tool_schemas=context.tools.schema_hashes(),

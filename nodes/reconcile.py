@@ -37,7 +37,7 @@ from loopwright.graph.state import (
     RunState,
 )
 from loopwright.graph.views import dump_actions, dump_pending, pending_of, tool_result
-from loopwright.tools.contract import Guarantee, ReconcileStatus
+from loopwright.tools.contract import Guarantee, ReconcileStatus, ToolContext, ToolFault
 from loopwright.tools.executor import (
     dispatch_write,
     envelope_of,
@@ -58,10 +58,14 @@ def _escalate(action: Action, context: RunContext, why: str) -> Action:
     )
 
 
-def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float | None]:
+def reconcile_action(
+    action: Action, context: RunContext, ctx: ToolContext[Any]
+) -> tuple[Action, float | None]:
     """Move one unresolved action as far as the business system's answer allows.
 
     Returns the action and, if the business system says "not finished yet", seconds to wait.
+    A re-send of an intent the business system does not have is checked against the write's
+    preconditions first, on current data: nothing is sent where a rule no longer holds.
     """
     contract = context.tools.get(action.tool)
     journal, fence = context.journal, context.fence
@@ -72,7 +76,7 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
         )
     if contract is None or contract.reconcile is None or contract.guarantee is Guarantee.NONE:
         return _escalate(action, context, "the downstream cannot be asked about this intent"), None
-    answer = contract.reconcile(context.env, action, journaled_pre_image(journal, action.action_id))
+    answer = contract.reconcile(ctx, action, journaled_pre_image(journal, action.action_id))
     match answer.status:
         case ReconcileStatus.APPLIED:
             return journal.transition(
@@ -88,9 +92,20 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
                 return _escalate(
                     action, context, f"still absent after {action.attempts} sends"
                 ), None
-            action = dispatch_write(contract, action, context.env, journal, fence)
+            try:
+                contract.check_preconditions(ctx, contract.args_model.model_validate(action.args))
+            except ToolFault as fault:
+                return journal.transition(
+                    action.action_id,
+                    ActionStatus.RECONCILING,
+                    ActionStatus.FAILED,
+                    fence=fence,
+                    outcome={"error": fault.as_error()},
+                    detail={"reconciled": "absent", "resend": "refused by a precondition"},
+                ), None
+            action = dispatch_write(contract, action, ctx, journal, fence)
             if action.status is ActionStatus.UNKNOWN:
-                return reconcile_action(action, context)
+                return reconcile_action(action, context, ctx)
             return action, None
         case ReconcileStatus.ABSENT:
             return journal.transition(
@@ -110,6 +125,8 @@ def reconcile_action(action: Action, context: RunContext) -> tuple[Action, float
 def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:reconcile:start")
     context = runtime.context
+    # Not bounded by the run's deadline: an unknown write is settled whatever the clock says.
+    ctx = context.tool_context(state)
     projected = state.get("journal") or {}
     settled: list[Action] = []
     waits: list[float] = []
@@ -120,7 +137,7 @@ def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
                 # saved: the projection must catch up, or guard would route here forever.
                 settled.append(action)
             continue
-        action, wait = reconcile_action(action, context)
+        action, wait = reconcile_action(action, context, ctx)
         crash_point("reconcile:after_settle")
         settled.append(action)
         if wait is not None:

@@ -2,9 +2,10 @@
 
 Every call passes, in order: a known tool allowed now, arguments valid against the contract's
 schema (and free of NUL characters, which C-string based business systems cut short), the task
-boundary (scope), authorisation from the trusted principal, and, for writes, the journal's
-intent check (the same intent proposed again maps to the first action; changed parameters under
-the same intent are refused) and the approval policy.
+boundary (scope: a resource the call touches must be in it; an empty boundary admits none),
+authorisation from the trusted principal, and, for writes, the write's business preconditions
+on current data, the journal's intent check (the same intent proposed again maps to the first
+action; changed parameters under the same intent are refused) and the approval policy.
 
 A refused call is answered at once with a structured, model-readable error. Validate runs again
 after every approval decision, which it applies: a decision counts only for the digest it names
@@ -48,12 +49,11 @@ from loopwright.graph.state import (
     CallVerdict,
     PendingCall,
     Phase,
-    Principal,
     RunState,
     digest,
 )
 from loopwright.graph.views import dump_actions, dump_pending, pending_of, principal_of, tool_result
-from loopwright.tools.contract import Effect, ToolContract, ToolFault
+from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
 
 # An unknown tool's name is echoed back to the model this long at most (names can be huge).
 ECHOED_NAME_CHARS = 64
@@ -78,15 +78,17 @@ def _nul_fields(value: Any, path: str = "") -> list[str]:
 
 def check_call(
     call: PendingCall,
-    principal: Principal,
+    ctx: ToolContext[Any],
     context: RunContext,
     *,
     allowed: Collection[str] | None = None,
 ) -> tuple[ToolContract, BaseModel]:
     """The checks every call passes before anything runs; raises Refusal.
 
-    `allowed` is the tool set offered to the model for this step (the run's current agent and
-    phase); a known tool outside it is refused like an unknown one.
+    `ctx` is the call's tool context (its principal is the run's). `allowed` is the tool set
+    offered to the model for this step (the run's current agent and phase); a known tool outside
+    it is refused like an unknown one. A write's preconditions are checked here, so a call that
+    breaks a business rule is refused before anyone is asked to approve it.
     """
     if call.error is not None:
         raise Refusal(call.error["code"], call.error["detail"])
@@ -119,11 +121,14 @@ def check_call(
             f"arguments of {call.tool} are invalid",
             errors=[{"field": f, "problem": "contains a NUL character"} for f in nul],
         )
-    outside = sorted(contract.resources(args) - set(principal.scope)) if principal.scope else []
+    principal = ctx.user
+    outside = sorted(r for r in contract.resources_of(args) if not principal.covers(r))
     if outside:
         raise Refusal("out_of_scope", f"{', '.join(outside)} is outside this task's boundary")
     try:
-        contract.authorize(principal, args, context.env)
+        contract.check_authorized(ctx, args)
+        if contract.effect is Effect.WRITE:
+            contract.check_preconditions(ctx, args)
     except ToolFault as fault:
         raise Refusal(fault.code, fault.detail) from fault
     return contract, args
@@ -176,7 +181,9 @@ def _plan_write(
     key = open_intent_key(intent_key(contract, state["run_id"], args, call.revision), context)
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
-    needs_approval = edited_by is not None or contract.needs_approval(args, context.env)
+    needs_approval = edited_by is not None or contract.needs_approval(
+        context.tool_context(state), args
+    )
     proposed = Action(
         action_id=f"act_{digest(key)[:16]}",
         run_id=state["run_id"],
@@ -221,6 +228,7 @@ def _plan_write(
             summary=f"{summary} (edited by {edited_by})" if edited_by else summary,
             requested_by=principal_of(state).user_id,
             expires_at=context.now() + context.approval_ttl,
+            editable=tuple(sorted(contract.editable)),
         )
         verdict = CallVerdict.NEEDS_APPROVAL
         call = call.model_copy(update={"approval": request})
@@ -291,8 +299,15 @@ def _apply_edit(
         update={"args": record.args or {}, "revision": call.revision + 1, "approval": None}
     )
     try:
-        contract, args = check_call(edited, principal_of(state), context)
-        if contract.resources(args) != contract.resources(
+        contract = context.tools.get(call.tool)
+        changed = {
+            k for k in {*edited.args, *action.args} if edited.args.get(k) != action.args.get(k)
+        }
+        if contract is not None and not changed <= contract.editable:
+            outside = ", ".join(sorted(changed - contract.editable))
+            raise Refusal("edit_not_allowed", f"an approver may not change {outside}")
+        contract, args = check_call(edited, context.tool_context(state), context)
+        if contract.resources_of(args) != contract.resources_of(
             contract.args_model.model_validate(action.args)
         ):
             raise Refusal("edit_changes_target", "an edit may not change what the action touches")
@@ -334,7 +349,7 @@ def _apply_decision(
         return _apply_edit(call, record, action, state, context)
     if refusal is None:
         try:
-            check_call(call, principal_of(state), context)
+            check_call(call, context.tool_context(state), context)
         except Refusal as exc:
             refusal = exc.error
     if refusal is not None:
@@ -351,7 +366,7 @@ def _apply_decision(
 def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:validate:start")
     context = runtime.context
-    principal = principal_of(state)
+    ctx = context.tool_context(state)
     decisions = {
         r["approval_id"]: ApprovalRecord.model_validate(r) for r in state.get("approvals") or []
     }
@@ -363,7 +378,7 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         answer: ToolEnvelope | None = None
         if call.verdict is None:
             try:
-                contract, args = check_call(call, principal, context, allowed=offered)
+                contract, args = check_call(call, ctx, context, allowed=offered)
                 if contract.effect is Effect.WRITE:
                     call, action, answer = _plan_write(call, contract, args, state, context)
                     actions.append(action)

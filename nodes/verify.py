@@ -1,14 +1,17 @@
 """verify: "completed" means verified in the business system, not "the model said so".
 
 When the model gives a final answer, every write the run made is checked against the business
-system (the contract's verify: the refund exists under the intent key, succeeded, with the
-journaled parameters), and every business identifier the answer cites must be one of those
-verified facts. Anything else goes back to the model as feedback and the loop continues (within
-its budget).
+system (the contract's verify: e.g. the payment exists under the intent key, succeeded, with
+the journaled parameters). The answer may cite an identifier of the kinds the agent's writes
+produce (each write contract declares which, with a pattern) only where the run can back it: a
+write of this run produced it and was verified, a tool observed it, or the task itself names
+it. Anything else goes back to the model as feedback and the loop continues (within its
+budget).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -21,13 +24,21 @@ from loopwright.graph.state import ActionStatus, Phase, RunState, StopReason, Ve
 from loopwright.graph.views import messages_of
 from loopwright.tools.contract import Effect
 
-CITED_IDS = re.compile(r"\brf_[0-9]+\b")
+# An identifier quoted back in a problem is cut to this length (a model can invent huge ones).
+QUOTED_ID_CHARS = 64
+
+
+def _observed_text(state: RunState) -> str:
+    """Everything the run was told as data: the task and every observation, as one text."""
+    contents = [json.dumps(e.get("content"), default=str) for e in state["evidence"]]
+    return "\n".join([state["task"], *contents])
 
 
 def check_outcome(state: RunState, context: RunContext) -> Verification:
+    ctx = context.tool_context(state)
     facts: dict[str, Any] = {"writes": []}
     problems: list[str] = []
-    verified_ids: set[str] = set()
+    backed: set[str] = set()
     for action in context.journal.for_run(state["run_id"]):
         contract = context.tools.get(action.tool)
         if contract is None or contract.effect is not Effect.WRITE:
@@ -43,25 +54,44 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
         if contract.verify is None:
             problems.append(f"{action.tool} declares no way to verify its outcome")
             continue
-        result = contract.verify(context.env, action)
+        result = contract.verify(ctx, action)
         if not result.verified:
             problems.append(result.problem)
             continue
-        facts["writes"].append({"action_id": action.action_id, "tool": action.tool, **result.facts})
-        verified_ids.update(str(v) for v in result.facts.values())
+        produced = contract.produced_ids(action.outcome)
+        args = contract.args_model.model_validate(action.args)
+        facts["writes"].append(
+            {
+                "action_id": action.action_id,
+                "tool": action.tool,
+                "summary": contract.describe(args),
+                "produced": produced,
+                **result.facts,
+            }
+        )
+        backed.update(produced.values())
+        backed.update(str(v) for v in result.facts.values())
     final = messages_of(state)[-1]
     answer = final.text if isinstance(final, AIMessage) else ""
-    for cited in sorted(set(CITED_IDS.findall(answer)) - verified_ids):
-        problems.append(f"the answer cites {cited}, which no verified action of this run produced")
-    facts["answer"] = answer
-    summary = (
-        "; ".join(
-            f"{w['tool']} {w.get('refund_id', '')} order {w.get('order_id', '')} {w.get('amount', '')} {w.get('currency', '')}".strip()
-            for w in facts["writes"]
+    patterns = [p for c in context.tools if c.effect is Effect.WRITE for p in c.id_patterns()]
+    observed = _ids(patterns, _observed_text(state))
+    for claim in sorted(_ids(patterns, answer) - backed - observed):
+        problems.append(
+            f"the answer cites {claim[:QUOTED_ID_CHARS]!r}, which no verified write of this run "
+            "produced and nothing the run observed holds"
         )
-        or "no business effect"
-    )
+    facts["answer"] = answer
+    summary = "; ".join(_described(w) for w in facts["writes"]) or "no business effect"
     return Verification(verified=not problems, summary=summary, facts=facts, problems=problems)
+
+
+def _ids(patterns: list[re.Pattern[str]], text: str) -> set[str]:
+    return {match.group(0) for pattern in patterns for match in pattern.finditer(text)}
+
+
+def _described(write: dict[str, Any]) -> str:
+    produced = ", ".join(f"{k} {v}" for k, v in write["produced"].items())
+    return f"{write['summary']} ({produced})" if produced else write["summary"]
 
 
 def verify(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:

@@ -2,25 +2,32 @@
 
 A tool is more than a function. Its contract declares the argument schema and output contract,
 whether it reads or writes, which resources it touches, how to authorise it for a principal,
-when it needs approval, and for writes: the business intent it carries, how to ask the business
-system about that intent (reconcile), how to check the outcome (verify), and what guarantee the
-downstream gives (idempotent by key / queryable / neither).
+when it needs approval, and for writes: the business intent it carries, the business rules that
+must hold before it is sent (preconditions), how to ask the business system about that intent
+(reconcile), how to check the outcome (verify), and what guarantee the downstream gives
+(idempotent by key / queryable / neither).
+
+Every function of a contract is given a `ToolContext`: the application's own dependencies (its
+clients, endpoints, credentials: whatever the team's `deps` factory built) and the run the call
+belongs to. The runtime never knows what is in `deps`.
+
+`ToolContract` is the runtime's own, complete form. Applications write typed functions and
+declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), which build it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import httpx
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict
 
 from loopwright.graph.state import Action, Principal, digest, utcnow
-from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 MIN_TIMEOUT_S = 0.05
 
@@ -46,22 +53,39 @@ class Guarantee(StrEnum):
 
 
 @dataclass(frozen=True)
-class ToolEnv:
-    """What tool code may use: the business services and one HTTP client (connection reuse).
+class ToolContext[DepsT]:
+    """What a tool's functions are given besides their arguments.
 
-    `deadline` is the run's end-to-end deadline; every call's own timeout is bounded by it
-    (`timeout`), so no single call can outlive the run's budget.
+    `deps` is the application's own object (built by its agent's `deps` factory, once per
+    process); `run_id` and `principal` say which run and whom the call is for (the principal
+    comes from the trusted caller, never from the model). `deadline` is the run's end-to-end
+    deadline: pass every request's timeout through `timeout()` so that no single call can
+    outlive the run's budget.
     """
 
-    endpoints: ServiceEndpoints
-    http: httpx.Client
+    deps: DepsT
+    run_id: str = ""
+    principal: Principal | None = None
     deadline: datetime | None = None
 
     def timeout(self, seconds: float) -> float:
+        """`seconds`, or less if the run's deadline comes first (never below 50 ms)."""
         if self.deadline is None:
             return seconds
         remaining = (self.deadline - utcnow()).total_seconds()
         return max(MIN_TIMEOUT_S, min(seconds, remaining))
+
+    @property
+    def user(self) -> Principal:
+        """The principal of the run; raises if the call is not made for one."""
+        if self.principal is None:
+            raise PermissionDenied("this call is not made for a principal")
+        return self.principal
+
+    def for_run(
+        self, run_id: str, principal: Principal | None, deadline: datetime | None = None
+    ) -> ToolContext[DepsT]:
+        return replace(self, run_id=run_id, principal=principal, deadline=deadline)
 
 
 class ToolArgs(BaseModel):
@@ -88,8 +112,21 @@ class ToolFault(Exception):
 
 
 class PermissionDenied(ToolFault):
+    """The principal may not make this call (raised by an `authorize` function)."""
+
     def __init__(self, detail: str) -> None:
         super().__init__("permission_denied", detail)
+
+
+class PreconditionFailed(ToolFault):
+    """A business rule of a write does not hold (raised by a precondition): nothing is sent.
+
+    `code` names the rule (e.g. "outside_refund_window") so the model can act on it; the
+    detail says why, in words.
+    """
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(code, detail)
 
 
 class OutcomeUnknown(Exception):
@@ -125,41 +162,57 @@ def _no_resources(_args: Any) -> frozenset[str]:
     return frozenset()
 
 
-def _always_allowed(_principal: Principal, _args: Any, _env: ToolEnv) -> None:
-    return None
+def _always_allowed(_ctx: ToolContext[Any], _args: Any) -> bool:
+    return True
 
 
-def _never(_args: Any, _env: ToolEnv) -> bool:
+def _never(_ctx: ToolContext[Any], _args: Any) -> bool:
     return False
 
 
-@dataclass(frozen=True)
+Precondition = Callable[[ToolContext[Any], Any], None]
+
+
+@dataclass(frozen=True, eq=False)
 class ToolContract:
+    """A tool as the runtime uses it. Every function takes the call's `ToolContext` first.
+
+    Compared (and hashed) by identity: two contracts are the same only if they are one."""
+
     name: str
     description: str
     args_model: type[BaseModel]
     output_model: type[BaseModel]
     effect: Effect
-    # Perform the call. For writes, `idempotency_key` is the business intent key (never the
+    # Perform the call. For writes, the third argument is the business intent key (never the
     # model's call id). Raises ToolFault (definitive) or OutcomeUnknown (writes only).
-    run: Callable[[ToolEnv, Any, str | None], dict[str, Any]]
-    resources: Callable[[Any], frozenset[str]] = _no_resources
-    authorize: Callable[[Principal, Any, ToolEnv], None] = _always_allowed
-    needs_approval: Callable[[Any, ToolEnv], bool] = _never
+    run: Callable[[ToolContext[Any], Any, str | None], Mapping[str, Any] | BaseModel]
+    resources: Callable[[Any], Iterable[str]] = _no_resources
+    # False (or raising PermissionDenied) refuses the call for the context's principal.
+    authorize: Callable[[ToolContext[Any], Any], bool | None] = _always_allowed
+    needs_approval: Callable[[ToolContext[Any], Any], bool] = _never
+    # Writes: business rules that must hold whatever the model read, checked at validate and
+    # again right before the send, on current data; each raises PreconditionFailed.
+    preconditions: tuple[Precondition, ...] = ()
     # Writes: the intent key for these args within a run; for a downstream without keys, a
     # pre-image read journaled with DISPATCHED before the send; reconcile an unknown outcome
     # (given the journaled pre-image, if any); verify a succeeded one.
     intent_key: Callable[[str, Any], str] | None = None
-    pre_image: Callable[[ToolEnv, Any], dict[str, Any]] | None = None
-    reconcile: Callable[[ToolEnv, Action, dict[str, Any] | None], ReconcileResult] | None = None
-    verify: Callable[[ToolEnv, Action], VerifyResult] | None = None
+    pre_image: Callable[[ToolContext[Any], Any], dict[str, Any]] | None = None
+    reconcile: (
+        Callable[[ToolContext[Any], Action, dict[str, Any] | None], ReconcileResult] | None
+    ) = None
+    verify: Callable[[ToolContext[Any], Action], VerifyResult] | None = None
     summarize: Callable[[Any], str] | None = None
+    # Writes: output fields that are identifiers the write produced (a refund id), each with
+    # the pattern that finds it in text: an answer may cite only those the run can back.
+    produces: Mapping[str, str] = field(default_factory=dict)
     # Reads of asynchronous operations: seconds until it is worth asking again when a result
     # says "not finished yet" (a poll is not mistaken for a loop without progress).
     poll_after: Callable[[dict[str, Any]], float | None] | None = None
     # Writes: the current version of each resource the write touches, compared right before the
     # send with the version the model observed when it planned the write.
-    current_versions: Callable[[ToolEnv, Any], dict[str, str]] | None = None
+    current_versions: Callable[[ToolContext[Any], Any], dict[str, str]] | None = None
     # Writes: how a succeeded action could be undone, offered to a person (never performed by
     # the runtime) when a run is cancelled after the write.
     compensation: Callable[[Action], str] | None = None
@@ -168,6 +221,8 @@ class ToolContract:
     max_attempts: int = 2  # reads: transport faults retried in this one layer
     max_result_bytes: int = 64_000
     sensitive_fields: frozenset[str] = field(default_factory=frozenset)
+    # Writes: the arguments an approver may change (an edit); none unless declared.
+    editable: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         if self.effect is Effect.WRITE and self.intent_key is None:
@@ -175,12 +230,14 @@ class ToolContract:
 
     @property
     def schema_hash(self) -> str:
-        """Changes whenever the model-visible schema or the output contract changes."""
+        """Changes whenever what a saved decision relies on changes: the model-visible schema,
+        the output contract, the effect or the guarantee."""
         return digest(
             {
                 "tool": self.openai_schema(),
                 "output": self.output_model.model_json_schema(),
                 "effect": self.effect,
+                "guarantee": self.guarantee,
             }
         )[:16]
 
@@ -189,6 +246,13 @@ class ToolContract:
         schema["function"]["name"] = self.name
         schema["function"]["description"] = self.description
         return schema
+
+    def resources_of(self, args: BaseModel) -> frozenset[str]:
+        return frozenset(self.resources(args))
+
+    @property
+    def declares_resources(self) -> bool:
+        return self.resources is not _no_resources
 
     def describe(self, args: BaseModel) -> str:
         """A one-line human summary of a call, shown to approvers."""
@@ -199,3 +263,21 @@ class ToolContract:
             for k, v in args.model_dump(mode="json").items()
         }
         return f"{self.name}({shown})"
+
+    def check_authorized(self, ctx: ToolContext[Any], args: BaseModel) -> None:
+        """Raise PermissionDenied unless `authorize` allows the call for ctx's principal."""
+        if self.authorize(ctx, args) is False:
+            who = ctx.principal.user_id if ctx.principal is not None else "nobody"
+            raise PermissionDenied(f"{self.name} is not allowed for {who} with these arguments")
+
+    def check_preconditions(self, ctx: ToolContext[Any], args: BaseModel) -> None:
+        """Raise the first PreconditionFailed (or other ToolFault) of the write's rules."""
+        for rule in self.preconditions:
+            rule(ctx, args)
+
+    def produced_ids(self, outcome: Mapping[str, Any] | None) -> dict[str, str]:
+        """The identifiers a succeeded write's outcome holds, by field."""
+        return {f: str(outcome[f]) for f in self.produces if outcome and outcome.get(f)}
+
+    def id_patterns(self) -> list[re.Pattern[str]]:
+        return [re.compile(rf"(?<![\w-]){p}(?![\w-])") for p in self.produces.values()]

@@ -26,7 +26,7 @@ from loopwright.graph.protocol import ToolEnvelope
 from loopwright.graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
 from loopwright.observability.instrument import tool_span
 from loopwright.observability.tracing import record_error
-from loopwright.tools.contract import OutcomeUnknown, ToolContract, ToolEnv, ToolFault
+from loopwright.tools.contract import OutcomeUnknown, ToolContext, ToolContract, ToolFault
 
 BACKOFF_BASE_S = 0.05
 
@@ -55,9 +55,9 @@ def check_output(contract: ToolContract, raw: Any) -> dict[str, Any]:
         ) from exc
 
 
-def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -> ReadResult:
+def run_read(contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], call_id: str) -> ReadResult:
     with tool_span(contract, args, call_id=call_id) as span:
-        read = _read(contract, args, env, call_id)
+        read = _read(contract, args, ctx, call_id)
         if span.is_recording():
             span.set_attributes(
                 {
@@ -71,12 +71,12 @@ def run_read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str
         return read
 
 
-def _read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -> ReadResult:
+def _read(contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], call_id: str) -> ReadResult:
     attempts = 0
     while True:
         attempts += 1
         try:
-            result = check_output(contract, contract.run(env, args, None))
+            result = check_output(contract, contract.run(ctx, args, None))
         except ToolFault as fault:
             record_error(fault)
             if fault.transient and attempts < contract.max_attempts:
@@ -95,7 +95,7 @@ def _read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -
             evidence_id=f"ev_{digest([call_id, result])[:12]}",
             source=contract.name,
             call_id=call_id,
-            resources=sorted(contract.resources(args)),
+            resources=sorted(contract.resources_of(args)),
             version=str(result["version"]) if "version" in result else None,
             content_hash=digest(result),
             content=result,
@@ -108,7 +108,7 @@ def _read(contract: ToolContract, args: BaseModel, env: ToolEnv, call_id: str) -
 def dispatch_write(
     contract: ToolContract,
     action: Action,
-    env: ToolEnv,
+    ctx: ToolContext[Any],
     journal: ActionJournal,
     fence: int,
 ) -> Action:
@@ -121,19 +121,19 @@ def dispatch_write(
     Each send is a tool span; the journal moves it makes are events on it (a traced journal).
     """
     with tool_span(contract, action.args, call_id=action.call_id, action=action) as span:
-        settled = _dispatch(contract, action, env, journal, fence)
+        settled = _dispatch(contract, action, ctx, journal, fence)
         span.set_attribute("loopwright.action.status", settled.status.value)
         return settled
 
 
 def _dispatch(
-    contract: ToolContract, action: Action, env: ToolEnv, journal: ActionJournal, fence: int
+    contract: ToolContract, action: Action, ctx: ToolContext[Any], journal: ActionJournal, fence: int
 ) -> Action:
     args = contract.args_model.model_validate(action.args)
     detail: dict[str, Any] | None = None
     if contract.pre_image is not None:
         try:
-            detail = {"pre_image": contract.pre_image(env, args)}
+            detail = {"pre_image": contract.pre_image(ctx, args)}
         except ToolFault as fault:
             record_error(fault)
             return journal.transition(
@@ -153,7 +153,7 @@ def _dispatch(
     )
     crash_point("executor:after_dispatch_record")
     try:
-        raw = contract.run(env, args, action.intent_key)
+        raw = contract.run(ctx, args, action.intent_key)
         outcome = check_output(contract, raw)
     except OutcomeUnknown as exc:
         record_error(exc)

@@ -24,30 +24,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import copy
 import re
 import threading
 from collections.abc import Callable, Collection, Coroutine
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
-import jsonschema
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, TextContent, Tool
-from pydantic import BaseModel, ConfigDict, model_validator
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import core_schema
+from pydantic import BaseModel
 
 from loopwright.graph.state import Action, digest
 from loopwright.tools.contract import (
     Effect,
     Guarantee,
     OutcomeUnknown,
+    ToolContext,
     ToolContract,
-    ToolEnv,
     ToolFault,
     VerifyResult,
 )
+from loopwright.tools.json_schema import schema_model
 
 # What a model may call a function (OpenAI's rule); other names are refused at startup.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -147,52 +144,6 @@ class McpSession:
             self._loop.close()
 
 
-class JsonSchemaModel(BaseModel):
-    """A JSON object checked against a JSON Schema and kept exactly as given (no coercion).
-
-    Subclasses (made by `schema_model`) carry the schema; it is also what the model is shown.
-    """
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    json_schema: ClassVar[dict[str, Any]] = {"type": "object"}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _meets_schema(cls, data: Any) -> Any:
-        if isinstance(data, BaseModel):
-            data = data.model_dump(mode="json")
-        validator = jsonschema.validators.validator_for(cls.json_schema)(cls.json_schema)
-        errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
-        if errors:
-            raise ValueError(
-                "; ".join(
-                    f"{'.'.join(str(p) for p in e.absolute_path) or '(object)'}: {e.message}"
-                    for e in errors
-                )
-            )
-        return data
-
-    @classmethod
-    def __get_pydantic_json_schema__(
-        cls, schema: core_schema.CoreSchema, handler: Any
-    ) -> JsonSchemaValue:
-        return copy.deepcopy(cls.json_schema)
-
-
-def schema_model(name: str, schema: dict[str, Any], *, closed: bool) -> type[JsonSchemaModel]:
-    """A model for objects meeting `schema`. `closed`: names not in its properties are refused
-    unless the schema itself allows more. A schema that is not valid JSON Schema raises."""
-    if closed:
-        schema = {"additionalProperties": False, **schema}
-    jsonschema.validators.validator_for(schema).check_schema(schema)
-
-    class Model(JsonSchemaModel):
-        json_schema: ClassVar[dict[str, Any]] = schema
-
-    Model.__name__ = Model.__qualname__ = name
-    return Model
-
-
 class McpContent(BaseModel):
     """The result of a tool without an output schema: its content blocks, as the server sent."""
 
@@ -219,11 +170,11 @@ def _text(result: CallToolResult) -> str:
 
 def _runner(
     session: McpSession, tool: Tool, effect: Effect, structured: bool, timeout_s: float
-) -> Callable[[ToolEnv, Any, str | None], dict[str, Any]]:
+) -> Callable[[ToolContext[Any], Any, str | None], dict[str, Any]]:
     """Call the tool. No answer (timeout, lost server, unreadable reply) is a transient fault
     for a read and an unknown outcome for a write; an answer flagged as an error is definitive."""
 
-    def run(_env: ToolEnv, args: BaseModel, _key: str | None) -> dict[str, Any]:
+    def run(_ctx: ToolContext[Any], args: BaseModel, _key: str | None) -> dict[str, Any]:
         try:
             result = session.call_tool(tool.name, args.model_dump(mode="json"), timeout_s)
         except Exception as exc:
@@ -259,7 +210,7 @@ def mcp_contract(
             f"(the server's own hints, not trusted: {hints})"
         )
 
-    def acknowledged(_env: ToolEnv, action: Action) -> VerifyResult:
+    def acknowledged(_ctx: ToolContext[Any], action: Action) -> VerifyResult:
         # No independent read exists for an arbitrary MCP write: its own successful answer,
         # which met the output contract, is the only evidence. Stated, not hidden.
         return VerifyResult(True, {"mcp_server": server, "verified_by": "server acknowledgement"})
@@ -271,7 +222,7 @@ def mcp_contract(
         output_model=output_model,
         effect=effect,
         run=_runner(session, tool, effect, output_model is not McpContent, timeout_s),
-        needs_approval=lambda _args, _env: not read,
+        needs_approval=lambda _ctx, _args: not read,
         intent_key=(
             None
             if read

@@ -115,7 +115,7 @@ class ScriptedChatModel(BaseChatModel):
     """
 
     policy: Policy
-    model_name: str = "scripted-refund-v1"
+    model_name: str = "scripted"
 
     _calls: int = PrivateAttr(default=0)
 

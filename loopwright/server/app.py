@@ -20,6 +20,7 @@ The page itself carries no data, so it needs no token; the JSON routes do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,8 +36,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest
 from loopwright.server.auth import User, user_for_authorization
+from loopwright.server.launch import GRAPH_ID
 
-ASSISTANT_ID = "loopwright"
+# The graph a decision resumes a run on (what langgraph.json calls it; `loopwright serve`'s).
+ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
 PAGE = Path(__file__).with_name("inbox.html").read_text()  # read once: no file I/O per request
 MAX_THREADS = 200
 
@@ -93,9 +96,8 @@ def _listing(thread_id: str, interrupt_id: str, req: ApprovalRequest) -> dict[st
         "run_id": req.run_id,
         "summary": req.summary,
         "tool": req.tool,
-        "amount": req.args.get("amount"),
-        "currency": req.args.get("currency"),
-        "order_id": req.args.get("order_id"),
+        "args": req.args,
+        "editable": list(req.editable),
         "digest": req.digest,
         "requested_by": req.requested_by,
         "expires_at": req.expires_at.isoformat(),

@@ -12,8 +12,9 @@ The rules, enforced here and again by the served graph (`server.inputs`), so tha
 auth hooks differ (Aegra calls them with other shapes) still cannot be talked into more:
 
 * a request without a known token gets 401;
-* customers see and start runs on their own threads only, about orders they own (the orders
-  service says who owns an order); asking for another customer's thread gets 403;
+* customers see and start runs on their own threads only, on tasks the hosted agent takes for
+  them (its `boundary`: e.g. the reference agent refuses an order that is not the user's);
+  asking for another customer's thread gets 403;
 * only approvers list or decide approvals (they may read every thread for that), and never on a
   run they started themselves;
 * nobody writes a thread's state or metadata through the API, and assistants, crons and the
@@ -31,18 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
 from langgraph_sdk import Auth
 
+from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.server.inputs import APPROVER_ROLE, principal_of_user
-from loopwright.server.resources import aresources, server_endpoints
-from loopwright_refunds.contracts import ORDER_IN_TEXT
+from loopwright.graph.state import Principal
+from loopwright.server.inputs import APPROVER_ROLE, principal_for_task, principal_of_user
+from loopwright.server.resources import aresources
 
 TOKENS_ENV = "LOOPWRIGHT_TOKENS"
 TOKENS_FILE_ENV = "LOOPWRIGHT_TOKENS_FILE"
 CUSTOMER_ROLE = "customer"
-ORDER_LOOKUP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -111,16 +111,15 @@ async def run_record(thread_id: Any) -> RunRecord | None:
     return await asyncio.to_thread(res.leases.get, str(thread_id))
 
 
-async def order_owner(order_id: str) -> str | None:
-    """Who owns an order, according to the orders service (None: no such order)."""
-    url = f"{server_endpoints().orders}/orders/{order_id}"
-    async with httpx.AsyncClient(timeout=ORDER_LOOKUP_TIMEOUT_S) as client:
-        response = await client.get(url)
-    if response.status_code == 404:
-        return None
-    response.raise_for_status()
-    owner = response.json().get("owner")
-    return str(owner) if owner is not None else None
+async def task_refusal(user: User, task: str) -> str | None:
+    """Why the hosted agent does not take `task` for `user`, or None if it does."""
+    res = await aresources()
+    principal = Principal(user_id=user.user_id, roles=user.roles, tenant=user.tenant)
+    try:
+        await asyncio.to_thread(principal_for_task, res.agent, res.runner.deps, principal, task)
+    except TaskRefused as exc:
+        return str(exc)
+    return None
 
 
 def carries_decision(resume: Any) -> bool:
@@ -240,9 +239,8 @@ async def on_run_create(
     task = run_input.get("task") if isinstance(run_input, Mapping) else None
     if isinstance(run_input, dict):
         run_input.pop("principal", None)  # never trusted anyway: the served graph ignores it
-    for order_id in ORDER_IN_TEXT.findall(task if isinstance(task, str) else ""):
-        if await order_owner(order_id) != user.user_id:
-            raise _forbidden(f"order {order_id} is not an order of {user.user_id}")
+    if isinstance(task, str) and (refusal := await task_refusal(user, task)) is not None:
+        raise _forbidden(refusal)
     return {"owner": user.user_id}
 
 

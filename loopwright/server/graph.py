@@ -50,23 +50,25 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 from pydantic import BaseModel, create_model
 
+from loopwright._agent import TaskRefused
 from loopwright.checkpoints.database import connect_postgres
 from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver
 from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
-from loopwright.runner import worker_name
+from loopwright.runner import OtherAgentsRun, UnknownRun, worker_name
 from loopwright.server.inputs import (
     APPROVER_ROLE,
     NewRun,
+    RunRefused,
     RunRequest,
     parse_request,
     payload_for,
     principal_for_task,
     principal_of_user,
 )
-from loopwright.server.resources import ServerResources, aresources
+from loopwright.server.resources import ServerResources, aresources, host
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +213,18 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
     ) -> None:
         """Steps 2-4 of the module docstring, in the run's own thread."""
         owner = worker_name()
-        if isinstance(request, NewRun) and principal is not None:
-            res.leases.register(run_id, task=request.task, user_id=principal.user_id)
+        try:
+            if isinstance(request, NewRun) and principal is not None:
+                principal = principal_for_task(
+                    res.agent, res.runner.deps, principal, request.task
+                )
+                res.runner.register(run_id, request.task, principal)
+            else:
+                res.runner.owned(run_id)
+        except (TaskRefused, OtherAgentsRun) as exc:
+            raise RunRefused(str(exc)) from None
+        except UnknownRun:
+            pass  # nothing registered: payload_for says there is no run to continue
         lease = claim(res.leases, run_id, owner, res.lease_ttl_s)
         try:
             with connect_postgres(res.database_url) as conn:
@@ -248,10 +260,10 @@ def served_context(
 ) -> RunContext:
     """The CLI's run context for this run, with the trust decisions the server's auth made.
 
-    The principal is only given for a new run (guard fixes it on the first step; afterwards it
-    is the run's, in state). A decision counts only if it comes from the authenticated user of
-    this server run, who holds the approver role in the token table and in the directory the
-    runner is configured with.
+    The principal (`user`, scoped to the task for a new run) is only given for a new run (guard
+    fixes it on the first step; afterwards it is the run's, in state). A decision counts only
+    if it comes from the authenticated user of this server run, who holds the approver role in
+    the token table and is an approver by the agent's own rule.
     """
     context = res.runner.context(run_id, fence)
     directory = context.is_approver
@@ -264,9 +276,7 @@ def served_context(
             and directory(user_id)
         )
 
-    principal = (
-        principal_for_task(user, request.task) if isinstance(request, NewRun) and user else None
-    )
+    principal = user if isinstance(request, NewRun) else None
     return dataclasses.replace(context, principal=principal, is_approver=is_approver)
 
 
@@ -336,3 +346,16 @@ async def _cancel_and_settle(
 
 
 graph = ServedGraph.build()
+
+
+def graph_for(agent: str) -> ServedGraph:
+    """The graph to name in a langgraph.json for the agent at `agent` ("module:attribute"):
+
+        # myapp/served.py, named in langgraph.json as "graphs": {"myapp": "myapp/served.py:graph"}
+        from loopwright.server.graph import graph_for
+        graph = graph_for("myapp.agents:agent")
+
+    The loop is the same for every agent; this names the agent the server process hosts (its
+    tools, rules, model and dependencies), as `LOOPWRIGHT_AGENT` would. One per process."""
+    host(agent)
+    return graph

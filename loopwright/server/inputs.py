@@ -29,8 +29,8 @@ from typing import Any, TypeGuard
 
 from langgraph.types import Command, StateSnapshot
 
+from loopwright._agent import Agent
 from loopwright.graph.state import Principal, RunState, initial_state
-from loopwright_refunds.contracts import task_scope
 
 MAX_TASK_CHARS = 2_000
 APPROVER_ROLE = "approver"
@@ -99,19 +99,24 @@ def parse_request(raw: Any, principal: Principal | None) -> RunRequest:
     raise RunRefused(f"unsupported run input of type {type(raw).__name__}")
 
 
-def principal_for_task(user: Principal, task: str) -> Principal:
-    """The run's principal: the authenticated user, scoped to the orders the task names."""
-    return user.model_copy(update={"scope": task_scope(task)})
+def principal_for_task(agent: Agent[Any], deps: Any, user: Principal, task: str) -> Principal:
+    """The run's principal: the authenticated user (identity, roles and tenant from the token
+    table, the trusted session), scoped to the task's boundary as the agent draws it. Raises
+    TaskRefused for a task the agent does not take for this user."""
+    boundary = agent.boundary_of
+    scope = boundary(deps, user, task) if boundary is not None else ()
+    return user.model_copy(update={"scope": tuple(sorted(set(scope)))})
 
 
 def payload_for(
     request: RunRequest, snapshot: StateSnapshot, run_id: str, principal: Principal | None
 ) -> RunState | Command[Any] | None:
-    """What to stream, given where the run stands (read under the run's lease)."""
+    """What to stream, given where the run stands (read under the run's lease). `principal`
+    is the run's (already scoped to the task, for a new run)."""
     values = snapshot.values or {}
     if isinstance(request, NewRun) and not values:
         assert principal is not None  # parse_request refuses a new run without one
-        return initial_state(run_id, request.task, principal_for_task(principal, request.task))
+        return initial_state(run_id, request.task, principal)
     if not values:
         raise RunRefused(f"thread {run_id} has no run to continue")
     if values.get("run_id") != run_id:

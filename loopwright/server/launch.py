@@ -1,11 +1,13 @@
-"""Start `langgraph dev` on loopwright's langgraph.json, offline, as a child process.
+"""Start `langgraph dev` for an agent, offline, as a child process.
 
 Used by `loopwright serve` and by the tests. Offline means: no browser is opened, the CLI's
 analytics and the server's version check are off, and LangSmith tracing is off unless the
 environment configures it. The in-memory runtime keeps its thread registry in `.langgraph_api/`
 under its working directory, so the server runs in a directory of its own (under
-LOOPWRIGHT_HOME, or a test's temp dir) with a copy of langgraph.json whose paths point back
-into this checkout; checkpoints, journal and leases are in Postgres (DATABASE_URL).
+LOOPWRIGHT_HOME, or a test's temp dir), with a langgraph.json written there (`SERVER_CONFIG`:
+every piece named by module, so it works the same from a checkout and from an installed
+wheel). The agent it hosts is `LOOPWRIGHT_AGENT` in its environment; checkpoints, journal and
+leases are in Postgres (`DATABASE_URL`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,18 @@ import httpx
 
 from loopwright.processes import ChildProcess
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "langgraph.json"
+# The graph's id on the server: what clients and the inbox name as the assistant.
+GRAPH_ID = "loopwright"
+SERVER_CONFIG: dict[str, Any] = {
+    "$schema": "https://langgra.ph/schema.json",
+    "python_version": "3.12",
+    "dependencies": ["."],
+    "graphs": {GRAPH_ID: "loopwright.server.graph:graph"},
+    # The checkpointer's module path is dotted to the attribute (langgraph-api's spelling).
+    "checkpointer": {"path": "loopwright.server.checkpointer.checkpointer"},
+    "auth": {"path": "loopwright.server.auth:auth", "disable_studio_auth": True},
+    "http": {"app": "loopwright.server.app:app"},
+}
 DEV_TOKENS = Path(__file__).with_name("dev-tokens.json")
 LOG_FILE = "server.log"
 OFFLINE_ENV = {
@@ -37,25 +49,11 @@ class ServerFailedToStart(RuntimeError):
     pass
 
 
-def _absolute(path: str) -> str:
-    """A langgraph.json path (`./file.py:attr`) made absolute against this checkout."""
-    if not path.startswith("."):
-        return path
-    file, sep, attr = path.partition(":")
-    return f"{(REPO / file).resolve()}{sep}{attr}"
-
-
 def served_config(workdir: Path) -> Path:
-    """langgraph.json with absolute paths, written into `workdir` (the server's cwd)."""
-    config: dict[str, Any] = json.loads(CONFIG.read_text())
-    config["dependencies"] = [str(REPO)]
-    config["graphs"] = {name: _absolute(path) for name, path in config["graphs"].items()}
-    for section, key in (("checkpointer", "path"), ("auth", "path"), ("http", "app")):
-        if section in config and key in config[section]:
-            config[section][key] = _absolute(config[section][key])
+    """`SERVER_CONFIG` as langgraph.json in `workdir` (the server's cwd)."""
     workdir.mkdir(parents=True, exist_ok=True)
     target = workdir / "langgraph.json"
-    target.write_text(json.dumps(config, indent=2))
+    target.write_text(json.dumps(SERVER_CONFIG, indent=2))
     return target
 
 

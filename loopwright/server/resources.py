@@ -1,20 +1,22 @@
 """What a server process needs to advance runs, created once per process from the environment.
 
-The graph's nodes are sync functions that use live objects from the run context: a journal, an
-HTTP client for the business services and a model. The LangGraph server builds graphs per
-request but has no notion of these, so they are created here, once per process, on first use:
+The graph's nodes are sync functions that use live objects from the run context: a journal, the
+agent's dependencies and a model. The LangGraph server builds graphs per request but has no
+notion of these, so they are created here, once per process, on first use:
 
 | variable | meaning | default |
 | --- | --- | --- |
 | `DATABASE_URL` | the Postgres database of checkpoints, journal and leases | required |
-| `LOOPWRIGHT_SERVICES` | `ServiceEndpoints` JSON of the business services | required |
-| `LOOPWRIGHT_MODEL` | `scripted` or `openai:<model>` | `scripted` |
+| `LOOPWRIGHT_AGENT` | the agent the server hosts, as `module:attribute` | the reference agent |
+| `LOOPWRIGHT_MODEL` | `openai:<model>` instead of the agent's own model | the agent's |
 | `LOOPWRIGHT_LEASE_TTL_S` | run lease time to live, seconds | 30 |
 
-They are the CLI's `Runner` (`open_runner`): its journal and lease store each hold one
-connection, shared by the runs of the process (their `Database` serialises use with a lock);
-every served run gets its own checkpointer connection, because a fenced saver carries one
-run's fence.
+A server process hosts one agent (`graph_for(path)` in `loopwright.server.graph` names it from
+code instead of the environment). Its dependencies are opened once, by the agent's own `deps`
+factory, and stay open for the life of the process. The runner is the CLI's `Runner`
+(`open_runner`): its journal and lease store each hold one connection, shared by the runs of the
+process (their `Database` serialises use with a lock); every served run gets its own
+checkpointer connection, because a fenced saver carries one run's fence.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ import threading
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from loopwright._agent import Agent
+from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
 from loopwright.checkpoints.leases import LeaseStore
-from loopwright.models.factory import make_model
 from loopwright.runner import Runner, open_runner
-from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
-from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 DATABASE_ENV = "DATABASE_URL"
+AGENT_ENV = "LOOPWRIGHT_AGENT"
+MODEL_ENV = "LOOPWRIGHT_MODEL"
+DEFAULT_AGENT = "loopwright_refunds.agent:agent"
 
 
 class ServerMisconfigured(RuntimeError):
@@ -49,26 +53,21 @@ def server_database_url(environ: dict[str, str] | None = None) -> str:
     return url
 
 
-def server_endpoints() -> ServiceEndpoints:
-    endpoints = ServiceEndpoints.from_env()
-    if endpoints is None:
-        raise ServerMisconfigured(
-            f"{SERVICES_ENV} is not set: run `loopwright services` and export what it prints"
-        )
-    return endpoints
-
-
 @dataclass
 class ServerResources:
     """The live objects every run of this process shares: the CLI's `Runner`, and its database.
 
     The runner is what the CLI advances runs with; the server uses its journal, lease store,
-    business-service client, model, tools, budget and `context()` (so a served run gets the very
-    run context the CLI would build), not its checkpointer: each served run has its own, fenced.
+    agent, dependencies, model, budget and `context()` (so a served run gets the very run
+    context the CLI would build), not its checkpointer: each served run has its own, fenced.
     """
 
     database_url: str
     runner: Runner
+
+    @property
+    def agent(self) -> Agent[object]:
+        return self.runner.agent
 
     @property
     def leases(self) -> LeaseStore:
@@ -81,7 +80,23 @@ class ServerResources:
 
 _lock = threading.Lock()
 _resources: ServerResources | None = None
+_agent_path: str | None = None
 _stack = ExitStack()  # kept open for the life of the process
+
+
+def host(path: str) -> None:
+    """Name the agent this process serves (before its first run). One agent per process."""
+    global _agent_path
+    with _lock:
+        if _agent_path not in (None, path):
+            raise ServerMisconfigured(
+                f"this server already hosts {_agent_path}; one agent per server process"
+            )
+        _agent_path = path
+
+
+def hosted_agent_path() -> str:
+    return _agent_path or os.environ.get(AGENT_ENV) or DEFAULT_AGENT
 
 
 def resources() -> ServerResources:
@@ -90,12 +105,13 @@ def resources() -> ServerResources:
     with _lock:
         if _resources is None:
             url = server_database_url()
-            endpoints = server_endpoints()
             try:
-                model = make_model(None)
-            except ValueError as exc:
+                agent = load_agent(hosted_agent_path())
+                agent.check()
+                model = agent.chat_model(os.environ.get(MODEL_ENV) or None)
+            except (AgentNotFound, ValueError, TypeError) as exc:
                 raise ServerMisconfigured(str(exc)) from exc
-            runner = _stack.enter_context(open_runner(url, endpoints, model=model))
+            runner = _stack.enter_context(open_runner(url, agent, model=model))
             _resources = ServerResources(database_url=url, runner=runner)
         return _resources
 

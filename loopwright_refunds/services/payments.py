@@ -333,7 +333,7 @@ def create_app(db_path: Path, orders_url: str) -> FastAPI:
             await asyncio.sleep(fault.delay_s)
         return refund.public()
 
-    @app.get("/refunds/by-key/{key}")
+    @app.get("/refunds/by-key/{key:path}")
     async def get_by_key(key: str) -> Refund:
         if faults.blocks_queries:
             raise ServiceError(501, "query_not_supported", "this provider cannot look up keys")

@@ -17,7 +17,6 @@ from datetime import timedelta
 from itertools import pairwise
 from typing import Any
 
-import httpx
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -37,9 +36,8 @@ from loopwright.graph.state import (
     utcnow,
 )
 from loopwright.runner import Runner, RunOutcome, UnknownRun
-from loopwright.tools.contract import ToolEnv
-from loopwright.tools.registry import refund_registry
-from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect, task_scope
 from loopwright_refunds.experiments.systems import MAX_MODEL_CALLS, Deployment, Job, Trace
 
 APPROVER = "a-1"
@@ -73,11 +71,9 @@ class LoopwrightSystem:
                 saver=stack.enter_context(open_checkpointer(url)),
                 journal=stack.enter_context(open_journal(url)),
                 leases=stack.enter_context(open_lease_store(url)),
-                env=ToolEnv(
-                    endpoints=self.deployment.endpoints, http=stack.enter_context(httpx.Client())
-                ),
+                agent=refunds,
+                deps=stack.enter_context(connect(self.deployment.endpoints)),
                 model=model,
-                tools=refund_registry(),
                 budget=BUDGET,
                 lease_ttl_s=self.deployment.lease_ttl_s,
                 lease_wait_s=lease_wait_s,

@@ -1,0 +1,349 @@
+"""`Agent`: what a team defines and loopwright hosts.
+
+An agent is a name and version, instructions, tools (typed functions with their safety
+declarations), the application's own dependencies, a model, a budget, and the answers to the
+questions only the team can answer: whom a run acts for, which resources a task may touch, who
+may approve. The runtime asks these through the agent and knows nothing else of the domain.
+
+    shop = Agent("shop", instructions="Answer questions about orders.", deps=open_shop)
+
+    @shop.read(resources=lambda a: {f"order:{a.order_id}"})
+    def get_order(ctx: ToolContext[Shop], args: OrderRef) -> Order:
+        '''Read an order.'''
+        return ctx.deps.orders.get(args.order_id, timeout=ctx.timeout(5))
+
+Entry points (`loopwright run --agent module:attribute`, the worker, the LangGraph server)
+load an agent by import path, and a run records which agent and version it belongs to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, overload
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
+
+from loopwright.graph.agents import AgentProfile, handoff_contract
+from loopwright.graph.budget import Budget
+from loopwright.graph.plan import Planner
+from loopwright.graph.state import Action, Principal
+from loopwright.tools.contract import (
+    Guarantee,
+    Precondition,
+    ToolContext,
+    ToolContract,
+    VerifyResult,
+)
+from loopwright.tools.define import (
+    ApprovalRule,
+    Reconcile,
+    ToolDefinitionError,
+    read_tool,
+    write_tool,
+)
+from loopwright.tools.langchain import langchain_read, langchain_write
+from loopwright.tools.registry import ToolRegistry
+
+AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+# A model: a chat model, a spec ("openai:gpt-5-mini"), or a function that makes one (called
+# once per process, so importing an agent never connects to anything).
+ModelSource = BaseChatModel | str | Callable[[], BaseChatModel]
+
+
+class TaskRefused(ValueError):
+    """The agent does not take this task or user (an unknown user, a target that does not
+    exist or is not theirs). Entry points report it in one line: exit 2, or a 4xx."""
+
+
+@dataclass(frozen=True)
+class Demo:
+    """What `loopwright demo` runs for this agent: a task, the user it acts for, and who approves
+    (answering every approval request, as a person at the terminal would)."""
+
+    task: str
+    user: str
+    approver: str
+    # The dependencies the demo runs on, if not the agent's own (e.g. fresh reference data).
+    deps: Callable[[], AbstractContextManager[Any]] | None = None
+
+
+@contextlib.contextmanager
+def _no_deps() -> Iterator[None]:
+    yield None
+
+
+def _default_principal(_deps: Any, user_id: str) -> Principal:
+    return Principal(user_id=user_id)
+
+
+def _no_boundary(_deps: Any, _principal: Principal, _task: str) -> Iterable[str]:
+    return ()
+
+
+class Agent[DepsT]:
+    """An agent loopwright can run: its identity, instructions, tools and rules.
+
+    Every argument after `name` is a keyword. `instructions` become the trusted part of every
+    model request (with the runtime's own rules, which come first). `deps` is a function that
+    opens the application's dependencies as a context manager (HTTP clients, credentials): it
+    is entered once per process and its value reaches every tool as `ctx.deps`. `model` is the
+    default model of the agent's runs. `boundary(deps, principal, task)` names the resources a
+    task may touch (e.g. the orders it names) and may refuse the task (`TaskRefused`); with no
+    boundary a run may touch no declared resource at all. `principal(deps, user_id)` builds the
+    trusted principal a run acts for (roles, tenant), refusing unknown users. `approvers` says
+    who may decide approvals: user ids, or `approvers(deps, user_id) -> bool`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        instructions: str,
+        version: str = "1",
+        deps: Callable[[], AbstractContextManager[DepsT]] | None = None,
+        model: ModelSource | None = None,
+        tools: Iterable[ToolContract] = (),
+        boundary: Callable[[DepsT, Principal, str], Iterable[str]] | None = None,
+        principal: Callable[[DepsT, str], Principal] | None = None,
+        approvers: Collection[str] | Callable[[DepsT, str], bool] = (),
+        budget: Budget | None = None,
+        approval_ttl: timedelta = timedelta(hours=24),
+        prompt_version: str | None = None,
+        planner: Planner | None = None,
+        specialists: Sequence[AgentProfile] = (),
+        demo: Demo | None = None,
+    ) -> None:
+        if not AGENT_NAME.match(name):
+            raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
+        if not instructions.strip():
+            raise ToolDefinitionError(f"agent {name}: give it instructions=...")
+        self.name = name
+        self.version = version
+        self.instructions = instructions.strip()
+        self.deps_factory = deps
+        self.model = model
+        self.boundary_of = boundary
+        self.principal_of = principal or _default_principal
+        self.approvers = approvers
+        self.budget = budget or Budget()
+        self.approval_ttl = approval_ttl
+        self._prompt_version = prompt_version
+        self.prompt_version = prompt_version or f"{name}/{version}"
+        self.planner = planner
+        self.specialists = {profile.name: profile for profile in specialists}
+        self.demo = demo
+        handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
+        # What the team declared; the handoff tools of its specialists come with them.
+        self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]
+        self._contracts: list[ToolContract] = []
+        for contract in [*self._declared, *handoffs.values()]:
+            self._add(contract, declared=False)
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, version={self.version!r}, tools={self.tools.names()})"
+
+    # --- tools ---------------------------------------------------------------------------
+
+    @overload
+    def read[F: Callable[..., Any]](self, fn: F, /) -> F: ...
+    @overload
+    def read[F: Callable[..., Any]](
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        resources: Callable[[Any], Iterable[str]] | None = None,
+        authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
+        poll_after: Callable[[dict[str, Any]], float | None] | None = None,
+        timeout_s: float = 5.0,
+        max_attempts: int = 2,
+        max_result_bytes: int = 64_000,
+        sensitive: Collection[str] = (),
+    ) -> Callable[[F], F]: ...
+    def read(self, fn: Any = None, /, **declared: Any) -> Any:
+        """Declare a read: `def f(ctx: ToolContext[Deps], args: Args) -> Output`.
+
+        A LangChain tool (`@tool`, `BaseTool`) may be passed instead of a function. Reads are
+        retried on transport faults (`max_attempts`), bounded by `timeout_s` and the run's
+        deadline, and their results are shown to the model as untrusted data.
+        `resources(args)` names what a call touches (for the task boundary and scheduling),
+        `authorize(ctx, args)` refuses a call for the run's principal by returning False (or
+        raising `PermissionDenied`), `sensitive` names arguments never shown or traced.
+        """
+
+        def register(function: Any) -> Any:
+            if isinstance(function, BaseTool):
+                self._add(langchain_read(function, **declared))
+            else:
+                self._add(read_tool(function, **declared))
+            return function
+
+        return register(fn) if fn is not None else register
+
+    def write[F: Callable[..., Any]](
+        self,
+        fn: F | BaseTool | None = None,
+        /,
+        *,
+        intent: Callable[[str, Any], str] | None = None,
+        guarantee: Guarantee = Guarantee.NONE,
+        reconcile: Reconcile | None = None,
+        verify: Callable[[ToolContext[DepsT], Action], VerifyResult] | None = None,
+        needs_approval: ApprovalRule = True,
+        preconditions: Precondition | Sequence[Precondition] = (),
+        pre_image: Callable[[ToolContext[DepsT], Any], dict[str, Any]] | None = None,
+        current_versions: Callable[[ToolContext[DepsT], Any], dict[str, str]] | None = None,
+        compensation: Callable[[Action], str] | None = None,
+        summary: Callable[[Any], str] | None = None,
+        produces: Sequence[str] | Mapping[str, str] = (),
+        resources: Callable[[Any], Iterable[str]] | None = None,
+        authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
+        sensitive: Collection[str] = (),
+        editable: Collection[str] = (),
+        timeout_s: float = 5.0,
+        max_result_bytes: int = 64_000,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> Any:
+        """Declare a write: `def f(ctx: ToolContext[Deps], args: Args, intent_key: str) -> Output`.
+
+        `intent(run_id, args)` is the business intent key: one per business effect (e.g.
+        `f"refund:{run_id}:{args.order_id}"`), sent on every attempt as the idempotency key,
+        never the model's call id; the same key can never carry changed arguments.
+        `guarantee` says what the downstream promises about a write whose answer was lost:
+        `IDEMPOTENT_BY_KEY` (an absent intent is re-sent under the same key), `QUERYABLE` (it
+        can be looked up, never re-sent blindly) or `NONE` (a person decides). `reconcile(ctx,
+        action[, pre_image])` asks the business system about the intent; `verify(ctx, action)`
+        checks a succeeded write is there (default: reconcile says applied). `preconditions`
+        are the business rules that must hold whatever the model read: checked when the call
+        is validated and again right before the send, each raising `PreconditionFailed`.
+        `needs_approval` (default True) asks a person first; `pre_image(ctx, args)` is read and
+        journaled before the send, for a downstream without keys; `current_versions(ctx,
+        args)` refuses a plan made on data that changed since the model read it; `produces`
+        names the output fields that are identifiers the write created (an answer may cite
+        only those the run can back); `editable` the arguments an approver may change.
+        """
+        declared: dict[str, Any] = {
+            "intent": intent,
+            "guarantee": guarantee,
+            "reconcile": reconcile,
+            "verify": verify,
+            "needs_approval": needs_approval,
+            "preconditions": preconditions,
+            "pre_image": pre_image,
+            "current_versions": current_versions,
+            "compensation": compensation,
+            "summary": summary,
+            "produces": produces,
+            "resources": resources,
+            "authorize": authorize,
+            "sensitive": sensitive,
+            "editable": editable,
+            "timeout_s": timeout_s,
+            "max_result_bytes": max_result_bytes,
+            "name": name,
+            "description": description,
+        }
+
+        def register(function: Any) -> Any:
+            if isinstance(function, BaseTool):
+                self._add(langchain_write(function, **declared))
+            else:
+                self._add(write_tool(function, **declared))
+            return function
+
+        return register(fn) if fn is not None else register
+
+    def add(self, *contracts: ToolContract) -> None:
+        """Add tool contracts built elsewhere (e.g. `mcp_contracts` of an MCP server)."""
+        for contract in contracts:
+            self._add(contract)
+
+    def _add(self, contract: ToolContract, *, declared: bool = True) -> None:
+        if any(c.name == contract.name for c in self._contracts):
+            raise ToolDefinitionError(f"agent {self.name}: a tool {contract.name} exists already")
+        self._contracts.append(contract)
+        if declared:
+            self._declared.append(contract)
+
+    def replace(self, **changes: Any) -> Agent[DepsT]:
+        """A copy of this agent with some of its parts replaced, as keywords of `Agent(...)`
+        (a test's model or budget, a variant with one more tool: `tools=[*agent.tools, t]`)."""
+        parts: dict[str, Any] = {
+            "name": self.name,
+            "instructions": self.instructions,
+            "version": self.version,
+            "deps": self.deps_factory,
+            "model": self.model,
+            "tools": self._declared,
+            "boundary": self.boundary_of,
+            "principal": self.principal_of,
+            "approvers": self.approvers,
+            "budget": self.budget,
+            "approval_ttl": self.approval_ttl,
+            "prompt_version": self._prompt_version,
+            "planner": self.planner,
+            "specialists": list(self.specialists.values()),
+            "demo": self.demo,
+        }
+        unknown = sorted(set(changes) - set(parts))
+        if unknown:
+            raise TypeError(f"Agent has no part {', '.join(unknown)}")
+        return Agent(**(parts | changes))
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return ToolRegistry(self._contracts)
+
+    def check(self) -> None:
+        """Refuse an agent that cannot run safely, saying what to add (entry points call it)."""
+        touching = sorted(c.name for c in self._contracts if c.declares_resources)
+        if self.boundary_of is None and touching:
+            raise ToolDefinitionError(
+                f"agent {self.name}: {', '.join(touching)} declare resources, but the agent "
+                "declares no boundary=...: say which resources a task may touch, e.g. "
+                "boundary=lambda deps, principal, task: {'order:O-1'}"
+            )
+
+    # --- what entry points ask -------------------------------------------------------------
+
+    def open_deps(self) -> AbstractContextManager[DepsT]:
+        """The application's dependencies for this process, as a context manager."""
+        factory = self.deps_factory or _no_deps
+        return factory()  # type: ignore[return-value]
+
+    def chat_model(self, spec: str | None = None) -> BaseChatModel:
+        """The model a run uses: `spec` ("openai:<model>") if given, else the agent's own."""
+        from loopwright.models.factory import make_model  # the OpenAI client is slow to import
+
+        source = spec or self.model
+        if source is None:
+            raise TaskRefused(
+                f"agent {self.name} declares no model: give it model=..., or --model openai:<name>"
+            )
+        if isinstance(source, BaseChatModel):
+            return source
+        if isinstance(source, str):
+            return make_model(source)
+        return source()
+
+    def principal_for(self, deps: DepsT, user_id: str, task: str) -> Principal:
+        """The trusted principal of a new run of `task` for `user_id`, scoped to the task's
+        boundary. Raises TaskRefused for a user or task the agent does not take."""
+        principal = self.principal_of(deps, user_id)
+        boundary = self.boundary_of or _no_boundary
+        scope = tuple(sorted(set(boundary(deps, principal, task))))
+        return principal.model_copy(update={"scope": scope})
+
+    def is_approver(self, deps: DepsT, user_id: str) -> bool:
+        if callable(self.approvers):
+            return bool(self.approvers(deps, user_id))
+        return user_id in self.approvers

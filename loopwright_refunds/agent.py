@@ -1,0 +1,447 @@
+"""The refund agent: loopwright's reference tenant, written against its public API only.
+
+It checks orders against the refund policy and refunds what the policy allows, through three
+reference services (orders, policies, payments; `loopwright_refunds.services`). What must hold
+for a refund is not left to the model: the policy (delivered, inside the window), the
+refundable balance and the currency are preconditions of `submit_refund`, checked when the call
+is validated and again right before it is sent, on current data. Authorisation comes from the
+trusted principal, checked against the orders service's own record of who owns an order: a
+model naming another user's order gets `permission_denied`.
+
+    loopwright demo                                     # this agent is the default
+    loopwright run "Check whether order O-43 can be refunded and refund it if so." --user u-1
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from loopwright import (
+    Action,
+    Agent,
+    Demo,
+    Guarantee,
+    OutcomeUnknown,
+    PermissionDenied,
+    PreconditionFailed,
+    Principal,
+    ReconcileResult,
+    ReconcileStatus,
+    ScriptedChatModel,
+    TaskRefused,
+    ToolContext,
+    ToolFault,
+    VerifyResult,
+    loopwright_home,
+    read_json,
+    write_json,
+)
+from loopwright_refunds.procedure import RefundProcedure
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.launcher import start_services
+
+ORDER_ID = r"^O-[0-9]{1,9}$"
+MONEY = r"^[0-9]{1,9}\.[0-9]{2}$"
+REFUND_ID = r"^rf_[0-9]{1,12}$"
+ORDER_IN_TEXT = re.compile(r"\bO-[0-9]{1,9}\b")
+# A task is about a few orders: each one named is looked up (it must exist and be the user's).
+MAX_ORDERS_PER_TASK = 10
+DEFAULT_APPROVAL_THRESHOLD = Decimal("50.00")
+READ_TIMEOUT_S = 5.0
+REFUND_TIMEOUT_S = 3.0
+MODEL_NAME = "scripted-refund-v1"
+
+INSTRUCTIONS = """\
+You handle refund requests for orders. Read the order and the current refund policy before you
+refund anything. Refund only what the policy allows: a delivered order, inside the policy's
+refund window, at most its refundable balance, in the order's currency. Confirm a refund by its
+status before you say it is done."""
+
+
+# --- dependencies --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RefundServices:
+    """The agent's dependencies: where the reference services listen, and one HTTP client."""
+
+    endpoints: ServiceEndpoints
+    http: httpx.Client
+
+
+Ctx = ToolContext[RefundServices]
+
+
+@contextmanager
+def connect(endpoints: ServiceEndpoints) -> Iterator[RefundServices]:
+    """The agent's dependencies on services that already run at `endpoints`."""
+    with httpx.Client() as http:
+        yield RefundServices(endpoints, http)
+
+
+def services_dir() -> Path:
+    return loopwright_home() / "services"
+
+
+@contextmanager
+def open_services() -> Iterator[RefundServices]:
+    """The services named by $LOOPWRIGHT_SERVICES, or started here (stopped on exit), on the
+    data kept under LOOPWRIGHT_HOME/services."""
+    with ExitStack() as stack:
+        endpoints = ServiceEndpoints.from_env()
+        if endpoints is None:
+            endpoints = stack.enter_context(start_services(services_dir())).endpoints
+        yield stack.enter_context(connect(endpoints))
+
+
+@contextmanager
+def fresh_services() -> Iterator[RefundServices]:
+    """Like `open_services`, on freshly seeded data when it starts the services itself."""
+    if ServiceEndpoints.from_env() is None:
+        shutil.rmtree(services_dir(), ignore_errors=True)
+    with open_services() as services:
+        yield services
+
+
+# --- the business data ---------------------------------------------------------------------
+
+
+class GetOrderArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=ORDER_ID, description="Order id, e.g. O-42")
+
+
+class Order(BaseModel):
+    order_id: str
+    owner: str
+    status: str
+    amount: str = Field(pattern=MONEY)
+    currency: str
+    refunded: str = Field(pattern=MONEY)
+    refundable: str = Field(pattern=MONEY)
+    delivered_at: datetime | None
+    version: int
+
+
+class GetPolicyArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Policy(BaseModel):
+    name: str
+    version: int
+    window_days: int
+    requires_delivery: bool
+    approval_threshold: str = Field(pattern=MONEY)
+    text: str
+    created_at: datetime
+
+
+class SubmitRefundArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=ORDER_ID)
+    amount: str = Field(pattern=MONEY, description="Amount with two decimals, e.g. 100.00")
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class Refund(BaseModel):
+    refund_id: str = Field(pattern=REFUND_ID)
+    idempotency_key: str
+    order_id: str
+    amount: str = Field(pattern=MONEY)
+    currency: str
+    status: str
+
+
+class GetRefundStatusArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    refund_id: str = Field(pattern=REFUND_ID)
+
+
+def fetch_order(ctx: Ctx, order_id: str) -> Order:
+    url = f"{ctx.deps.endpoints.orders}/orders/{order_id}"
+    return Order.model_validate(read_json(ctx.deps.http, url, timeout=ctx.timeout(READ_TIMEOUT_S)))
+
+
+def fetch_policy(ctx: Ctx) -> Policy:
+    url = f"{ctx.deps.endpoints.policies}/policies/refunds"
+    return Policy.model_validate(
+        read_json(ctx.deps.http, url, timeout=ctx.timeout(READ_TIMEOUT_S))
+    )
+
+
+def fetch_refund(ctx: Ctx, refund_id: str) -> Refund:
+    url = f"{ctx.deps.endpoints.payments}/refunds/{refund_id}"
+    return Refund.model_validate(read_json(ctx.deps.http, url, timeout=ctx.timeout(READ_TIMEOUT_S)))
+
+
+def _not_theirs(order_id: str, user_id: str) -> str:
+    return f"order {order_id} is not an order of {user_id}"
+
+
+def owns_order(ctx: Ctx, order_id: str) -> None:
+    """PermissionDenied unless the run's user owns the order (an unknown order answers the
+    same: the existence of other users' orders is not disclosed)."""
+    try:
+        order = fetch_order(ctx, order_id)
+    except ToolFault as fault:
+        if fault.code == "order_not_found":
+            raise PermissionDenied(_not_theirs(order_id, ctx.user.user_id)) from fault
+        raise
+    if order.owner != ctx.user.user_id:
+        raise PermissionDenied(_not_theirs(order_id, ctx.user.user_id))
+
+
+def order_resource(args: Any) -> set[str]:
+    return {f"order:{args.order_id}"}
+
+
+def order_version(ctx: Ctx, args: Any) -> dict[str, str]:
+    return {f"order:{args.order_id}": str(fetch_order(ctx, args.order_id).version)}
+
+
+# --- who the agent acts for, and on what ---------------------------------------------------
+
+
+def _user(deps: RefundServices, user_id: str) -> dict[str, Any] | None:
+    url = f"{deps.endpoints.orders}/users/{quote(user_id, safe='')}"
+    response = deps.http.get(url, timeout=READ_TIMEOUT_S)
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    user: dict[str, Any] = response.json()
+    return user
+
+
+def principal(deps: RefundServices, user_id: str) -> Principal:
+    """A user the orders service knows, with the roles it records."""
+    user = _user(deps, user_id)
+    if user is None:
+        raise TaskRefused(f"unknown user {user_id!r}")
+    return Principal(user_id=user_id, roles=tuple(user.get("roles", ["customer"])))
+
+
+def boundary(deps: RefundServices, principal: Principal, task: str) -> set[str]:
+    """The orders the task names; each must exist and belong to the user."""
+    orders = sorted(set(ORDER_IN_TEXT.findall(task)))
+    if len(orders) > MAX_ORDERS_PER_TASK:
+        raise TaskRefused(f"a task may name at most {MAX_ORDERS_PER_TASK} orders")
+    for order_id in orders:
+        response = deps.http.get(f"{deps.endpoints.orders}/orders/{order_id}", timeout=5.0)
+        if response.status_code == 404:
+            raise TaskRefused(f"unknown order {order_id!r}")
+        response.raise_for_status()
+        if response.json().get("owner") != principal.user_id:
+            raise TaskRefused(_not_theirs(order_id, principal.user_id))
+    return {f"order:{order_id}" for order_id in orders}
+
+
+def is_approver(deps: RefundServices, user_id: str) -> bool:
+    """The reference user directory (the orders service) says who holds the approver role."""
+    try:
+        user = _user(deps, user_id)
+    except httpx.HTTPError:
+        return False
+    return user is not None and "approver" in user.get("roles", [])
+
+
+agent: Agent[RefundServices] = Agent(
+    "refunds",
+    version="1",
+    instructions=INSTRUCTIONS,
+    deps=open_services,
+    model=lambda: ScriptedChatModel(policy=RefundProcedure(), model_name=MODEL_NAME),
+    boundary=boundary,
+    principal=principal,
+    approvers=is_approver,
+    demo=Demo(
+        task="Check whether order O-42 can be refunded and refund it if so.",
+        user="u-1",
+        approver="a-1",
+        deps=fresh_services,
+    ),
+)
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+
+@agent.read(resources=order_resource, authorize=lambda ctx, a: owns_order(ctx, a.order_id))
+def get_order(ctx: Ctx, args: GetOrderArgs) -> Order:
+    """Read an order: status, amount, refundable balance, delivery date, version."""
+    return fetch_order(ctx, args.order_id)
+
+
+@agent.read
+def get_policy(ctx: Ctx, args: GetPolicyArgs) -> Policy:
+    """Read the current refund policy document."""
+    return fetch_policy(ctx)
+
+
+def _owns_refund(ctx: Ctx, args: GetRefundStatusArgs) -> None:
+    owns_order(ctx, fetch_refund(ctx, args.refund_id).order_id)
+
+
+@agent.read(
+    authorize=_owns_refund,
+    poll_after=lambda result: 1.0 if result.get("status") == "processing" else None,
+)
+def get_refund_status(ctx: Ctx, args: GetRefundStatusArgs) -> Refund:
+    """Read a refund by its refund id."""
+    return fetch_refund(ctx, args.refund_id)
+
+
+# --- the write -----------------------------------------------------------------------------
+
+
+def refund_policy_holds(ctx: Ctx, args: SubmitRefundArgs) -> None:
+    """The refund policy, on the order and policy as they are now: delivered (if the policy
+    asks), inside the window, at most the refundable balance, in the order's currency."""
+    order, policy = fetch_order(ctx, args.order_id), fetch_policy(ctx)
+    if policy.requires_delivery and (order.status != "delivered" or order.delivered_at is None):
+        raise PreconditionFailed(
+            "not_delivered", f"order {order.order_id} has not been delivered ({order.status})"
+        )
+    if order.delivered_at is not None:
+        delivered = order.delivered_at
+        delivered = delivered if delivered.tzinfo else delivered.replace(tzinfo=UTC)
+        if datetime.now(UTC) - delivered > timedelta(days=policy.window_days):
+            raise PreconditionFailed(
+                "outside_refund_window",
+                f"order {order.order_id} was delivered on {delivered.date().isoformat()}, "
+                f"outside the {policy.window_days}-day window of policy v{policy.version}",
+            )
+    if args.currency != order.currency:
+        raise PreconditionFailed(
+            "wrong_currency", f"order {order.order_id} is in {order.currency}, not {args.currency}"
+        )
+    if Decimal(args.amount) <= 0 or Decimal(args.amount) > Decimal(order.refundable):
+        raise PreconditionFailed(
+            "amount_exceeds_refundable",
+            f"{args.amount} {args.currency} is not within the {order.refundable} "
+            f"{order.currency} left to refund on order {order.order_id}",
+        )
+
+
+def refund_needs_approval(ctx: Ctx, args: SubmitRefundArgs) -> bool:
+    try:
+        threshold = Decimal(fetch_policy(ctx).approval_threshold)
+    except ToolFault:
+        threshold = DEFAULT_APPROVAL_THRESHOLD  # fail closed: the reference threshold applies
+    return Decimal(args.amount) > threshold
+
+
+def _refund_by_key(ctx: Ctx, key: str) -> httpx.Response:
+    url = f"{ctx.deps.endpoints.payments}/refunds/by-key/{quote(key, safe='')}"
+    return ctx.deps.http.get(url, timeout=ctx.timeout(READ_TIMEOUT_S))
+
+
+def reconcile_refund(ctx: Ctx, action: Action) -> ReconcileResult:
+    """Ask the payments service about the intent key: the only source of truth for the outcome."""
+    try:
+        response = _refund_by_key(ctx, action.intent_key)
+    except httpx.TransportError as exc:
+        return ReconcileResult(ReconcileStatus.PENDING, detail=f"payments unreachable: {exc!r}")
+    if response.status_code == 404:
+        return ReconcileResult(
+            ReconcileStatus.ABSENT, detail="payments has no refund under this key"
+        )
+    if response.status_code != 200:
+        return ReconcileResult(
+            ReconcileStatus.UNCONFIRMABLE,
+            detail=f"payments answered {response.status_code} to a status query",
+        )
+    refund = Refund.model_validate(response.json())
+    if refund.status == "succeeded":
+        return ReconcileResult(ReconcileStatus.APPLIED, outcome=refund.model_dump(mode="json"))
+    return ReconcileResult(
+        ReconcileStatus.PENDING, detail=f"refund {refund.refund_id} is {refund.status}"
+    )
+
+
+def verify_refund(ctx: Ctx, action: Action) -> VerifyResult:
+    """A refund is done when payments has it as succeeded with the journaled parameters."""
+    try:
+        response = _refund_by_key(ctx, action.intent_key)
+    except httpx.TransportError as exc:
+        return VerifyResult(False, {}, f"payments unreachable: {exc!r}")
+    if response.status_code != 200:
+        return VerifyResult(False, {}, f"payments has no refund under {action.intent_key}")
+    refund = Refund.model_validate(response.json())
+    facts = refund.model_dump(mode="json")
+    expected = (action.args["order_id"], action.args["amount"], action.args["currency"])
+    if (refund.order_id, refund.amount, refund.currency) != expected:
+        return VerifyResult(
+            False, facts, f"refund {refund.refund_id} does not match the journaled intent"
+        )
+    if refund.status != "succeeded":
+        return VerifyResult(False, facts, f"refund {refund.refund_id} is {refund.status}")
+    return VerifyResult(True, facts)
+
+
+def _compensation(action: Action) -> str:
+    return (
+        f"refund {(action.outcome or {}).get('refund_id')} of {action.args['amount']} "
+        f"{action.args['currency']} cannot be undone by the runtime; reversing it means charging "
+        f"the customer of order {action.args['order_id']} again, which a person must decide"
+    )
+
+
+@agent.write(
+    intent=lambda run_id, args: f"refund:{run_id}:{args.order_id}",
+    guarantee=Guarantee.IDEMPOTENT_BY_KEY,
+    reconcile=reconcile_refund,
+    verify=verify_refund,
+    needs_approval=refund_needs_approval,
+    preconditions=refund_policy_holds,
+    current_versions=order_version,
+    compensation=_compensation,
+    summary=lambda args: f"Refund {args.amount} {args.currency} to order {args.order_id}",
+    produces=["refund_id"],
+    editable=["amount", "reason"],
+    resources=order_resource,
+    authorize=lambda ctx, a: owns_order(ctx, a.order_id),
+    timeout_s=REFUND_TIMEOUT_S,
+)
+def submit_refund(ctx: Ctx, args: SubmitRefundArgs, intent_key: str) -> Refund:
+    """Refund an amount of an order to the customer. Moves money."""
+    body = {
+        "order_id": args.order_id,
+        "amount": args.amount,
+        "currency": args.currency,
+        "reason": args.reason,
+    }
+    answer = write_json(
+        ctx.deps.http,
+        f"{ctx.deps.endpoints.payments}/refunds",
+        body,
+        idempotency_key=intent_key,
+        timeout=ctx.timeout(REFUND_TIMEOUT_S),
+    )
+    refund = Refund.model_validate(answer)
+    if refund.status != "succeeded":
+        # Accepted but not final: only the payments service can say later how it ended.
+        raise OutcomeUnknown(f"refund {refund.refund_id} is {refund.status}")
+    return refund
+
+
+def task_scope(task: str) -> tuple[str, ...]:
+    """The resources a refund task names (without looking anything up): for tests and tools
+    that build a principal themselves."""
+    return tuple(sorted({f"order:{order_id}" for order_id in ORDER_IN_TEXT.findall(task)}))

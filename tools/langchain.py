@@ -1,0 +1,73 @@
+"""LangChain tools (`@tool`, `BaseTool`) as tool contracts, for teams coming from
+`create_react_agent`: their tools keep working, as reads directly, as writes only once the
+write's declarations (intent key, guarantee, reconcile) are added.
+
+The model sees the tool's own name, description and call schema. A LangChain tool returns any
+value, so the output contract is `{"result": <value>}`. A read that raises is a definitive
+fault the model hears about; a write that raises anything but a `ToolFault` may have applied
+downstream, so its outcome is UNKNOWN and reconciled, never taken for a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.tools import BaseTool
+from pydantic import BaseModel
+
+from loopwright.tools.contract import OutcomeUnknown, ToolContext, ToolContract, ToolFault
+from loopwright.tools.define import read_tool, write_tool
+from loopwright.tools.json_schema import schema_model
+
+
+class LangChainResult(BaseModel):
+    """What a LangChain tool returned."""
+
+    result: Any
+
+
+def _args_model(tool: BaseTool) -> type[BaseModel]:
+    schema = tool.tool_call_schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema
+    # A JSON Schema (or a pydantic v1 model, described by one).
+    raw = schema if isinstance(schema, dict) else schema.schema()
+    return schema_model(f"{tool.name}_args", raw, closed=True)
+
+
+def _as_function(tool: BaseTool, *, write: bool) -> Any:
+    """A typed function calling `tool`, in the shape `read_tool`/`write_tool` take."""
+
+    def invoke(args: BaseModel) -> LangChainResult:
+        try:
+            return LangChainResult(result=tool.invoke(args.model_dump(mode="json")))
+        except ToolFault:
+            raise
+        except Exception as exc:
+            if write:
+                raise OutcomeUnknown(f"{tool.name} raised {type(exc).__name__}") from exc
+            raise ToolFault("tool_error", f"{tool.name}: {exc}") from exc
+
+    def read(ctx: ToolContext[Any], args: BaseModel) -> LangChainResult:
+        return invoke(args)
+
+    def written(ctx: ToolContext[Any], args: BaseModel, intent_key: str) -> LangChainResult:
+        return invoke(args)
+
+    function = written if write else read
+    function.__annotations__ = {"args": _args_model(tool), "return": LangChainResult}
+    function.__name__ = tool.name
+    function.__doc__ = tool.description
+    return function
+
+
+def langchain_read(tool: BaseTool, **declared: Any) -> ToolContract:
+    """A LangChain tool as a read (see `read_tool` for what may be declared)."""
+    declared.setdefault("name", tool.name)
+    return read_tool(_as_function(tool, write=False), **declared)
+
+
+def langchain_write(tool: BaseTool, **declared: Any) -> ToolContract:
+    """A LangChain tool as a write, with the write's declarations (see `write_tool`)."""
+    declared["name"] = declared.get("name") or tool.name
+    return write_tool(_as_function(tool, write=True), **declared)
