@@ -212,7 +212,9 @@ def decide(
     return answer.model_dump(mode="json")
 
 
-def report(outcome: RunOutcome, redactor: Redactor, *, again: str = "") -> None:
+def report(
+    outcome: RunOutcome, redactor: Redactor, *, again: str = "", approver: str = "APPROVER"
+) -> None:
     """The run's end; for a run that did not complete, what it did and did not do in the
     business system, with sensitive arguments redacted as in the timeline. `again` is what a
     command printed for a person to type needs besides its arguments (--agent, --db)."""
@@ -238,7 +240,7 @@ def report(outcome: RunOutcome, redactor: Redactor, *, again: str = "") -> None:
         )
         for verb in ("approve", "reject"):
             console.print(
-                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as APPROVER{again}",
+                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as {approver}{again}",
                 markup=False,
             )
     else:
@@ -315,7 +317,8 @@ def demo(
         printer = TimelinePrinter(console, runner.tools)
         outcome = runner.start(script.task, principal, on_step=printer)
         outcome = drive(runner, outcome, yes=yes, approver=script.approver, printer=printer)
-        report(outcome, printer.redactor, again=repeat_options(agent, db))
+        again = repeat_options(agent, db)
+        report(outcome, printer.redactor, again=again, approver=script.approver)
 
 
 @app.command()

@@ -82,13 +82,15 @@ def check_call(
     context: RunContext,
     *,
     allowed: Collection[str] | None = None,
+    preconditions: bool = True,
 ) -> tuple[ToolContract, BaseModel]:
     """The checks every call passes before anything runs; raises Refusal.
 
     `ctx` is the call's tool context (its principal is the run's). `allowed` is the tool set
     offered to the model for this step (the run's current agent and phase); a known tool outside
-    it is refused like an unknown one. A write's preconditions are checked here, so a call that
-    breaks a business rule is refused before anyone is asked to approve it.
+    it is refused like an unknown one. A write's preconditions are checked here too (unless the
+    caller checks them itself, as planning does), so a call that breaks a business rule is
+    refused before anyone is asked to approve it, and again after approval and before the send.
     """
     if call.error is not None:
         raise Refusal(call.error["code"], call.error["detail"])
@@ -127,7 +129,7 @@ def check_call(
         raise Refusal("out_of_scope", f"{', '.join(outside)} is outside this task's boundary")
     try:
         contract.check_authorized(ctx, args)
-        if contract.effect is Effect.WRITE:
+        if preconditions and contract.effect is Effect.WRITE:
             contract.check_preconditions(ctx, args)
     except ToolFault as fault:
         raise Refusal(fault.code, fault.detail) from fault
@@ -177,8 +179,16 @@ def _plan_write(
     *,
     edited_by: str | None = None,
 ) -> tuple[PendingCall, Action, ToolEnvelope | None]:
-    """Journal the write's intent. Returns the call, its action, and an answer if already settled."""
+    """Journal the write's intent. Returns the call, its action, and an answer if already settled.
+
+    An intent the journal has already is answered from the journal (the same call again, or
+    changed parameters), whatever the business rules say now; a new one must meet them."""
     key = open_intent_key(intent_key(contract, state["run_id"], args, call.revision), context)
+    if context.journal.by_intent(key) is None:
+        try:
+            contract.check_preconditions(context.tool_context(state), args)
+        except ToolFault as fault:
+            raise Refusal(fault.code, fault.detail) from fault
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
     needs_approval = edited_by is not None or contract.needs_approval(
@@ -306,7 +316,10 @@ def _apply_edit(
         if contract is not None and not changed <= contract.editable:
             outside = ", ".join(sorted(changed - contract.editable))
             raise Refusal("edit_not_allowed", f"an approver may not change {outside}")
-        contract, args = check_call(edited, context.tool_context(state), context)
+        # The edited call's business rules are checked where it is planned, below.
+        contract, args = check_call(
+            edited, context.tool_context(state), context, preconditions=False
+        )
         if contract.resources_of(args) != contract.resources_of(
             contract.args_model.model_validate(action.args)
         ):
@@ -378,7 +391,9 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         answer: ToolEnvelope | None = None
         if call.verdict is None:
             try:
-                contract, args = check_call(call, ctx, context, allowed=offered)
+                contract, args = check_call(
+                    call, ctx, context, allowed=offered, preconditions=False
+                )
                 if contract.effect is Effect.WRITE:
                     call, action, answer = _plan_write(call, contract, args, state, context)
                     actions.append(action)

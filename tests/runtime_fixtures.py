@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,15 +15,12 @@ import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 
-from loopwright.graph.agents import AgentProfile
-from loopwright.graph.budget import Budget
-from loopwright.graph.plan import Planner
+from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ApprovalDecision, Principal, RunState
-from loopwright.models.factory import make_model
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.agent import RefundServices, connect, task_scope
+from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -45,24 +42,45 @@ def services(tmp_path: Path) -> Iterator[ServiceEndpoints]:
 RunnerFactory = Callable[..., AbstractContextManager[Runner]]
 
 
+def refund_agent(
+    tools: Iterable[ToolContract] | None = None,
+    planner: Planner | None = None,
+    agents: dict[str, AgentProfile] | None = None,
+) -> Agent[RefundServices]:
+    """The reference agent, with other tools, a planner or specialists where a test says."""
+    changes: dict[str, Any] = {}
+    if tools is not None:
+        changes["tools"] = list(tools)
+    if planner is not None:
+        changes["planner"] = planner
+    if agents is not None:
+        changes["specialists"] = list(agents.values())
+    return refunds.replace(**changes) if changes else refunds
+
+
+@contextmanager
+def _runner(
+    database_url: str, endpoints: ServiceEndpoints, agent: Agent[Any], **options: Any
+) -> Iterator[Runner]:
+    with connect(endpoints) as deps, open_runner(database_url, agent, deps=deps, **options) as r:
+        yield r
+
+
 @pytest.fixture
 def open_test_runner(database_url: str, services: ServiceEndpoints) -> RunnerFactory:
+    """Open a runner of the reference agent (or of a variant) on the test's database and
+    services."""
+
     def factory(
         model: BaseChatModel | None = None,
         budget: Budget | None = None,
-        tools: ToolRegistry | None = None,
+        tools: Iterable[ToolContract] | None = None,
         planner: Planner | None = None,
         agents: dict[str, AgentProfile] | None = None,
+        agent: Agent[Any] | None = None,
     ) -> AbstractContextManager[Runner]:
-        return open_runner(
-            database_url,
-            services,
-            model=model or make_model("scripted"),
-            budget=budget,
-            tools=tools,
-            planner=planner,
-            agents=agents,
-        )
+        hosted = agent or refund_agent(tools, planner, agents)
+        return _runner(database_url, services, hosted, model=model, budget=budget)
 
     return factory
 

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from loopwright.cli import decide
-from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalRequest
-from loopwright.models.factory import make_model
+from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome, open_runner
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect
 from loopwright_refunds.misbehaving import AsksForMore
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -36,7 +37,8 @@ from tests.runtime_fixtures import (
 from tests.test_cli import env_for
 
 BIG_REFUND_TASK = "Check whether order O-46 can be refunded and refund it if so."  # 1,000.00
-APPROVE_COMMAND = re.compile(r"loopwright approvals approve (apr_\w+) --as a-1")
+# What a command prints for a person to approve with (the demo names its approver).
+APPROVE_COMMAND = re.compile(r"loopwright approvals approve (apr_\w+) --as (a-1|APPROVER)")
 
 
 def answer(runner: Runner, outcome: RunOutcome, *args: Any, **kwargs: Any) -> RunOutcome:
@@ -195,14 +197,28 @@ def test_edit_may_not_retarget_the_action(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     """Even to an order inside the task's boundary: an edit corrects an action, it does not
-    start another one. The original is rejected all the same."""
+    start another one. A decision naming an argument the write does not let approvers change is
+    refused by the run itself (whoever built it, not only by `ApprovalRequest.answer`), and the
+    original is rejected all the same."""
     task = "Check whether order O-42 can be refunded and refund it if so; O-43 is fine as is."
     with open_test_runner() as runner:
         waiting = runner.start(task, principal(task=task))
-        outcome = answer(runner, waiting, "edit", "a-1", changes={"order_id": "O-43"})
+        [request] = waiting.waiting_for_approval
+        with pytest.raises(ValueError, match="cannot edit order_id"):
+            ApprovalRequest.model_validate(request).answer(
+                "edit", "a-1", changes={"order_id": "O-43"}
+            )
+        forged = ApprovalDecision(
+            approval_id=request["approval_id"],
+            digest=request["digest"],
+            decision="edit",
+            approver="a-1",
+            args={**request["args"], "order_id": "O-43"},
+        )
+        outcome = runner.resume(waiting.run_id, forged.model_dump(mode="json"))
         state = runner.state(outcome.run_id)
     [error] = tool_errors(state)
-    assert (error["code"], error["edit"]["code"]) == ("edit_refused", "edit_changes_target")
+    assert (error["code"], error["edit"]["code"]) == ("edit_refused", "edit_not_allowed")
     assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
     assert no_effect(outcome)
     assert all_refunds(services) == []
@@ -247,7 +263,7 @@ def test_cli_reject_round_trip(
 def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_path: Path) -> None:
     """Started here, decided in two other processes (an edit, then its own approval)."""
     env = env_for(services, tmp_path)
-    with open_runner(postgres_url, services, model=make_model("scripted")) as runner:
+    with connect(services) as deps, open_runner(postgres_url, refunds, deps=deps) as runner:
         [request] = runner.start(DEMO_TASK, principal()).waiting_for_approval
     approval_id = request["approval_id"]
     decide_args = ("--as", "a-1", "--db", postgres_url)
@@ -260,7 +276,7 @@ def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_
     assert match is not None and match[1] != approval_id
     refused = cli("approvals", "edit", match[1], "--set", "iban=X", *decide_args, env=env)
     assert refused.returncode == 2
-    assert "cannot edit iban: the arguments are amount, currency, order_id" in refused.stderr
+    assert "cannot edit iban: the editable arguments are amount, reason" in refused.stderr
     approved = cli("approvals", "approve", match[1], *decide_args, env=env, check=True)
     assert "COMPLETED" in approved.stdout
     assert [r["amount"] for r in list_refunds(services, "O-42")] == ["40.00"]
@@ -276,6 +292,7 @@ REQUEST = ApprovalRequest(
     summary="Refund 100.00 USD to order O-42",
     requested_by="u-1",
     expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+    editable=("amount",),
 )
 
 
@@ -290,7 +307,8 @@ def test_an_edit_changes_only_the_arguments_it_names() -> None:
     ("decision", "changes", "problem"),
     [
         ("edit", {}, "an edit changes at least one argument"),
-        ("edit", {"iban": "X", "amount": "1.00"}, "cannot edit iban: the arguments are amount"),
+        ("edit", {"iban": "X", "amount": "1.00"}, "cannot edit iban: the editable arguments are"),
+        ("edit", {"currency": "EUR"}, "cannot edit currency: the editable arguments are amount"),
         ("approve", {"amount": "1.00"}, "only an edit changes arguments"),
         ("reject", {"amount": "1.00"}, "only an edit changes arguments"),
     ],
@@ -300,6 +318,12 @@ def test_a_decision_that_cannot_mean_anything_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=problem):
         REQUEST.answer(decision, "a-1", changes=changes)
+
+
+def test_a_write_that_declares_nothing_editable_cannot_be_edited() -> None:
+    fixed = REQUEST.model_copy(update={"editable": ()})
+    with pytest.raises(ValueError, match="submit_refund allows no edits"):
+        fixed.answer("edit", "a-1", changes={"amount": "40.00"})
 
 
 # The demo's approval behaviour does not depend on the backend; cross-process approval on each

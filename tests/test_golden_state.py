@@ -16,10 +16,13 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, message_to_dict, messages_from_dict
 
+from loopwright.checkpoints.journal import open_journal
 from loopwright.graph.build import after_guard, after_validate
+from loopwright.graph.context import RunContext
 from loopwright.graph.state import STATE_SCHEMA_VERSION, Action, CallVerdict, RunState, Versions
 from loopwright.graph.views import actions_of, pending_of, principal_of, usage_of
 from loopwright.nodes.compile_context import system_text
+from loopwright_refunds.agent import agent as refunds
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -46,7 +49,7 @@ def test_write_golden_state(open_test_runner: RunnerFactory) -> None:
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob("state-v*.json")), ids=lambda p: p.name)
-def test_golden_state_is_readable_and_routes_to_approval(path: Path) -> None:
+def test_golden_state_is_readable_and_routes_to_approval(path: Path, sqlite_url: str) -> None:
     state = from_json(json.loads(path.read_text()))
     assert state["schema_version"] <= STATE_SCHEMA_VERSION
     assert principal_of(state).user_id == "u-1"
@@ -60,4 +63,12 @@ def test_golden_state_is_readable_and_routes_to_approval(path: Path) -> None:
     assert isinstance(state["history"][-1], AIMessage)
     assert after_validate(state) == "approval"
     assert after_guard(state) == "compile_context"
-    assert "NOT DONE" in system_text(state, ["get_order"])
+    with open_journal(sqlite_url) as journal:
+        context = RunContext(
+            model=refunds.chat_model(),
+            tools=refunds.tools,
+            journal=journal,
+            agent_name=refunds.name,
+            instructions=refunds.instructions,
+        )
+        assert "NOT DONE" in system_text(state, ["get_order"], context)

@@ -19,22 +19,17 @@ from langchain_core.messages import BaseMessage
 from mcp import StdioServerParameters
 from pydantic import ValidationError
 
+from loopwright import Agent
 from loopwright.graph.state import ActionStatus, Principal
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import open_runner
 from loopwright.tools.contract import Effect, Guarantee
 from loopwright.tools.mcp import McpSession, mcp_contracts
-from loopwright.tools.registry import ToolRegistry
 from loopwright_refunds.procedure import Transcript
-from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import approve, tool_errors
 
 SERVER_SCRIPT = Path(__file__).with_name("mcp_server.py")
 TASK = "Look up customer c-7 and note that we called back."
-# Nothing here calls the reference services: MCP tools are the only tools.
-NO_SERVICES = ServiceEndpoints(
-    orders="http://127.0.0.1:9", policies="http://127.0.0.1:9", payments="http://127.0.0.1:9"
-)
 
 
 @pytest.fixture
@@ -123,13 +118,15 @@ def test_arguments_must_meet_the_servers_schema_exactly(mcp_session: McpSession)
 def test_mcp_read_and_write_run_through_validate_journal_and_approval(
     database_url: str, mcp_session: McpSession, server_log: Path
 ) -> None:
-    tools = ToolRegistry(mcp_contracts(mcp_session, read_tools={"get_customer"}))
-    model = ScriptedChatModel(policy=NotesPolicy())
-
-    approvers = {"a-1"}.__contains__  # no reference user directory behind an MCP-only run
-    with open_runner(
-        database_url, NO_SERVICES, model=model, tools=tools, approvers=approvers
-    ) as runner:
+    # An agent of MCP tools only: no dependencies of its own, approvers named outright.
+    notes = Agent(
+        "notes",
+        instructions="Keep notes on customers.",
+        tools=mcp_contracts(mcp_session, read_tools={"get_customer"}),
+        model=ScriptedChatModel(policy=NotesPolicy()),
+        approvers={"a-1"},
+    )
+    with open_runner(database_url, notes, deps=None) as runner:
         outcome = runner.start(TASK, Principal(user_id="u-1"))
 
         # The read ran; the misnamed write was refused by validate; the write waits for a human.

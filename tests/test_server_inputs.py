@@ -49,7 +49,8 @@ def test_a_new_run_takes_its_principal_from_the_server_never_from_the_input() ->
     forged = {"user_id": "u-2", "roles": ["approver"], "scope": []}
     request = parse_request({"task": TASK, "principal": forged, "journal": {"x": {}}}, ADA)
     assert request == NewRun(task=TASK)
-    state = payload_for(request, snapshot(), "t-1", ADA)
+    scoped = ADA.model_copy(update={"scope": ("order:O-42",)})  # by the agent's boundary
+    state = payload_for(request, snapshot(), "t-1", scoped)
     assert isinstance(state, dict)
     assert state["principal"]["user_id"] == "u-1"
     assert state["principal"]["scope"] == ["order:O-42"]

@@ -236,7 +236,8 @@ def test_only_approvers_see_the_inbox(served: Served, waiting_run: tuple[str, An
     (item,) = [a for a in listed.json()["approvals"] if a["thread_id"] == thread_id]
     request = waiting["interrupts"][0]["value"]
     assert item["summary"] == request["summary"] and item["digest"] == request["digest"]
-    assert (item["amount"], item["currency"]) == ("80.00", "USD")
+    assert (item["args"]["amount"], item["args"]["currency"]) == ("80.00", "USD")
+    assert item["editable"] == ["amount", "reason"]
     assert item["expires_at"] and item["expired"] is False
     assert item["interrupt_id"] == waiting["interrupts"][0]["id"]
 
@@ -289,7 +290,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
         edited = [a for a in listed["approvals"] if a["thread_id"] == thread_id]
     [item] = edited
     assert item["summary"] == "Refund 40.00 USD to order O-802 (edited by a-1)"
-    assert item["interrupt_id"] != interrupt["id"] and item["amount"] == "40.00"
+    assert item["interrupt_id"] != interrupt["id"] and item["args"]["amount"] == "40.00"
     assert post("approve", item["interrupt_id"]).status_code == 202
 
     final = wait_for_end(served.client("t-u1"), thread_id)["values"]
