@@ -51,10 +51,10 @@ from loopwright.checkpoints.scratch import (
     with_application_name,
 )
 from loopwright.graph.state import Action, ActionStatus, Principal
-from loopwright.models.factory import make_model
 from loopwright.processes import terminate
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
-from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect, task_scope
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -65,6 +65,8 @@ USER = "u-1"
 AMOUNT = "20.00"  # below the policy's 50.00 approval threshold: no run waits for a person
 FIRST_ORDER = 100_000  # the refund tools take O-<1 to 9 digits>; clear of the seeded O-42..O-99
 FINISHED = frozenset({"COMPLETED", "INCOMPLETE"})
+# The agent the workers host (named, so that no $LOOPWRIGHT_AGENT or pyproject setting applies).
+AGENT = "loopwright_refunds.agent:agent"
 READY_LINE = b"polling every"  # what `loopwright worker` prints once it is past its imports
 RECONNECT_LINE = "reconnecting in"  # what it prints when it opens new connections after a fault
 ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):")
@@ -278,7 +280,10 @@ def worker_slot(url: str, env: dict[str, str], scratch: Path, name: str) -> Work
     tagged = (
         with_application_name(url, name) if database_kind(url) is DatabaseKind.POSTGRES else url
     )
-    command = [sys.executable, "-m", "loopwright", "worker", "--db", tagged, "--poll", "0.05"]
+    command = [
+        *(sys.executable, "-m", "loopwright", "worker"),
+        *("--agent", AGENT, "--db", tagged, "--poll", "0.05"),
+    ]
     return Worker(command, env, scratch / f"{name}.log", name)
 
 
@@ -733,7 +738,8 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
     with ExitStack() as stack:
         url = stack.enter_context(benchmark_database(settings.db))
         endpoints = stack.enter_context(start_services(scratch / "services")).endpoints
-        runner = stack.enter_context(open_runner(url, endpoints, model=make_model("scripted")))
+        deps = stack.enter_context(connect(endpoints))
+        runner = stack.enter_context(open_runner(url, refunds, deps=deps))
         require_empty(runner)
         backlog = Backlog(runner, endpoints, settings.runs, settings.backlog)
         env = worker_env(url, endpoints, scratch / "home", settings.lease_ttl_s)

@@ -1,9 +1,9 @@
 """Fuzz benchmark: thousands of generated tool calls through the checks every call passes.
 
-Invariant 3 says every call is checked (known tool, valid arguments, authorisation, scope) and
-invariant 2 that only complete, parsed, validated calls run. tests/test_fuzz_calls.py proves it
-through whole runs, a few dozen of them; this script pushes many more calls through the same
-checks:
+Invariant 3 says every call is checked (known tool, valid arguments, authorisation, scope; for
+a write, its business preconditions too) and invariant 2 that only complete, parsed, validated
+calls run. tests/test_fuzz_calls.py proves it through whole runs, a few dozen of them; this
+script pushes many more calls through the same checks:
 
     python -m benchmarks.fuzz_calls --calls 10000 --seed 0
 
@@ -11,10 +11,10 @@ Each generated call (malformed JSON arguments, wrong types, huge and odd strings
 and NUL, missing and extra fields, unknown tools, and valid calls too) becomes pending calls the
 way a model step makes them: the scripted model parses the provider's arguments string and
 `nodes.model_step` keeps parsed and unparsable calls apart. Each then goes through
-`nodes.validate.check_call` with a real run context against the reference services (which
-authorisation reads). The script prints how many calls ended in each outcome (an error code,
-or "accepted read|write"), and every accepted call that the independent oracle below calls
-invalid. Exit code 0 only if there is none.
+`nodes.validate.check_call` with a real run context of the refund agent against the reference
+services (which authorisation and the preconditions read). The script prints how many calls
+ended in each outcome (an error code, or "accepted read|write"), and every accepted call that
+the independent oracle below calls invalid. Exit code 0 only if there is none.
 
 The generator and the oracle live here and are shared with the fuzz test.
 """
@@ -33,7 +33,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as seeded
 from hypothesis import strategies as st
@@ -45,9 +44,9 @@ from loopwright.graph.state import PendingCall, Principal
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.nodes.model_step import _pending_calls
 from loopwright.nodes.validate import Refusal, check_call
-from loopwright.tools.contract import ToolEnv
-from loopwright.tools.registry import refund_registry
-from loopwright_refunds.contracts import DEFAULT_APPROVAL_THRESHOLD, task_scope
+from loopwright.tools.contract import ToolContext
+from loopwright_refunds.agent import DEFAULT_APPROVAL_THRESHOLD, connect, task_scope
+from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.misbehaving import OneShot
 from loopwright_refunds.services.launcher import start_services
 
@@ -270,9 +269,9 @@ def pending_calls(calls: Sequence[FuzzedCall]) -> list[PendingCall]:
     return _pending_calls(message)
 
 
-def outcome_of(call: PendingCall, principal: Principal, context: RunContext) -> str:
+def outcome_of(call: PendingCall, ctx: ToolContext[Any], context: RunContext) -> str:
     try:
-        contract, _ = check_call(call, principal, context)
+        contract, _ = check_call(call, ctx, context)
     except Refusal as refusal:
         return str(refusal.error["code"])
     return f"accepted {contract.effect}"
@@ -298,14 +297,16 @@ def run(calls: int, seed: int) -> Report:
         tempfile.TemporaryDirectory(prefix="lw-fuzz-") as tmp,
         start_services(Path(tmp) / "services") as services,
         open_journal(f"sqlite:///{tmp}/journal.sqlite3") as journal,
-        httpx.Client() as http,
+        connect(services.endpoints) as deps,
     ):
         context = RunContext(
             model=ScriptedChatModel(policy=OneShot(Decision())),
-            tools=refund_registry(),
-            env=ToolEnv(endpoints=services.endpoints, http=http),
+            tools=refunds.tools,
+            deps=deps,
             journal=journal,
         )
+        # What every call's checks are given: the agent's deps and the run's principal.
+        ctx = ToolContext(deps=deps, run_id="run-fuzz", principal=principal)
 
         @seeded(seed)
         @settings(
@@ -318,7 +319,7 @@ def run(calls: int, seed: int) -> Report:
         @given(st.lists(fuzzed_calls(), min_size=BATCH, max_size=BATCH))
         def check_batch(batch: list[FuzzedCall]) -> None:
             for pending in pending_calls(batch):
-                outcome = outcome_of(pending, principal, context)
+                outcome = outcome_of(pending, ctx, context)
                 outcomes[outcome] += 1
                 if outcome.startswith("accepted") and not acceptable(pending.tool, pending.args):
                     call = FuzzedCall(pending.tool, pending.args)

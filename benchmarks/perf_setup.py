@@ -1,11 +1,11 @@
 """What the performance benchmarks share: a fresh database and services, the reading task with
 ~1 KB observations, and the bare prebuilt agent to compare with.
 
-The reading task is `models.long_task.KeepsReading`: every step is one model decision and one
-`get_order` read, so a run of N steps is N tool steps. An order's JSON is about 300 bytes; the
-benchmarks read it through `get_order` contracts that pad the answer to about 1 KB with a note
-that does not compress (base64 of a hash chain), so that neither Postgres's TOAST compression
-nor a repeated value flatters either side.
+The reading task is `loopwright_refunds.long_task.KeepsReading`: every step is one model decision
+and one `get_order` read, so a run of N steps is N tool steps. An order's JSON is about 300
+bytes; the benchmarks read it through `get_order` contracts that pad the answer to about 1 KB
+with a note that does not compress (base64 of a hash chain), so that neither Postgres's TOAST
+compression nor a repeated value flatters either side.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,10 @@ from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import Principal
 from loopwright.models.scripted import ScriptedChatModel
-from loopwright.tools.contract import Effect, ToolContract, ToolEnv
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.contracts import GET_ORDER, GetOrderArgs, Order, fetch_order, task_scope
+from loopwright.runner import Runner, open_runner
+from loopwright.tools.contract import ToolContext, ToolContract
+from loopwright_refunds.agent import Order, RefundServices, connect, fetch_order, task_scope
+from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.experiments.services import start_services
 from loopwright_refunds.long_task import KeepsReading
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -69,33 +70,36 @@ class PaddedOrder(Order):
     note: str
 
 
-def padded_order(env: ToolEnv, order_id: str) -> dict[str, Any]:
-    order = fetch_order(env, order_id).model_dump(mode="json")
+def padded_order(ctx: ToolContext[RefundServices], order_id: str) -> dict[str, Any]:
+    order = fetch_order(ctx, order_id).model_dump(mode="json")
     return {**order, "note": note(order_id)}
 
 
-# The runtime's get_order with the padded answer: same name, arguments, authorisation, resources.
-PADDED_GET_ORDER = ToolContract(
-    name="get_order",
-    description=GET_ORDER.description,
-    args_model=GetOrderArgs,
+def _get_order() -> ToolContract:
+    contract = refunds.tools.get("get_order")
+    assert contract is not None, "the refund agent reads orders"
+    return contract
+
+
+# The refund agent's get_order with the padded answer: the same contract (name, arguments,
+# authorisation, resources, timeouts, retries) but for its output.
+PADDED_GET_ORDER = replace(
+    _get_order(),
     output_model=PaddedOrder,
-    effect=Effect.READ,
-    run=lambda env, args, _key: padded_order(env, args.order_id),
-    resources=GET_ORDER.resources,
-    authorize=GET_ORDER.authorize,
+    run=lambda ctx, args, _key: padded_order(ctx, args.order_id),
 )
-PADDED_REGISTRY = ToolRegistry([PADDED_GET_ORDER])
+# The refund agent with the padded read as its only tool: what the reading task needs.
+READING_AGENT = refunds.replace(tools=[PADDED_GET_ORDER])
 
 
 def bare_tools(endpoints: ServiceEndpoints, client: httpx.Client) -> list[BaseTool]:
     """The same padded read as a plain langchain tool for the bare agent."""
-    env = ToolEnv(endpoints=endpoints, http=client)
+    ctx = ToolContext(deps=RefundServices(endpoints, client))
 
     @tool
     def get_order(order_id: str) -> str:
         """Read an order: status, amount, refundable balance, delivery date, version."""
-        return json.dumps(padded_order(env, order_id))
+        return json.dumps(padded_order(ctx, order_id))
 
     return [get_order]
 
@@ -113,6 +117,24 @@ def reading_budget(steps: int) -> Budget:
         max_context_tokens=10**10,
         deadline_s=3600,
     )
+
+
+@contextmanager
+def open_reading_runner(
+    database_url: str, endpoints: ServiceEndpoints, steps: int
+) -> Iterator[Runner]:
+    """A runner of the reading agent on the services at `endpoints`, for a run of `steps` reads."""
+    with (
+        connect(endpoints) as deps,
+        open_runner(
+            database_url,
+            READING_AGENT,
+            deps=deps,
+            model=reading_model(steps),
+            budget=reading_budget(steps),
+        ) as runner,
+    ):
+        yield runner
 
 
 def bare_agent(

@@ -36,16 +36,14 @@ from typing import IO, Any
 import psycopg
 
 from benchmarks.perf_setup import (
-    PADDED_REGISTRY,
     PRINCIPAL,
     TASK,
     Bench,
     bench_environment,
-    reading_budget,
-    reading_model,
+    open_reading_runner,
 )
 from loopwright.checkpoints.leases import Lease, LeaseStore, open_lease_store
-from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
+from loopwright.runner import LEASE_TTL_ENV, Runner
 from loopwright.worker import work
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
@@ -71,13 +69,7 @@ FINISHED = (
 def _runner_session(
     database_url: str, endpoints: ServiceEndpoints
 ) -> AbstractContextManager[Runner]:
-    return open_runner(
-        database_url,
-        endpoints,
-        model=reading_model(STEPS),
-        tools=PADDED_REGISTRY,
-        budget=reading_budget(STEPS),
-    )
+    return open_reading_runner(database_url, endpoints, STEPS)
 
 
 def victim(database_url: str, run_id: str) -> None:

@@ -30,19 +30,17 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from benchmarks.perf_setup import (
-    PADDED_REGISTRY,
     PRINCIPAL,
     TASK,
     Bench,
     bare_agent,
     bare_tools,
     bench_environment,
-    reading_budget,
+    open_reading_runner,
     reading_model,
     thread_bytes,
 )
 from loopwright.checkpoints.fenced import FencedSaver
-from loopwright.runner import open_runner
 
 STEP_GOAL = 1.5
 COMMIT_GOAL = 2.0
@@ -98,13 +96,7 @@ class Measured:
 def run_loopwright(bench: Bench, steps: int, profile: cProfile.Profile | None = None) -> Measured:
     run_id = f"lw-steps-{time.time_ns()}"
     with (
-        open_runner(
-            bench.database_url,
-            bench.endpoints,
-            model=reading_model(steps),
-            tools=PADDED_REGISTRY,
-            budget=reading_budget(steps),
-        ) as runner,
+        open_reading_runner(bench.database_url, bench.endpoints, steps) as runner,
         timed_commits(runner.saver) as commits,
         psycopg.connect(bench.database_url) as conn,
     ):

@@ -28,18 +28,16 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from benchmarks.perf_setup import (
-    PADDED_REGISTRY,
     PRINCIPAL,
     TASK,
     Bench,
     bare_agent,
     bare_tools,
     bench_environment,
-    reading_budget,
+    open_reading_runner,
     reading_model,
     thread_bytes,
 )
-from loopwright.runner import open_runner
 
 WINDOW = 100
 LINEAR_GOAL = 1.2
@@ -65,13 +63,7 @@ def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str]:
     sizes: list[int] = []
     with (
         psycopg.connect(bench.database_url, autocommit=True) as conn,
-        open_runner(
-            bench.database_url,
-            bench.endpoints,
-            model=reading_model(steps),
-            tools=PADDED_REGISTRY,
-            budget=reading_budget(steps),
-        ) as runner,
+        open_reading_runner(bench.database_url, bench.endpoints, steps) as runner,
     ):
 
         def measure(node: str, _update: dict[str, Any]) -> None:

@@ -25,15 +25,17 @@ from pathlib import Path
 
 from benchmarks.perf_setup import Bench, bench_environment
 from loopwright.graph.state import Principal
-from loopwright.models.factory import make_model
 from loopwright.runner import open_runner
-from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect, task_scope
 from loopwright_refunds.services.admin import create_order, list_refunds
 
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
 AMOUNT = "20.00"
 REPO = Path(__file__).resolve().parent.parent
 READY = "polling every"
+# The agent the workers host (named, so that no $LOOPWRIGHT_AGENT or pyproject setting applies).
+AGENT = "loopwright_refunds.agent:agent"
 
 
 def _start_worker(bench: Bench, home: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -47,7 +49,7 @@ def _start_worker(bench: Bench, home: Path, log: Path) -> subprocess.Popen[bytes
     }
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "loopwright", "worker", "--poll", "0.1"],
+            [sys.executable, "-m", "loopwright", "worker", "--agent", AGENT, "--poll", "0.1"],
             env=env,
             cwd=REPO,
             stdin=subprocess.DEVNULL,
@@ -81,7 +83,10 @@ def measure_workers(bench: Bench, workers: int, runs: int, first_order: int) -> 
                 if time.monotonic() > deadline:
                     raise TimeoutError("the workers did not start")
                 time.sleep(0.05)
-            with open_runner(bench.database_url, bench.endpoints, model=make_model()) as runner:
+            with (
+                connect(bench.endpoints) as deps,
+                open_runner(bench.database_url, refunds, deps=deps) as runner,
+            ):
                 started = time.monotonic()
                 submitted = []
                 for order_id in orders:

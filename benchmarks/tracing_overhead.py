@@ -24,12 +24,12 @@ from langgraph.runtime import Runtime
 
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Principal, RunState, initial_state
-from loopwright.models.factory import make_model
 from loopwright.observability.instrument import Node, traced_node
 from loopwright.observability.jsonl import read_spans
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 from loopwright.runner import Runner, open_runner
-from loopwright_refunds.contracts import task_scope
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect, task_scope
 from loopwright_refunds.services.admin import create_order
 from loopwright_refunds.services.launcher import start_services
 
@@ -82,8 +82,9 @@ def main() -> None:
     per_step: dict[str, list[float]] = {mode: [] for mode in modes}
     with (
         start_services(work / "services") as services,
+        connect(services.endpoints) as deps,
         open_runner(
-            f"sqlite:///{work / 'bench.sqlite3'}", services.endpoints, model=make_model("scripted")
+            f"sqlite:///{work / 'bench.sqlite3'}", refunds, deps=deps, model=refunds.chat_model()
         ) as runner,
     ):
         order = FIRST_ORDER

@@ -50,7 +50,7 @@ _INSERT_NEW_INTENT = (
     f"INSERT INTO lw_actions ({_COLUMNS}) VALUES ({', '.join(['%s'] * len(_WRITTEN))},"
     f" now(), now()) ON CONFLICT (intent_key) DO NOTHING RETURNING {_COLUMNS}"
 )
-# Creation order; the id breaks ties between actions planned in the same clock tick.
+# Creation sequence; the id breaks ties between actions planned in the same clock tick.
 _CREATED_ORDER = " ORDER BY created_at, action_id"
 
 

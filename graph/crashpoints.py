@@ -13,8 +13,8 @@ Points in the runtime (`POINTS`):
                                         "after the previous node's checkpoint committed"
   executor:after_dispatch_record        DISPATCHED is committed, the request is not sent
   executor:after_send                   the business system applied the write, the response
-                                        has not been read (armed through the payments fault
-                                        switch, which delays the answer; see tests)
+                                        has not been read (armed with a downstream that delays
+                                        its answer; see tests)
   executor:before_outcome_record        the response was read, the outcome is not recorded
   reconcile:after_settle                the business system's answer about an unknown write is
                                         journaled, reconcile's own writes are not saved (the

@@ -1,6 +1,6 @@
 """No-progress detection: a signature per loop step, and what to do when it repeats.
 
-A step's signature is the normalised action it took (tool names and canonical arguments, order
+A step's signature is the normalised action it took (tool names and canonical arguments, sequence
 ignored) and a hash of what it observed (the tool results, which carry versions). The same
 signature again means the same question was asked and the same answer came back: no new
 evidence. After `NUDGE_AFTER` identical steps the model gets one strategy-change message; if it

@@ -111,7 +111,7 @@ class Principal(BaseModel):
     user_id: str
     tenant: str = "default"
     roles: tuple[str, ...] = ("customer",)
-    # The task boundary: the resources this run may touch, e.g. ("order:O-42",), from the
+    # The task boundary: the resources this run may touch, e.g. ("ticket:T-42",), from the
     # agent's `boundary`. An entry ending in "*" covers every resource it is a prefix of ("*"
     # alone: everything). Empty: the run may touch no declared resource at all.
     scope: tuple[str, ...] = ()
@@ -153,7 +153,7 @@ class Evidence(BaseModel):
     evidence_id: str
     source: str
     call_id: str
-    # What the observation is about (e.g. "order:O-42"), and that thing's version when observed.
+    # What the observation is about (e.g. "ticket:T-42"), and that thing's version when observed.
     resources: list[str] = Field(default_factory=list)
     version: str | None = None
     observed_at: datetime = Field(default_factory=utcnow)

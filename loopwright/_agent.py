@@ -5,12 +5,12 @@ declarations), the application's own dependencies, a model, a budget, and the an
 questions only the team can answer: whom a run acts for, which resources a task may touch, who
 may approve. The runtime asks these through the agent and knows nothing else of the domain.
 
-    shop = Agent("shop", instructions="Answer questions about orders.", deps=open_shop)
+    desk = Agent("desk", instructions="Answer questions about tickets.", deps=open_desk)
 
-    @shop.read(resources=lambda a: {f"order:{a.order_id}"})
-    def get_order(ctx: ToolContext[Shop], args: OrderRef) -> Order:
-        '''Read an order.'''
-        return ctx.deps.orders.get(args.order_id, timeout=ctx.timeout(5))
+    @desk.read(resources=lambda a: {f"ticket:{a.ticket_id}"})
+    def get_ticket(ctx: ToolContext[Desk], args: TicketRef) -> Ticket:
+        '''Read a ticket.'''
+        return ctx.deps.tickets.get(args.ticket_id, timeout=ctx.timeout(5))
 
 Entry points (`loopwright run --agent module:attribute`, the worker, the LangGraph server)
 load an agent by import path, and a run records which agent and version it belongs to.
@@ -94,7 +94,7 @@ class Agent[DepsT]:
     opens the application's dependencies as a context manager (HTTP clients, credentials): it
     is entered once per process and its value reaches every tool as `ctx.deps`. `model` is the
     default model of the agent's runs. `boundary(deps, principal, task)` names the resources a
-    task may touch (e.g. the orders it names) and may refuse the task (`TaskRefused`); with no
+    task may touch (e.g. the tickets it names) and may refuse the task (`TaskRefused`); with no
     boundary a run may touch no declared resource at all. `principal(deps, user_id)` builds the
     trusted principal a run acts for (roles, tenant), refusing unknown users. `approvers` says
     who may decide approvals: user ids, or `approvers(deps, user_id) -> bool`.
@@ -216,7 +216,7 @@ class Agent[DepsT]:
         """Declare a write: `def f(ctx: ToolContext[Deps], args: Args, intent_key: str) -> Output`.
 
         `intent(run_id, args)` is the business intent key: one per business effect (e.g.
-        `f"refund:{run_id}:{args.order_id}"`), sent on every attempt as the idempotency key,
+        `f"booking:{run_id}:{args.slot}"`), sent on every attempt as the idempotency key,
         never the model's call id; the same key can never carry changed arguments.
         `guarantee` says what the downstream promises about a write whose answer was lost:
         `IDEMPOTENT_BY_KEY` (an absent intent is re-sent under the same key), `QUERYABLE` (it
@@ -310,7 +310,7 @@ class Agent[DepsT]:
             raise ToolDefinitionError(
                 f"agent {self.name}: {', '.join(touching)} declare resources, but the agent "
                 "declares no boundary=...: say which resources a task may touch, e.g. "
-                "boundary=lambda deps, principal, task: {'order:O-1'}"
+                "boundary=lambda deps, principal, task: {'ticket:T-1'}"
             )
 
     # --- what entry points ask -------------------------------------------------------------

@@ -3,7 +3,7 @@ serve), read them back (show, runs), and the demo.
 
 Every command hosts one agent, named by import path (`--agent module:attribute`,
 `$LOOPWRIGHT_AGENT`, or `agent = "..."` in a `[tool.loopwright]` table of ./pyproject.toml);
-the reference refund agent is the default. Errors a user can cause (a bad database URL, a user
+the reference agent (`loopwright_refunds`) is the default. Errors a user can cause (a bad database URL, a user
 or task the agent refuses, an unknown run, another agent's run) end with one line on stderr
 and exit code 2, never a traceback.
 """
@@ -66,7 +66,7 @@ from loopwright.timeline import Redactor, TimelinePrinter, render_run
 from loopwright.tools.define import ToolDefinitionError
 from loopwright.worker import work
 
-# The agent a command hosts when none is named: the reference refund agent (the demo's).
+# The agent a command hosts when none is named: the reference agent (the demo's).
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
 
@@ -97,7 +97,7 @@ AgentOption = Annotated[
         "--agent",
         help=(
             "The agent to host, as module:attribute. Default: $LOOPWRIGHT_AGENT, else "
-            "[tool.loopwright] agent in ./pyproject.toml, else the reference refund agent."
+            "[tool.loopwright] agent in ./pyproject.toml, else the reference agent."
         ),
     ),
 ]
@@ -305,7 +305,7 @@ def demo(
         bool, typer.Option("--yes", help="Approve every request as the demo's approver.")
     ] = False,
 ) -> None:
-    """Run the agent's demo end to end and print its timeline (default: the refund demo)."""
+    """Run the agent's demo end to end and print its timeline (default: the reference one)."""
     hosted = agent_for(agent)
     script = hosted.demo
     if script is None:

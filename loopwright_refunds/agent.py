@@ -181,9 +181,7 @@ def fetch_order(ctx: Ctx, order_id: str) -> Order:
 
 def fetch_policy(ctx: Ctx) -> Policy:
     url = f"{ctx.deps.endpoints.policies}/policies/refunds"
-    return Policy.model_validate(
-        read_json(ctx.deps.http, url, timeout=ctx.timeout(READ_TIMEOUT_S))
-    )
+    return Policy.model_validate(read_json(ctx.deps.http, url, timeout=ctx.timeout(READ_TIMEOUT_S)))
 
 
 def fetch_refund(ctx: Ctx, refund_id: str) -> Refund:

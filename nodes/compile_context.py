@@ -57,7 +57,7 @@ def _describe(action: Action) -> str:
     args = ", ".join(f"{k}={_literal(v)}" for k, v in sorted(action.args.items()))
     what = f"{action.tool}({args})"
     outcome = action.outcome or {}
-    # The id the write produced (refund_id, entry_id, ...), not one it was given.
+    # The id the write produced (booking_id, entry_id, ...), not one it was given.
     produced = (
         str(v) for k, v in sorted(outcome.items()) if k.endswith("_id") and k not in action.args
     )

@@ -1,14 +1,15 @@
 """execute: run the calls validate made ready, as concurrently as their resources allow.
 
 Scheduling: two calls conflict when they touch a common resource (from the tool contract) and
-at least one of them writes. Conflicting calls form a lane and run one at a time, in the order
+at least one of them writes. Conflicting calls form a lane and run one at a time, in the sequence
 the model asked for them; lanes run concurrently, up to the budget's parallel-tool limit. So
-reads run side by side and two writes to one order never overlap.
+reads run side by side and two writes to one resource never overlap.
 
 Writes go through the journaled executor and are checked once more right before they are sent:
 authorisation, scope and the write's business preconditions again, on current data, and the
-version of every resource the write touches against the version the model last observed (a refund planned on order version 17 is refused when the
-order is now at version 18, and the model is told why). A write met again after a crash is never
+version of every resource the write touches against the version the model last observed (a
+write planned on version 17 of a ticket is refused when the ticket is now at version 18, and
+the model is told why). A write met again after a crash is never
 sent from here: DISPATCHED without an outcome becomes UNKNOWN and reconcile asks the business
 system; a write whose outcome is UNKNOWN gets no answer until reconcile has one.
 
@@ -165,7 +166,7 @@ def run_call(call: PendingCall, state: RunState, context: RunContext) -> Done:
 
 
 def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[PendingCall]]:
-    """Group calls that conflict (a shared resource, one of them a write), keeping their order."""
+    """Group calls that conflict (a shared resource, one of them a write), keeping their sequence."""
     lanes: list[list[PendingCall]] = []
     touched: list[tuple[set[str], bool]] = []  # per lane: resources, and whether it writes
     for call in calls:

@@ -3,7 +3,7 @@
 On the first step it fixes the run's principal, versions and task message. The principal comes
 from the trusted caller only: in the run's input (the CLI writes it there, so it is committed
 before any node runs and a crash before the first step loses nothing) or in the run context (a
-server's auth). Then it decides, in this order: a run that is
+server's auth). Then it decides, in this sequence: a run that is
 already stopping stops; an escalated action needs a human; any action whose outcome is not known
 is reconciled before anything else happens (a cancelled run's too); once per model decision, a
 second permission refusal stops and a step repeated without progress gets one strategy-change

@@ -1,11 +1,11 @@
 """validate: a model's tool call is a request, not a permission.
 
-Every call passes, in order: a known tool allowed now, arguments valid against the contract's
+Every call passes, one after the other: a known tool allowed now, arguments valid against the contract's
 schema (and free of NUL characters, which C-string based business systems cut short), the task
 boundary (scope: a resource the call touches must be in it; an empty boundary admits none),
 authorisation from the trusted principal, and, for writes, the write's business preconditions
 on current data, the journal's intent check (the same intent proposed again maps to the first
-action; changed parameters under the same intent are refused) and the approval policy.
+action; changed parameters under the same intent are refused) and the approval rule.
 
 A refused call is answered at once with a structured, model-readable error. Validate runs again
 after every approval decision, which it applies: a decision counts only for the digest it names
@@ -23,9 +23,9 @@ journal and before its checkpoint committed is run again), and:
            own digest and its own approval request, whatever the amount. An edit may not change
            what the call touches (its resources): it corrects an action, it does not start one.
 
-A write refused at dispatch because its plan was stale (the order changed since the model read
-it) was never sent: the same intent proposed again after a fresh read is planned anew, under
-the key's next `:replan-N`, and needs its own approval where the policy asks for one.
+A write refused at dispatch because its plan was stale (its target changed since the model
+read it) was never sent: the same intent proposed again after a fresh read is planned anew, under
+the key's next `:replan-N`, and needs its own approval where the rule asks for one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """verify: "completed" means verified in the business system, not "the model said so".
 
 When the model gives a final answer, every write the run made is checked against the business
-system (the contract's verify: e.g. the payment exists under the intent key, succeeded, with
+system (the contract's verify: e.g. the booking exists under the intent key, succeeded, with
 the journaled parameters). The answer may cite an identifier of the kinds the agent's writes
 produce (each write contract declares which, with a pattern) only where the run can back it: a
 write of this run produced it and was verified, a tool observed it, or the task itself names

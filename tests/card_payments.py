@@ -14,25 +14,25 @@ from typing import Any
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel, Field
 
-from loopwright.graph.state import Action, digest
-from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.runner import Runner, open_runner
-from loopwright.tools.contract import (
+from loopwright import (
+    Action,
+    Agent,
+    Decision,
     Effect,
     Guarantee,
     OutcomeUnknown,
-    ToolArgs,
+    Runner,
+    ScriptedChatModel,
+    ToolContext,
     ToolContract,
-    ToolEnv,
     VerifyResult,
+    open_runner,
 )
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright.graph.state import digest
+from loopwright.tools.contract import ToolArgs
 
 CARD = "4111111111111111"
 TASK = f"Pay 10.00 for order O-42 with card {CARD}."
-# Nothing here calls a business service: runs need no services at all.
-NO_SERVICES = ServiceEndpoints(orders="", policies="", payments="")
 
 
 class PayArgs(ToolArgs):
@@ -47,15 +47,15 @@ class Payment(BaseModel):
     status: str
 
 
-def _charge(_env: ToolEnv, args: PayArgs, key: str | None) -> dict[str, Any]:
+def _charge(_ctx: ToolContext[None], args: PayArgs, key: str | None) -> dict[str, Any]:
     return {"payment_id": f"pay_{digest(key)[:8]}", "card_number": args.card_number, "status": "ok"}
 
 
-def _verify(_env: ToolEnv, action: Action) -> VerifyResult:
+def _verify(_ctx: ToolContext[None], action: Action) -> VerifyResult:
     return VerifyResult(verified=True, facts={"payment_id": (action.outcome or {})["payment_id"]})
 
 
-def _lost(_env: ToolEnv, _args: PayArgs, _key: str | None) -> dict[str, Any]:
+def _lost(_ctx: ToolContext[None], _args: PayArgs, _key: str | None) -> dict[str, Any]:
     raise OutcomeUnknown("the card network did not answer")
 
 
@@ -82,10 +82,16 @@ def pays_by_card(messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any
     return Decision(content=f"Charged card {CARD} for order O-42.")
 
 
-def card_runner(database_url: str, contract: ToolContract) -> AbstractContextManager[Runner]:
-    return open_runner(
-        database_url,
-        NO_SERVICES,
+def card_agent(contract: ToolContract) -> Agent[None]:
+    """An agent with the one card tool. It declares no resources, so it needs no boundary."""
+    return Agent(
+        "cards",
+        instructions="Charge cards for orders when asked.",
+        tools=[contract],
         model=ScriptedChatModel(policy=pays_by_card),
-        tools=ToolRegistry([contract]),
     )
+
+
+def card_runner(database_url: str, contract: ToolContract) -> AbstractContextManager[Runner]:
+    # Nothing here calls a business service: the agent has no dependencies at all.
+    return open_runner(database_url, card_agent(contract), deps=None)

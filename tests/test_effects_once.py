@@ -12,7 +12,7 @@ from typing import Any
 
 from loopwright.graph.state import ActionStatus, digest
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome
-from loopwright.tools.contract import ToolEnv
+from loopwright.tools.contract import ToolContext
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import PAY_WITH_CARD, TASK, PayArgs, card_runner
@@ -107,7 +107,7 @@ def test_still_processing_parks_the_run_and_a_worker_finishes_it(
     assert refund["status"] == "succeeded"
 
 
-def _charge_with_nul(_env: ToolEnv, args: PayArgs, key: str | None) -> dict[str, Any]:
+def _charge_with_nul(_ctx: ToolContext[None], args: PayArgs, key: str | None) -> dict[str, Any]:
     return {
         "payment_id": f"pay_{digest(key)[:8]}\x00",
         "card_number": args.card_number,

@@ -8,12 +8,10 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from loopwright.graph.agents import AgentProfile, handoff_contract
+from loopwright.graph.agents import AgentProfile
 from loopwright.graph.budget import Budget, Price
 from loopwright.graph.state import StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.contracts import REFUND_TOOLS
 from loopwright_refunds.procedure import RefundProcedure
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -31,7 +29,7 @@ PAYMENTS = AgentProfile(
 PRIMARY = AgentProfile(
     name="primary", tools=("get_order", "get_policy"), can_hand_off_to=("payments",)
 )
-TOOLS = ToolRegistry([*REFUND_TOOLS, handoff_contract(PAYMENTS)])
+# The runner hosts the refund agent with these specialists: each brings its own handoff tool.
 AGENTS = {"primary": PRIMARY, "payments": PAYMENTS}
 
 
@@ -56,7 +54,7 @@ def test_specialist_takes_over_with_its_own_tools_and_the_shared_journal(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     model = ScriptedChatModel(policy=triage)
-    with open_test_runner(model=model, tools=TOOLS, agents=AGENTS) as runner:
+    with open_test_runner(model=model, agents=AGENTS) as runner:
         waiting = runner.start(DEMO_TASK, principal())
         outcome = approve(runner, waiting)
         state = runner.state(outcome.run_id)
@@ -78,7 +76,7 @@ def test_the_specialists_tokens_are_priced_at_its_own_models_price(
     price = Price(input_per_mtok=3.0, output_per_mtok=15.0)
     budget = Budget(prices={"scripted-payments": price})
     model = ScriptedChatModel(policy=triage)
-    with open_test_runner(model=model, tools=TOOLS, agents=AGENTS, budget=budget) as runner:
+    with open_test_runner(model=model, agents=AGENTS, budget=budget) as runner:
         outcome = approve(runner, runner.start(DEMO_TASK, principal()))
         state = runner.state(outcome.run_id)
     replies = [m for m in state["history"] if isinstance(m, AIMessage)]
@@ -97,7 +95,7 @@ def test_the_primary_agent_cannot_use_the_specialists_tools(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     model = ScriptedChatModel(policy=refunds_itself)
-    with open_test_runner(model=model, tools=TOOLS, agents=AGENTS) as runner:
+    with open_test_runner(model=model, agents=AGENTS) as runner:
         outcome = runner.start(DEMO_TASK, principal())
         answer = runner.state(outcome.run_id)["history"][2]
     assert isinstance(answer, ToolMessage) and "tool_not_allowed_now" in str(answer.content)

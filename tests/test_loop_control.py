@@ -19,10 +19,10 @@ from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ActionStatus, StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome, open_runner
-from loopwright.tools.contract import Effect, ToolArgs, ToolContract
+from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 from loopwright.tools.http import read_json
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.contracts import GET_POLICY, REFUND_TOOLS
+from loopwright_refunds.agent import RefundServices, connect
+from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.long_task import KeepsReading
 from loopwright_refunds.procedure import RefundProcedure
 from loopwright_refunds.services.admin import (
@@ -157,11 +157,18 @@ def test_tool_unavailable_after_exactly_the_single_retry_layer(
 
     with serve_app(app) as url:
         broken = services.model_copy(update={"policies": url})
-        with open_runner(database_url, broken, model=scripted(RefundProcedure())) as runner:
+        with (
+            connect(broken) as deps,
+            open_runner(
+                database_url, refunds, deps=deps, model=scripted(RefundProcedure())
+            ) as runner,
+        ):
             outcome = run(runner, DEMO_TASK)
     assert outcome.stop_reason == StopReason.TOOL_UNAVAILABLE
     # get_policy is tried max_attempts times by the one retry layer, never more.
-    assert len(hits) == GET_POLICY.max_attempts == 2
+    get_policy = refunds.tools.get("get_policy")
+    assert get_policy is not None
+    assert len(hits) == get_policy.max_attempts == 2
 
 
 def test_needs_human_when_an_unknown_outcome_cannot_be_confirmed(
@@ -242,18 +249,22 @@ def test_polling_a_pending_tool_is_not_mistaken_for_no_progress(
         return Decision(tool_calls=[("job_status", {"job": "j-1"})])
 
     with serve_app(app) as url:
+
+        def read_status(
+            ctx: ToolContext[RefundServices], args: StatusArgs, _key: str | None
+        ) -> dict[str, Any]:
+            return read_json(ctx.deps.http, f"{url}/jobs/{args.job}", timeout=ctx.timeout(5.0))
+
         job_status_tool = ToolContract(
             name="job_status",
             description="Status of a background job.",
             args_model=StatusArgs,
             output_model=Status,
             effect=Effect.READ,
-            run=lambda env, args, _key: read_json(env.http, f"{url}/jobs/{args.job}", timeout=5.0),
+            run=read_status,
             poll_after=lambda result: 0.05 if result["status"] == "pending" else None,
         )
-        with open_test_runner(
-            model=scripted(poll_until_done), tools=ToolRegistry([job_status_tool])
-        ) as runner:
+        with open_test_runner(model=scripted(poll_until_done), tools=[job_status_tool]) as runner:
             outcome = run(runner, "Wait for job j-1.")
     assert outcome.stop_reason == StopReason.COMPLETED
     assert len(polls) == 6
@@ -317,7 +328,7 @@ def two_writes_on_one_order(
 def test_two_writes_on_one_order_never_overlap(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
-    tools = ToolRegistry([*REFUND_TOOLS, STORE_CREDIT])
+    tools = [*refunds.tools, STORE_CREDIT]
     with open_test_runner(model=scripted(two_writes_on_one_order), tools=tools) as runner:
         slow_down(services.payments, 0.5, methods=("POST",))
         outcome = run(runner, "Refund and credit order O-43.")

@@ -119,7 +119,7 @@ def test_mcp_read_and_write_run_through_validate_journal_and_approval(
     database_url: str, mcp_session: McpSession, server_log: Path
 ) -> None:
     # An agent of MCP tools only: no dependencies of its own, approvers named outright.
-    notes = Agent(
+    notes: Agent[None] = Agent(
         "notes",
         instructions="Keep notes on customers.",
         tools=mcp_contracts(mcp_session, read_tools={"get_customer"}),

@@ -19,10 +19,9 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
 from loopwright.graph.budget import Budget, Price
-from loopwright.graph.context import PROMPT_VERSION
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import RunState
-from loopwright.tools.registry import refund_registry
+from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import openai_server
@@ -65,7 +64,7 @@ def assert_usage_is_the_servers(state: RunState, stub: OpenAIStub) -> None:
     assert usage["cost_usd"] == pytest.approx(PRICE.cost(sent_in, sent_out))
     assert usage["cost_usd"] > 0
     assert state["versions"]["model_id"] == MODEL
-    assert state["versions"]["prompt_version"] == PROMPT_VERSION
+    assert state["versions"]["prompt_version"] == refunds_agent.prompt_version
 
 
 def of_type(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -209,7 +208,7 @@ def test_without_the_guard_a_cut_off_stream_reads_as_a_whole_call(
         use_responses_api=api == "responses",
     )
     openai_stub.cut_next_stream(after_chars=len(CUT_ARGUMENTS))
-    schemas = [c.openai_schema() for c in refund_registry()]
+    schemas = [c.openai_schema() for c in refunds_agent.tools]
 
     reply = plain.bind_tools(schemas).invoke([HumanMessage(content=DEMO_TASK)])
 
@@ -223,7 +222,7 @@ def test_the_stub_refuses_what_openai_refuses(
 ) -> None:
     """The referee is not vacuous: a call sent back without its reasoning item, or without its
     output, is a 400, so the runs above completing means they carried both."""
-    model = openai_model("responses").bind_tools([c.openai_schema() for c in refund_registry()])
+    model = openai_model("responses").bind_tools([c.openai_schema() for c in refunds_agent.tools])
     task = HumanMessage(content=DEMO_TASK)
     first = model.invoke([task])
     assert isinstance(first, AIMessage) and isinstance(first.content, list)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -12,9 +12,8 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from loopwright.graph.state import ActionStatus
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import RunOutcome
-from loopwright.tools.contract import Guarantee
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.contracts import REFUND_TOOLS
+from loopwright.tools.contract import Guarantee, ToolContract
+from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.store_credit import STORE_CREDIT
@@ -38,7 +37,7 @@ def credit_entries(services: ServiceEndpoints) -> list[dict[str, Any]]:
 
 
 def run_credit(
-    open_test_runner: RunnerFactory, tools: ToolRegistry
+    open_test_runner: RunnerFactory, tools: Iterable[ToolContract]
 ) -> tuple[RunOutcome, list[ActionStatus]]:
     model = ScriptedChatModel(policy=credit_once)
     with open_test_runner(model=model, tools=tools) as runner:
@@ -54,7 +53,7 @@ def test_timeout_after_apply_is_reconciled_as_applied_by_the_pre_image(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     set_fault(services, "accept_then_timeout", delay_s=6)
-    outcome, history = run_credit(open_test_runner, ToolRegistry([*REFUND_TOOLS, STORE_CREDIT]))
+    outcome, history = run_credit(open_test_runner, [*refunds.tools, STORE_CREDIT])
     assert history == ["PLANNED", "DISPATCHED", "UNKNOWN", "RECONCILING", "SUCCEEDED"]
     assert outcome.stop_reason == "completed"
     assert [e["amount"] for e in credit_entries(services)] == ["20.00"]
@@ -64,7 +63,7 @@ def test_failure_before_apply_is_absent_and_never_resent_without_a_key(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     set_fault(services, "fail_before_commit")
-    outcome, history = run_credit(open_test_runner, ToolRegistry([*REFUND_TOOLS, STORE_CREDIT]))
+    outcome, history = run_credit(open_test_runner, [*refunds.tools, STORE_CREDIT])
     assert history == ["PLANNED", "DISPATCHED", "UNKNOWN", "RECONCILING", "FAILED"]
     [action] = outcome.actions
     assert action.attempts == 1
@@ -76,7 +75,7 @@ def test_without_any_guarantee_an_unknown_outcome_escalates(
 ) -> None:
     blind = dataclasses.replace(STORE_CREDIT, guarantee=Guarantee.NONE)
     set_fault(services, "accept_then_timeout", delay_s=6)
-    outcome, history = run_credit(open_test_runner, ToolRegistry([*REFUND_TOOLS, blind]))
+    outcome, history = run_credit(open_test_runner, [*refunds.tools, blind])
     assert history[-1] == ActionStatus.ESCALATED
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "needs_human")
     assert len(credit_entries(services)) == 1  # it happened; the run says it cannot confirm it

@@ -10,7 +10,8 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from loopwright.graph.protocol import ToolEnvelope, render_tool_content
-from loopwright.models import RefundProcedure, ScriptedChatModel
+from loopwright.models.scripted import ScriptedChatModel
+from loopwright_refunds.procedure import RefundProcedure
 
 NOW = datetime(2025, 6, 15, 12, 0, tzinfo=UTC)
 TASK = "Check whether order O-42 can be refunded and refund it if so."

@@ -23,11 +23,13 @@ def test_runs_lists_unconfirmed_writes_first_then_newest_first(database_url: str
     [lost] = escalated.actions
     assert (escalated.stop_reason, lost.status) == ("needs_human", "ESCALATED")
     header, *lines = output.getvalue().splitlines()
-    assert header.split()[:4] == ["RUN", "PHASE", "STOP", "AGE"]
-    assert [line.split()[:3] for line in lines] == [
-        ["run-lost", "INCOMPLETE", "needs_human"],  # the oldest, but a person must look
-        ["run-paid-2", "COMPLETED", "completed"],
-        ["run-paid-1", "COMPLETED", "completed"],
+    assert header.split()[:5] == ["RUN", "AGENT", "PHASE", "STOP", "AGE"]
+    # Each run names the agent (and version) it belongs to: the card agent, version 1. The
+    # oldest run comes first: a person must look at it.
+    assert [line.split()[:5] for line in lines] == [
+        ["run-lost", "cards", "1", "INCOMPLETE", "needs_human"],
+        ["run-paid-2", "cards", "1", "COMPLETED", "completed"],
+        ["run-paid-1", "cards", "1", "COMPLETED", "completed"],
     ]
     assert lines[0].endswith(f"{lost.action_id} ESCALATED")
     assert lines[1].endswith(" -")

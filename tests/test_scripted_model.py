@@ -21,7 +21,10 @@ from langchain_core.messages import (
 from langgraph.graph import START, StateGraph
 from pydantic import SecretStr
 
-from loopwright.models import Decision, RefundProcedure, ScriptedChatModel, make_model
+from loopwright.models.factory import make_model
+from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright_refunds.agent import agent as refunds_agent
+from loopwright_refunds.procedure import RefundProcedure
 
 CALL_ID = re.compile(r"call_[0-9a-f]{12}")
 
@@ -96,7 +99,7 @@ def test_invoke_with_bound_tools_returns_deterministic_calls_and_usage() -> None
         first.usage_metadata["input_tokens"] + first.usage_metadata["output_tokens"]
     )
     assert first.response_metadata == {
-        "model_name": "scripted-refund-v1",
+        "model_name": "scripted",
         "finish_reason": "tool_calls",
     }
 
@@ -224,15 +227,14 @@ def test_unbound_model_answers_without_tools() -> None:
     assert streamed.usage_metadata == answer.usage_metadata
 
 
-def test_make_model_defaults_to_the_scripted_refund_procedure(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("LOOPWRIGHT_MODEL", raising=False)
-    model = make_model()
+def test_the_refund_agents_own_model_is_the_scripted_refund_procedure() -> None:
+    """Without a model spec a run uses its agent's model: for the reference agent, the
+    scripted refund procedure under its own name."""
+    model = refunds_agent.chat_model()
     assert isinstance(model, ScriptedChatModel)
     assert isinstance(model.policy, RefundProcedure)
-    monkeypatch.setenv("LOOPWRIGHT_MODEL", "scripted")
-    assert isinstance(make_model(), ScriptedChatModel)
+    assert model.model_name == "scripted-refund-v1"
+    assert model.invoke(PROMPT).response_metadata["model_name"] == "scripted-refund-v1"
 
 
 def test_make_model_builds_openai_from_spec_and_environment(
@@ -240,13 +242,12 @@ def test_make_model_builds_openai_from_spec_and_environment(
 ) -> None:
     from langchain_openai import ChatOpenAI
 
-    monkeypatch.setenv("LOOPWRIGHT_MODEL", "openai:gpt-test")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("LOOPWRIGHT_OPENAI_API", "chat")
     monkeypatch.setenv("LOOPWRIGHT_MODEL_RETRIES", "5")
 
-    model = make_model()
+    model = make_model("openai:gpt-test")
     assert isinstance(model, ChatOpenAI)
     assert model.model_name == "gpt-test"
     assert model.openai_api_base == "http://127.0.0.1:9/v1"
@@ -256,12 +257,14 @@ def test_make_model_builds_openai_from_spec_and_environment(
     assert model.max_retries == 5
 
     monkeypatch.delenv("LOOPWRIGHT_OPENAI_API")
-    responses = make_model("openai:gpt-other")
+    # A spec given to the agent replaces its own (scripted) model.
+    responses = refunds_agent.chat_model("openai:gpt-other")
     assert isinstance(responses, ChatOpenAI)
+    assert responses.model_name == "gpt-other"
     assert responses.use_responses_api is True
 
 
-@pytest.mark.parametrize("spec", ["gpt-4o", "openai:", "anthropic:claude", ""])
+@pytest.mark.parametrize("spec", ["gpt-4o", "openai:", "anthropic:claude", "", "scripted"])
 def test_make_model_rejects_unknown_specs(spec: str) -> None:
-    with pytest.raises(ValueError, match=r"expected one of: scripted, openai:<model>"):
+    with pytest.raises(ValueError, match=r"expected one of: openai:<model>$"):
         make_model(spec)

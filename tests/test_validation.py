@@ -18,8 +18,7 @@ from loopwright.graph.budget import Budget
 from loopwright.graph.state import ActionStatus, RunState
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome
-from loopwright.tools.registry import ToolRegistry
-from loopwright_refunds.contracts import GET_ORDER, REFUND_TOOLS
+from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.misbehaving import Duplicating, OneShot
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
@@ -104,9 +103,9 @@ def test_malformed_tool_output_is_a_fault_never_evidence(
     def junk(*_: Any) -> dict[str, Any]:
         return {"order_id": "O-42", "owner": None, "refundable": "all of it"}
 
-    tools = ToolRegistry(
-        [replace(GET_ORDER, run=junk), *(t for t in REFUND_TOOLS if t is not GET_ORDER)]
-    )
+    get_order = refunds_agent.tools.get("get_order")
+    assert get_order is not None
+    tools = [replace(get_order, run=junk), *(t for t in refunds_agent.tools if t is not get_order)]
     with open_test_runner(tools=tools) as runner:
         outcome, state = run(runner)
     assert [e["code"] for e in tool_errors(state)] == ["malformed_output", "malformed_output"]

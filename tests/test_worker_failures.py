@@ -20,14 +20,14 @@ from rich.console import Console
 
 from loopwright.checkpoints.leases import failure_backoff_s
 from loopwright.checkpoints.scratch import with_application_name
-from loopwright.models.factory import make_model
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.run_list import render_runs
 from loopwright.runner import Runner, RunOutcome, open_runner
 from loopwright.timeline import render_run
-from loopwright.tools.contract import Effect, ToolArgs, ToolContract, ToolEnv
-from loopwright.tools.registry import ToolRegistry
+from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 from loopwright.worker import work
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import REPO, RunnerFactory, principal, wait_for
 
@@ -49,7 +49,7 @@ class Ledger:
     fixed = False
 
     @classmethod
-    def read(cls, _env: ToolEnv, _args: NoArgs, _key: str | None) -> dict[str, Any]:
+    def read(cls, _ctx: ToolContext[Any], _args: NoArgs, _key: str | None) -> dict[str, Any]:
         if not cls.fixed:
             raise RuntimeError("ledger client bug")
         return {}
@@ -82,7 +82,7 @@ def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_oth
     open_test_runner: RunnerFactory,
 ) -> None:
     model = ScriptedChatModel(policy=reads_the_ledger_when_asked)
-    tools = ToolRegistry([BUGGY_READ])
+    tools = [BUGGY_READ]
     with open_test_runner(model=model, tools=tools) as runner:
         poisoned = runner.submit(POISONED, principal(task=POISONED))
         healthy = runner.submit(HEALTHY, principal(task=HEALTHY))
@@ -129,7 +129,7 @@ def test_a_run_that_goes_through_again_ends_its_failure_streak(
     open_test_runner: RunnerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = ScriptedChatModel(policy=reads_the_ledger_when_asked)
-    with open_test_runner(model=model, tools=ToolRegistry([BUGGY_READ])) as runner:
+    with open_test_runner(model=model, tools=[BUGGY_READ]) as runner:
         run_id = runner.submit(POISONED, principal(task=POISONED))
         with pytest.raises(RuntimeError):
             runner.resume(run_id)
@@ -166,7 +166,7 @@ def test_a_run_that_keeps_failing_ends_typed_needs_human(
     takes it again."""
     monkeypatch.setattr(Ledger, "fixed", False)
     model = ScriptedChatModel(policy=reads_the_ledger_when_asked)
-    with open_test_runner(model=model, tools=ToolRegistry([BUGGY_READ])) as runner:
+    with open_test_runner(model=model, tools=[BUGGY_READ]) as runner:
         runner.max_failures = 2
         run_id = runner.submit(POISONED, principal(task=POISONED))
         for _ in range(2):
@@ -201,7 +201,7 @@ def test_a_worker_outlives_its_database_connections(
         text=True,
     )
     try:
-        with open_runner(postgres_url, services, model=make_model("scripted")) as runner:
+        with connect(services) as deps, open_runner(postgres_url, refunds, deps=deps) as runner:
             wait_for(lambda: len(_worker_backends(postgres_url)) >= 3)  # saver, journal, leases
             first = _worker_backends(postgres_url)
             with psycopg.connect(postgres_url, autocommit=True) as admin:

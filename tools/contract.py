@@ -121,7 +121,7 @@ class PermissionDenied(ToolFault):
 class PreconditionFailed(ToolFault):
     """A business rule of a write does not hold (raised by a precondition): nothing is sent.
 
-    `code` names the rule (e.g. "outside_refund_window") so the model can act on it; the
+    `code` names the rule (e.g. "outside_booking_window") so the model can act on it; the
     detail says why, in words.
     """
 
@@ -204,7 +204,7 @@ class ToolContract:
     ) = None
     verify: Callable[[ToolContext[Any], Action], VerifyResult] | None = None
     summarize: Callable[[Any], str] | None = None
-    # Writes: output fields that are identifiers the write produced (a refund id), each with
+    # Writes: output fields that are identifiers the write produced (a booking id), each with
     # the pattern that finds it in text: an answer may cite only those the run can back.
     produces: Mapping[str, str] = field(default_factory=dict)
     # Reads of asynchronous operations: seconds until it is worth asking again when a result

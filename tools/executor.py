@@ -55,7 +55,9 @@ def check_output(contract: ToolContract, raw: Any) -> dict[str, Any]:
         ) from exc
 
 
-def run_read(contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], call_id: str) -> ReadResult:
+def run_read(
+    contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], call_id: str
+) -> ReadResult:
     with tool_span(contract, args, call_id=call_id) as span:
         read = _read(contract, args, ctx, call_id)
         if span.is_recording():
@@ -71,7 +73,9 @@ def run_read(contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], cal
         return read
 
 
-def _read(contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], call_id: str) -> ReadResult:
+def _read(
+    contract: ToolContract, args: BaseModel, ctx: ToolContext[Any], call_id: str
+) -> ReadResult:
     attempts = 0
     while True:
         attempts += 1
@@ -127,7 +131,11 @@ def dispatch_write(
 
 
 def _dispatch(
-    contract: ToolContract, action: Action, ctx: ToolContext[Any], journal: ActionJournal, fence: int
+    contract: ToolContract,
+    action: Action,
+    ctx: ToolContext[Any],
+    journal: ActionJournal,
+    fence: int,
 ) -> Action:
     args = contract.args_model.model_validate(action.args)
     detail: dict[str, Any] | None = None

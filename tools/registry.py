@@ -26,9 +26,3 @@ class ToolRegistry:
 
     def schema_hashes(self) -> dict[str, str]:
         return {c.name: c.schema_hash for c in self}
-
-
-def refund_registry() -> ToolRegistry:
-    from loopwright_refunds.contracts import REFUND_TOOLS
-
-    return ToolRegistry(REFUND_TOOLS)

@@ -13,7 +13,7 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 
 * a request without a known token gets 401;
 * customers see and start runs on their own threads only, on tasks the hosted agent takes for
-  them (its `boundary`: e.g. the reference agent refuses an order that is not the user's);
+  them (its `boundary`: e.g. the reference agent refuses a target that is not the user's);
   asking for another customer's thread gets 403;
 * only approvers list or decide approvals (they may read every thread for that), and never on a
   run they started themselves;
@@ -217,7 +217,8 @@ async def on_thread_delete(
 async def on_run_create(
     ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate
 ) -> Auth.types.FilterType | None:
-    """Starting a run: a customer, their thread, their orders. Deciding: an approver, not theirs."""
+    """Starting a run: a customer, their thread, a task the agent takes for them. Deciding: an
+    approver, not on their own run."""
     user = _user(ctx)
     # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
     kwargs: Mapping[str, Any] = value.get("kwargs") or cast(Mapping[str, Any], value)

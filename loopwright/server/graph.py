@@ -18,7 +18,7 @@ in a thread of its own:
 
 Running the sync stream in a thread (rather than the server's async stream) is what makes a
 server-side stop safe. When the server stops a run it stops consuming our stream; a node may be
-in the middle of sending a refund, and an abandoned node thread would race anything started
+in the middle of sending a write, and an abandoned node thread would race anything started
 after it. So the node always finishes, and then:
 
 * a user's cancel (LangGraph's `runs.cancel`; Aegra's cancel endpoints) sets loopwright's own
@@ -84,7 +84,7 @@ INPUT_SCHEMA: dict[str, Any] = {
         "task": {
             "type": "string",
             "title": "Task",
-            "description": "What to do, e.g. 'Check whether order O-42 can be refunded and refund it if so.'",
+            "description": "What to do, in words (the agent decides what it may touch).",
         }
     },
     "required": ["task"],
@@ -215,9 +215,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         owner = worker_name()
         try:
             if isinstance(request, NewRun) and principal is not None:
-                principal = principal_for_task(
-                    res.agent, res.runner.deps, principal, request.task
-                )
+                principal = principal_for_task(res.agent, res.runner.deps, principal, request.task)
                 res.runner.register(run_id, request.task, principal)
             else:
                 res.runner.owned(run_id)

@@ -6,5 +6,5 @@ a matrix of scenarios and faults (`experiments.matrix`); every trial is judged a
 business system's own storage (`experiments.truth`), aggregated (`experiments.metrics`) and
 written as JSON, Markdown and PNG (`experiments.report`, `experiments.plots`).
 
-    loopwright experiment --repetitions 3 --out .loopwright/experiment
+    python -m loopwright_refunds.experiments --repetitions 3 --out .loopwright/experiment
 """

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from loopwright_refunds.contracts import DEFAULT_APPROVAL_THRESHOLD, task_scope
+from loopwright_refunds.agent import DEFAULT_APPROVAL_THRESHOLD, task_scope
 from loopwright_refunds.experiments.scenarios import Staged
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 

@@ -20,10 +20,12 @@ import httpx
 from langchain_core.tools import BaseTool, tool
 
 from loopwright.graph.crashpoints import crash_point
-from loopwright_refunds.contracts import READ_TIMEOUT_S, SUBMIT_REFUND
+from loopwright_refunds.agent import READ_TIMEOUT_S, agent
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
-WRITE_TIMEOUT_S = SUBMIT_REFUND.timeout_s  # the runtime's own timeout for the same write
+_SUBMIT_REFUND = agent.tools.get("submit_refund")
+assert _SUBMIT_REFUND is not None, "the refund agent's write"
+WRITE_TIMEOUT_S = _SUBMIT_REFUND.timeout_s  # the runtime's own timeout for the same write
 
 
 class ServiceRefused(Exception):
