@@ -611,7 +611,9 @@ def serve(
     url = resolve_database_url(db)
     if database_kind(url) is not DatabaseKind.POSTGRES:
         raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
-    extra = {"DATABASE_URL": url, AGENT_ENV: path}
+    # The server runs in a directory of its own: the application's, here, stays importable.
+    importable = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    extra = {"DATABASE_URL": url, AGENT_ENV: path, "PYTHONPATH": importable}
     if not (os.environ.get("LOOPWRIGHT_TOKENS") or os.environ.get("LOOPWRIGHT_TOKENS_FILE")):
         extra["LOOPWRIGHT_TOKENS_FILE"] = str(DEV_TOKENS)
         errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")

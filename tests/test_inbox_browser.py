@@ -82,15 +82,16 @@ def final_values(url: str, thread_id: str) -> dict[str, Any]:
 
 
 @contextmanager
-def inbox_page(url: str) -> Iterator[tuple[Any, Any]]:
-    """The inbox in headless Chromium, logged in as approver a-1: (playwright's sync API, page)."""
+def inbox_page(url: str, token: str = "t-a1") -> Iterator[tuple[Any, Any]]:
+    """The inbox in headless Chromium, logged in with an approver's token (a-1's by default):
+    (playwright's sync API, page)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
         try:
             page = browser.new_page()
             page.goto(f"{url}/inbox")
-            page.get_by_label("Approver token").fill("t-a1")
+            page.get_by_label("Approver token").fill(token)
             page.get_by_role("button", name="Show approvals").click()
             yield sync_api, page
         finally:

@@ -1,0 +1,300 @@
+"""loopwright installed from its wheel, hosting an application that is not the refund agent.
+
+The wheel is built from this checkout and installed, not editable, into a fresh virtualenv. The
+application (tests/outside_app, copied to a temp directory) has its own `tools` package,
+`models.py` and `graph.py` -- the names loopwright used to install at the top level -- and
+defines a booking desk against the public API only: a read, a write to a system without
+idempotency keys (reconciled through a pre-image), and a write that is idempotent by key and
+needs approval. Its business system is a real HTTP service on loopback. Everything runs from the
+application's directory with the installed `loopwright` command, which finds the agent in the
+application's pyproject.toml.
+
+Each run ends verified, with exactly one booking and one confirmation in the business system:
+after a booking whose answer never came (accept then time out), after a process killed at
+`executor:after_send` and resumed by a new one, and after a crash right after the approved
+confirmation was sent. The same application then runs under `loopwright serve`: a run through
+langgraph-sdk, its approval decided in the inbox in Chromium, a second run cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_sync_client
+
+from loopwright.checkpoints.scratch import fresh_database
+from loopwright.processes import ChildProcess
+from tests.runtime_fixtures import REPO, wait_for
+from tests.test_inbox_browser import CHROMIUM, inbox_page
+from tests.test_server_langgraph import free_port
+
+pytestmark = pytest.mark.slow
+
+APP = Path(__file__).with_name("outside_app")
+# Only these may land in site-packages (and the distribution's metadata).
+TOP_LEVEL = {"loopwright", "loopwright_refunds"}
+TOKENS = {
+    "t-guest": {"user_id": "g-1", "roles": ["customer"]},
+    "t-boss": {"user_id": "boss", "roles": ["approver"]},
+}
+
+
+@dataclass
+class Installed:
+    python: Path
+    loopwright: Path
+    site_packages: Path
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", str(REPO), "-w", str(out)],
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        timeout=300,
+    )
+    [built] = out.glob("loopwright-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A fresh virtualenv with the wheel and its dependencies (from the package index)."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return Installed(python, venv / "bin" / "loopwright", Path(site))
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Path:
+    target = tmp_path / "desk-app"
+    shutil.copytree(APP, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+class DeskService(ChildProcess):
+    def __init__(self, process: subprocess.Popen[bytes], url: str) -> None:
+        super().__init__(process)
+        self.url = url
+
+    def state(self) -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.get(f"{self.url}/admin/state").json()
+        return answer
+
+    def arm(self, path: str, delay_s: float) -> None:
+        httpx.post(f"{self.url}/admin/fault", json={"path": path, "delay_s": delay_s})
+
+
+@pytest.fixture
+def desk(installed: Installed, app: Path) -> Iterator[DeskService]:
+    ready = app / "desk.url"
+    command = ["-m", "desk.service", "--data", str(app / "data"), "--ready-file", str(ready)]
+    process = subprocess.Popen(
+        [str(installed.python), *command],
+        cwd=app,
+        stdin=subprocess.DEVNULL,
+    )
+    with DeskService(process, "") as service:
+        wait_for(ready.exists, timeout=30)
+        service.url = ready.read_text()
+        yield service
+
+
+def outside(installed: Installed, app: Path, desk: DeskService, *args: str, **env: str) -> Any:
+    """`loopwright ARGS` from the application's directory, as its team would type it."""
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPWRIGHT_AGENT")
+    }
+    environment |= {
+        "DESK_URL": desk.url,
+        "LOOPWRIGHT_HOME": str(app / ".loopwright"),
+        "LOOPWRIGHT_LEASE_TTL_S": "2",
+        **env,
+    }
+    return subprocess.run(
+        [str(installed.loopwright), *args],
+        cwd=app,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def approval_id(printed: str) -> str:
+    [line] = [line for line in printed.splitlines() if "approvals approve" in line]
+    return line.split("approvals approve ")[1].split()[0]
+
+
+def test_the_wheel_installs_one_namespace(wheel: Path, installed: Installed) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == TOP_LEVEL
+    assert "loopwright/server/inbox.html" in names  # what a non-editable install serves
+    assert {p.name for p in installed.site_packages.iterdir()}.isdisjoint(
+        {"graph", "nodes", "tools", "checkpoints", "models", "services", "server"}
+    )
+
+
+def test_an_application_with_its_own_tools_models_and_graph_runs_from_its_directory(
+    installed: Installed, app: Path, desk: DeskService
+) -> None:
+    """Accept then time out on the keyless booking: reconciled by the pre-image, never booked
+    twice; then the confirmation waits for the boss, who approves it from another process."""
+    desk.arm("/slots", 3.0)  # the booking is applied, its answer comes after the 1 s timeout
+    started = outside(installed, app, desk, "run", "Book slot 1 for g-1.", "--user", "g-1")
+    assert started.returncode == 0, started.stderr
+    assert "book RECONCILING" in started.stdout or "UNKNOWN" in started.stdout, started.stdout
+    assert "WAITING_APPROVAL" in started.stdout
+    listed = outside(installed, app, desk, "approvals", "list")
+    assert approval_id(started.stdout) in listed.stdout
+    approved = outside(
+        installed, app, desk, "approvals", "approve", approval_id(started.stdout), "--as", "boss"
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert "COMPLETED" in approved.stdout and "booking_id bk_1" in approved.stdout
+    assert desk.state() == {"bookings": [["1", "g-1"]], "confirmations": [["1", "g-1"]]}
+    runs = outside(installed, app, desk, "runs")
+    assert "desk 1" in runs.stdout
+
+
+def test_a_crash_after_the_send_is_resumed_by_a_new_process_with_one_effect_per_intent(
+    installed: Installed, app: Path, desk: DeskService
+) -> None:
+    crashed = outside(
+        installed,
+        app,
+        desk,
+        *("run", "Book slot 2 for g-1.", "--user", "g-1", "--run-id", "r-crash"),
+        LOOPWRIGHT_CRASH_AT="executor:after_send",
+    )
+    assert crashed.returncode == 137, crashed.stderr
+    assert desk.state()["bookings"] == [["2", "g-1"]]  # applied before the process died
+    resumed = outside(installed, app, desk, "resume", "r-crash")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "WAITING_APPROVAL" in resumed.stdout
+    # The approver's process dies right after the confirmation was sent, too.
+    dying = outside(
+        installed,
+        app,
+        desk,
+        *("approvals", "approve", approval_id(resumed.stdout), "--as", "boss"),
+        LOOPWRIGHT_CRASH_AT="executor:after_send",
+    )
+    assert dying.returncode == 137, dying.stderr
+    done = outside(installed, app, desk, "resume", "r-crash")
+    assert done.returncode == 0, done.stderr
+    assert "COMPLETED" in done.stdout and "confirmation_id cf_1" in done.stdout
+    assert desk.state() == {"bookings": [["2", "g-1"]], "confirmations": [["2", "g-1"]]}
+    shown = outside(installed, app, desk, "show", "r-crash")
+    assert shown.returncode == 0 and "UNKNOWN" in shown.stdout and "SUCCEEDED" in shown.stdout
+
+
+def test_a_run_of_this_agent_is_refused_by_another_agent(
+    installed: Installed, app: Path, desk: DeskService
+) -> None:
+    started = outside(installed, app, desk, "run", "Book slot 3 for g-1.", "--user", "g-1")
+    assert "WAITING_APPROVAL" in started.stdout, started.stdout + started.stderr
+    [run_line] = [line for line in started.stdout.splitlines() if line.startswith("run ")]
+    run_id = run_line.split()[1]
+    other = "loopwright_refunds.agent:agent"
+    for command in (
+        ("resume", run_id),
+        ("cancel", run_id),
+        ("show", run_id),
+        ("approvals", "approve", approval_id(started.stdout), "--as", "a-1"),
+    ):
+        refused = outside(installed, app, desk, *command, "--agent", other)
+        assert refused.returncode == 2, (command, refused.stdout, refused.stderr)
+        assert "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert desk.state()["confirmations"] == []
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"no Chromium at {CHROMIUM}")
+def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
+    installed: Installed, app: Path, desk: DeskService, postgres_server_url: str
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with fresh_database(postgres_server_url, prefix="lw_test") as database_url:
+        command = [str(installed.loopwright), "serve", "--port", str(port)]
+        environment = {
+            k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPWRIGHT_AGENT")
+        }
+        environment |= {
+            "DESK_URL": desk.url,
+            "DATABASE_URL": database_url,
+            "LOOPWRIGHT_HOME": str(app / ".loopwright"),
+            "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+        }
+        serving = subprocess.Popen(
+            command, cwd=app, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+        )
+        with ChildProcess(serving):
+            wait_for(lambda: _answers(url), timeout=90)
+            guest = get_sync_client(url=url, headers={"Authorization": "Bearer t-guest"})
+            thread = guest.threads.create()["thread_id"]
+            guest.runs.wait(thread, "loopwright", input={"task": "Book slot 4 for g-1."})
+            [interrupt] = guest.threads.get_state(thread)["interrupts"]
+            assert interrupt["value"]["tool"] == "confirm"
+
+            with inbox_page(url, token="t-boss") as (_, page):
+                page.get_by_role(
+                    "button", name=f"Approve {interrupt['value']['approval_id']}"
+                ).click()
+                page.get_by_text("Approved").wait_for(timeout=30_000)
+
+            def finished() -> bool:
+                values = guest.threads.get_state(thread)["values"]
+                return isinstance(values, dict) and values.get("stop_reason") == "completed"
+
+            wait_for(finished, timeout=60)
+            assert desk.state() == {"bookings": [["4", "g-1"]], "confirmations": [["4", "g-1"]]}
+
+            # A second run waits for the boss; its guest cancels it: nothing more is confirmed.
+            second = guest.threads.create()["thread_id"]
+            guest.runs.wait(second, "loopwright", input={"task": "Book slot 5 for g-1."})
+            cancelled = outside(installed, app, desk, "cancel", second, "--db", database_url)
+            assert cancelled.returncode == 0, cancelled.stderr
+            assert "cancelled" in cancelled.stdout
+            values = guest.threads.get_state(second)["values"]
+            assert isinstance(values, dict) and values["stop_reason"] == "cancelled"
+    assert desk.state()["confirmations"] == [["4", "g-1"]]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ok", timeout=1).status_code == 200
+    except httpx.TransportError:
+        time.sleep(0.2)
+        return False
