@@ -25,6 +25,9 @@ PRIMARY = "primary"
 
 @dataclass(frozen=True)
 class AgentProfile:
+    """A specialist within an agent: its name, the tools it may use, its own instructions and
+    optionally its own model or planner. The run hands off to it with `handoff_to_<name>`."""
+
     name: str
     tools: tuple[str, ...]
     instructions: str = ""

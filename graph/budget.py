@@ -60,6 +60,9 @@ class BudgetExceeded(BaseModel):
 
 
 class Budget(BaseModel):
+    """The limits of a run: steps, end-to-end deadline, tokens, cost, parallel tools, result
+    bytes, tool attempts. Checks are pure functions of the limits, the usage and the clock."""
+
     model_config = ConfigDict(frozen=True)
 
     max_steps: int = 20

@@ -18,9 +18,12 @@ from pydantic import BaseModel, Field
 from loopwright.graph.state import RunState
 
 StepStatus = Literal["todo", "done", "failed", "skipped"]
+"""The status of a plan step."""
 
 
 class PlanStep(BaseModel):
+    """One step of a plan: what, its status, and a note (shown to the model, never a permission)."""
+
     step: str
     status: StepStatus = "todo"
     note: str = ""

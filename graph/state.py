@@ -44,6 +44,9 @@ def digest(value: Any) -> str:
 
 
 class Phase(StrEnum):
+    """Where a run stands: READY to ask the model, waiting on tools or a person, reconciling,
+    verifying, or ended (COMPLETED only when verified; INCOMPLETE with a typed stop reason)."""
+
     READY = "READY"
     MODEL_STEP = "MODEL_STEP"
     WAITING_TOOLS = "WAITING_TOOLS"
@@ -69,6 +72,9 @@ class StopReason(StrEnum):
 
 
 class ActionStatus(StrEnum):
+    """Where one journaled action stands; `TRANSITIONS` says which moves are legal. UNKNOWN (sent,
+    no answer) is never FAILED: it is reconciled by asking the business system."""
+
     PLANNED = "PLANNED"
     NEEDS_APPROVAL = "NEEDS_APPROVAL"
     APPROVED = "APPROVED"

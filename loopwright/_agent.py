@@ -151,7 +151,7 @@ class Agent[DepsT]:
     # --- tools ---------------------------------------------------------------------------
 
     @overload
-    def read[F: Callable[..., Any]](self, fn: F, /) -> F: ...
+    def read[F: Callable[..., Any] | BaseTool](self, fn: F, /, **declared: Any) -> F: ...
     @overload
     def read[F: Callable[..., Any]](
         self,

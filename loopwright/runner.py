@@ -46,7 +46,16 @@ from loopwright.checkpoints.leases import (
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import NODES, RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
-from loopwright.graph.state import Action, Phase, Principal, RunState, StopReason, initial_state
+from loopwright.graph.state import (
+    Action,
+    ApprovalChoice,
+    ApprovalRequest,
+    Phase,
+    Principal,
+    RunState,
+    StopReason,
+    initial_state,
+)
 from loopwright.graph.views import stop
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.tracing import run_span
@@ -254,6 +263,29 @@ class Runner:
             payload = None
         return self._advance(run_id, payload, on_step)
 
+    def decide(
+        self,
+        run_id: str,
+        decision: ApprovalChoice,
+        approver: str,
+        *,
+        comment: str = "",
+        changes: dict[str, Any] | None = None,
+        on_step: StepListener | None = None,
+    ) -> RunOutcome:
+        """Answer the approval the run waits for, as `approver`, and advance the run.
+
+        The decision names the request's digest (it authorises that action and nothing else);
+        an edit changes only `changes`, arguments the write declares editable. Raises
+        ValueError for a decision that cannot be made, NoPendingApproval if the run waits for
+        none. Whether the approver may decide is the run's to check (the agent's approvers)."""
+        waiting = self.outcome(run_id).waiting_for_approval
+        if not waiting:
+            raise NoPendingApproval(run_id)
+        request = ApprovalRequest.model_validate(waiting[0])
+        answer = request.answer(decision, approver, comment, changes)
+        return self.resume(run_id, answer.model_dump(mode="json"), on_step=on_step)
+
     def cancel(self, run_id: str, *, on_step: StepListener | None = None) -> RunOutcome:
         """Ask a run to stop: no new model step or action starts; writes in flight are settled.
 
@@ -448,6 +480,12 @@ class Runner:
 class RunExists(ValueError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} exists already, with another task or user")
+        self.run_id = run_id
+
+
+class NoPendingApproval(LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} waits for no approval")
         self.run_id = run_id
 
 

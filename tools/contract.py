@@ -33,6 +33,9 @@ MIN_TIMEOUT_S = 0.05
 
 
 class Effect(StrEnum):
+    """Whether a tool only reads (retried on transport faults, never journaled) or writes
+    (journaled, sent under its intent key, reconciled when its outcome is unknown)."""
+
     READ = "read"
     WRITE = "write"
 
@@ -137,6 +140,8 @@ class OutcomeUnknown(Exception):
 
 
 class ReconcileStatus(StrEnum):
+    """The business system's answer about an intent whose outcome was unknown."""
+
     APPLIED = "applied"  # the business system has the intent and it succeeded
     ABSENT = "absent"  # definitively not there: safe to re-send under the same key
     PENDING = "pending"  # known to the business system, not finished yet
@@ -145,6 +150,9 @@ class ReconcileStatus(StrEnum):
 
 @dataclass(frozen=True)
 class ReconcileResult:
+    """What a reconcile function found: the status, the business record if applied, why, and
+    (for PENDING) when to ask again."""
+
     status: ReconcileStatus
     outcome: dict[str, Any] | None = None
     detail: str = ""
@@ -153,6 +161,9 @@ class ReconcileResult:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What a verify function found: whether the write is there as journaled, the facts that
+    show it (recorded in the run's verification), or the problem."""
+
     verified: bool
     facts: dict[str, Any]
     problem: str = ""

@@ -27,6 +27,8 @@ def _error_of(response: httpx.Response) -> ToolFault:
 
 
 def read_json(client: httpx.Client, url: str, *, timeout: float) -> Any:
+    """GET a JSON document: a transport fault or a 5xx is a transient ToolFault (the read may be
+    retried), a 4xx a definitive one named by the answer's `error` field."""
     try:
         response = client.get(url, timeout=timeout)
     except httpx.TimeoutException as exc:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tools.desk_client import Desk, fetch_slot, open_desk
+
 from graph import book_then_confirm
 from loopwright import (
     Action,
@@ -25,7 +27,6 @@ from loopwright import (
     write_json,
 )
 from models import Book, Booking, Confirmation, Slot, SlotRef
-from tools.desk_client import Desk, fetch_slot, open_desk
 
 SLOTS = re.compile(r"\bslot ([0-9]{1,4})\b")
 

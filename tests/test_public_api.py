@@ -1,0 +1,273 @@
+"""The public API: one curated namespace, documented, and what it refuses at definition time.
+
+`docs/api.md` lists every name in `loopwright.__all__` with its one-line docstring; this test
+regenerates it and fails if the page is out of date (`LOOPWRIGHT_WRITE_DOCS=1` rewrites it).
+The README's "Write your own agent" code blocks run here, in order, so they cannot rot.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.tools import tool
+from pydantic import BaseModel, ConfigDict
+
+import loopwright
+from loopwright import (
+    Action,
+    Agent,
+    Guarantee,
+    ReconcileResult,
+    ReconcileStatus,
+    ToolContext,
+    ToolDefinitionError,
+    write_tool,
+)
+from tests.runtime_fixtures import REPO
+
+API_PAGE = REPO / "docs" / "api.md"
+README = REPO / "README.md"
+# Names whose objects cannot carry a docstring (type aliases).
+ALIAS_DOCS = {"StepStatus": "The status of a plan step: todo, done, failed or skipped."}
+
+
+def one_line(name: str) -> str:
+    if name in ALIAS_DOCS:
+        return ALIAS_DOCS[name]
+    doc = inspect.getdoc(getattr(loopwright, name)) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def kind(value: Any) -> str:
+    if inspect.isclass(value):
+        return "exception" if issubclass(value, BaseException) else "class"
+    return "function" if callable(value) else "type"
+
+
+def api_reference() -> str:
+    lines = [
+        "# loopwright's public API",
+        "",
+        "Everything an application uses is importable from `loopwright` (`loopwright.__all__`).",
+        "Generated from the docstrings by `tests/test_public_api.py`"
+        " (`LOOPWRIGHT_WRITE_DOCS=1 pytest tests/test_public_api.py` rewrites it).",
+        "",
+        "| name | kind | what it is |",
+        "| --- | --- | --- |",
+    ]
+    for name in loopwright.__all__:
+        summary = one_line(name).replace("|", "\\|")
+        lines.append(f"| `{name}` | {kind(getattr(loopwright, name))} | {summary} |")
+    return "\n".join(lines) + "\n"
+
+
+def test_all_is_the_curated_namespace_and_every_name_is_documented() -> None:
+    assert loopwright.__all__ == sorted(loopwright.__all__)
+    assert set(loopwright.__all__) == set(loopwright._HOMES)
+    undocumented = [n for n in loopwright.__all__ if not one_line(n)]
+    assert undocumented == []
+    assert loopwright.Agent.__module__ == "loopwright"  # one namespace, as httpx does
+    with pytest.raises(AttributeError, match="no attribute 'ToolEnv'"):
+        _ = loopwright.ToolEnv
+
+
+def test_the_api_reference_page_lists_every_public_name() -> None:
+    if os.environ.get("LOOPWRIGHT_WRITE_DOCS"):
+        API_PAGE.write_text(api_reference())
+    assert API_PAGE.read_text() == api_reference(), "regenerate: LOOPWRIGHT_WRITE_DOCS=1"
+
+
+def test_importing_loopwright_loads_nothing_heavy() -> None:
+    """The namespace is lazy: `import loopwright` (the CLI's first import) pulls in neither
+    LangGraph nor LangChain until a name is used."""
+    probe = "import sys, loopwright; print(sorted(m for m in sys.modules if m.startswith(('langgraph', 'langchain'))))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]"
+
+
+# --- definitions the runtime refuses -----------------------------------------------------
+
+
+class Slot(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    slot: str
+
+
+class Booked(BaseModel):
+    booking_id: str
+
+
+def book(ctx: ToolContext[None], args: Slot, intent_key: str) -> Booked:
+    """Book a slot."""
+    return Booked(booking_id="bk_1")
+
+
+def asked(ctx: ToolContext[None], action: Action) -> ReconcileResult:
+    return ReconcileResult(ReconcileStatus.APPLIED, outcome={"booking_id": "bk_1"})
+
+
+@pytest.mark.parametrize(
+    ("declared", "problem"),
+    [
+        ({"intent": None}, "a write needs its business intent key: intent=lambda run_id"),
+        (
+            {"guarantee": Guarantee.QUERYABLE},
+            "guarantee queryable needs reconcile=... .* or declare guarantee=Guarantee.NONE",
+        ),
+        ({"guarantee": Guarantee.NONE}, "declare verify=..."),
+        (
+            {"guarantee": Guarantee.IDEMPOTENT_BY_KEY, "reconcile": asked, "produces": ["x"]},
+            "produces names x, which Booked lacks",
+        ),
+        (
+            {
+                "guarantee": Guarantee.IDEMPOTENT_BY_KEY,
+                "reconcile": asked,
+                "produces": ["booking_id"],
+            },
+            "produces 'booking_id' has no pattern",
+        ),
+        (
+            {"guarantee": Guarantee.IDEMPOTENT_BY_KEY, "reconcile": asked, "sensitive": ["card"]},
+            "sensitive names card, which Slot lacks",
+        ),
+    ],
+)
+def test_a_write_without_what_it_needs_is_refused_at_definition(
+    declared: dict[str, Any], problem: str
+) -> None:
+    declared = {"intent": lambda run_id, a: f"book:{run_id}:{a.slot}", **declared}
+    with pytest.raises(ToolDefinitionError, match=f"tool book: {problem}"):
+        write_tool(book, **declared)
+
+
+def test_a_tool_function_must_be_typed_with_pydantic_models() -> None:
+    def untyped(ctx: ToolContext[None], args: dict[str, str]) -> Booked:
+        """Read a slot."""
+        return Booked(booking_id="bk_1")
+
+    agent: Agent[None] = Agent("desk", instructions="Book slots.")
+    with pytest.raises(ToolDefinitionError, match="annotate its argument 'args' with a pydantic"):
+        agent.read(untyped)
+
+    def two_arguments(ctx: ToolContext[None], args: Slot) -> Booked:
+        """Book a slot."""
+        return Booked(booking_id="bk_1")
+
+    with pytest.raises(ToolDefinitionError, match=r"takes \(ctx, args, intent_key\)"):
+        agent.write(two_arguments, intent=lambda r, a: r)
+
+
+def test_an_agent_whose_tools_touch_resources_needs_a_boundary() -> None:
+    agent: Agent[None] = Agent("desk", instructions="Book slots.")
+    agent.write(
+        book,
+        intent=lambda run_id, a: f"book:{run_id}:{a.slot}",
+        guarantee=Guarantee.IDEMPOTENT_BY_KEY,
+        reconcile=asked,
+        resources=lambda a: {f"slot:{a.slot}"},
+    )
+    with pytest.raises(ToolDefinitionError, match="declares no boundary"):
+        agent.check()
+    assert agent.replace(boundary=lambda deps, who, task: {"slot:1"}).tools.names() == ["book"]
+
+
+def test_safe_defaults_of_a_write() -> None:
+    contract = write_tool(
+        book,
+        intent=lambda run_id, a: f"book:{run_id}:{a.slot}",
+        guarantee=Guarantee.IDEMPOTENT_BY_KEY,
+        reconcile=asked,
+    )
+    ctx: ToolContext[None] = ToolContext(deps=None)
+    args = Slot(slot="1")
+    assert contract.needs_approval(ctx, args)  # a person decides unless the team says otherwise
+    assert contract.editable == frozenset()  # and may change nothing of it
+    assert contract.args_model.model_config.get("extra") == "forbid"
+    assert contract.verify is not None  # verified by asking the business system again
+    action = Action(
+        action_id="a",
+        run_id="r",
+        call_id="c",
+        tool="book",
+        args={"slot": "1"},
+        args_digest="d",
+        intent_key="book:r:1",
+        status="SUCCEEDED",
+    )
+    assert contract.verify(ctx, action).verified
+
+
+def test_langchain_tools_become_contracts() -> None:
+    """A team moving from create_react_agent keeps its tools: a read as it is, a write only
+    with the write's declarations."""
+
+    @tool
+    def lookup(city: str) -> str:
+        """Look up the weather of a city."""
+        return f"sunny in {city}"
+
+    @tool
+    def send(to: str, text: str) -> str:
+        """Send a message."""
+        raise ConnectionError("gateway gone")
+
+    agent: Agent[None] = Agent("weather", instructions="Answer about the weather.")
+    agent.read(lookup)
+    with pytest.raises(ToolDefinitionError, match="a write needs its business intent key"):
+        agent.write(send)
+    agent.write(
+        send,
+        intent=lambda run_id, a: f"send:{run_id}:{a.to}",
+        guarantee=Guarantee.NONE,
+        verify=lambda ctx, action: loopwright.VerifyResult(True, {}),
+    )
+    read, written = agent.tools.get("lookup"), agent.tools.get("send")
+    assert read is not None and written is not None
+    ctx: ToolContext[None] = ToolContext(deps=None)
+    result = read.run(ctx, read.args_model.model_validate({"city": "Oslo"}), None)
+    assert result.model_dump() == {"result": "sunny in Oslo"}  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="city"):
+        read.args_model.model_validate({"town": "Oslo"})  # closed: nothing unnamed passes
+    with pytest.raises(loopwright.OutcomeUnknown):  # a write that raised may have applied
+        written.run(ctx, written.args_model.model_validate({"to": "a", "text": "b"}), "k")
+
+
+# --- the README's own example ------------------------------------------------------------
+
+
+def readme_section(title: str) -> list[str]:
+    text = README.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else None]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+
+
+def test_the_readme_write_your_own_agent_section_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocks = readme_section("Write your own agent")
+    assert len(blocks) >= 2
+    code = [
+        line
+        for line in blocks[0].splitlines()
+        if line.strip() and not line.startswith(("from ", "import "))
+    ]
+    assert len(code) <= 32, len(code)  # the common case stays short
+    monkeypatch.chdir(tmp_path)
+    module = types.ModuleType("readme_example")  # a module of its own, as an application's is
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), module.__dict__)
