@@ -26,6 +26,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables.config import ContextThreadPoolExecutor
 from langgraph.runtime import Runtime
+from pydantic import ValidationError
 
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
@@ -50,7 +51,7 @@ from loopwright.graph.views import (
     usage_of,
 )
 from loopwright.nodes.validate import Refusal, check_call
-from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
+from loopwright.tools.contract import ToolContext, ToolContract, ToolFault
 from loopwright.tools.executor import (
     ReadResult,
     dispatch_write,
@@ -151,18 +152,48 @@ def _cancel_unsent(call: PendingCall, context: RunContext) -> Done:
     return Done(call, CANCELLED, action=action)
 
 
+def changed_since_decided(tool: str, state: RunState, context: RunContext) -> bool:
+    """Whether the tool's contract differs from the one the run recorded (V) when it began:
+    code deployed since the decision was made, which must be checked again before it runs."""
+    recorded = (state.get("versions") or {}).get("tool_schemas") or {}
+    contract = context.tools.get(tool)
+    return contract is None or recorded.get(tool) != contract.schema_hash
+
+
 def run_call(call: PendingCall, state: RunState, context: RunContext) -> Done:
     if context.cancel_requested():
         return _cancel_unsent(call, context)
-    contract = context.tools.get(call.tool)
-    assert contract is not None, "validate admits only known tools"
-    if contract.effect is Effect.READ:
-        args = contract.args_model.model_validate(call.args)
-        read = run_read(contract, args, context.tool_context(state, bounded=True), call.call_id)
+    if call.action_id is None:  # a read: writes are journaled when they are planned
+        ctx = context.tool_context(state, bounded=True)
+        contract = context.tools.get(call.tool)
+        try:
+            if contract is None or changed_since_decided(call.tool, state, context):
+                # A decision made under another contract (or for a tool gone since): valid
+                # only if it passes every check of the current one.
+                contract, args = check_call(call, ctx, context)
+            else:
+                args = contract.args_model.model_validate(call.args)
+        except Refusal as refusal:
+            return Done(call, ToolEnvelope(status="error", error=refusal.error))
+        read = run_read(contract, args, ctx, call.call_id)
         return Done(call, read.envelope, read=read)
+    # A write goes by its journal: settled or in flight, it is never sent again from here;
+    # otherwise it passes every check of the current contract first (`_write`).
     action = _write(call, state, context)
     answer = None if action.status is ActionStatus.UNKNOWN else envelope_of(action)
     return Done(call, answer, action=action)
+
+
+def _touches(call: PendingCall, context: RunContext) -> set[str]:
+    """The resources a call touches, by today's contract (none known for a call that no longer
+    fits one: it is refused when it runs)."""
+    contract = context.tools.get(call.tool)
+    if contract is None:
+        return set()
+    try:
+        return set(contract.resources_of(contract.args_model.model_validate(call.args)))
+    except ValidationError:
+        return set()
 
 
 def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[PendingCall]]:
@@ -170,10 +201,8 @@ def lanes(calls: Sequence[PendingCall], context: RunContext) -> list[list[Pendin
     lanes: list[list[PendingCall]] = []
     touched: list[tuple[set[str], bool]] = []  # per lane: resources, and whether it writes
     for call in calls:
-        contract = context.tools.get(call.tool)
-        assert contract is not None
-        resources = set(contract.resources_of(contract.args_model.model_validate(call.args)))
-        writes = contract.effect is Effect.WRITE
+        resources = _touches(call, context)
+        writes = call.action_id is not None
         hits = [
             i
             for i, (res, lane_writes) in enumerate(touched)

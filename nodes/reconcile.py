@@ -24,6 +24,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
+from pydantic import ValidationError
 
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
@@ -37,11 +38,17 @@ from loopwright.graph.state import (
     RunState,
 )
 from loopwright.graph.views import dump_actions, dump_pending, pending_of, tool_result
-from loopwright.tools.contract import Guarantee, ReconcileStatus, ToolContext, ToolFault
+from loopwright.tools.contract import (
+    Guarantee,
+    ReconcileStatus,
+    ToolContext,
+    ToolContract,
+    ToolFault,
+)
 from loopwright.tools.executor import (
+    dispatch_record,
     dispatch_write,
     envelope_of,
-    journaled_pre_image,
     settle_reentry,
 )
 
@@ -56,6 +63,36 @@ def _escalate(action: Action, context: RunContext, why: str) -> Action:
         fence=context.fence,
         detail={"reason": why},
     )
+
+
+STRICTNESS = (Guarantee.NONE, Guarantee.QUERYABLE, Guarantee.IDEMPOTENT_BY_KEY)
+
+
+def _weaker(a: Guarantee, b: Guarantee) -> Guarantee:
+    return min(a, b, key=STRICTNESS.index)
+
+
+def _not_the_contract_it_was_sent_under(
+    contract: ToolContract | None, action: Action, sent: dict[str, Any]
+) -> str | None:
+    """Why this process cannot reconcile the write with the contract it has, or None.
+
+    A deploy may have changed the tool since the write was sent: its reconcile still asks about
+    the same intent if the write's journaled arguments are valid under it; if they are not, or
+    the tool is gone, a person decides."""
+    if contract is None:
+        return f"{action.tool} is gone from this agent: nothing here can ask about the intent"
+    if contract.reconcile is None or contract.guarantee is Guarantee.NONE:
+        return "the downstream cannot be asked about this intent"
+    if sent.get("contract") not in (None, contract.schema_hash):
+        try:
+            contract.args_model.model_validate(action.args)
+        except ValidationError:
+            return (
+                f"{action.tool} changed since this write was sent (contract "
+                f"{sent['contract']}, now {contract.schema_hash}) and its arguments no longer fit"
+            )
+    return None
 
 
 def reconcile_action(
@@ -74,9 +111,13 @@ def reconcile_action(
         action = journal.transition(
             action.action_id, ActionStatus.UNKNOWN, ActionStatus.RECONCILING, fence=fence
         )
-    if contract is None or contract.reconcile is None or contract.guarantee is Guarantee.NONE:
-        return _escalate(action, context, "the downstream cannot be asked about this intent"), None
-    answer = contract.reconcile(ctx, action, journaled_pre_image(journal, action.action_id))
+    sent = dispatch_record(journal, action.action_id)
+    if (why := _not_the_contract_it_was_sent_under(contract, action, sent)) is not None:
+        return _escalate(action, context, why), None
+    assert contract is not None and contract.reconcile is not None
+    # A re-send needs both the contract it was sent under and today's to say it is safe.
+    guarantee = _weaker(Guarantee(sent.get("guarantee", contract.guarantee)), contract.guarantee)
+    answer = contract.reconcile(ctx, action, sent.get("pre_image"))
     match answer.status:
         case ReconcileStatus.APPLIED:
             return journal.transition(
@@ -87,7 +128,7 @@ def reconcile_action(
                 outcome=answer.outcome,
                 detail={"reconciled": "applied"},
             ), None
-        case ReconcileStatus.ABSENT if contract.guarantee is Guarantee.IDEMPOTENT_BY_KEY:
+        case ReconcileStatus.ABSENT if guarantee is Guarantee.IDEMPOTENT_BY_KEY:
             if action.attempts >= MAX_SENDS:
                 return _escalate(
                     action, context, f"still absent after {action.attempts} sends"

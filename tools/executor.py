@@ -138,10 +138,11 @@ def _dispatch(
     fence: int,
 ) -> Action:
     args = contract.args_model.model_validate(action.args)
-    detail: dict[str, Any] | None = None
+    # The contract it is sent under: reconciliation after a deploy checks it is still the same.
+    detail: dict[str, Any] = {"contract": contract.schema_hash, "guarantee": contract.guarantee}
     if contract.pre_image is not None:
         try:
-            detail = {"pre_image": contract.pre_image(ctx, args)}
+            detail["pre_image"] = contract.pre_image(ctx, args)
         except ToolFault as fault:
             record_error(fault)
             return journal.transition(
@@ -201,12 +202,13 @@ def _dispatch(
     )
 
 
-def journaled_pre_image(journal: ActionJournal, action_id: str) -> dict[str, Any] | None:
-    """The pre-image recorded with the action's latest DISPATCHED, if its contract took one."""
+def dispatch_record(journal: ActionJournal, action_id: str) -> dict[str, Any]:
+    """What was journaled with the action's latest DISPATCHED: the contract's schema hash and
+    guarantee it was sent under, and its pre-image if the contract took one."""
     for event in reversed(journal.events(action_id)):
         if event.to_status == ActionStatus.DISPATCHED:
-            return (event.detail or {}).get("pre_image")
-    return None
+            return dict(event.detail or {})
+    return {}
 
 
 def settle_reentry(action: Action, journal: ActionJournal, fence: int) -> Action:
