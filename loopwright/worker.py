@@ -33,7 +33,7 @@ def work(
     """Advance due runs until `stop` is set. Returns how many attempts were made."""
     attempts = 0
     while not stop.is_set():
-        due = runner.leases.due()
+        due = runner.leases.due(agent=runner.agent.name)
         if not due:
             stop.wait(poll_s)
             continue

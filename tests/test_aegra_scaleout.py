@@ -34,10 +34,9 @@ import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
-import loopwright.server
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import terminate
-from loopwright.server.launch import SERVER_CONFIG
+from loopwright.server.launch import file_config
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -119,13 +118,8 @@ class Cluster:
 
 def aegra_config(workdir: Path) -> Path:
     """langgraph.json for Aegra, which loads graphs, auth and apps from files, not modules."""
-    config = json.loads(json.dumps(SERVER_CONFIG))
-    served = Path(loopwright.server.__file__).parent
-    config["graphs"] = {"loopwright": f"{served / 'graph.py'}:graph"}
-    config["auth"]["path"] = f"{served / 'auth.py'}:auth"
-    config["http"]["app"] = f"{served / 'app.py'}:app"
     target = workdir / "aegra.json"
-    target.write_text(json.dumps(config))
+    target.write_text(json.dumps(file_config()))
     return target
 
 

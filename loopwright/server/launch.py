@@ -49,6 +49,18 @@ class ServerFailedToStart(RuntimeError):
     pass
 
 
+def file_config() -> dict[str, Any]:
+    """`SERVER_CONFIG` naming files instead of modules, for servers that load only files
+    (Aegra): the installed loopwright's own files."""
+    here = Path(__file__).parent
+    return {
+        **SERVER_CONFIG,
+        "graphs": {GRAPH_ID: f"{here / 'graph.py'}:graph"},
+        "auth": {**SERVER_CONFIG["auth"], "path": f"{here / 'auth.py'}:auth"},
+        "http": {"app": f"{here / 'app.py'}:app"},
+    }
+
+
 def served_config(workdir: Path) -> Path:
     """`SERVER_CONFIG` as langgraph.json in `workdir` (the server's cwd)."""
     workdir.mkdir(parents=True, exist_ok=True)
