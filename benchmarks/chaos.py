@@ -69,6 +69,7 @@ FINISHED = frozenset({"COMPLETED", "INCOMPLETE"})
 AGENT = "loopwright_refunds.agent:agent"
 READY_LINE = b"polling every"  # what `loopwright worker` prints once it is past its imports
 RECONNECT_LINE = "reconnecting in"  # what it prints when it opens new connections after a fault
+RECONNECT_WAIT_S = 10.0
 ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):")
 
 
@@ -87,6 +88,9 @@ class Settings:
     stall_s: float = 30.0
     run_limit_s: float = 600.0
     drop_every_ms: float | None = None  # also drop a worker's database connections this often
+    # Do the whole schedule (every kill of --kills, one connection drop at least), on idle
+    # workers once the runs are done if need be: a run whose figures must show them (CI's).
+    complete_schedule: bool = False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -133,7 +137,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         help="also terminate a random worker's Postgres connections this often (jittered ±50%%),"
         " while the kills go on: the worker must reconnect, its runs must not suffer",
     )
+    parser.add_argument(
+        "--complete-schedule",
+        action="store_true",
+        help="make every kill of --kills and at least one connection drop, on idle workers once"
+        " the runs are done if need be (what a test of the figures needs: nothing left to chance)",
+    )
     args = parser.parse_args(argv)
+    if args.complete_schedule and args.kills is None:
+        parser.error("--complete-schedule needs --kills")
     if args.drop_every_ms is not None and args.drop_every_ms <= 0:
         parser.error("--drop-every-ms must be positive")
     positive = ("runs", "workers", "backlog", "kill_every_ms", "stall_s", "run_limit_s")
@@ -327,9 +339,18 @@ def unleash(
     try:
         while time.monotonic() - driver.started < settings.timeout_s and driver.step():
             time.sleep(0.05)
+        if driver.kills.drops:
+            # A worker notices a drop at its next poll: give the last one the time to say so.
+            deadline = time.monotonic() + RECONNECT_WAIT_S
+            while reconnects_logged(workers) == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
     except KeyboardInterrupt:
         driver.kills.interrupted = True
     return driver.kills, time.monotonic() - driver.started
+
+
+def reconnects_logged(workers: list[Worker]) -> int:
+    return sum(w.log.read_text(errors="replace").count(RECONNECT_LINE) for w in workers)
 
 
 class Driver:
@@ -358,12 +379,20 @@ class Driver:
     def _draw_gap(self, mean_ms: float) -> float:
         return mean_ms / 1000 * self.rng.uniform(0.5, 1.5)
 
+    def schedule_left(self) -> bool:
+        """Whether a complete schedule still owes a kill or a connection drop."""
+        if not self.settings.complete_schedule:
+            return False
+        owed_kills = self.settings.kills is not None and self.kills.total < self.settings.kills
+        owed_drop = bool(self.settings.drop_every_ms) and self.kills.drops == 0
+        return owed_kills or owed_drop
+
     def step(self) -> bool:
         """Replace crashed workers, top the runs up, kill if it is time. False once all is done."""
         replace_exited(self.workers, self.kills.crashes)
         records = [r for r in unfinished_runs(self.runner) if r.run_id in self.backlog.runs]
         moving = sum(self.watch.moving(r) for r in records)
-        if moving == 0 and self.backlog.all_submitted:
+        if moving == 0 and self.backlog.all_submitted and not self.schedule_left():
             return False
         self.backlog.top_up(moving)
         limit = self.settings.kills
@@ -376,10 +405,22 @@ class Driver:
             self.kills.last_at_s = self.last_kill - self.started
             self.gap = self._draw_gap(self.settings.kill_every_ms)
         if self.settings.drop_every_ms and time.monotonic() - self.last_drop >= self.drop_gap:
-            self.kills.drops += drop_connections(self.runner, self.rng.choice(self.workers))
-            self.last_drop = time.monotonic()
-            self.drop_gap = self._draw_gap(self.settings.drop_every_ms)
+            connected = connected_workers(self.runner, self.workers)
+            if connected:  # else try again at the next step: a drop needs a connected victim
+                self.kills.drops += drop_connections(self.runner, self.rng.choice(connected))
+                self.last_drop = time.monotonic()
+                self.drop_gap = self._draw_gap(self.settings.drop_every_ms)
         return True
+
+
+def connected_workers(runner: Runner, workers: list[Worker]) -> list[Worker]:
+    """The workers that hold Postgres connections now (past their imports, not just killed)."""
+    rows = runner.leases.db.execute(
+        "SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name = ANY(%s)",
+        ([w.name for w in workers],),
+    )
+    names = {row["application_name"] for row in rows}
+    return [w for w in workers if w.name in names]
 
 
 def drop_connections(runner: Runner, victim: Worker) -> int:
@@ -753,7 +794,7 @@ def benchmark(settings: Settings, scratch: Path) -> Figures:
         for worker in workers:
             worker.stop()
         facts = gather(runner, endpoints, backlog.runs)
-        reconnects = sum(w.log.read_text(errors="replace").count(RECONNECT_LINE) for w in workers)
+        reconnects = reconnects_logged(workers)
         return judge(runner, facts, kills, settings, wall_s, reconnects)
 
 

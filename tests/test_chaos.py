@@ -17,10 +17,12 @@ import pytest
 from tests.runtime_fixtures import REPO
 
 # 20 runs, 10 kills of working workers, and now and then a worker's Postgres connections
-# terminated under it; a run stalled for 15 s is reported as stuck.
+# terminated under it; a run stalled for 15 s is reported as stuck. The schedule is completed
+# whatever the timing (every kill, a connection drop at least: on idle workers once the runs are
+# done if need be), so the figures asserted below never depend on chance.
 SMALL = (
     *("--runs", "20", "--kills", "10", "--kill-every-ms", "300"),
-    *("--drop-every-ms", "800", "--stall-s", "15"),
+    *("--drop-every-ms", "800", "--stall-s", "15", "--complete-schedule"),
 )
 BENCHMARK = (sys.executable, "-m", "benchmarks.chaos", *SMALL, "--timeout-s", "90")
 
@@ -45,7 +47,7 @@ def test_runs_survive_workers_killed_at_random(postgres_url: str) -> None:
     )
     output = result.stdout + result.stderr
     assert figure(output, "runs") == 20, output
-    assert figure(output, "kills") >= 5, output
+    assert figure(output, "kills") == 10, output
     assert figure(output, "connection drops") >= 1, output
     assert re.search(r"\(reconnects [1-9]", output), output
     for name in ("duplicates", "lost", "stuck"):
