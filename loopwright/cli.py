@@ -70,7 +70,7 @@ from loopwright.worker import work
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 approvals_app = typer.Typer(no_args_is_help=True, help="List and decide pending approvals.")
 app.add_typer(approvals_app, name="approvals")
 console = Console(highlight=False, soft_wrap=True)
@@ -105,6 +105,26 @@ AgentOption = Annotated[
 
 class UsageError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from loopwright import __version__
+
+        console.print(f"loopwright {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """loopwright: a recoverable agent runtime on LangGraph."""
 
 
 class DepsUnavailable(Exception):
@@ -639,7 +659,7 @@ def _raise_keyboard_interrupt(*_: object) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        app(prog_name="loopwright", standalone_mode=False)
     except (
         UsageError,
         DepsUnavailable,
@@ -662,6 +682,34 @@ def main() -> None:
         raise SystemExit(2) from None
     except (typer.Abort, KeyboardInterrupt):
         raise SystemExit(130) from None
-    except click.ClickException as exc:
-        exc.show()
-        raise SystemExit(exc.exit_code) from None
+    except CLICK_ERRORS as exc:
+        raise SystemExit(usage_error(exc)) from None
+
+
+def _click_errors() -> tuple[type[Exception], ...]:
+    """The ClickException classes of the click typer really uses: its own copy (typer._click,
+    since typer 0.2x), and the click package, which typer used before and may again."""
+    found: list[type[Exception]] = [click.ClickException]
+    with contextlib.suppress(ImportError):
+        from typer._click.exceptions import ClickException as vendored
+
+        found.append(vendored)
+    return tuple(found)
+
+
+CLICK_ERRORS = _click_errors()
+
+
+def usage_error(exc: Exception) -> int:
+    """Report a usage error in one line, with the command's usage as a hint; its exit code.
+    A command given no arguments that needs some prints its help instead."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        console.print(ctx.get_help(), markup=False)
+        return 2
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    errors.print(f"loopwright: error: {message}", markup=False)
+    if ctx is not None:
+        usage = ctx.get_usage().removeprefix("Usage: ")
+        errors.print(f"usage: {usage}  (more: {ctx.command_path} --help)", markup=False)
+    return int(getattr(exc, "exit_code", 2))

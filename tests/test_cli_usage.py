@@ -1,0 +1,81 @@
+"""Usage errors of every command: one line and the usage, exit 2, never a traceback.
+
+typer ships its own copy of click; the CLI catches the exceptions of the click typer really
+uses (`loopwright.cli.CLICK_ERRORS`). Every command and group is tried in a new process, as a
+user types it: with an option it does not have, and without what it requires.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from loopwright import __version__
+from loopwright.cli import app
+from tests.runtime_fixtures import REPO
+
+
+def command_paths() -> list[tuple[str, ...]]:
+    group = typer.main.get_command(app)
+    paths: list[tuple[str, ...]] = [()]
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        paths.append((name,))
+        for sub in getattr(command, "commands", {}):
+            paths.append((name, sub))
+    return paths
+
+
+def loopwright(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loopwright", *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "loopwright")
+def test_an_unknown_option_is_one_line_and_the_usage(path: tuple[str, ...]) -> None:
+    result = loopwright(*path, "--frobnicate")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "loopwright: error: No such option: --frobnicate"
+    assert lines[1].startswith("usage: loopwright") and len(lines) == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run",),
+        ("run", "a task"),
+        ("resume",),
+        ("show",),
+        ("cancel",),
+        ("approvals", "approve", "x"),
+    ],
+    ids=" ".join,
+)
+def test_a_missing_argument_or_option_is_one_line_and_the_usage(args: tuple[str, ...]) -> None:
+    result = loopwright(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("loopwright: error: Missing ") and len(lines) == 2
+
+
+@pytest.mark.parametrize("args", [(), ("approvals",)], ids=["loopwright", "approvals"])
+def test_a_group_without_a_command_prints_its_help(args: tuple[str, ...]) -> None:
+    result = loopwright(*args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "Usage: loopwright" in result.stdout
+
+
+def test_version() -> None:
+    result = loopwright("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"loopwright {__version__}")
