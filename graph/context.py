@@ -20,7 +20,7 @@ from loopwright.checkpoints.journal import ActionJournal
 from loopwright.graph.agents import PRIMARY, AgentProfile
 from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
-from loopwright.graph.state import Principal, RunState, utcnow
+from loopwright.graph.state import Action, Principal, RunState, utcnow
 from loopwright.graph.views import principal_of, started_at
 from loopwright.tools.contract import ToolContext
 from loopwright.tools.registry import ToolRegistry
@@ -50,6 +50,9 @@ class RunContext:
     agents: dict[str, AgentProfile] = field(default_factory=dict)
     # Whether a user may decide approvals (the agent's answer, not the decision's).
     is_approver: Callable[[str], bool] = field(default=lambda _user: False)
+    # The agent's completion check: whether the task is done given the task and the run's
+    # writes (each intent's latest action). None: done when every write planned happened.
+    done: Callable[[ToolContext[Any], str, list[Action]], bool] | None = None
     # Whether someone asked for the run to stop (read at every step, from outside the state).
     cancel_requested: Callable[[], bool] = field(default=lambda: False)
 

@@ -69,6 +69,9 @@ class StopReason(StrEnum):
     TOOL_UNAVAILABLE = "tool_unavailable"
     CANCELLED = "cancelled"
     NEEDS_HUMAN = "needs_human"
+    # The task's effects did not happen (a write refused, rejected, failed) and the model's
+    # answers could not change that.
+    NOT_DONE = "not_done"
 
 
 class ActionStatus(StrEnum):
@@ -107,6 +110,8 @@ TRANSITIONS: dict[ActionStatus, frozenset[ActionStatus]] = {
 }
 TERMINAL_STATUSES = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 UNRESOLVED_STATUSES = frozenset({S.DISPATCHED, S.UNKNOWN, S.RECONCILING})
+# A write the run planned that did not happen, and will not unless something new is planned.
+NOT_DONE_STATUSES = frozenset({S.FAILED, S.REJECTED, S.CANCELLED, S.ESCALATED})
 
 
 class Principal(BaseModel):
@@ -294,7 +299,11 @@ class Versions(BaseModel):
 
 
 class Verification(BaseModel):
-    """What verify found in the business system. `completed` is only ever set from this."""
+    """What verify found in the business system. `completed` is only ever set from this.
+
+    `facts` keeps apart what the user was told (`answer`) and what the business system holds:
+    the writes verified there (`writes`), and the writes the run planned that did not happen
+    (`not_done`)."""
 
     verified: bool
     summary: str
@@ -398,6 +407,9 @@ class RunState(TypedDict):
     # Calls refused for lack of permission so far; a second one stops the run.
     denials: NotRequired[int]
     verification: NotRequired[dict[str, Any] | None]
+    # Final answers verify refused in a row (a run that keeps answering without the effects
+    # its task needs is stopped, not asked for ever).
+    refused_answers: NotRequired[int]
     started_at: NotRequired[str]
     cancel_requested: NotRequired[bool]
     # Set by reconcile when a cancelled run's writes were asked about once: stop waiting for them.

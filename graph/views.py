@@ -6,6 +6,7 @@ parsing and the shape of common updates live in one place.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +14,15 @@ from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright.graph.budget import Usage
 from loopwright.graph.protocol import ToolEnvelope, render_tool_content
-from loopwright.graph.state import Action, PendingCall, Phase, Principal, RunState, StopReason
+from loopwright.graph.state import (
+    NOT_DONE_STATUSES,
+    Action,
+    PendingCall,
+    Phase,
+    Principal,
+    RunState,
+    StopReason,
+)
 
 
 def principal_of(state: RunState) -> Principal:
@@ -57,6 +66,32 @@ def tool_result(call: PendingCall, envelope: ToolEnvelope) -> ToolMessage:
         name=call.tool,
         status="error" if envelope.status == "error" else "success",
     )
+
+
+# Suffixes validate adds to a write's intent key: an approver's edit, a plan made anew after a
+# stale one. The intent is the same business effect; its latest action is where it stands.
+_REVISION = re.compile(r"(:edit-[0-9]+|:replan-[0-9]+)+$")
+
+
+def latest_per_intent(actions: list[Action]) -> list[Action]:
+    """Each business intent's latest action (actions in the journal's sequence), edits and replans
+    folded into the intent they revise."""
+    latest: dict[str, Action] = {}
+    for action in actions:
+        latest[_REVISION.sub("", action.intent_key)] = action
+    return list(latest.values())
+
+
+def not_done(actions: list[Action]) -> list[Action]:
+    """The intents the run planned that did not happen (failed, rejected, cancelled, escalated
+    in their latest action)."""
+    return [a for a in latest_per_intent(actions) if a.status in NOT_DONE_STATUSES]
+
+
+def why_not(action: Action) -> str:
+    error = (action.outcome or {}).get("error") or {}
+    reason = ": ".join(str(x) for x in (error.get("code"), error.get("detail")) if x)
+    return f"{action.tool} {action.action_id} {action.status}" + (f" ({reason})" if reason else "")
 
 
 def stop(reason: StopReason, detail: str) -> dict[str, Any]:

@@ -98,6 +98,11 @@ class Agent[DepsT]:
     boundary a run may touch no declared resource at all. `principal(deps, user_id)` builds the
     trusted principal a run acts for (roles, tenant), refusing unknown users. `approvers` says
     who may decide approvals: user ids, or `approvers(deps, user_id) -> bool`.
+    `done(ctx, task, writes)` is the completion check: a run whose model gives its final answer
+    ends COMPLETED only if every write it made is verified in the business system and the task
+    is done. By default it is done when every write it planned happened; a team that knows what
+    its tasks need says so (a booking owed but never made: not done; one a task did not need:
+    done). `writes` holds each intent's latest action, with its status and outcome.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class Agent[DepsT]:
         boundary: Callable[[DepsT, Principal, str], Iterable[str]] | None = None,
         principal: Callable[[DepsT, str], Principal] | None = None,
         approvers: Collection[str] | Callable[[DepsT, str], bool] = (),
+        done: Callable[[ToolContext[DepsT], str, list[Action]], bool] | None = None,
         budget: Budget | None = None,
         approval_ttl: timedelta = timedelta(hours=24),
         prompt_version: str | None = None,
@@ -131,6 +137,7 @@ class Agent[DepsT]:
         self.boundary_of = boundary
         self.principal_of = principal or _default_principal
         self.approvers = approvers
+        self.done = done
         self.budget = budget or Budget()
         self.approval_ttl = approval_ttl
         self._prompt_version = prompt_version
@@ -287,6 +294,7 @@ class Agent[DepsT]:
             "boundary": self.boundary_of,
             "principal": self.principal_of,
             "approvers": self.approvers,
+            "done": self.done,
             "budget": self.budget,
             "approval_ttl": self.approval_ttl,
             "prompt_version": self._prompt_version,

@@ -205,6 +205,7 @@ class Runner:
             fence=fence,
             planner=agent.planner,
             agents=agent.specialists,
+            done=agent.done,
         )
 
     def owned(self, run_id: str) -> RunRecord:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loopwright import (
     Action,
+    ActionStatus,
     Agent,
     Demo,
     Guarantee,
@@ -56,6 +57,9 @@ ORDER_ID = r"^O-[0-9]{1,9}$"
 MONEY = r"^[0-9]{1,9}\.[0-9]{2}$"
 REFUND_ID = r"^rf_[0-9]{1,12}$"
 ORDER_IN_TEXT = re.compile(r"\bO-[0-9]{1,9}\b")
+# "refund it", "refund order O-42", "refund 40.00": a task that asks for one (not "the refund
+# policy", nor "can it be refunded" alone).
+ASKS_FOR_A_REFUND = re.compile(r"\brefund\b(?!\s+(polic|status|window))", re.IGNORECASE)
 # A task is about a few orders: each one named is looked up (it must exist and be the user's).
 MAX_ORDERS_PER_TASK = 10
 DEFAULT_APPROVAL_THRESHOLD = Decimal("50.00")
@@ -259,6 +263,74 @@ def is_approver(deps: RefundServices, user_id: str) -> bool:
     return user is not None and "approver" in user.get("roles", [])
 
 
+# --- the business rules -------------------------------------------------------------------
+
+
+def refund_policy_holds(ctx: Ctx, args: SubmitRefundArgs) -> None:
+    """The refund policy, on the order and policy as they are now: delivered (if the policy
+    asks), inside the window, at most the refundable balance, in the order's currency."""
+    order, policy = fetch_order(ctx, args.order_id), fetch_policy(ctx)
+    if policy.requires_delivery and (order.status != "delivered" or order.delivered_at is None):
+        raise PreconditionFailed(
+            "not_delivered", f"order {order.order_id} has not been delivered ({order.status})"
+        )
+    if order.delivered_at is not None:
+        delivered = order.delivered_at
+        delivered = delivered if delivered.tzinfo else delivered.replace(tzinfo=UTC)
+        if datetime.now(UTC) - delivered > timedelta(days=policy.window_days):
+            raise PreconditionFailed(
+                "outside_refund_window",
+                f"order {order.order_id} was delivered on {delivered.date().isoformat()}, "
+                f"outside the {policy.window_days}-day window of policy v{policy.version}",
+            )
+    if args.currency != order.currency:
+        raise PreconditionFailed(
+            "wrong_currency", f"order {order.order_id} is in {order.currency}, not {args.currency}"
+        )
+    if Decimal(args.amount) <= 0 or Decimal(args.amount) > Decimal(order.refundable):
+        raise PreconditionFailed(
+            "amount_exceeds_refundable",
+            f"{args.amount} {args.currency} is not within the {order.refundable} "
+            f"{order.currency} left to refund on order {order.order_id}",
+        )
+
+
+def refunds_done(ctx: Ctx, task: str, writes: list[Action]) -> bool:
+    """A task that asks for a refund is done when every order of the user's it names that the
+    policy lets refund now got its refund in this run. An order still eligible and refundable
+    without one (the model gave up, a person rejected it, payments refused it) is a task not
+    done; an order the policy does not let refund needed none. Fails closed: a lookup that
+    fails is not done."""
+    if not ASKS_FOR_A_REFUND.search(task):
+        return True
+    refunded = {
+        a.args["order_id"]
+        for a in writes
+        if a.tool == "submit_refund" and a.status == ActionStatus.SUCCEEDED
+    }
+    for resource in ctx.user.scope:
+        order_id = resource.removeprefix("order:")
+        if order_id in refunded:
+            continue
+        try:
+            order = fetch_order(ctx, order_id)
+            if order.owner != ctx.user.user_id:
+                continue  # not the user's to have refunded
+            owed = SubmitRefundArgs(
+                order_id=order_id,
+                amount=order.refundable,
+                currency=order.currency,
+                reason="completion check",
+            )
+            refund_policy_holds(ctx, owed)
+        except PreconditionFailed:
+            continue
+        except ToolFault:
+            return False
+        return False
+    return True
+
+
 agent: Agent[RefundServices] = Agent(
     "refunds",
     version="1",
@@ -268,6 +340,7 @@ agent: Agent[RefundServices] = Agent(
     boundary=boundary,
     principal=principal,
     approvers=is_approver,
+    done=refunds_done,
     demo=Demo(
         task="Check whether order O-42 can be refunded and refund it if so.",
         user="u-1",
@@ -306,35 +379,6 @@ def get_refund_status(ctx: Ctx, args: GetRefundStatusArgs) -> Refund:
 
 
 # --- the write -----------------------------------------------------------------------------
-
-
-def refund_policy_holds(ctx: Ctx, args: SubmitRefundArgs) -> None:
-    """The refund policy, on the order and policy as they are now: delivered (if the policy
-    asks), inside the window, at most the refundable balance, in the order's currency."""
-    order, policy = fetch_order(ctx, args.order_id), fetch_policy(ctx)
-    if policy.requires_delivery and (order.status != "delivered" or order.delivered_at is None):
-        raise PreconditionFailed(
-            "not_delivered", f"order {order.order_id} has not been delivered ({order.status})"
-        )
-    if order.delivered_at is not None:
-        delivered = order.delivered_at
-        delivered = delivered if delivered.tzinfo else delivered.replace(tzinfo=UTC)
-        if datetime.now(UTC) - delivered > timedelta(days=policy.window_days):
-            raise PreconditionFailed(
-                "outside_refund_window",
-                f"order {order.order_id} was delivered on {delivered.date().isoformat()}, "
-                f"outside the {policy.window_days}-day window of policy v{policy.version}",
-            )
-    if args.currency != order.currency:
-        raise PreconditionFailed(
-            "wrong_currency", f"order {order.order_id} is in {order.currency}, not {args.currency}"
-        )
-    if Decimal(args.amount) <= 0 or Decimal(args.amount) > Decimal(order.refundable):
-        raise PreconditionFailed(
-            "amount_exceeds_refundable",
-            f"{args.amount} {args.currency} is not within the {order.refundable} "
-            f"{order.currency} left to refund on order {order.order_id}",
-        )
 
 
 def refund_needs_approval(ctx: Ctx, args: SubmitRefundArgs) -> bool:

@@ -30,7 +30,16 @@ from loopwright.graph.state import (
     StopReason,
     Versions,
 )
-from loopwright.graph.views import actions_of, dump_actions, pending_of, started_at, stop, usage_of
+from loopwright.graph.views import (
+    actions_of,
+    dump_actions,
+    not_done,
+    pending_of,
+    started_at,
+    stop,
+    usage_of,
+    why_not,
+)
 
 # A refused permission is not retried: the model hears why once; a second refusal stops.
 MAX_DENIALS = 2
@@ -137,5 +146,7 @@ def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         usage_of(state), started_at(state), context.now()
     )
     if exceeded is not None:
-        return stop(exceeded.reason, exceeded.detail)
+        missing = not_done(actions)
+        detail = exceeded.detail + "".join(f"; not done: {why_not(a)}" for a in missing)
+        return stop(exceeded.reason, detail)
     return {**update, "phase": Phase.READY.value}

@@ -114,4 +114,6 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "step": state.get("step", 0) + 1,
         "feedback": [],
         "phase": Phase.WAITING_TOOLS.value if pending else Phase.VERIFYING.value,
+        # Asking for tools again is new work: the count of refused final answers starts over.
+        **({"refused_answers": 0} if pending else {}),
     }

@@ -1,12 +1,21 @@
-"""verify: "completed" means verified in the business system, not "the model said so".
+"""verify: "completed" means the task's effects happened, verified in the business system.
 
-When the model gives a final answer, every write the run made is checked against the business
-system (the contract's verify: e.g. the booking exists under the intent key, succeeded, with
-the journaled parameters). The answer may cite an identifier of the kinds the agent's writes
-produce (each write contract declares which, with a pattern) only where the run can back it: a
-write of this run produced it and was verified, a tool observed it, or the task itself names
-it. Anything else goes back to the model as feedback and the loop continues (within its
-budget).
+When the model gives a final answer, the run's writes are checked:
+
+* every write that succeeded is checked against the business system (the contract's verify:
+  e.g. the booking exists under the intent key, with the journaled parameters). Several writes
+  on one resource supersede one another: the latest is checked against what the business
+  system holds now, the earlier ones by their own recorded outcome (the run's final intended
+  state, not every write against today's state);
+* a write the run planned that did not happen (failed, rejected by an approver or by the
+  downstream, cancelled, escalated) keeps the task from being done, unless the agent's
+  completion check (`Agent(done=...)`) says it is done without it;
+* the answer may cite an identifier of the kinds the agent's writes produce (each write contract
+  declares which, with a pattern) only where the run can back it: a write of this run produced
+  it and was verified, a tool observed it, or the task itself names it.
+
+Anything else goes back to the model as feedback. An answer refused twice in a row ends the
+run INCOMPLETE: `not_done` naming the writes that did not happen, or `no_progress`.
 """
 
 from __future__ import annotations
@@ -20,12 +29,22 @@ from langgraph.runtime import Runtime
 
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.state import ActionStatus, Phase, RunState, StopReason, Verification
-from loopwright.graph.views import messages_of
+from loopwright.graph.state import (
+    UNRESOLVED_STATUSES,
+    Action,
+    ActionStatus,
+    Phase,
+    RunState,
+    StopReason,
+    Verification,
+)
+from loopwright.graph.views import latest_per_intent, messages_of, not_done, stop, why_not
 from loopwright.tools.contract import Effect
 
 # An identifier quoted back in a problem is cut to this length (a model can invent huge ones).
 QUOTED_ID_CHARS = 64
+# Final answers refused in a row before the run stops: told once, stopped on the second.
+MAX_REFUSED_ANSWERS = 2
 
 
 def _observed_text(state: RunState) -> str:
@@ -34,30 +53,54 @@ def _observed_text(state: RunState) -> str:
     return "\n".join([state["task"], *contents])
 
 
+def _superseded(writes: list[Action], context: RunContext) -> dict[str, str]:
+    """Succeeded writes another, later succeeded write of the run touches again: action id ->
+    the action that supersedes it."""
+    later: dict[str, str] = {}
+    seen: dict[str, str] = {}  # resource -> the latest write touching it
+    for action in reversed(writes):
+        contract = context.tools.get(action.tool)
+        if contract is None or action.status is not ActionStatus.SUCCEEDED:
+            continue
+        try:
+            touched = contract.resources_of(contract.args_model.model_validate(action.args))
+        except ValueError:
+            continue
+        if superseder := next((seen[r] for r in sorted(touched) if r in seen), None):
+            later[action.action_id] = superseder
+        for resource in touched:
+            seen.setdefault(resource, action.action_id)
+    return later
+
+
 def check_outcome(state: RunState, context: RunContext) -> Verification:
     ctx = context.tool_context(state)
-    facts: dict[str, Any] = {"writes": []}
+    facts: dict[str, Any] = {"writes": [], "not_done": []}
     problems: list[str] = []
     backed: set[str] = set()
-    for action in context.journal.for_run(state["run_id"]):
+    writes = [
+        a
+        for a in context.journal.for_run(state["run_id"])
+        if (c := context.tools.get(a.tool)) is None or c.effect is Effect.WRITE
+    ]
+    superseded = _superseded(writes, context)
+    for action in writes:
         contract = context.tools.get(action.tool)
-        if contract is None or contract.effect is not Effect.WRITE:
-            continue
-        if action.status in (
-            ActionStatus.DISPATCHED,
-            ActionStatus.UNKNOWN,
-            ActionStatus.RECONCILING,
-        ):
+        if action.status in UNRESOLVED_STATUSES:
             problems.append(f"{action.action_id} is {action.status}: its outcome is not confirmed")
-        if action.status is not ActionStatus.SUCCEEDED:
+        if contract is None or action.status is not ActionStatus.SUCCEEDED:
             continue
-        if contract.verify is None:
+        if action.action_id in superseded:
+            result_facts = {"superseded_by": superseded[action.action_id]}
+        elif contract.verify is None:
             problems.append(f"{action.tool} declares no way to verify its outcome")
             continue
-        result = contract.verify(ctx, action)
-        if not result.verified:
-            problems.append(result.problem)
-            continue
+        else:
+            result = contract.verify(ctx, action)
+            if not result.verified:
+                problems.append(result.problem)
+                continue
+            result_facts = result.facts
         produced = contract.produced_ids(action.outcome)
         args = contract.args_model.model_validate(action.args)
         facts["writes"].append(
@@ -66,11 +109,25 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
                 "tool": action.tool,
                 "summary": contract.describe(args),
                 "produced": produced,
-                **result.facts,
+                **result_facts,
             }
         )
         backed.update(produced.values())
-        backed.update(str(v) for v in result.facts.values())
+        backed.update(str(v) for v in result_facts.values())
+    missing = not_done(writes)
+    facts["not_done"] = [
+        {"action_id": a.action_id, "tool": a.tool, "status": a.status, "why": why_not(a)}
+        for a in missing
+    ]
+    if context.done is not None:
+        done = context.done(ctx, state["task"], latest_per_intent(writes))
+    else:
+        done = not missing
+    facts["task_done"] = done
+    if not done:
+        problems += [f"not done: {why_not(a)}" for a in missing] or [
+            "the task is not done: the agent's completion check finds an effect it needs missing"
+        ]
     final = messages_of(state)[-1]
     answer = final.text if isinstance(final, AIMessage) else ""
     patterns = [p for c in context.tools if c.effect is Effect.WRITE for p in c.id_patterns()]
@@ -82,6 +139,8 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
         )
     facts["answer"] = answer
     summary = "; ".join(_described(w) for w in facts["writes"]) or "no business effect"
+    if missing:
+        summary += "; not done: " + "; ".join(why_not(a) for a in missing)
     return Verification(verified=not problems, summary=summary, facts=facts, problems=problems)
 
 
@@ -97,14 +156,29 @@ def _described(write: dict[str, Any]) -> str:
 def verify(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:verify:start")
     verification = check_outcome(state, runtime.context)
+    recorded = verification.model_dump(mode="json")
     if verification.verified:
         return {
-            "verification": verification.model_dump(mode="json"),
+            "verification": recorded,
             "phase": Phase.COMPLETED.value,
             "stop_reason": StopReason.COMPLETED.value,
         }
+    refused = state.get("refused_answers", 0) + 1
+    if refused >= MAX_REFUSED_ANSWERS:
+        reason = StopReason.NO_PROGRESS if verification.facts["task_done"] else StopReason.NOT_DONE
+        detail = f"the final answer was refused {refused} times: {'; '.join(verification.problems)}"
+        return {**stop(reason, detail), "verification": recorded, "refused_answers": refused}
     return {
-        "verification": verification.model_dump(mode="json"),
-        "feedback": verification.problems,
+        "verification": recorded,
+        "feedback": [*verification.problems, NOT_DONE_HINT]
+        if verification.facts["not_done"]
+        else verification.problems,
         "phase": Phase.READY.value,
+        "refused_answers": refused,
     }
+
+
+NOT_DONE_HINT = (
+    "The task is not complete while a write it needs did not happen. Do it another way if the "
+    "task allows; otherwise answer that it was not done, and why."
+)

@@ -47,13 +47,19 @@ def answer(runner: Runner, outcome: RunOutcome, *args: Any, **kwargs: Any) -> Ru
     return runner.resume(outcome.run_id, decide(request, *args, **kwargs))
 
 
-def no_effect(outcome: RunOutcome) -> bool:
-    """Completed, and verified to have changed nothing in the business system."""
-    verification = outcome.verification or {}
-    return outcome.stop_reason == "completed" and verification.get("facts", {}).get("writes") == []
+def nothing_done(outcome: RunOutcome) -> bool:
+    """Ended `not_done`: the write the task needed did not happen, nothing changed in the
+    business system, and the verification names the write (never "completed")."""
+    facts = (outcome.verification or {}).get("facts", {})
+    return (
+        outcome.stop_reason == "not_done"
+        and facts.get("writes") == []
+        and [w["action_id"] for w in facts.get("not_done", [])]
+        == [a.action_id for a in outcome.actions][-1:]
+    )
 
 
-def test_reject_ends_the_run_verified_with_no_effect(
+def test_reject_ends_the_run_verified_with_nothing_done(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     """A rejection is final for the intent: the model is told, answers, and verify completes
@@ -61,7 +67,7 @@ def test_reject_ends_the_run_verified_with_no_effect(
     with open_test_runner() as runner:
         outcome = answer(runner, runner.start(DEMO_TASK, principal()), "reject", "a-1", "no")
         state = runner.state(outcome.run_id)
-    assert no_effect(outcome)
+    assert nothing_done(outcome)
     [action] = outcome.actions
     assert action.status is ActionStatus.REJECTED and action.attempts == 0
     assert [e["code"] for e in tool_errors(state)] == ["approval_rejected"]
@@ -99,7 +105,7 @@ def test_decision_naming_another_actions_digest_is_refused(
     assert [e["code"] for e in tool_errors(state)] == ["approval_mismatch"]
     [action] = big.actions
     assert action.status is ActionStatus.REJECTED and action.attempts == 0
-    assert no_effect(big)
+    assert nothing_done(big)
     assert [a.status for a in small.actions] == [ActionStatus.NEEDS_APPROVAL]  # untouched
     assert all_refunds(services) == []
 
@@ -119,7 +125,7 @@ def test_expired_approval_executes_nothing(
         state = runner.state(outcome.run_id)
     assert [e["code"] for e in tool_errors(state)] == ["approval_expired"]
     assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
-    assert no_effect(outcome)
+    assert nothing_done(outcome)
     assert all_refunds(services) == []
 
 
@@ -220,7 +226,7 @@ def test_edit_may_not_retarget_the_action(
     [error] = tool_errors(state)
     assert (error["code"], error["edit"]["code"]) == ("edit_refused", "edit_not_allowed")
     assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
-    assert no_effect(outcome)
+    assert nothing_done(outcome)
     assert all_refunds(services) == []
 
 
@@ -255,7 +261,8 @@ def test_cli_reject_round_trip(
     rejected = cli(
         "approvals", "reject", match[1], "--as", "a-1", "--db", postgres_url, env=env, check=True
     )
-    assert "COMPLETED" in rejected.stdout and "no business effect" in rejected.stdout
+    assert "INCOMPLETE" in rejected.stdout and "not_done" in rejected.stdout
+    assert "not done: submit_refund" in rejected.stdout and "approval_rejected" in rejected.stdout
     assert list_refunds(services, "O-42") == []
 
 

@@ -82,7 +82,11 @@ def test_each_refused_call_executes_nothing_and_the_model_reads_why(
             outcome, state = run(runner, task)
         assert [e["code"] for e in tool_errors(state)] == [code], case
         assert code in final_answer(state), case  # the corrective turn read the error
-        assert (outcome.phase, outcome.stop_reason) == ("COMPLETED", "completed"), case
+        # The task's own refund never happened: the run says so (never "completed"), except
+        # where the order is not the user's, whose refund was never theirs to have.
+        done = task == OTHER_USERS_TASK
+        ended = ("COMPLETED", "completed") if done else ("INCOMPLETE", "not_done")
+        assert (outcome.phase, outcome.stop_reason) == ended, case
         assert outcome.verification is not None, case
         assert outcome.verification["facts"]["writes"] == [], case
         assert outcome.actions == [], case
@@ -112,7 +116,7 @@ def test_malformed_tool_output_is_a_fault_never_evidence(
     assert "malformed_output" in final_answer(state)
     assert state["evidence"] == []
     assert state["usage"]["tool_result_bytes"] == 0
-    assert outcome.stop_reason == "completed"
+    assert outcome.stop_reason == "not_done"  # the order was never read: nothing refunded
     assert outcome.actions == []
     assert all_refunds(services) == []
 
