@@ -525,7 +525,8 @@ def worker(
     until stopped.
 
     A database that goes away does not end the worker: it reconnects, waiting 1, 2, 4, ... up
-    to 30 s between tries. One it cannot reach at all at start is a configuration error."""
+    to 30 s between tries. One it cannot connect to at all at start is a configuration error
+    (one that drops the worker's first connections has been reached: it reconnects)."""
     hosted = agent_for(agent)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -551,8 +552,9 @@ def worker(
                 connected, reconnect_s = True, RECONNECT_FIRST_S
                 work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
         except DATABASE_FAULTS as exc:
-            if not connected:
+            if not connected and isinstance(exc, DatabaseUnavailable):
                 raise  # never reached: a wrong URL or a database that is not there
+            # Reached, then lost (while starting up, too): the database is there; reconnect.
             # The connections are suspect: open new ones (after a pause) rather than exit.
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             console.print(
