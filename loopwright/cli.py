@@ -52,6 +52,7 @@ from loopwright.graph.state import (
 )
 from loopwright.run_list import render_runs
 from loopwright.runner import (
+    EditRefused,
     OtherAgentsRun,
     RunExists,
     Runner,
@@ -442,12 +443,14 @@ def _decide_command(
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
         edits = _parse_changes(changes or []) if decision == "edit" else None
+        answer = decide(request, decision, approver, comment, changes=edits)
+        if answer.get("args") is not None:
+            try:
+                runner.check_edit(ApprovalRequest.model_validate(request), answer["args"])
+            except EditRefused as exc:
+                raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         printer = TimelinePrinter(console, runner.tools)
-        outcome = runner.resume(
-            request["run_id"],
-            decide(request, decision, approver, comment, changes=edits),
-            on_step=printer,
-        )
+        outcome = runner.resume(request["run_id"], answer, on_step=printer)
         report(outcome, printer.redactor, again=repeat_options(agent, db))
 
 

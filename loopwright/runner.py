@@ -27,6 +27,7 @@ from typing import Any, cast
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, StateSnapshot
+from pydantic import ValidationError
 
 from loopwright._agent import Agent
 from loopwright.checkpoints.database import DATABASE_FAULTS
@@ -59,6 +60,7 @@ from loopwright.graph.state import (
 from loopwright.graph.views import stop
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.tracing import run_span
+from loopwright.tools.contract import ToolFault
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]
@@ -285,7 +287,31 @@ class Runner:
             raise NoPendingApproval(run_id)
         request = ApprovalRequest.model_validate(waiting[0])
         answer = request.answer(decision, approver, comment, changes)
+        if answer.args is not None:
+            self.check_edit(request, answer.args)
         return self.resume(run_id, answer.model_dump(mode="json"), on_step=on_step)
+
+    def check_edit(self, request: ApprovalRequest, args: dict[str, Any]) -> None:
+        """Refuse, before the run sees it, an edit the write could not be planned with: its
+        arguments must be valid for the tool and meet its business rules, now. A refused edit
+        changes nothing: the request still waits for a decision. Raises EditRefused."""
+        contract = self.tools.get(request.tool)
+        if contract is None:
+            raise EditRefused(f"{request.tool} is not a tool of agent {self.agent.name}")
+        try:
+            edited = contract.args_model.model_validate(args)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            )
+            raise EditRefused(f"the edited {request.tool} is invalid: {problems}") from None
+        state = self.state(request.run_id)
+        ctx = self.context(request.run_id, 0).tool_context(state)
+        try:
+            contract.check_preconditions(ctx, edited)
+        except ToolFault as fault:
+            raise EditRefused(f"the edited {request.tool} breaks a rule: {fault}") from None
 
     def cancel(self, run_id: str, *, on_step: StepListener | None = None) -> RunOutcome:
         """Ask a run to stop: no new model step or action starts; writes in flight are settled.
@@ -482,6 +508,10 @@ class RunExists(ValueError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} exists already, with another task or user")
         self.run_id = run_id
+
+
+class EditRefused(ValueError):
+    """An approver's edit the write could not be planned with; the request still waits."""
 
 
 class NoPendingApproval(LookupError):

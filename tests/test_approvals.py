@@ -274,6 +274,19 @@ def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_
         [request] = runner.start(DEMO_TASK, principal()).waiting_for_approval
     approval_id = request["approval_id"]
     decide_args = ("--as", "a-1", "--db", postgres_url)
+    # An edit the write could not be planned with is refused before the run sees it: the
+    # request still waits, untouched (a typo must not cost the refund).
+    for bad, why in (
+        ("amount=abc", "is invalid: amount"),
+        ("amount=-5", "is invalid: amount"),
+        ("amount=500.00", "breaks a rule: amount_exceeds_refundable"),
+    ):
+        refused = cli("approvals", "edit", approval_id, "--set", bad, *decide_args, env=env)
+        assert refused.returncode == 2, refused.stdout
+        assert why in refused.stderr and "still waits for a decision" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    listed = cli("approvals", "list", "--db", postgres_url, env=env, check=True)
+    assert approval_id in listed.stdout
     edited = cli(
         "approvals", "edit", approval_id, "--set", "amount=40.00", *decide_args, env=env, check=True
     )

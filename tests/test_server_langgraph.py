@@ -280,6 +280,15 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     refused = post("edit", interrupt["id"], iban="DE00")
     assert refused.status_code == 422 and "cannot edit iban" in refused.json()["detail"]
     assert post("approve", interrupt["id"], amount="1.00").status_code == 422
+    # An edit the write could not be planned with is refused in place; the approval waits on.
+    for bad in ("abc", "-5", "500.00"):
+        invalid = post("edit", interrupt["id"], amount=bad)
+        assert invalid.status_code == 422, invalid.text
+        assert "the approval still waits" in invalid.json()["detail"]
+    listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+    assert [a["interrupt_id"] for a in listed["approvals"] if a["thread_id"] == thread_id] == [
+        interrupt["id"]
+    ]
     assert post("edit", interrupt["id"], amount="40.00").status_code == 202
 
     deadline = time.monotonic() + 30

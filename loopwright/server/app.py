@@ -20,6 +20,7 @@ The page itself carries no data, so it needs no token; the JSON routes do.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -35,8 +36,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest
+from loopwright.runner import EditRefused
 from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.launch import GRAPH_ID
+from loopwright.server.resources import aresources
 
 # The graph a decision resumes a run on (what langgraph.json calls it; `loopwright serve`'s).
 ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
@@ -150,6 +153,14 @@ async def decide(request: Request) -> Response:
             decision = req.answer(choice, user.user_id, body.comment, body.changes)
         except ValueError as exc:  # pydantic's ValidationError included
             raise InboxError(422, f"bad decision: {exc}") from None
+        if decision.args is not None:
+            # An edit the write could not be planned with is refused here, with the request
+            # still pending: sent to the run, it would end the action instead.
+            res = await aresources()
+            try:
+                await asyncio.to_thread(res.runner.check_edit, req, decision.args)
+            except EditRefused as exc:
+                raise InboxError(422, f"{exc}; the approval still waits") from None
         run = await client.runs.create(
             body.thread_id,
             ASSISTANT_ID,
