@@ -36,6 +36,7 @@ from loopwright.graph.state import Action, Principal
 from loopwright.tools.contract import (
     Guarantee,
     Precondition,
+    ResendAfterDeadline,
     ToolContext,
     ToolContract,
     VerifyResult,
@@ -215,6 +216,7 @@ class Agent[DepsT]:
         authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
         sensitive: Collection[str] = (),
         editable: Collection[str] = (),
+        resend: ResendAfterDeadline | None = None,
         timeout_s: float = 5.0,
         max_result_bytes: int = 64_000,
         name: str | None = None,
@@ -236,7 +238,8 @@ class Agent[DepsT]:
         journaled before the send, for a downstream without keys; `current_versions(ctx,
         args)` refuses a plan made on data that changed since the model read it; `produces`
         names the output fields that are identifiers the write created (an answer may cite
-        only those the run can back); `editable` the arguments an approver may change.
+        only those the run can back); `editable` the arguments an approver may change; `resend`
+        (for a downstream without keys) how an intent proven absent is sent again safely.
         """
         declared: dict[str, Any] = {
             "intent": intent,
@@ -254,6 +257,7 @@ class Agent[DepsT]:
             "authorize": authorize,
             "sensitive": sensitive,
             "editable": editable,
+            "resend": resend,
             "timeout_s": timeout_s,
             "max_result_bytes": max_result_bytes,
             "name": name,

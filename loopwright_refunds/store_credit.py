@@ -1,11 +1,13 @@
 """A write without an idempotency key: store credit, reconciled through a pre-image.
 
-The credit service cannot dedupe a re-sent request, so this contract never re-sends. What it
-declares instead is a pre-image read: the executor journals the customer's credit account
-(balance and version) with DISPATCHED, before the write is sent. When the outcome is unknown,
-reconciliation reads the account again and compares: unchanged means the write was not applied
-(definitively absent: FAILED, never re-sent); exactly one new entry of this amount means it was;
-anything else (someone else changed the account meanwhile) cannot be told apart and escalates.
+The credit service cannot dedupe a re-sent request. What this contract declares instead is a
+pre-image read: the executor journals the customer's credit account (balance and version) with
+DISPATCHED, before the write is sent. When the outcome is unknown, reconciliation reads the
+account again and compares: unchanged means the write was not applied (absent); exactly one new
+entry of this amount means it was; anything else (someone else changed the account meanwhile)
+cannot be told apart and escalates. An absent credit is sent again only once the deadline its
+request carried has passed (`ResendAfterDeadline`: the credits service refuses a request that
+arrives after its deadline), so a first request still on its way can never apply twice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from loopwright import (
     Guarantee,
     ReconcileResult,
     ReconcileStatus,
+    ResendAfterDeadline,
     ToolFault,
     VerifyResult,
     read_json,
@@ -122,9 +125,15 @@ def issue_store_credit(ctx: Ctx, args: IssueStoreCreditArgs, intent_key: str) ->
         "note": args.note,
     }
     url = f"{ctx.deps.endpoints.payments}/credits"
-    # No idempotency key exists downstream; the header is sent for the record and ignored.
+    # No idempotency key exists downstream; the deadline it honours makes a re-send safe.
+    deadline = {"Request-Deadline": ctx.send_by.isoformat()} if ctx.send_by else {}
     answer = write_json(
-        ctx.deps.http, url, body, idempotency_key="", timeout=ctx.timeout(CREDIT_TIMEOUT_S)
+        ctx.deps.http,
+        url,
+        body,
+        idempotency_key="",
+        timeout=ctx.timeout(CREDIT_TIMEOUT_S),
+        headers=deadline,
     )
     return CreditAccount.model_validate(answer)
 
@@ -133,6 +142,9 @@ STORE_CREDIT = write_tool(
     issue_store_credit,
     intent=lambda run_id, args: f"credit:{run_id}:{args.order_id}",
     guarantee=Guarantee.QUERYABLE,
+    # Every request carries a deadline the credits service honours: absent after it (and two
+    # seconds for the clocks), the credit is sent again as a new attempt of the same intent.
+    resend=ResendAfterDeadline(seconds=10.0, skew_s=2.0),
     reconcile=_reconcile,
     verify=_verify,
     needs_approval=False,

@@ -4,9 +4,11 @@ Runs before anything else happens in the run (guard routes here while any action
 For each such action, the business system is asked about the intent key:
 
   applied        -> SUCCEEDED, with the business system's record as the outcome
-  absent         -> re-sent under the same key, if the contract's guarantee allows it
-                    (idempotent by key); otherwise FAILED: it did not happen, and a downstream
-                    without keys is never sent the same write twice by the runtime
+  absent         -> re-sent under the same key if the downstream dedupes by key; for one
+                    without keys (queryable), only as the contract's `resend` makes safe: once
+                    the deadline every request carried (plus the clocks' skew) has passed, so a
+                    late-arriving first request can no longer apply -- until then the run
+                    waits, parked; with no resend declared, ESCALATED: a person decides
   pending        -> the run parks: an interrupt with the time to look again. No process is held;
                     `loopwright resume` or a worker resumes it when that time has come. A
                     cancelled run does not park: it stops, reporting the write as unconfirmed
@@ -18,7 +20,7 @@ what was sent.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -36,6 +38,7 @@ from loopwright.graph.state import (
     PendingCall,
     Phase,
     RunState,
+    utcnow,
 )
 from loopwright.graph.views import dump_actions, dump_pending, pending_of, tool_result
 from loopwright.tools.contract import (
@@ -66,6 +69,19 @@ def _escalate(action: Action, context: RunContext, why: str) -> Action:
 
 
 STRICTNESS = (Guarantee.NONE, Guarantee.QUERYABLE, Guarantee.IDEMPOTENT_BY_KEY)
+# An absent intent may be sent again under these: the same key dedupes it, or (queryable) the
+# contract's resend deadline has passed, so the first request can no longer apply.
+RESENDABLE = frozenset({Guarantee.IDEMPOTENT_BY_KEY, Guarantee.QUERYABLE})
+
+
+def _until_absence_is_final(contract: ToolContract, sent: dict[str, Any]) -> float:
+    """Seconds until a keyless write's absence is final (0: it is, or the contract has keys)."""
+    if contract.guarantee is not Guarantee.QUERYABLE or contract.resend is None:
+        return 0.0
+    if not sent.get("send_by"):
+        return 0.0  # never sent (a crash before the send): nothing can arrive late
+    final_at = datetime.fromisoformat(sent["send_by"]) + timedelta(seconds=contract.resend.skew_s)
+    return max(0.0, (final_at - utcnow()).total_seconds())
 
 
 def _weaker(a: Guarantee, b: Guarantee) -> Guarantee:
@@ -128,7 +144,18 @@ def reconcile_action(
                 outcome=answer.outcome,
                 detail={"reconciled": "applied"},
             ), None
-        case ReconcileStatus.ABSENT if guarantee is Guarantee.IDEMPOTENT_BY_KEY:
+        case ReconcileStatus.ABSENT if guarantee is Guarantee.QUERYABLE and contract.resend is None:
+            return _escalate(
+                action,
+                context,
+                "absent now, but without a key or a deadline the downstream honours, the "
+                "request may still arrive and apply: a person decides whether to send it again",
+            ), None
+        case ReconcileStatus.ABSENT if (wait := _until_absence_is_final(contract, sent)) > 0:
+            # Sent to a downstream without keys: absent is final only once the request's
+            # deadline (plus the clocks' skew) has passed; until then the run waits.
+            return action, wait
+        case ReconcileStatus.ABSENT if guarantee in RESENDABLE:
             if action.attempts >= MAX_SENDS:
                 return _escalate(
                     action, context, f"still absent after {action.attempts} sends"
@@ -148,15 +175,6 @@ def reconcile_action(
             if action.status is ActionStatus.UNKNOWN:
                 return reconcile_action(action, context, ctx)
             return action, None
-        case ReconcileStatus.ABSENT:
-            return journal.transition(
-                action.action_id,
-                ActionStatus.RECONCILING,
-                ActionStatus.FAILED,
-                fence=fence,
-                outcome={"error": {"code": "not_applied", "detail": answer.detail}},
-                detail={"reconciled": "absent"},
-            ), None
         case ReconcileStatus.PENDING:
             return action, answer.retry_after_s
         case _:

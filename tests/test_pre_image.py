@@ -1,4 +1,6 @@
-"""A write without idempotency keys: its unknown outcome is settled by comparing with a pre-image."""
+"""A write without idempotency keys: its unknown outcome is settled by comparing with a pre-image.
+
+(An absent one, and how it is sent again safely: tests/test_keyless_resend.py.)"""
 
 from __future__ import annotations
 
@@ -57,17 +59,6 @@ def test_timeout_after_apply_is_reconciled_as_applied_by_the_pre_image(
     assert history == ["PLANNED", "DISPATCHED", "UNKNOWN", "RECONCILING", "SUCCEEDED"]
     assert outcome.stop_reason == "completed"
     assert [e["amount"] for e in credit_entries(services)] == ["20.00"]
-
-
-def test_failure_before_apply_is_absent_and_never_resent_without_a_key(
-    open_test_runner: RunnerFactory, services: ServiceEndpoints
-) -> None:
-    set_fault(services, "fail_before_commit")
-    outcome, history = run_credit(open_test_runner, [*refunds.tools, STORE_CREDIT])
-    assert history == ["PLANNED", "DISPATCHED", "UNKNOWN", "RECONCILING", "FAILED"]
-    [action] = outcome.actions
-    assert action.attempts == 1
-    assert credit_entries(services) == []
 
 
 def test_without_any_guarantee_an_unknown_outcome_escalates(

@@ -70,6 +70,9 @@ class ToolContext[DepsT]:
     run_id: str = ""
     principal: Principal | None = None
     deadline: datetime | None = None
+    # A write whose contract re-sends after a deadline: the moment after which the downstream
+    # must not apply this request (send it along, e.g. as a header the downstream honours).
+    send_by: datetime | None = None
 
     def timeout(self, seconds: float) -> float:
         """`seconds`, or less if the run's deadline comes first (never below 50 ms)."""
@@ -146,6 +149,18 @@ class ReconcileStatus(StrEnum):
     ABSENT = "absent"  # definitively not there: safe to re-send under the same key
     PENDING = "pending"  # known to the business system, not finished yet
     UNCONFIRMABLE = "unconfirmable"  # cannot be asked, or the answer is not trustworthy
+
+
+@dataclass(frozen=True)
+class ResendAfterDeadline:
+    """How an absent write to a downstream without keys is made safe to send again: every
+    request carries a deadline (`ToolContext.send_by`, `seconds` after it is sent) that the
+    downstream honours, refusing it afterwards. Once the deadline plus `skew_s` (for the two
+    clocks) has passed, a request that never arrived can no longer apply: reconciliation that
+    finds the intent absent then sends a new attempt of the same intent, never before."""
+
+    seconds: float
+    skew_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -228,6 +243,9 @@ class ToolContract:
     # the runtime) when a run is cancelled after the write.
     compensation: Callable[[Action], str] | None = None
     guarantee: Guarantee = Guarantee.NONE
+    # Writes to a downstream without keys (queryable): how an intent proven absent is sent
+    # again safely. Without one, an absent keyless write goes to a person (needs_human).
+    resend: ResendAfterDeadline | None = None
     timeout_s: float = 5.0
     max_attempts: int = 2  # reads: transport faults retried in this one layer
     max_result_bytes: int = 64_000

@@ -30,6 +30,7 @@ from loopwright.tools.contract import (
     Precondition,
     ReconcileResult,
     ReconcileStatus,
+    ResendAfterDeadline,
     ToolContext,
     ToolContract,
     VerifyResult,
@@ -215,6 +216,7 @@ def write_tool(
     authorize: Callable[[ToolContext[Any], Any], bool | None] | None = None,
     sensitive: Collection[str] = (),
     editable: Collection[str] = (),
+    resend: ResendAfterDeadline | None = None,
     timeout_s: float = 5.0,
     max_result_bytes: int = 64_000,
     name: str | None = None,
@@ -237,6 +239,12 @@ def write_tool(
             f"guarantee {guarantee.value} needs reconcile=... (how to ask the business system "
             "whether an intent happened), or declare guarantee=Guarantee.NONE (every unknown "
             "outcome then goes to a person)",
+        )
+    if resend is not None and guarantee is not Guarantee.QUERYABLE:
+        raise _fail(
+            tool,
+            "resend= is for a downstream without keys (guarantee=Guarantee.QUERYABLE): one that "
+            "dedupes by key is re-sent under its key, one that cannot be asked never is",
         )
     full_reconcile = _reconcile_with_pre_image(reconcile) if reconcile is not None else None
     if verify is None:
@@ -269,6 +277,7 @@ def write_tool(
         current_versions=current_versions,
         compensation=compensation,
         guarantee=guarantee,
+        resend=resend,
         timeout_s=timeout_s,
         max_result_bytes=max_result_bytes,
         sensitive_fields=frozenset(sensitive),

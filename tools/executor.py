@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -140,6 +141,10 @@ def _dispatch(
     args = contract.args_model.model_validate(action.args)
     # The contract it is sent under: reconciliation after a deploy checks it is still the same.
     detail: dict[str, Any] = {"contract": contract.schema_hash, "guarantee": contract.guarantee}
+    if contract.resend is not None:
+        # Journaled before the send: reconciliation never re-sends before it has passed.
+        ctx = replace(ctx, send_by=utcnow() + timedelta(seconds=contract.resend.seconds))
+        detail["send_by"] = ctx.send_by.isoformat() if ctx.send_by else None
     if contract.pre_image is not None:
         try:
             detail["pre_image"] = contract.pre_image(ctx, args)

@@ -8,6 +8,7 @@ business system may have applied the write: OutcomeUnknown, never a failure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -54,11 +55,12 @@ def write_json(
     *,
     idempotency_key: str,
     timeout: float,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
-    """POST a write under a business idempotency key and classify what came back."""
-    request = client.build_request(
-        "POST", url, json=body, headers={"Idempotency-Key": idempotency_key}, timeout=timeout
-    )
+    """POST a write under a business idempotency key and classify what came back. `headers`
+    go along (e.g. the deadline a downstream without keys honours)."""
+    sent = {"Idempotency-Key": idempotency_key, **(headers or {})}
+    request = client.build_request("POST", url, json=body, headers=sent, timeout=timeout)
     try:
         response = client.send(request, stream=True)
     except httpx.ConnectError as exc:

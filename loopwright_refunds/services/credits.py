@@ -1,7 +1,9 @@
 """Store credit: a write with no idempotency key, the kind of downstream many systems still are.
 
 `POST /credits` adds an entry to a customer's credit ledger and answers the new balance; sending
-it twice credits twice. What it offers instead is a readable state with a version that moves on
+it twice credits twice. A request may carry a `Request-Deadline` (an ISO timestamp): one that
+arrives after it, or is held up past it, is refused (409 `deadline_passed`) and applies nothing,
+which is what lets a caller send again safely once the deadline has passed. What it offers instead is a readable state with a version that moves on
 every change (`GET /credits/{user_id}`), which is enough for a caller that recorded the state
 before writing (a pre-image) to tell afterwards whether its write was applied. It shares the
 payments service's fault switch, so the same failures can be injected.
@@ -10,10 +12,11 @@ payments service's fault switch, so the same failures can be injected.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from pydantic import BaseModel
 
 from loopwright_refunds.services.errors import ServiceError
@@ -80,15 +83,19 @@ def credits_router(db_path: Path, faults: FaultSwitch) -> APIRouter:
         )
 
     @router.post("/credits", status_code=201)
-    async def add_credit(request: CreditRequest) -> CreditAccount:
+    async def add_credit(
+        request: CreditRequest, deadline: str | None = Header(None, alias="Request-Deadline")
+    ) -> CreditAccount:
         cents = to_cents(request.amount)
         if cents <= 0:
             raise ServiceError(422, "invalid_amount", "a credit must be positive")
         fault = faults.take()
         if fault.mode == "fail_before_commit":
             raise ServiceError(500, "internal_error", "injected fault: failed before commit")
-        if fault.mode == "latency":
+        if fault.mode == "latency":  # held up on the way: it may arrive after its deadline
             await asyncio.sleep(fault.delay_s)
+        if deadline is not None and utc_now() > datetime.fromisoformat(deadline):
+            raise ServiceError(409, "deadline_passed", f"arrived after its deadline {deadline}")
         with transaction(db):
             db.execute(
                 "INSERT INTO credit_entries (user_id, amount_cents, currency, note, created_at)"
