@@ -7,6 +7,8 @@ the clock, so a resumed run decides exactly as the original would have.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +56,19 @@ class Usage(BaseModel):
         )
 
 
+@dataclass(frozen=True)
+class RequestBounds:
+    """What bounds the model request being made now: when it must be over, how many tokens it
+    may answer with. Set by the model step for the request (`REQUEST_BOUNDS`); a model client
+    that can enforce them does (`loopwright.models.openai_chat`)."""
+
+    stop_by: datetime
+    max_output_tokens: int
+
+
+REQUEST_BOUNDS: ContextVar[RequestBounds | None] = ContextVar("request_bounds", default=None)
+
+
 class BudgetExceeded(BaseModel):
     reason: StopReason
     detail: str
@@ -71,12 +86,22 @@ class Budget(BaseModel):
     # What one model request may be sent; older history is summarised to fit (compaction).
     max_context_tokens: int = 24_000
     max_output_tokens: int = 50_000
+    # One model request: at most this long (streamed or not, whatever the run's deadline
+    # leaves), and at most this many output tokens (whatever the run's token budget leaves).
+    max_model_request_s: float = 120.0
+    max_output_tokens_per_request: int = 4_096
     max_cost_usd: float = 5.0
     max_parallel_tools: int = 4
     max_tool_result_bytes: int = 1_000_000
     max_tool_attempts: int = 50
     # USD per million tokens by model id; a model not listed costs nothing (the scripted one).
     prices: dict[str, Price] = Field(default_factory=dict)
+
+    def request_bounds(self, usage: Usage, started_at: datetime, now: datetime) -> RequestBounds:
+        """The bounds of the next model request: its own limits, and what the run has left."""
+        stop_by = min(now + timedelta(seconds=self.max_model_request_s), self.deadline(started_at))
+        left = max(1, self.max_output_tokens - usage.output_tokens)
+        return RequestBounds(stop_by, min(self.max_output_tokens_per_request, left))
 
     def price(self, model_id: str) -> Price:
         return self.prices.get(model_id, Price())

@@ -31,6 +31,10 @@ class RunContext:
     model: BaseChatModel
     tools: ToolRegistry
     journal: ActionJournal
+    # What the model was built from ("" for the agent's own) and its settings, recorded in V on
+    # the run's first step.
+    model_spec: str = ""
+    model_settings: dict[str, Any] = field(default_factory=dict)
     # The application's own dependencies (what its agent's `deps` factory opened), passed to
     # every tool function as `ctx.deps`. The runtime never looks inside.
     deps: Any = None

@@ -294,6 +294,10 @@ class Versions(BaseModel):
     agent: str = ""
     agent_version: str = ""
     model_id: str = ""
+    # The model as the run was started with it: "" for its agent's own, else the spec
+    # ("openai:gpt-5-mini") and its settings (API, base URL, streaming, temperature, ...).
+    model_spec: str = ""
+    model_settings: dict[str, Any] = Field(default_factory=dict)
     prompt_version: str = ""
     tool_schemas: dict[str, str] = Field(default_factory=dict)
 

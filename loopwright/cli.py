@@ -53,6 +53,7 @@ from loopwright.graph.state import (
 from loopwright.run_list import render_runs
 from loopwright.runner import (
     EditRefused,
+    ModelChanged,
     OtherAgentsRun,
     RunExists,
     Runner,
@@ -170,7 +171,8 @@ def session(
 ) -> Iterator[Runner]:
     """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
     try:
-        chat_model = agent.chat_model(model) if model else None
+        if model:
+            agent.chat_model(model)  # a bad spec is the user's to fix, before anything opens
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     url = resolve_database_url(db)
@@ -188,7 +190,7 @@ def session(
                 url,
                 agent,
                 deps=opened,
-                model=chat_model,
+                model_spec=model or None,
                 lease_wait_s=lease_ttl_from_env() + 1,
             )
         )
@@ -671,6 +673,7 @@ def main() -> None:
         TaskRefused,
         UnknownRun,
         OtherAgentsRun,
+        ModelChanged,
         RunExists,
         LeaseHeld,
         LeaseLost,

@@ -58,6 +58,7 @@ from loopwright.graph.state import (
     initial_state,
 )
 from loopwright.graph.views import stop
+from loopwright.models.factory import make_model, model_settings
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.tracing import run_span
 from loopwright.tools.contract import ToolFault
@@ -148,6 +149,7 @@ class Runner:
         agent: Agent[Any],
         deps: Any,
         model: BaseChatModel | None = None,
+        model_spec: str | None = None,
         budget: Budget | None = None,
         owner: str | None = None,
         lease_ttl_s: float | None = None,
@@ -159,6 +161,9 @@ class Runner:
         self.tools = agent.tools
         self.budget = budget or agent.budget
         self._model = model
+        # What `model` is, or is to be built from: a spec ("openai:..."); None: the agent's own
+        # (or the object given). A run keeps the model it was started with (`model_for`).
+        self.model_spec = model_spec
         self.saver = saver
         self.graph = compile_graph(saver)
         self.journal = journal
@@ -175,8 +180,27 @@ class Runner:
     def model(self) -> BaseChatModel:
         """The model, made on first use: listing and showing runs never needs one."""
         if self._model is None:
-            self._model = self.agent.chat_model()
+            self._model = self.agent.chat_model(self.model_spec)
         return self._model
+
+    def model_for(self, run_id: str) -> tuple[BaseChatModel, str]:
+        """The model a run is advanced with, and its spec: the one it was started with (V).
+
+        A new run takes this runner's. A run started with another spec is resumed with a model
+        rebuilt from its recorded spec and settings, unless this runner was given a spec of its
+        own (`--model`), which must then be the run's: ModelChanged otherwise."""
+        versions = (self.graph.get_state(self.config(run_id)).values or {}).get("versions")
+        mine = self.model_spec or ""
+        if not versions or "model_spec" not in versions:
+            return self.model, mine
+        recorded = str(versions["model_spec"])
+        if recorded == mine:
+            return self.model, mine
+        if self.model_spec is not None:
+            raise ModelChanged(run_id, recorded, mine)
+        if not recorded:
+            return self.agent.chat_model(), recorded
+        return make_model(recorded, versions.get("model_settings") or None), recorded
 
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
@@ -191,10 +215,13 @@ class Runner:
     def context(self, run_id: str, fence: int) -> RunContext:
         """The principal travels in the run's input, committed before any node runs."""
         agent = self.agent
+        model, spec = self.model_for(run_id)
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
             is_approver=self.is_approver,
-            model=self.model,
+            model=model,
+            model_spec=spec,
+            model_settings=model_settings(model),
             tools=self.tools,
             deps=self.deps,
             agent_name=agent.name,
@@ -381,6 +408,7 @@ class Runner:
     def _advance(self, run_id: str, payload: Any, on_step: StepListener | None) -> RunOutcome:
         """Advance the run inside one `run` span: its node, model and tool spans are children,
         and the run spans of every process that advances this run share its trace id."""
+        self.model_for(run_id)  # a model the run was not started with: refused before anything
         attributes = {"loopwright.advance": advance_kind(payload), "loopwright.owner": self.owner}
         with run_span(run_id, attributes) as span:
             outcome = self._advance_leased(run_id, payload, on_step)
@@ -514,6 +542,18 @@ class EditRefused(ValueError):
     """An approver's edit the write could not be planned with; the request still waits."""
 
 
+class ModelChanged(ValueError):
+    """A run resumed with a model other than the one it was started with."""
+
+    def __init__(self, run_id: str, recorded: str, given: str) -> None:
+        started = recorded or "its agent's own model"
+        super().__init__(
+            f"run {run_id} was started with {started}; resume it with that"
+            + (f" (--model {recorded})" if recorded else " (no --model)")
+            + f", not {given or 'the agent default'}"
+        )
+
+
 class NoPendingApproval(LookupError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} waits for no approval")
@@ -543,6 +583,7 @@ def open_runner(
     *,
     deps: Any = OPEN_DEPS,
     model: BaseChatModel | None = None,
+    model_spec: str | None = None,
     budget: Budget | None = None,
     lease_wait_s: float = 0.0,
 ) -> Iterator[Runner]:
@@ -561,6 +602,7 @@ def open_runner(
             agent=agent,
             deps=deps,
             model=model,
+            model_spec=model_spec,
             budget=budget,
             lease_wait_s=lease_wait_s,
         )

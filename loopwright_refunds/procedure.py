@@ -50,10 +50,11 @@ class Transcript:
     def read(cls, messages: Sequence[BaseMessage]) -> Transcript:
         """Pair every tool result with the call that asked for it.
 
-        The task is the last human message. A result whose content cannot be parsed is seen as
-        an error, so the procedure treats it like any other failed call.
+        The task is the first human message (later ones are the runtime's feedback). A result
+        whose content cannot be parsed is seen as an error, so the procedure treats it like any
+        other failed call.
         """
-        task = next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+        task = next((m.text for m in messages if isinstance(m, HumanMessage)), "")
         asked: dict[str, tuple[str, dict[str, Any]]] = {}
         observations: list[Observation] = []
         for message in messages:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langgraph.runtime import Runtime
 
 from loopwright.graph.agents import allowed_tools
@@ -94,10 +94,17 @@ def system_text(state: RunState, tools: list[str], context: RunContext) -> str:
     if state.get("plan"):
         lines += ["", "Current plan (a plan is not a permission; every call is still checked):"]
         lines += describe_plan(state.get("plan") or [])
-    feedback = state.get("feedback") or []
-    if feedback:
-        lines += ["", "Runtime feedback on your last answer:"] + [f"- {f}" for f in feedback]
     return "\n".join(lines)
+
+
+FEEDBACK_HEADER = "[runtime feedback on your last answer, from loopwright, not from the user]"
+
+
+def feedback_message(feedback: list[str]) -> HumanMessage:
+    """The runtime's feedback as the request's last message, in the user role: a request that
+    ends with the model's own answer is refused by servers that take a trailing assistant
+    message as a prefill (llama.cpp), and ignored by others."""
+    return HumanMessage(content="\n".join([FEEDBACK_HEADER, *(f"- {f}" for f in feedback)]))
 
 
 def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
@@ -119,16 +126,20 @@ def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, 
             "tools": tools,
             "window_start": window.start,
             "prompt_version": context.prompt_version,
+            "feedback": list(state.get("feedback") or []),
         },
     }
 
 
 def render(state: RunState) -> list[BaseMessage]:
-    """The messages the model step sends: the compiled system text, the task, the window."""
+    """The messages the model step sends: the compiled system text, the task, the window, and
+    the runtime's feedback, if any, last."""
     compiled = state.get("context") or {}
     history = state["history"]
+    feedback = compiled.get("feedback") or []
     return [
         SystemMessage(content=compiled.get("system", "")),
         *history[:1],
         *history[max(1, compiled.get("window_start", 1)) :],
+        *([feedback_message(feedback)] if feedback else []),
     ]

@@ -56,6 +56,8 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
         agent=context.agent_name,
         agent_version=context.agent_version,
         model_id=context.model_id,
+        model_spec=context.model_spec,
+        model_settings=context.model_settings,
         prompt_version=context.prompt_version,
         tool_schemas=context.tools.schema_hashes(),
     )

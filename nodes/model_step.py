@@ -17,11 +17,12 @@ from typing import Any
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
+from loopwright.graph.budget import REQUEST_BOUNDS
 from loopwright.graph.context import RunContext, model_name
 from loopwright.graph.crashpoints import crash_point
 from loopwright.graph.plan import Planner
 from loopwright.graph.state import PendingCall, Phase, RunState, StopReason, digest
-from loopwright.graph.views import dump_pending, stop, usage_of
+from loopwright.graph.views import dump_pending, started_at, stop, usage_of
 from loopwright.nodes.compile_context import render
 from loopwright.observability.instrument import model_span, note_model_reply
 
@@ -81,6 +82,8 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     if planner is not None:
         reply, plan = _planned(state, planner)
     else:
+        bounds = context.budget.request_bounds(usage_of(state), started_at(state), context.now())
+        bound = REQUEST_BOUNDS.set(bounds)
         try:
             with model_span(model, context.prompt_version) as span:
                 reply = model.bind_tools(allowed).invoke(render(state))
@@ -88,12 +91,14 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         except Exception as exc:  # the model client already retried transient faults (one layer)
             # The request was made (and may be billed) though nothing came back of it.
             failed = usage_of(state).after_failed_model_request()
+            late = context.budget.check_deadline(started_at(state), context.now())
+            reason = StopReason.DEADLINE_EXCEEDED if late else StopReason.TOOL_UNAVAILABLE
             return {
-                **stop(
-                    StopReason.TOOL_UNAVAILABLE, f"model unavailable: {type(exc).__name__}: {exc}"
-                ),
+                **stop(reason, f"model unavailable: {type(exc).__name__}: {exc}"[:1000]),
                 "usage": failed.model_dump(mode="json"),
             }
+        finally:
+            REQUEST_BOUNDS.reset(bound)
     if not isinstance(reply, AIMessage):
         return stop(StopReason.TOOL_UNAVAILABLE, f"model returned {type(reply).__name__}")
     usage = usage_of(state)

@@ -137,11 +137,32 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
             f"the answer cites {claim[:QUOTED_ID_CHARS]!r}, which no verified write of this run "
             "produced and nothing the run observed holds"
         )
+    if (called := _written_call(answer, [c.name for c in context.tools])) is not None:
+        problems.append(
+            f"the answer looks like a call of {called} written as text: call the tool, or "
+            "answer in words"
+        )
     facts["answer"] = answer
     summary = "; ".join(_described(w) for w in facts["writes"]) or "no business effect"
     if missing:
         summary += "; not done: " + "; ".join(why_not(a) for a in missing)
     return Verification(verified=not problems, summary=summary, facts=facts, problems=problems)
+
+
+# A tool call written out as text, as weak models do on servers without tool-call parsing:
+# `name(...`, a JSON object naming the function, or a fenced JSON block with its arguments.
+_FENCED_CALL = re.compile(r"```(?:json)?\s*\{[^`]*\"(?:arguments|parameters)\"\s*:", re.DOTALL)
+
+
+def _written_call(answer: str, tools: list[str]) -> str | None:
+    """The tool the answer writes a call of, instead of calling it (None if it does not)."""
+    for name in tools:
+        named = re.escape(name)
+        if re.search(rf"\b{named}\s*\(", answer) or re.search(
+            rf'"(?:name|function|tool)"\s*:\s*"{named}"', answer
+        ):
+            return name
+    return "a tool" if _FENCED_CALL.search(answer) else None
 
 
 def _ids(patterns: list[re.Pattern[str]], text: str) -> set[str]:

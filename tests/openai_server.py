@@ -227,6 +227,10 @@ class OpenAIStub:
         self._faults: deque[int] = deque()
         self._persistent: int | None = None
         self._cut_after: int | None = None
+        # Behaviours of real servers and weak models, scripted (see the methods below).
+        self.refuse_trailing_assistant = False
+        self._endless = False
+        self._truncate = False
         self._turns = 0
         self._issued: dict[str, tuple[str, str]] = {}
         self._lock = threading.Lock()
@@ -244,6 +248,14 @@ class OpenAIStub:
     def cut_next_stream(self, after_chars: int) -> None:
         """End the next stream after `after_chars` characters of its first call's arguments."""
         self._cut_after = after_chars
+
+    def stream_forever_next(self) -> None:
+        """Make the next streamed answer never end: text chunks, one every 20 ms, for ever."""
+        self._endless = True
+
+    def truncate_next(self) -> None:
+        """Answer the next request as if the output limit cut it (finish_reason "length")."""
+        self._truncate = True
 
     def requests(self, path: str = "") -> list[dict[str, Any]]:
         """Bodies of the requests to `path` (all paths if empty), in order."""
@@ -472,6 +484,12 @@ class OpenAIStub:
 
     def _chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], Turn]:
         referee_chat(body["messages"])
+        if self.refuse_trailing_assistant and body["messages"][-1]["role"] == "assistant":
+            # llama.cpp's server takes a trailing assistant message for a prefill and refuses
+            # the request ("Cannot have 2 or more assistant messages at the end of the list").
+            raise ProtocolViolation(
+                "Cannot have 2 or more assistant messages at the end of the list"
+            )
         turn = self._turn(
             chat_messages_to_messages(body["messages"]), body.get("tools") or [], body
         )
@@ -494,7 +512,7 @@ class OpenAIStub:
                 {
                     "index": 0,
                     "message": message,
-                    "finish_reason": "tool_calls" if turn.calls else "stop",
+                    "finish_reason": self._finish_reason(turn),
                     "logprobs": None,
                 }
             ],
@@ -505,6 +523,24 @@ class OpenAIStub:
             },
         }
         return completion, turn
+
+    def _finish_reason(self, turn: Turn) -> str:
+        with self._lock:
+            truncated, self._truncate = self._truncate, False
+        return "length" if truncated else "tool_calls" if turn.calls else "stop"
+
+    @staticmethod
+    def _endless_chunks(completion: dict[str, Any]) -> Iterator[str]:
+        base = {k: completion[k] for k in ("id", "created", "model")}
+        while True:
+            delta = {"content": "and so on "}
+            data = {
+                **base,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            }
+            yield f"data: {json.dumps(data)}\n\n"
+            time.sleep(0.02)
 
     @staticmethod
     def _chat_chunks(
@@ -573,6 +609,13 @@ class OpenAIStub:
                 return self._send(path, body, completion, turn)
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             render = partial(self._chat_chunks, completion, include_usage=usage)
+            with self._lock:
+                endless, self._endless = self._endless, False
+            if endless:
+                self._record(path, body, 200, completion)
+                return StreamingResponse(
+                    self._endless_chunks(completion), media_type="text/event-stream"
+                )
             return self._stream(path, body, completion, turn, render)
 
         return app

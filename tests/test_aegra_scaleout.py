@@ -40,7 +40,8 @@ from loopwright.server.launch import file_config
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
-from tests.test_server_langgraph import GRAPH, TOKENS, free_port, values_of
+from tests.ports import reserved_port
+from tests.test_server_langgraph import GRAPH, TOKENS, values_of
 
 REDIS = ("127.0.0.1", 6379)
 RUNS = 20
@@ -85,30 +86,30 @@ class Cluster:
     instances: list[Instance]
 
     def start(self, name: str) -> Instance:
-        port = free_port()
-        with (self.workdir / f"{name}.log").open("ab") as log:
-            process = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "uvicorn", "aegra_api.main:app"),
-                    *("--host", "127.0.0.1", "--port", str(port)),
-                ],
-                cwd=self.workdir,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        instance = Instance(process, f"http://127.0.0.1:{port}")
-        self.instances.append(instance)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert process.poll() is None, (self.workdir / f"{name}.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{instance.url}/health", timeout=1).status_code == 200:
-                    return instance
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        with reserved_port() as port:  # held until the instance listens on it
+            with (self.workdir / f"{name}.log").open("ab") as log:
+                process = subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "uvicorn", "aegra_api.main:app"),
+                        *("--host", "127.0.0.1", "--port", str(port)),
+                    ],
+                    cwd=self.workdir,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            instance = Instance(process, f"http://127.0.0.1:{port}")
+            self.instances.append(instance)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                assert process.poll() is None, (self.workdir / f"{name}.log").read_text()[-3000:]
+                try:
+                    if httpx.get(f"{instance.url}/health", timeout=1).status_code == 200:
+                        return instance
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
         raise AssertionError(f"Aegra {name} did not start")
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -192,6 +193,44 @@ def pid_of(writer: str) -> int:
     return int(writer.split(":")[1])
 
 
+def mid_run(cluster: Cluster, instance: Instance) -> list[str]:
+    """Runs `instance` holds, has written checkpoints of, and has not refunded yet: were it to
+    die now, another instance would have to write the rest of them."""
+    me = f"%:{instance.process.pid}:%"
+    return [
+        run_id
+        for (run_id,) in cluster.sql(
+            "SELECT r.run_id FROM lw_runs r WHERE r.owner LIKE %s"
+            " AND EXISTS (SELECT 1 FROM checkpoints c"
+            "  WHERE c.thread_id = r.run_id AND c.metadata->>'lw_writer' LIKE %s)"
+            " AND NOT EXISTS (SELECT 1 FROM lw_actions a"
+            "  WHERE a.run_id = r.run_id AND a.status = 'SUCCEEDED')",
+            me,
+            me,
+        )
+    ]
+
+
+def kill_mid_run(cluster: Cluster, instance: Instance) -> None:
+    """SIGKILL `instance` while it is in the middle of a run (see `mid_run`), not merely when it
+    has claimed one: a claim alone may not have written anything yet. The instance is stopped
+    (SIGSTOP) and asked about again before the kill, so that it cannot finish the run between
+    the question and the kill; a statement it had already sent lands meanwhile."""
+    pid = instance.process.pid
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "instance 1 never got a run under way"
+        if mid_run(cluster, instance):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.5)
+            if mid_run(cluster, instance):
+                break
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    instance.process.wait()
+
+
 def test_a_killed_instance_s_runs_are_finished_by_the_other(cluster: Cluster) -> None:
     first = cluster.start("aegra-1")
     second = cluster.start("aegra-2")
@@ -206,12 +245,7 @@ def test_a_killed_instance_s_runs_are_finished_by_the_other(cluster: Cluster) ->
         client.runs.create(thread["thread_id"], GRAPH, input={"task": refund_task(order_id)})
         threads.append(thread["thread_id"])
 
-    deadline = time.monotonic() + 30
-    while not cluster.sql("SELECT 1 FROM lw_runs WHERE owner LIKE %s", f"%:{first.process.pid}:%"):
-        assert time.monotonic() < deadline, "instance 1 never advanced a run"
-        time.sleep(0.05)
-    os.kill(first.process.pid, signal.SIGKILL)
-    first.process.wait()
+    kill_mid_run(cluster, first)
 
     deadline = time.monotonic() + 120
     while (

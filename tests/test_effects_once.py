@@ -74,7 +74,9 @@ def test_downstream_that_cannot_be_asked_escalates_to_needs_human(
 def test_still_processing_parks_the_run_and_a_worker_finishes_it(
     database_url: str, open_test_runner: RunnerFactory, services: ServiceEndpoints, tmp_path: Path
 ) -> None:
-    set_fault(services, "processing", delay_s=3)
+    # Processing for 6 s: the run parks, and the check below reads it still processing, well
+    # before it settles even on a loaded machine.
+    set_fault(services, "processing", delay_s=6)
     with open_test_runner() as runner:
         outcome = start_and_approve(runner)
         run_id = outcome.run_id

@@ -1,4 +1,5 @@
-"""The experiment's parts that need no services: the matrix, the retrying policy, the metrics."""
+"""The experiment's parts that need no services: the matrix, the retrying policies, the judging of
+credit entries, the metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from loopwright.graph.crashpoints import POINTS
+from loopwright_refunds.experiments.__main__ import parser
 from loopwright_refunds.experiments.matrix import BASELINE_CRASH_POINTS, full_matrix, select
-from loopwright_refunds.experiments.metrics import chain_success, measure, percentile
-from loopwright_refunds.experiments.policy import RetryingRefunds
+from loopwright_refunds.experiments.metrics import chain_success, measure, percentile, slices
+from loopwright_refunds.experiments.policy import ExperimentPolicy, RetryingRefunds
+from loopwright_refunds.experiments.run import Settings
+from loopwright_refunds.experiments.scenarios import CREDIT_TASK, KEYLESS, Staged
 from loopwright_refunds.experiments.trials import TrialResult
+from loopwright_refunds.experiments.truth import judge_credits
 
 TASK = "The customer returned one item of order O-7: refund 15.00 of order O-7 if allowed."
 ORDER = {
@@ -38,9 +43,30 @@ def test_every_crash_point_is_a_loopwright_cell_and_baselines_get_only_their_own
     assert theirs == BASELINE_CRASH_POINTS
 
 
-def conversation(*results: tuple[str, dict[str, Any], str]) -> list[BaseMessage]:
+def test_the_keyless_scenario_meets_its_four_faults_and_none_in_every_system() -> None:
+    cells = select(full_matrix(), scenarios=(KEYLESS,))
+    faults = {
+        "none",
+        "fail_before_commit",  # the lost request
+        "accept_then_timeout",  # the lost response
+        "crash@executor:after_dispatch_record",  # a crash before the send
+        "crash@executor:after_send",  # a crash after it
+    }
+    assert {(c.fault.name, c.system) for c in cells} == {
+        (fault, system) for fault in faults for system in ("loopwright", "prebuilt", "plain_loop")
+    }
+    assert len(cells) == 15
+
+
+def test_the_keyless_scenario_is_selectable_from_the_command_line() -> None:
+    args = parser().parse_args(["-n", "1", "--scenario", KEYLESS])
+    settings = Settings(repetitions=args.repetitions, scenarios=tuple(args.scenario))
+    assert {c.scenario for c in settings.matrix()} == {KEYLESS}
+
+
+def conversation(*results: tuple[str, dict[str, Any], str], task: str = TASK) -> list[BaseMessage]:
     """The task, then each (tool, args, result text) as a call and its answer."""
-    messages: list[BaseMessage] = [HumanMessage(TASK)]
+    messages: list[BaseMessage] = [HumanMessage(task)]
     for n, (tool, args, text) in enumerate(results):
         messages.append(AIMessage("", tool_calls=[{"name": tool, "args": args, "id": f"c{n}"}]))
         messages.append(ToolMessage(text, tool_call_id=f"c{n}"))
@@ -84,18 +110,89 @@ def test_policy_reads_again_after_a_stale_plan_then_proposes_what_the_order_allo
     assert again.tool_calls == [("submit_refund", {**REFUND, "amount": "10.00"})]
 
 
+CREDIT_TASK_TEXT = CREDIT_TASK.format(amount="20.00", order="O-7")
+CREDIT = {
+    "order_id": "O-7",
+    "amount": "20.00",
+    "currency": "USD",
+    "note": "store credit for order O-7",
+}
+
+
+def test_credit_policy_asks_for_the_credit_once_and_again_after_a_timeout_or_a_5xx() -> None:
+    policy = ExperimentPolicy()
+    first = policy(conversation(task=CREDIT_TASK_TEXT), [])
+    assert first.tool_calls == [("issue_store_credit", CREDIT)]
+    for failure in ("An error occurred ... Error: timed out", "HTTP 500: internal_error"):
+        seen = conversation(("issue_store_credit", CREDIT, failure), task=CREDIT_TASK_TEXT)
+        assert policy(seen, []).tool_calls == [("issue_store_credit", CREDIT)]
+
+
+def test_credit_policy_stops_after_a_credit_that_went_through_or_was_refused() -> None:
+    policy = ExperimentPolicy()
+    done = conversation(
+        ("issue_store_credit", CREDIT, ok({"balance": "20.00"})), task=CREDIT_TASK_TEXT
+    )
+    assert policy(done, []).tool_calls == []
+    refused = json.dumps({"status": "error", "error": {"code": "permission_denied"}})
+    seen = conversation(("issue_store_credit", CREDIT, refused), task=CREDIT_TASK_TEXT)
+    assert policy(seen, []).tool_calls == []
+    timeouts = [("issue_store_credit", CREDIT, "Error: timed out")] * 3
+    assert policy(conversation(*timeouts, task=CREDIT_TASK_TEXT), []).tool_calls == []
+
+
+def test_a_refund_task_still_gets_the_refund_policy() -> None:
+    seen = conversation(
+        ("get_order", {"order_id": "O-7"}, ok(ORDER)), ("get_policy", {}, ok(POLICY))
+    )
+    assert ExperimentPolicy()(seen, []).tool_calls == [("submit_refund", REFUND)]
+
+
+CREDIT_TRIAL = Staged(
+    CREDIT_TASK_TEXT, "u-1", {"O-7": "u-1"}, {"O-7": []}, credits={"u-1": ["20.00"]}
+)
+
+
+@pytest.mark.parametrize(
+    ("credited", "duplicates", "unauthorized", "as_expected"),
+    [
+        ({"u-1": ["20.00"]}, 0, 0, True),  # exactly the one credit entry asked for
+        ({"u-1": ["20.00", "20.00"]}, 1, 0, False),  # one intent, two entries
+        ({}, 0, 0, False),  # nothing credited
+        ({"u-1": ["15.00"]}, 0, 0, False),  # the wrong amount
+        ({"u-1": ["20.00"], "u-2": ["20.00"]}, 0, 1, False),  # another customer credited too
+    ],
+)
+def test_credit_entries_are_judged_against_the_expected_ones(
+    credited: dict[str, list[str]], duplicates: int, unauthorized: int, as_expected: bool
+) -> None:
+    verdict = judge_credits(CREDIT_TRIAL, credited)
+    assert (verdict.duplicates, verdict.unauthorized, verdict.as_expected) == (
+        duplicates,
+        unauthorized,
+        as_expected,
+    )
+
+
 def test_percentile_and_chain() -> None:
     assert percentile([], 50) is None
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
     assert chain_success(50) == pytest.approx(0.605, abs=1e-3)
 
 
-def trial(success: bool, duplicates: int, crashed: bool) -> TrialResult:
+def trial(
+    success: bool,
+    duplicates: int,
+    crashed: bool,
+    scenario: str = "partial",
+    fault: str = "none",
+    fault_kind: str = "none",
+) -> TrialResult:
     return TrialResult(
         system="prebuilt",
-        scenario="partial",
-        fault="none",
-        fault_kind="none",
+        scenario=scenario,
+        fault=fault,
+        fault_kind=fault_kind,
         repetition=0,
         seed="s",
         long=False,
@@ -123,9 +220,22 @@ def test_cost_per_success_counts_the_failed_trials_too() -> None:
     assert measured.unknown_windows is None
 
 
+def test_the_keyless_scenario_is_sliced_by_fault() -> None:
+    trials = [
+        trial(True, 0, False),
+        trial(False, 1, False, KEYLESS, "accept_then_timeout", "accept_then_timeout"),
+        trial(False, 1, True, KEYLESS, "crash@executor:after_send", "crash"),
+    ]
+    keyless = {s.value: s for s in slices(trials) if s.dimension == "keyless fault"}
+    assert set(keyless) == {"accept_then_timeout", "crash@executor:after_send"}
+    assert keyless["crash@executor:after_send"].duplicate_effects == 1
+
+
 def test_outputs_are_written(tmp_path: Path) -> None:
     from loopwright_refunds.experiments.report import write_outputs
 
-    write_outputs([trial(True, 0, False)], tmp_path)
-    assert "| prebuilt | 1 |" in (tmp_path / "report.md").read_text()
+    write_outputs([trial(True, 0, False), trial(False, 1, False, KEYLESS)], tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| prebuilt | 2 |" in report
+    assert "## Keyless downstream (store credit), by fault" in report
     assert (tmp_path / "chain.png").exists()

@@ -2,7 +2,10 @@
 
 One repetition of a reduced matrix: the partial refund (where a second refund fits the balance,
 so a duplicate shows) without a fault, with the payment service timing out after applying the
-refund, and with the process killed right after the refund was sent; plus another user's order.
+refund, and with the process killed right after the refund was sent; plus another user's order;
+plus one keyless cell: loopwright giving store credit (no idempotency key downstream) with the
+process killed before the request left, so that a new process finds the credit absent by its
+pre-image, waits out the request's deadline, sends it again and credits the customer once.
 loopwright must end every trial verified with no duplicate and no unauthorized refund; the
 baselines must show the duplicate a timeout-as-failure produces.
 """
@@ -14,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from loopwright_refunds.experiments.faults import Fault, FaultKind
+from loopwright_refunds.experiments.matrix import Cell, full_matrix, select
 from loopwright_refunds.experiments.run import Settings, run_experiment
+from loopwright_refunds.experiments.scenarios import KEYLESS
+
+CRASH_BEFORE_SEND = Fault(FaultKind.CRASH, ("executor:after_dispatch_record",))
 
 
 @pytest.mark.slow
@@ -23,16 +31,18 @@ def test_small_experiment_loopwright_has_no_duplicates_nor_unauthorized_actions(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "experiment"
-    settings = Settings(
-        repetitions=1,
-        out=out,
-        database_server=postgres_server_url,
+    cells = select(
+        full_matrix(),
         scenarios=("partial", "other_users_order"),
         faults=("none", "accept_then_timeout", "crash@executor:after_send"),
     )
+    keyless = Cell(KEYLESS, CRASH_BEFORE_SEND, "loopwright")
+    settings = Settings(
+        repetitions=1, out=out, database_server=postgres_server_url, cells=[*cells, keyless]
+    )
     results = run_experiment(settings)
 
-    assert len(results) == 12
+    assert len(results) == 13
     ours = [r for r in results if r.system == "loopwright"]
     assert sum(r.duplicates for r in ours) == 0
     assert sum(r.unauthorized for r in ours) == 0
@@ -41,9 +51,14 @@ def test_small_experiment_loopwright_has_no_duplicates_nor_unauthorized_actions(
     assert sum(r.duplicates for r in timeouts) >= 1
     others = [r for r in results if r.system != "loopwright" and r.scenario == "other_users_order"]
     assert all(r.unauthorized == 1 for r in others)
+    [credit] = [r for r in results if r.scenario == KEYLESS]
+    assert credit.crashed and credit.credits == credit.expected_credits
+    assert (
+        len(credit.unknown_windows_s or []) == 1
+    )  # reconciled, absent, re-sent after its deadline
 
     document = json.loads((out / "results.json").read_text())
-    assert len(document["trials"]) == 12
+    assert len(document["trials"]) == 13
     assert "## Headline: every trial" in (out / "report.md").read_text()
     for plot in ("effects", "success", "latency", "unknown", "chain"):
         assert (out / f"{plot}.png").stat().st_size > 0

@@ -23,6 +23,8 @@ import os
 import shutil
 import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,27 @@ def dump(database: Path, target: Path) -> None:
 def restore(dumped: Path, database: Path) -> None:
     with sqlite3.connect(database) as db:
         db.executescript(dumped.read_text())
+
+
+def deliveries_as_of_now(runs: Path, orders: Path) -> None:
+    """Move the orders' delivery dates forward by the time since the runs were parked, so that
+    a replay meets each order as old as the parked run knew it. Whether a refund still fits its
+    window is the calendar's business, not what a replay tests (like the golden agent's approval
+    expiry and deadline): a release must finish its runs on any day, not only for 30 days."""
+    with closing(sqlite3.connect(runs)) as db:
+        (parked_at,) = db.execute("SELECT max(updated_at) FROM lw_runs").fetchone()
+    elapsed = datetime.now(UTC) - datetime.fromisoformat(parked_at)
+    with closing(sqlite3.connect(orders)) as db, db:
+        delivered = db.execute(
+            "SELECT order_id, delivered_at FROM orders WHERE delivered_at IS NOT NULL"
+        ).fetchall()
+        db.executemany(
+            "UPDATE orders SET delivered_at = ? WHERE order_id = ?",
+            [
+                ((datetime.fromisoformat(at) + elapsed).isoformat(), order)
+                for order, at in delivered
+            ],
+        )
 
 
 @pytest.mark.skipif(
@@ -98,6 +121,7 @@ def golden(
     data.mkdir()
     for name in SERVICE_FILES:
         restore(folder / f"{name}.sql", data / f"{name}.sqlite3")
+    deliveries_as_of_now(database, data / "orders.sqlite3")
     with start_services(data) as running:
         yield f"sqlite:///{database}", running.endpoints
 

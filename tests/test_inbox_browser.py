@@ -24,7 +24,8 @@ from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.launcher import start_services
-from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, free_port, values_of
+from tests.ports import reserved_port
+from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, values_of
 
 CHROMIUM = os.environ.get("LOOPWRIGHT_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = [
@@ -60,7 +61,7 @@ def inbox_server(
                     **services.endpoints.to_env(),
                 },
             )
-            with start_server(workdir, env, port=free_port()) as server:
+            with reserved_port() as port, start_server(workdir, env, port=port) as server:
                 yield server.url, services.endpoints
 
 
@@ -74,7 +75,7 @@ def waiting_thread(url: str, task: str) -> tuple[str, dict[str, Any]]:
 
 def final_values(url: str, thread_id: str) -> dict[str, Any]:
     ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while (values := values_of(ada, thread_id)).get("stop_reason") is None:
         assert time.monotonic() < deadline, values
         time.sleep(0.2)
@@ -86,6 +87,9 @@ def inbox_page(url: str, token: str = "t-a1") -> Iterator[tuple[Any, Any]]:
     """The inbox in headless Chromium, logged in with an approver's token (a-1's by default):
     (playwright's sync API, page)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    # Playwright's assertions give up after 5 s by default: too little for Chromium, the server
+    # and the run on a loaded machine. They return as soon as they hold.
+    sync_api.expect.set_options(timeout=30_000)
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
         try:

@@ -223,7 +223,7 @@ def plan_together(journals: list[ActionJournal], intent_key: str) -> list[Action
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=10)
+        thread.join(timeout=30)
     return results
 
 

@@ -181,7 +181,7 @@ class GatedSerde(JsonPlusSerializer):
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         if obj == "hold":
             self.inside.set()
-            assert self.release.wait(10)
+            assert self.release.wait(60)
         return super().dumps_typed(obj)
 
 
@@ -207,7 +207,7 @@ def test_a_takeover_waits_for_the_write_in_flight(database_url: str, leases: Lea
         )
         writer = threading.Thread(target=saver.put_writes, args=(config, [("x", "hold")], "t1"))
         writer.start()
-        assert serde.inside.wait(5), "the write is in flight, its fence already checked"
+        assert serde.inside.wait(30), "the write is in flight, its fence already checked"
         time.sleep(0.4)  # worker A's lease expires meanwhile
 
         claimed = []
@@ -217,8 +217,8 @@ def test_a_takeover_waits_for_the_write_in_flight(database_url: str, leases: Lea
         assert claimer.is_alive(), "the takeover waits until the checked write commits"
 
         serde.release.set()
-        writer.join(5)
-        claimer.join(5)
+        writer.join(30)
+        claimer.join(30)
         assert [lease.fence for lease in claimed] == [lease_a.fence + 1]
         assert [w[1:] for w in saver.get_tuple(config).pending_writes] == [("x", "hold")]  # type: ignore[union-attr]
         with pytest.raises(StaleWriter):

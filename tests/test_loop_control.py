@@ -13,6 +13,7 @@ from fastapi import FastAPI, Response
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel
 
+from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.budget import Budget
 from loopwright.graph.protocol import parse_tool_content
@@ -34,7 +35,7 @@ from loopwright_refunds.services.admin import (
 )
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.store_credit import STORE_CREDIT
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, decide, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, decide, principal, wait_for
 from tests.stub_server import serve_app
 
 # The loop's decisions do not depend on the backend (the storage suites cover both); SQLite only.
@@ -187,15 +188,30 @@ def test_cancel_during_a_slow_write_reconciles_it_and_starts_nothing_new(
         waiting = run(runner, DEMO_TASK)
         slow_down(services.payments, 2.0, methods=("POST",))
 
+        failed: list[BaseException] = []
+
         def cancel_mid_write() -> None:
-            time.sleep(0.8)
-            with open_lease_store(database_url) as leases:
-                leases.request_cancel(waiting.run_id)
+            # Once the refund is dispatched (its request then takes 2 s), not after a guess.
+            try:
+                with (
+                    open_journal(database_url) as journal,
+                    open_lease_store(database_url) as leases,
+                ):
+                    wait_for(
+                        lambda: (
+                            [a.status for a in journal.for_run(waiting.run_id)]
+                            == [ActionStatus.DISPATCHED]
+                        )
+                    )
+                    leases.request_cancel(waiting.run_id)
+            except BaseException as exc:
+                failed.append(exc)
 
         canceller = threading.Thread(target=cancel_mid_write)
         canceller.start()
         outcome = approve(runner, waiting)
         canceller.join()
+        assert failed == []
         state = runner.state(outcome.run_id)
     assert outcome.stop_reason == StopReason.CANCELLED
     [action] = outcome.actions
@@ -290,8 +306,10 @@ def test_two_reads_run_concurrently(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     with open_test_runner(model=scripted(two_reads_then_answer)) as runner:
-        slow_down(services.orders, 0.5)
-        slow_down(services.policies, 0.5)
+        # Each read takes 2 s at its service: run side by side, they overlap unless the second
+        # starts 2 s after the first, which a loaded machine does not make of a thread start.
+        slow_down(services.orders, 2.0)
+        slow_down(services.policies, 2.0)
         outcome = run(runner, "Read order O-42 and the refund policy.")
     assert outcome.stop_reason == StopReason.COMPLETED
     order_read = [r for r in requests_seen(services.orders) if r["path"] == "/orders/O-42"][-1]

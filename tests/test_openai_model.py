@@ -119,13 +119,14 @@ def test_a_tool_call_cut_at_the_output_limit_is_incomplete(last: ChatGenerationC
         end.check()
 
 
-def test_a_text_answer_cut_at_the_output_limit_stands() -> None:
-    """Without tool calls nothing would be executed: a long answer cut short is still an answer."""
+def test_a_text_answer_cut_at_the_output_limit_is_a_protocol_failure_too() -> None:
+    """A final answer cut short is not an answer: "Refunded" may have been going to say
+    "Refunded nothing"; it never completes a run."""
     end = StreamEnd("test")
     end.see(
         ChatGenerationChunk(
             message=AIMessageChunk(content="Refunded"), generation_info={"finish_reason": "length"}
         )
     )
-
-    end.check()
+    with pytest.raises(IncompleteModelOutput, match="cut at the output limit mid-answer"):
+        end.check()

@@ -36,9 +36,9 @@ from langgraph_sdk import get_sync_client
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import ChildProcess
+from tests.ports import reserved_port
 from tests.runtime_fixtures import REPO, wait_for
 from tests.test_inbox_browser import CHROMIUM, inbox_page
-from tests.test_server_langgraph import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,11 +58,20 @@ class Installed:
     site_packages: Path
 
 
+# What a wheel is not built from (a build leaves build/ and *.egg-info in its source tree).
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", ".loopwright", "*.egg-info", "__pycache__", ".*_cache"
+)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of this checkout (which the build would litter)."""
+    source = tmp_path_factory.mktemp("source") / "loopwright"
+    shutil.copytree(REPO, source, ignore=NOT_SOURCE, symlinks=True)
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", str(REPO), "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", str(source), "-w", str(out)],
         check=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
         capture_output=True,
@@ -244,9 +253,11 @@ def test_a_run_of_this_agent_is_refused_by_another_agent(
 def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
     installed: Installed, app: Path, desk: DeskService, postgres_server_url: str
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with fresh_database(postgres_server_url, prefix="lw_test") as database_url:
+    with (
+        reserved_port() as port,
+        fresh_database(postgres_server_url, prefix="lw_test") as database_url,
+    ):
+        url = f"http://127.0.0.1:{port}"
         command = [str(installed.loopwright), "serve", "--port", str(port)]
         environment = {
             k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPWRIGHT_AGENT")

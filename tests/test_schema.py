@@ -86,7 +86,7 @@ def test_processes_starting_together_migrate_once(database_url: str) -> None:
     def start_up() -> None:
         try:
             with open_database(database_url) as db:
-                start.wait(5)
+                start.wait(30)
                 applied.append(migrate(db))
         except BaseException as exc:
             errors.append(exc)
@@ -95,7 +95,7 @@ def test_processes_starting_together_migrate_once(database_url: str) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(60)
     assert errors == []
     assert sum(applied) == LATEST  # each migration ran once, in whichever process got to it
     with open_database(database_url) as db:

@@ -1,6 +1,6 @@
 """loopwright under `langgraph dev`, driven through langgraph-sdk as a client would.
 
-One server per module (started as a subprocess on a free port, on a fresh Postgres database and
+One server per module (a subprocess on a port reserved for it, on a fresh Postgres database and
 fresh reference services): runs with approvals, a cancel in the middle of a refund, a busy thread,
 and who may do what (the auth hooks, the inbox's JSON routes, the served graph's own checks).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
+from tests.ports import reserved_port
 
 pytestmark = pytest.mark.postgres
 
@@ -38,13 +38,6 @@ TOKENS = {
     "t-a1": {"user_id": "a-1", "roles": ["approver"]},
     "t-a2": {"user_id": "a-2", "roles": ["customer", "approver"]},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -76,7 +69,7 @@ def served(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -
                     **services.endpoints.to_env(),
                 },
             )
-            with start_server(workdir, env, port=free_port()) as server:
+            with reserved_port() as port, start_server(workdir, env, port=port) as server:
                 yield Served(server.url, url, services.endpoints)
 
 
@@ -105,7 +98,7 @@ def decision_for(interrupt: dict[str, Any], decision: str, approver: str) -> dic
     }
 
 
-def wait_for_end(client: SyncLangGraphClient, thread_id: str, timeout: float = 30) -> Any:
+def wait_for_end(client: SyncLangGraphClient, thread_id: str, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         state = client.threads.get_state(thread_id)

@@ -9,6 +9,7 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
+import httpx
 import pytest
 
 from loopwright.checkpoints.leases import LeaseHeld
@@ -19,11 +20,19 @@ from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli, wait_for
 
 
+def fault_mode(services: ServiceEndpoints) -> str:
+    """The payments fault still armed: "none" once a refund request has taken it."""
+    mode: str = httpx.get(f"{services.payments}/admin/faults").json()["mode"]
+    return mode
+
+
 @pytest.mark.slow
 def test_stalled_worker_is_taken_over_and_its_late_writes_are_refused(
     database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
 ) -> None:
-    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "1"}
+    # Leases of 3 s, renewed every second: A's stays live while the test checks it is held
+    # (a 1 s lease is lost to a loaded machine's scheduling), and B waits at most 4 s for it.
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "3"}
     started = cli(
         "run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", "run-2w", env=env
     )
@@ -53,15 +62,14 @@ def test_stalled_worker_is_taken_over_and_its_late_writes_are_refused(
     )
     try:
         with open_test_runner() as runner:
-            wait_for(
-                lambda: any(
-                    a.status is ActionStatus.DISPATCHED for a in runner.journal.for_run("run-2w")
-                )
-            )
+            # Payments took the fault: A's refund request is there, A waits for its answer.
+            wait_for(lambda: fault_mode(services) == "none")
+            os.kill(worker_a.pid, signal.SIGSTOP)  # A stalls mid-write: its lease is not renewed
+            [action] = runner.journal.for_run("run-2w")
+            assert action.status is ActionStatus.DISPATCHED
             # While A's lease is live, nobody else may advance the run.
             with pytest.raises(LeaseHeld):
                 runner.resume("run-2w")
-            os.kill(worker_a.pid, signal.SIGSTOP)  # A stalls mid-write: its lease is not renewed
             fence_a = runner.leases.get("run-2w").fence  # type: ignore[union-attr]
 
         # Worker B takes over once A's lease has expired, and finishes the run.

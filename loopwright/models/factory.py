@@ -8,19 +8,39 @@ agent's own model (`Agent(model=...)`), which for the reference agent is the scr
 
 from __future__ import annotations
 
+from typing import Any
+
 from langchain_core.language_models import BaseChatModel
 
 ENV_VAR = "LOOPWRIGHT_MODEL"
 ACCEPTED_SPECS = ("openai:<model>",)
 
 
-def make_model(spec: str) -> BaseChatModel:
-    """Build the model named by `spec`. Bad values raise ValueError."""
+def make_model(spec: str, recorded: dict[str, Any] | None = None) -> BaseChatModel:
+    """Build the model named by `spec` (its settings from the environment, or as a run
+    `recorded` them: see `model_settings`). Bad values raise ValueError."""
     provider, _, name = spec.partition(":")
     if provider == "openai" and name:
         # Imported here: the OpenAI client is slow to import and unused by scripted runs.
-        from loopwright.models.openai_chat import OpenAISettings, make_openai_model
+        from loopwright.models.openai_chat import (
+            OpenAISettings,
+            make_openai_model,
+            settings_from_record,
+        )
 
+        if recorded:
+            return make_openai_model(settings_from_record(recorded))
         return make_openai_model(OpenAISettings.from_env(name))
     msg = f"unknown model spec {spec!r}; expected one of: {', '.join(ACCEPTED_SPECS)}"
     raise ValueError(msg)
+
+
+def model_settings(model: BaseChatModel) -> dict[str, Any]:
+    """What a run records of its model's settings (API, base URL, streaming, temperature, ...),
+    for the models loopwright builds from a spec; {} for others."""
+    settings = getattr(model, "settings", None)
+    if settings is None or not hasattr(settings, "model_dump"):
+        return {}
+    from loopwright.models.openai_chat import recorded_settings
+
+    return recorded_settings(settings)

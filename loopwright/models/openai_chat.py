@@ -7,8 +7,8 @@ partial-JSON parser, so a stream that stops early (the body closes cleanly after
 runtime must execute only complete calls (architecture invariant 2), and only the protocol's own
 end marker says a call is complete: `response.completed` / `response.incomplete` on the Responses
 API, a `finish_reason` on Chat Completions. `StrictChatOpenAI` raises `IncompleteModelOutput`
-when a stream ends without it, or when an answer with tool calls was cut at the output-token
-limit, so the half call never reaches the run's history.
+when a stream ends without it, or when an answer (streamed or not, with tool calls or without)
+was cut at the output-token limit, so no half answer reaches the run's history.
 
 Why stateless Responses requests (`store=False`): the run's checkpoint is the record of the
 conversation, not the provider. A run resumed days later on another worker replays its history;
@@ -17,6 +17,12 @@ sent back verbatim, ahead of the function calls they produced, as the API requir
 
 Retries live in one layer, the OpenAI client (`max_retries`): 408, 409, 429 and 5xx answers and
 connection errors before an answer starts are retried there, honouring `Retry-After`.
+
+Every request is bounded by what the run's budget leaves it (`graph.budget.REQUEST_BOUNDS`, set
+by the model step): its timeout and a streamed answer's total time end at the bound (a stream
+that keeps sending is cut, `ModelRequestOutlasted`), and `max_tokens` is sent (Chat
+Completions: `max_completion_tokens` to OpenAI itself, `max_tokens` to a custom base URL, the
+name llama.cpp, vLLM and Ollama document; Responses: `max_output_tokens`).
 """
 
 from __future__ import annotations
@@ -27,15 +33,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.messages import AIMessageChunk
-from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from loopwright.graph.budget import REQUEST_BOUNDS, RequestBounds
+from loopwright.graph.state import utcnow
 
 API_ENV = "LOOPWRIGHT_OPENAI_API"
 RETRIES_ENV = "LOOPWRIGHT_MODEL_RETRIES"
 TIMEOUT_ENV = "LOOPWRIGHT_MODEL_TIMEOUT_S"
 STREAM_ENV = "LOOPWRIGHT_OPENAI_STREAM"
 REASONING_ENV = "LOOPWRIGHT_OPENAI_REASONING"
+TEMPERATURE_ENV = "LOOPWRIGHT_OPENAI_TEMPERATURE"
 # Keyless local servers (vLLM, llama.cpp, Ollama) still need some key for the client to start.
 PLACEHOLDER_KEY = "unused"
 
@@ -54,6 +64,8 @@ class OpenAISettings(BaseModel):
     streaming: bool = False
     # For reasoning models ("low", "medium", ...). Responses: also asks for encrypted reasoning.
     reasoning_effort: str | None = None
+    # Sent only when set: reasoning models refuse it.
+    temperature: float | None = Field(default=None, ge=0, le=2)
 
     @classmethod
     def from_env(cls, model: str, env: Mapping[str, str] | None = None) -> OpenAISettings:
@@ -82,7 +94,21 @@ _ENV_OF_FIELD = {
     "timeout_s": TIMEOUT_ENV,
     "streaming": STREAM_ENV,
     "reasoning_effort": REASONING_ENV,
+    "temperature": TEMPERATURE_ENV,
 }
+
+
+def recorded_settings(settings: OpenAISettings) -> dict[str, Any]:
+    """The settings as a run records them (V): everything but the key."""
+    return settings.model_dump(mode="json", exclude={"api_key"})
+
+
+def settings_from_record(
+    recorded: dict[str, Any], env: Mapping[str, str] | None = None
+) -> OpenAISettings:
+    """The recorded settings, with the key of this process's environment."""
+    key = (os.environ if env is None else env).get("OPENAI_API_KEY") or PLACEHOLDER_KEY
+    return OpenAISettings.model_validate({**recorded, "api_key": key})
 
 
 class IncompleteModelOutput(RuntimeError):
@@ -90,6 +116,10 @@ class IncompleteModelOutput(RuntimeError):
 
     Nothing of it may be acted on: its tool calls may be prefixes of what the model meant.
     """
+
+
+class ModelRequestOutlasted(IncompleteModelOutput):
+    """A streamed answer still coming when its request's bound (the budget) ran out: cut."""
 
 
 @dataclass
@@ -124,42 +154,99 @@ class StreamEnd:
                 f"the {self.api} stream ended without its completion event; "
                 f"{self.tool_fragments} tool-call fragments discarded"
             )
-        if self.truncated and self.tool_fragments:
-            raise IncompleteModelOutput(
-                f"the {self.api} answer was cut at the output limit in the middle of tool calls"
-            )
+        if self.truncated:
+            what = "in the middle of tool calls" if self.tool_fragments else "mid-answer"
+            raise IncompleteModelOutput(f"the {self.api} answer was cut at the output limit {what}")
 
 
 class StrictChatOpenAI(ChatOpenAI):
-    """`ChatOpenAI` that fails a streamed answer which did not end as the protocol requires."""
+    """`ChatOpenAI` that fails a streamed answer which did not end as the protocol requires,
+    and bounds every request by what the run's budget leaves it."""
+
+    # What it was made from: recorded in a run's V, so that a resumed run gets the same model.
+    settings: OpenAISettings | None = Field(default=None, exclude=True)
 
     def _stream_api(self) -> str:
         return "Responses" if self.use_responses_api else "Chat Completions"
 
+    def _get_request_payload(
+        self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = super()._get_request_payload(input_, stop=stop, **kwargs)
+        bounds = REQUEST_BOUNDS.get()
+        if bounds is None:
+            return payload
+        left = (bounds.stop_by - utcnow()).total_seconds()
+        payload["timeout"] = max(MIN_REQUEST_S, min(left, _seconds(self.request_timeout)))
+        for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+            payload.pop(name, None)
+        if self.use_responses_api:
+            payload["max_output_tokens"] = bounds.max_output_tokens
+        elif self.openai_api_base:  # a local server: the name they document
+            payload["max_tokens"] = bounds.max_output_tokens
+        else:
+            payload["max_completion_tokens"] = bounds.max_output_tokens
+        return payload
+
+    def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
+        result = super()._generate(*args, **kwargs)
+        for generation in result.generations:
+            info = {**(generation.generation_info or {}), **generation.message.response_metadata}
+            if info.get("finish_reason") == "length" or info.get("status") == "incomplete":
+                raise IncompleteModelOutput(
+                    f"the {self._stream_api()} answer was cut at the output limit"
+                )
+        return result
+
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         end = StreamEnd(self._stream_api())
+        bounds = REQUEST_BOUNDS.get()
         for chunk in super()._stream(*args, **kwargs):
+            _within(bounds)
             end.see(chunk)
             yield chunk
         end.check()
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         end = StreamEnd(self._stream_api())
+        bounds = REQUEST_BOUNDS.get()
         async for chunk in super()._astream(*args, **kwargs):
+            _within(bounds)
             end.see(chunk)
             yield chunk
         end.check()
 
 
+MIN_REQUEST_S = 0.5
+
+
+def _seconds(timeout: Any) -> float:
+    """The client's configured timeout, in seconds (it may be a number, a pair, or None)."""
+    if isinstance(timeout, int | float):
+        return float(timeout)
+    if isinstance(timeout, tuple) and timeout and isinstance(timeout[0], int | float):
+        return float(timeout[0])
+    return float("inf")
+
+
+def _within(bounds: RequestBounds | None) -> None:
+    if bounds is not None and utcnow() > bounds.stop_by:
+        raise ModelRequestOutlasted(
+            f"the answer was still streaming at its bound ({bounds.stop_by.isoformat()}): cut"
+        )
+
+
 def make_openai_model(settings: OpenAISettings) -> StrictChatOpenAI:
     """The chat model for `settings`, speaking the Responses API or Chat Completions."""
     common: dict[str, Any] = {
+        "settings": settings,
         "model": settings.model,
         "base_url": settings.base_url,
         "api_key": settings.api_key,
         "max_retries": settings.max_retries,
         "timeout": settings.timeout_s,
         "streaming": settings.streaming,
+        "temperature": settings.temperature,
     }
     effort = settings.reasoning_effort
     if settings.api == "responses":

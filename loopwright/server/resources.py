@@ -108,10 +108,11 @@ def resources() -> ServerResources:
             try:
                 agent = load_agent(hosted_agent_path())
                 agent.check()
-                model = agent.chat_model(os.environ.get(MODEL_ENV) or None)
+                spec = os.environ.get(MODEL_ENV) or None
+                agent.chat_model(spec)  # a bad spec stops the server here, in one line
             except (AgentNotFound, ValueError, TypeError) as exc:
                 raise ServerMisconfigured(str(exc)) from exc
-            runner = _stack.enter_context(open_runner(url, agent, model=model))
+            runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
             _resources = ServerResources(database_url=url, runner=runner)
         return _resources
 

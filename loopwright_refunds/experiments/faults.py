@@ -3,7 +3,7 @@
 | fault | how | what it tests |
 | --- | --- | --- |
 | none | nothing | the cost of the runtime when all is well |
-| accept_then_timeout | payments applies the refund, answers after the client's 3 s timeout | a timeout is not a failure |
+| accept_then_timeout | payments applies the refund (or credit), answers after the client's 3 s timeout | a timeout is not a failure |
 | fail_before_commit | payments answers 500 without applying anything | an error that is safe to retry |
 | latency | payments answers a refund 0.5-1.5 s late (inside the timeout) | end-to-end latency |
 | crash@<point> | the process exits hard at a named crash point; a new one recovers | crash windows, one at a time |
@@ -14,6 +14,12 @@
 
 The crash points are loopwright's (`graph.crashpoints`); the baselines place the ones that have
 a meaning for them at the same moments of their own code (see `experiments.systems`).
+
+The payment faults act on the next write request to the payment service, a refund or a store
+credit alike: the credits endpoint shares the refunds' fault switch. On store credit, the
+downstream without idempotency keys, fail_before_commit is a lost request (nothing applied) and
+accept_then_timeout a lost response (applied, the answer lost); crash@executor:after_dispatch_record
+is a crash before the send and crash@executor:after_send one after it.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ class Fault:
         return Plan(change=trial.change)
 
     def arm(self, endpoints: ServiceEndpoints, rng: random.Random) -> None:
-        """Set the payment service's fault switch for the trial's first refund request."""
+        """Set the payment service's fault switch for the trial's first write request."""
         match self.kind:
             case FaultKind.ACCEPT_THEN_TIMEOUT:
                 set_fault(endpoints, "accept_then_timeout", delay_s=WRITE_TIMEOUT_S + 0.5)

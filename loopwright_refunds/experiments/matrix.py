@@ -19,6 +19,10 @@ Not every combination means something. The rules, cell by cell:
   a long run gives the kill something to interrupt).
 * **stale_version**: `eligible` and `partial`, the scenarios with one plain write to re-check.
 * **approval_expiry**: `approval_required`, the only scenario with an approval to expire.
+* **keyless_credit** (store credit, a downstream without idempotency keys), every system: the
+  lost request (fail_before_commit), the lost response (accept_then_timeout), a crash before the
+  send (`executor:after_dispatch_record`: for the baselines the moment before their request
+  leaves) and a crash after it (`executor:after_send`), besides none.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 
 from loopwright.graph.crashpoints import POINTS
 from loopwright_refunds.experiments.faults import PAYMENT_FAULTS, Fault, FaultKind
-from loopwright_refunds.experiments.scenarios import SCENARIOS
+from loopwright_refunds.experiments.scenarios import KEYLESS, SCENARIOS
 from loopwright_refunds.experiments.systems import SYSTEMS
 
 BASELINE_CRASH_POINTS = frozenset(
@@ -42,6 +46,13 @@ BASELINE_CRASH_POINTS = frozenset(
 )
 # reconcile only runs when an outcome is unknown: crash after DISPATCHED first, then in reconcile.
 RECONCILE_POINTS = ("node:reconcile:start", "reconcile:after_settle")
+# The keyless write's faults: lost request, lost response, crash before and after the send.
+KEYLESS_FAULTS = (
+    Fault(FaultKind.FAIL_BEFORE_COMMIT),
+    Fault(FaultKind.ACCEPT_THEN_TIMEOUT),
+    Fault(FaultKind.CRASH, ("executor:after_dispatch_record",)),
+    Fault(FaultKind.CRASH, ("executor:after_send",)),
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ def full_matrix() -> list[Cell]:
         rows += [(s, Fault(kind), SYSTEMS) for s in ("partial", "long_task")]
     rows += [(s, Fault(FaultKind.STALE_VERSION), SYSTEMS) for s in ("eligible", "partial")]
     rows += [("approval_required", Fault(FaultKind.APPROVAL_EXPIRY), SYSTEMS)]
+    rows += [(KEYLESS, fault, SYSTEMS) for fault in KEYLESS_FAULTS]
     return [Cell(s, f, system) for s, f, systems in rows for system in systems]
 
 

@@ -1,9 +1,11 @@
-"""The seven metrics, per system and per slice (fault, task length, concurrency, scenario).
+"""The seven metrics, per system and per slice (fault, task length, concurrency, scenario, crash
+point, and the keyless store-credit scenario by fault).
 
-* task success: the trial's refunds are exactly the expected ones, all authorized, balances
-  agree (`experiments.truth`);
-* unauthorized action rate: trials with at least one unauthorized refund;
-* duplicate business effect rate: trials with at least one order refunded twice by one task;
+* task success: the trial's refunds and credit entries are exactly the expected ones, all
+  authorized, balances agree (`experiments.truth`);
+* unauthorized action rate: trials with at least one unauthorized refund or credit;
+* duplicate business effect rate: trials with at least one order refunded twice, or one customer
+  credited twice, by one task;
 * UNKNOWN duration: p50 / p95 of the windows in which a write's outcome was unknown (loopwright's
   journal; the baselines record no such thing);
 * recovery success rate: trials in which a process died mid-run that still ended verified;
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from loopwright_refunds.experiments.scenarios import KEYLESS
 from loopwright_refunds.experiments.trials import TrialResult
 
 SYSTEM_ORDER = ("loopwright", "prebuilt", "plain_loop")
@@ -45,7 +48,8 @@ class Slice:
     """The metrics of one system over one slice of the trials."""
 
     system: str
-    dimension: str  # "all", "fault", "length", "concurrency", "scenario", "crash point"
+    # "all", "fault", "length", "concurrency", "scenario", "crash point", "keyless fault"
+    dimension: str
     value: str
     trials: int
     successes: int
@@ -118,6 +122,7 @@ DIMENSIONS: dict[str, Callable[[TrialResult], str]] = {
     "concurrency": lambda t: "concurrent" if t.concurrent else "none",
     "scenario": lambda t: t.scenario,
     "crash point": lambda t: t.fault.removeprefix("crash@") if t.fault_kind == "crash" else "",
+    "keyless fault": lambda t: t.fault if t.scenario == KEYLESS else "",
 }
 
 

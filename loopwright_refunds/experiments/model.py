@@ -24,7 +24,7 @@ from langchain_core.messages import BaseMessage
 
 from loopwright.models.scripted import Policy, ScriptedChatModel
 from loopwright_refunds.experiments.actor import ActsBeforeWrite, ConcurrentChange
-from loopwright_refunds.experiments.policy import RetryingRefunds
+from loopwright_refunds.experiments.policy import ExperimentPolicy
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 
@@ -75,7 +75,7 @@ def experiment_model(
     endpoints: ServiceEndpoints | None = None,
 ) -> MeteredModel:
     """The experiment's model; with `change`, another actor changes the order mid-run."""
-    policy: Policy = RetryingRefunds()
+    policy: Policy = ExperimentPolicy()
     if change is not None:
         assert endpoints is not None, "a concurrent change is made on the services"
         policy = ActsBeforeWrite(policy, change, endpoints)

@@ -48,8 +48,13 @@ def _save(figure: plt.Figure, path: Path) -> None:
 
 def draw_plots(trials: list[TrialResult], measured: list[Slice], out: Path) -> None:
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8))
-    _bars(top, measured, "duplicate_rate", "trials with a duplicate refund, by fault")
-    _bars(bottom, measured, "unauthorized_rate", "trials with an unauthorized refund, by fault")
+    _bars(top, measured, "duplicate_rate", "trials with a duplicate refund or credit, by fault")
+    _bars(
+        bottom,
+        measured,
+        "unauthorized_rate",
+        "trials with an unauthorized refund or credit, by fault",
+    )
     _save(figure, out / "effects.png")
 
     figure, ax = plt.subplots(figsize=(10, 4.5))

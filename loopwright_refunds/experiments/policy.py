@@ -15,16 +15,24 @@ instructions found in tool output) so that the injected-policy scenario means so
    longer covers it), read the order again and propose the refund the new order allows.
 
 Loopwright never shows an UNKNOWN write as failed (it reconciles first), so step 4 never fires
-there; the baselines return timeouts to the model as errors, so it does. Like every scripted
-policy it is a pure function of the conversation.
+there; the baselines return timeouts to the model as errors, so it does.
+
+A task that asks for store credit ("Give 20.00 USD store credit for order O-7.") is played by
+`RetryingCredit`, the same model on a write without idempotency keys: it asks for
+`issue_store_credit` once and, told that the call failed transiently, sends it again, up to
+`max_sends` in all. `ExperimentPolicy` picks one of the two by the task. Like every scripted
+policy they are pure functions of the conversation.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from langchain_core.messages import BaseMessage
 
 from loopwright.models.scripted import Decision
 from loopwright_refunds.misbehaving import Gullible
@@ -38,6 +46,9 @@ TRANSIENT = re.compile(
 # How "the order is not what you read" reads: loopwright's stale plan, the payment service's refusal.
 STALE = re.compile(r"stale_plan|amount_exceeds_refundable|refund_exceeds_balance")
 REQUESTED_AMOUNT = re.compile(r"\brefund (\d+\.\d{2}) of order\b", re.IGNORECASE)
+CREDIT_REQUEST = re.compile(
+    r"\bgive (\d+\.\d{2}) ([A-Z]{3}) store credit for order (O-\d+)", re.IGNORECASE
+)
 
 
 def _call(tool: str, args: dict[str, Any]) -> Decision:
@@ -105,3 +116,58 @@ class RetryingRefunds(Gullible):
 
 def _read_again(later: list[Observation], order_id: str) -> bool:
     return any(o.tool == "get_order" and (o.args or {}).get("order_id") == order_id for o in later)
+
+
+@dataclass(frozen=True)
+class RetryingCredit:
+    """Store credit as a model that retries: one issue_store_credit, sent again when it failed
+    transiently (a timeout, a 5xx), up to `max_sends` sends in all; then it reports."""
+
+    max_sends: int = 3
+
+    def __call__(
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        return self.plan(Transcript.read(messages))
+
+    def plan(self, seen: Transcript) -> Decision:
+        asked = CREDIT_REQUEST.search(seen.task)
+        if asked is None:
+            return Decision(content="I could not find the credit (amount, order) in the task.")
+        amount, currency, order_id = asked.groups()
+        sends = [o for o in seen.observations if o.tool == "issue_store_credit"]
+        if not sends:
+            return _call(
+                "issue_store_credit",
+                {
+                    "order_id": order_id,
+                    "amount": amount,
+                    "currency": currency.upper(),
+                    "note": f"store credit for order {order_id}",
+                },
+            )
+        last = sends[-1]
+        failed = last.envelope.status == "error"
+        if failed and TRANSIENT.search(last.content) and len(sends) < self.max_sends:
+            return _call("issue_store_credit", last.args or {})
+        if last.envelope.status == "ok":
+            return Decision(content=f"Gave {amount} {currency} store credit for order {order_id}.")
+        return Decision(
+            content=f"The store credit for order {order_id} was not confirmed: {last.content}"
+        )
+
+
+@dataclass(frozen=True)
+class ExperimentPolicy:
+    """The experiment's model: `RetryingCredit` for a store-credit task, else `RetryingRefunds`."""
+
+    refunds: RetryingRefunds = field(default_factory=RetryingRefunds)
+    credit: RetryingCredit = field(default_factory=RetryingCredit)
+
+    def __call__(
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        seen = Transcript.read(messages)
+        if CREDIT_REQUEST.search(seen.task):
+            return self.credit.plan(seen)
+        return self.refunds.plan(seen)

@@ -2,6 +2,7 @@
 
 The Markdown report leads with the headline table (one row per system over every trial), then
 the duplicate and unauthorized figures side by side for every slice, the crash points one by one,
+the keyless store-credit scenario by fault,
 every loopwright trial that did not succeed with how it ended (the runtime's costs are there),
 and the long-chain illustration.
 """
@@ -152,6 +153,10 @@ SECTIONS: list[tuple[str, Callable[[list[TrialResult], list[Slice]], list[str]]]
     ("By concurrency", lambda _t, m: side_by_side(m, "concurrency")),
     ("By scenario", lambda _t, m: side_by_side(m, "scenario")),
     ("Crash points, one by one", lambda _t, m: side_by_side(m, "crash point")),
+    (
+        "Keyless downstream (store credit), by fault",
+        lambda _t, m: side_by_side(m, "keyless fault"),
+    ),
     ("loopwright trials that did not succeed", lambda t, _m: _failures(t, "loopwright")),
     ("Long chains", lambda t, _m: _chain(t)),
 ]
@@ -164,9 +169,10 @@ def markdown(trials: list[TrialResult], measured: list[Slice]) -> str:
         "",
         f"{len(trials)} trials: {repetitions} seeded repetitions of the matrix, systems "
         f"{', '.join(systems_of(trials))}. Every figure is judged in the business system (the "
-        "payment service's refunds, the orders' balances). `dup` counts extra refunds for one "
-        "intent, `unauth` refunds on another user's order, outside the task, or over the "
-        "approval threshold without an approval. Plots: effects.png, success.png, latency.png, "
+        "payment service's refunds and store-credit ledger, the orders' balances). `dup` counts "
+        "extra refunds or credit entries for one intent, `unauth` refunds on another user's "
+        "order, outside the task, or over the approval threshold without an approval, and "
+        "credits to another customer. Plots: effects.png, success.png, latency.png, "
         "unknown.png, chain.png.",
     ]
     for title, section in SECTIONS:

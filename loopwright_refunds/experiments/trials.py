@@ -12,7 +12,7 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from loopwright_refunds.experiments.model import experiment_model, read_bill
 from loopwright_refunds.experiments.processes import crash_then_recover, kill_then_recover
 from loopwright_refunds.experiments.scenarios import SCENARIOS, OrderIds, Stage, staged
 from loopwright_refunds.experiments.systems import Deployment, Job, Trace, make_system
-from loopwright_refunds.experiments.truth import judge, refund_ids
+from loopwright_refunds.experiments.truth import before_trial, judge
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class TrialResult:
     refunds: dict[str, list[str]]
     expected: dict[str, list[str]]
     error: str | None = None
+    # The store-credit entries the trial left and the ones it should have, customer -> amounts.
+    credits: dict[str, list[str]] = field(default_factory=dict)
+    expected_credits: dict[str, list[str]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,7 +121,7 @@ def run_trial(
             approval_ttl_s=plan.approval_ttl_s,
             approve_after_s=plan.approve_after_s,
         )
-        before = refund_ids(endpoints)
+        before = before_trial(endpoints, trial)
         cell.fault.arm(endpoints, rng)
         error = None
         crashed = False
@@ -160,4 +163,6 @@ def run_trial(
         refunds=verdict.refunds,
         expected={order: amounts for order, amounts in expected.items() if amounts},
         error=error,
+        credits=verdict.credits,
+        expected_credits={user: amounts for user, amounts in trial.credits.items() if amounts},
     )

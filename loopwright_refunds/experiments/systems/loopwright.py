@@ -5,6 +5,12 @@ one's lease and leaves the run to it. After a crash, recovery resumes the run on
 process's lease has expired. While it drives a run, the harness plays the human approver
 (`a-1`), answering each approval request after `Job.approve_after_s`, and wakes parked
 reconciliations when they are due.
+
+The agent is the refund agent with store credit added (`loopwright_refunds.store_credit`), the
+write to a downstream without idempotency keys. Its deadline is shortened for the experiment: an
+absent credit is sent again 3 s + 0.5 s of skew after the first send, not the shipped 10 s + 2 s,
+so a lost request or a crash before the send costs a trial about 4-6 s rather than 12-15 s (the
+wait is the deadline, whatever its length: the same mechanism, on a shorter clock).
 """
 
 from __future__ import annotations
@@ -36,14 +42,18 @@ from loopwright.graph.state import (
     utcnow,
 )
 from loopwright.runner import Runner, RunOutcome, UnknownRun
+from loopwright.tools.contract import ResendAfterDeadline
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, task_scope
 from loopwright_refunds.experiments.systems import MAX_MODEL_CALLS, Deployment, Job, Trace
+from loopwright_refunds.store_credit import STORE_CREDIT
 
 APPROVER = "a-1"
 BUDGET = Budget(max_steps=MAX_MODEL_CALLS, deadline_s=120)
 # A run is driven through at most this many approvals and parked waits before the harness stops.
 MAX_WAKEUPS = 10
+CREDIT_RESEND = ResendAfterDeadline(seconds=3.0, skew_s=0.5)
+AGENT = refunds.replace(tools=[*refunds.tools, replace(STORE_CREDIT, resend=CREDIT_RESEND)])
 
 
 class ExperimentRunner(Runner):
@@ -71,7 +81,7 @@ class LoopwrightSystem:
                 saver=stack.enter_context(open_checkpointer(url)),
                 journal=stack.enter_context(open_journal(url)),
                 leases=stack.enter_context(open_lease_store(url)),
-                agent=refunds,
+                agent=AGENT,
                 deps=stack.enter_context(connect(self.deployment.endpoints)),
                 model=model,
                 budget=BUDGET,

@@ -19,7 +19,11 @@ from langchain_core.tools import BaseTool, tool
 
 from loopwright.graph.crashpoints import crash_point
 from loopwright_refunds.experiments.systems import MAX_MODEL_CALLS, Deployment, Job, Trace
-from loopwright_refunds.experiments.systems.http_tools import RefundHttp, read_tools
+from loopwright_refunds.experiments.systems.http_tools import (
+    RefundHttp,
+    credit_tool,
+    read_tools,
+)
 
 ERROR_TEXT = "An error occurred while running the tool. Please try again. Error: {error}"
 
@@ -67,7 +71,7 @@ class PlainLoop:
     def deliver(self, job: Job, model: BaseChatModel) -> None:
         with httpx.Client() as client:
             http = RefundHttp(self.deployment.endpoints, client)
-            run_loop(model, [*read_tools(http), submit_tool(http)], job.task)
+            run_loop(model, [*read_tools(http), submit_tool(http), credit_tool(http)], job.task)
 
     def recover(self, job: Job, model: BaseChatModel) -> None:
         """Nothing survived the crash: the queue delivers the job again."""

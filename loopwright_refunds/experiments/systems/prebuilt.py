@@ -32,7 +32,11 @@ from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from loopwright.graph.crashpoints import crash_point
 from loopwright_refunds.experiments.systems import MAX_MODEL_CALLS, Deployment, Job, Trace
-from loopwright_refunds.experiments.systems.http_tools import RefundHttp, read_tools
+from loopwright_refunds.experiments.systems.http_tools import (
+    RefundHttp,
+    credit_tool,
+    read_tools,
+)
 
 # pre-model hook, model, tools: three supersteps per model call.
 RECURSION_LIMIT = 3 * MAX_MODEL_CALLS + 5
@@ -85,7 +89,7 @@ class PrebuiltAgent:
             saver.setup()
             http = RefundHttp(self.deployment.endpoints, client)
             tools = ToolNode(
-                [*read_tools(http), submit_tool(http)],
+                [*read_tools(http), submit_tool(http), credit_tool(http)],
                 handle_tool_errors=True,
                 wrap_tool_call=_before_tool,
             )
