@@ -66,7 +66,7 @@ class Policy(Protocol):
     """
 
     def __call__(
-        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]], /
     ) -> Decision: ...
 
 
