@@ -308,3 +308,71 @@ def test_nobody_writes_a_threads_state_through_the_api(
     for token in ("t-u1", "t-a1"):
         update = functools.partial(served.client(token).threads.update_state, thread_id, forged)
         assert status_of(update) == 403
+
+
+def test_a_customer_cannot_restart_their_waiting_run_in_another_checkpoint_namespace(
+    served: Served,
+) -> None:
+    """A new run on the same thread under a namespace of the client's choosing would read an
+    empty state there, start over and bury the approval that waits: refused, state untouched."""
+    create_order(served.services, "O-804", "u-1", "80.00")
+    thread_id, waiting = start_run(served.client("t-u1"), "Refund order O-804 if it can be.")
+    ada = served.client("t-u1")
+    attempts: list[Callable[[], Any]] = [
+        functools.partial(
+            ada.runs.wait,
+            thread_id,
+            GRAPH,
+            input={"task": "Refund order O-804 now."},
+            config={"configurable": {"checkpoint_ns": "x"}},
+        ),
+        functools.partial(
+            ada.runs.wait,
+            thread_id,
+            GRAPH,
+            input={"task": "Refund order O-804 now."},
+            checkpoint={"checkpoint_ns": "x"},
+        ),
+    ]
+    for attempt in attempts:
+        assert status_of(attempt) == 403
+    after = ada.threads.get_state(thread_id)
+    assert [i["id"] for i in after["interrupts"]] == [i["id"] for i in waiting["interrupts"]]
+    assert after["values"]["task"] == waiting["values"]["task"]
+    [(status,)] = served.sql("SELECT status FROM lw_actions WHERE run_id = %s", thread_id)
+    assert status == "NEEDS_APPROVAL"
+
+
+def test_nobody_erases_the_record_of_a_run_with_journaled_actions(served: Served) -> None:
+    create_order(served.services, "O-805", "u-1", "80.00")
+    ada, ann = served.client("t-u1"), served.client("t-a1")
+    thread_id, waiting = start_run(ada, "Check whether order O-805 can be refunded and refund it.")
+    ann.runs.wait(
+        thread_id,
+        GRAPH,
+        command={"resume": decision_for(waiting["interrupts"][0], "approve", "a-1")},
+    )
+    checkpoints = served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id)
+    runs = ada.runs.list(thread_id)
+    for token in ("t-u1", "t-a1"):
+        client = served.client(token)
+        for run in runs:
+            assert status_of(functools.partial(client.runs.delete, thread_id, run["run_id"])) in (
+                403,
+                404,
+            )
+        assert status_of(functools.partial(client.threads.delete, thread_id)) in (403, 404)
+    rollback = functools.partial(
+        ada.runs.create,
+        thread_id,
+        GRAPH,
+        input={"task": "Check whether order O-805 can be refunded and refund it."},
+        multitask_strategy="rollback",
+    )
+    assert status_of(rollback) == 403
+    assert (
+        served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id)
+        == checkpoints
+    )
+    assert values_of(ada, thread_id)["stop_reason"] == "completed"
+    assert [r["amount"] for r in list_refunds(served.services, "O-805")] == ["80.00"]

@@ -206,11 +206,39 @@ async def on_thread_update(
     return {"owner": user.user_id}
 
 
+async def journaled(thread_id: Any) -> bool:
+    """Whether the run on a thread has journaled actions (whose record must not be erased)."""
+    if not thread_id:
+        return False
+    res = await aresources()
+    return bool(await asyncio.to_thread(res.runner.journal.for_run, str(thread_id)))
+
+
 @auth.on.threads.delete
 async def on_thread_delete(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsDelete
 ) -> Auth.types.FilterType:
+    """Deleting a thread, or a server run on it (which deletes the checkpoints it wrote): never
+    for a run with journaled actions, whose record (what was executed, verified, ended) stays."""
+    if await journaled(value.get("thread_id")):
+        raise _forbidden("this run has journaled actions: its record cannot be deleted")
     return {"owner": ctx.user.identity}
+
+
+# Fields of run creation that would read or write another history than the run's own latest
+# checkpoint: a chosen checkpoint, another namespace (a fresh, empty state to start over in).
+_CHECKPOINT_FIELDS = ("checkpoint_id", "checkpoint_ns", "checkpoint_map", "checkpoint")
+
+
+def checkpoint_choice(kwargs: Mapping[str, Any]) -> str | None:
+    """The checkpoint field a client set, if any (in `config.configurable` or `checkpoint`)."""
+    configurable = ((kwargs.get("config") or {}).get("configurable")) or {}
+    for field in _CHECKPOINT_FIELDS:
+        if configurable.get(field):
+            return f"config.configurable.{field}"
+    checkpoint = kwargs.get("checkpoint") or {}
+    chosen = [k for k, v in checkpoint.items() if v and k != "thread_id"]
+    return f"checkpoint.{chosen[0]}" if chosen else None
 
 
 @auth.on.threads.create_run
@@ -226,6 +254,11 @@ async def on_run_create(
     run = await run_record(value.get("thread_id"))
     if command.get("update") is not None or command.get("goto"):
         raise _forbidden("a client may resume a run, not write its state or route it")
+    if (field := checkpoint_choice(kwargs)) is not None:
+        raise _forbidden(f"{field}: a run continues from its own latest checkpoint")
+    strategy = kwargs.get("multitask_strategy") or value.get("multitask_strategy")
+    if strategy == "rollback":
+        raise _forbidden("multitask_strategy rollback would erase a run's record: use reject")
     if carries_decision(command.get("resume")):
         if not user.is_approver:
             raise _forbidden("only approvers decide approvals")

@@ -33,6 +33,7 @@ from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import StaleWriter, open_lease_store
 from loopwright.server.resources import server_database_url
 
+_JOURNALED = "SELECT 1 FROM lw_actions WHERE run_id = ANY(%s) LIMIT 1"
 _LIVE_LEASES = (
     "SELECT run_id, owner FROM lw_runs WHERE run_id = ANY(%s)"
     " AND owner IS NOT NULL AND lease_expires_at > now() FOR SHARE"
@@ -96,6 +97,7 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
 
     async def adelete_thread(self, thread_id: str) -> None:
         async with self._unleased([str(thread_id)]):
+            await self._refuse_if_journaled([str(thread_id)])
             await super().adelete_thread(thread_id)
 
     async def adelete_for_runs(self, run_ids: Iterable[str]) -> None:
@@ -107,6 +109,7 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
                 (ids,),
             )
         async with self._unleased([row["thread_id"] for row in rows]):
+            await self._refuse_if_journaled([row["thread_id"] for row in rows])
             await self.conn.execute(
                 "DELETE FROM checkpoint_writes w USING checkpoints c"
                 " WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns"
@@ -156,6 +159,12 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
                         run["run_id"], 0, None, f"the run is being advanced by {run['owner']}"
                     )
             yield
+
+    async def _refuse_if_journaled(self, thread_ids: list[str]) -> None:
+        """Nothing deletes the checkpoints of a run with journaled actions (a rollback, a
+        thread or run deletion), whichever route asked: its record is what was done."""
+        if thread_ids and await self._fetch(_JOURNALED, (thread_ids,)):
+            raise PermissionError("a run with journaled actions keeps its checkpoints")
 
     async def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[DictRow]:
         async with self.conn.cursor() as cur:

@@ -283,8 +283,10 @@ def _run_config(config: RunnableConfig | None) -> RunnableConfig:
     configurable = dict((config or {}).get("configurable") or {})
     if not configurable.get("thread_id"):
         raise ValueError("a loopwright run is a thread: the config names no thread_id")
-    if configurable.get("checkpoint_id"):
-        raise PermissionError("a run continues from its latest checkpoint, not a chosen one")
+    if configurable.get("checkpoint_id") or configurable.get("checkpoint_ns"):
+        # A chosen checkpoint, or another namespace (an empty state to start over in), would
+        # read a history other than the run's own: refused, whoever's auth let it through.
+        raise PermissionError("a run continues from its own latest checkpoint, not a chosen one")
     configurable.pop(CONFIG_KEY_CHECKPOINTER, None)
     return {**(config or {}), "configurable": configurable}
 
