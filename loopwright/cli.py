@@ -631,6 +631,7 @@ def serve(
 ) -> None:
     """Serve the agent's runs over HTTP: `langgraph dev`, offline, on Postgres, with the
     approval inbox."""
+    from loopwright.server.auth import TokenTableError, token_table
     from loopwright.server.launch import DEV_TOKENS, server_env, start_server
 
     path = configured_agent_path(agent) or DEFAULT_AGENT
@@ -645,6 +646,10 @@ def serve(
         extra["LOOPWRIGHT_TOKENS_FILE"] = str(DEV_TOKENS)
         errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")
     env = server_env(os.environ, extra)
+    try:
+        token_table(env)  # a table the server cannot use: refused here, in one line
+    except (TokenTableError, OSError) as exc:
+        raise UsageError(f"token table: {exc}") from None
     with start_server(
         loopwright_home() / "server", env, host=host, port=port, stdout=sys.stdout.buffer
     ) as running:
@@ -687,6 +692,10 @@ def main() -> None:
         raise SystemExit(2) from None
     except httpx.TransportError as exc:
         errors.print(f"loopwright: error: a business service is unreachable: {exc}", markup=False)
+        raise SystemExit(2) from None
+    except DATABASE_FAULTS as exc:  # reached, then lost mid-command (a restart, a failover)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        errors.print(f"loopwright: error: the database failed: {first}", markup=False)
         raise SystemExit(2) from None
     except (typer.Abort, KeyboardInterrupt):
         raise SystemExit(130) from None

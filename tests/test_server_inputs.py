@@ -13,7 +13,12 @@ import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
 
 from loopwright.graph.state import Principal, initial_state
-from loopwright.server.auth import authorization_of, carries_decision, token_table
+from loopwright.server.auth import (
+    TokenTableError,
+    authorization_of,
+    carries_decision,
+    token_table,
+)
 from loopwright.server.graph import is_user_cancel
 from loopwright.server.inputs import (
     Continue,
@@ -156,6 +161,26 @@ def test_token_table_and_authorization_header() -> None:
     assert authorization_of({b"authorization": b"Bearer t"}) == "Bearer t"
     assert authorization_of({"Authorization": "Bearer t"}) == "Bearer t"
     assert authorization_of({"x-other": "1"}) is None
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ('{"t": {"user_id": null}}', "user_id: Input should be a valid string"),
+        ('{"t": {"user_id": "u-1"}, "t": {"user_id": "a-1"}}', "appears twice"),
+        ('{"t": ["u-1"]}', "Input should be a valid dictionary"),
+        ('{"t": null}', "Input should be a valid dictionary"),
+        ('["t"]', "expected an object of token -> user entries"),
+        ('{"t": {"user_id": "u-1", "role": "approver"}}', "role: Extra inputs are not permitted"),
+        ("{nope", "not JSON"),
+    ],
+)
+def test_a_token_table_that_cannot_be_used_is_refused_in_one_line(table: str, problem: str) -> None:
+    """A null user id is not the user "None", a repeated token is not the last one, an entry
+    that is not an object is not a raw Python error: each says what is wrong, and where."""
+    with pytest.raises(TokenTableError, match=problem) as refused:
+        token_table({"LOOPWRIGHT_TOKENS": table})
+    assert "\n" not in str(refused.value)
 
 
 def test_carries_decision() -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from langgraph_sdk import Auth
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
@@ -60,21 +61,54 @@ class User:
         return CUSTOMER_ROLE in self.roles
 
 
+class TokenTableError(ValueError):
+    """The token table cannot be used as it is; the message says which entry and why."""
+
+
+class _TokenEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,64}$")
+    roles: tuple[str, ...] = ()
+    tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise TokenTableError(f"token {key[:4]}... appears twice: which user it is is unclear")
+        seen[key] = value
+    return seen
+
+
 def token_table(environ: Mapping[str, str] | None = None) -> dict[str, User]:
-    """The token table from the environment; empty if none is configured."""
+    """The token table from the environment; empty if none is configured. A table that is not
+    an object of token -> {"user_id", "roles", "tenant"} entries, with each token once and each
+    user id a real one, raises TokenTableError (the server does not start on it)."""
     env = os.environ if environ is None else environ
+    source = TOKENS_ENV
     raw = env.get(TOKENS_ENV) or ""
     if not raw and env.get(TOKENS_FILE_ENV):
-        raw = Path(env[TOKENS_FILE_ENV]).read_text()
-    table = json.loads(raw) if raw else {}
-    return {
-        token: User(
-            user_id=str(entry["user_id"]),
-            roles=tuple(str(role) for role in entry.get("roles", ())),
-            tenant=str(entry.get("tenant", "default")),
-        )
-        for token, entry in table.items()
-    }
+        source = env[TOKENS_FILE_ENV]
+        raw = Path(source).read_text()
+    try:
+        table = json.loads(raw, object_pairs_hook=_no_duplicates) if raw else {}
+    except json.JSONDecodeError as exc:
+        raise TokenTableError(f"{source}: not JSON ({exc})") from None
+    if not isinstance(table, dict):
+        raise TokenTableError(f"{source}: expected an object of token -> user entries")
+    users = {}
+    for token, entry in table.items():
+        try:
+            parsed = _TokenEntry.model_validate(entry)
+        except ValidationError as exc:
+            problem = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors()
+            )
+            raise TokenTableError(f"{source}: token {token[:4]}...: {problem}") from None
+        users[token] = User(parsed.user_id, parsed.roles, parsed.tenant)
+    return users
 
 
 @functools.cache
