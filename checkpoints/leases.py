@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
@@ -164,6 +164,15 @@ class LeaseStore:
                 (run_id, Phase.READY.value, task, user_id, agent, agent_version),
             )
             return RunRecord.model_validate(self.db.execute(_SELECT_RUN, (run_id,))[0])
+
+    def now(self) -> datetime:
+        """The database's clock: what every lease, expiry and deadline is judged on (the
+        processes that share a database may disagree about the time; it does not)."""
+        row = self.db.one("SELECT now() AS now")
+        assert row is not None
+        moment = row["now"]
+        parsed = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
     def get(self, run_id: str) -> RunRecord | None:
         row = self.db.one(_SELECT_RUN, (run_id,))

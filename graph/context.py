@@ -57,11 +57,14 @@ class RunContext:
     # The agent's completion check: whether the task is done given the task and the run's
     # writes (each intent's latest action). None: done when every write planned happened.
     done: Callable[[ToolContext[Any], str, list[Action]], bool] | None = None
+    # The clock every expiry and deadline is judged on: the database's (one clock for every
+    # process of a run; the Python clock only where no database is at hand).
+    clock: Callable[[], datetime] = utcnow
     # Whether someone asked for the run to stop (read at every step, from outside the state).
     cancel_requested: Callable[[], bool] = field(default=lambda: False)
 
     def now(self) -> datetime:
-        return utcnow()
+        return self.clock()
 
     def agent(self, owner: str | None) -> AgentProfile | None:
         return self.agents.get(owner or PRIMARY)

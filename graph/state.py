@@ -186,6 +186,9 @@ class ApprovalRequest(BaseModel):
     summary: str
     requested_by: str
     expires_at: datetime
+    # When the run asked (the database's clock): the wait until the decision does not count
+    # against the run's end-to-end deadline, which is the machine's, not the person's.
+    requested_at: datetime | None = None
     # The arguments an approver may change (the write contract's `editable`).
     editable: tuple[str, ...] = ()
 
@@ -415,12 +418,16 @@ class RunState(TypedDict):
     # its task needs is stopped, not asked for ever).
     refused_answers: NotRequired[int]
     started_at: NotRequired[str]
+    # Seconds the run spent waiting for people (approvals): not counted against its deadline.
+    paused_s: NotRequired[float]
     cancel_requested: NotRequired[bool]
     # Set by reconcile when a cancelled run's writes were asked about once: stop waiting for them.
     reconciled_for_cancel: NotRequired[bool]
 
 
-def initial_state(run_id: str, task: str, principal: Principal | None = None) -> RunState:
+def initial_state(
+    run_id: str, task: str, principal: Principal | None = None, *, now: datetime | None = None
+) -> RunState:
     state = RunState(
         schema_version=STATE_SCHEMA_VERSION,
         run_id=run_id,
@@ -430,7 +437,7 @@ def initial_state(run_id: str, task: str, principal: Principal | None = None) ->
         phase=Phase.READY.value,
         step=0,
         stop_reason=None,
-        started_at=utcnow().isoformat(),
+        started_at=(now or utcnow()).isoformat(),
     )
     if principal is not None:
         state["principal"] = principal.model_dump(mode="json")

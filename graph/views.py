@@ -7,7 +7,7 @@ parsing and the shape of common updates live in one place.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from langchain_core.messages import BaseMessage, ToolMessage
@@ -34,7 +34,10 @@ def usage_of(state: RunState) -> Usage:
 
 
 def started_at(state: RunState) -> datetime:
-    return datetime.fromisoformat(state["started_at"])
+    """Where the run's machine time is counted from: its start, moved on by the time it waited
+    for people (approvals), so a person's wait does not spend the end-to-end deadline."""
+    started = datetime.fromisoformat(state["started_at"])
+    return started + timedelta(seconds=float(state.get("paused_s") or 0.0))
 
 
 def pending_of(state: RunState) -> list[PendingCall]:

@@ -218,6 +218,7 @@ class Runner:
         model, spec = self.model_for(run_id)
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
+            clock=self.leases.now,
             is_approver=self.is_approver,
             model=model,
             model_spec=spec,
@@ -268,7 +269,8 @@ class Runner:
             raise RunExists(run_id)
         if self.graph.get_state(self.config(run_id)).values:
             return self.resume(run_id, on_step=on_step)
-        return self._advance(run_id, initial_state(run_id, task, principal), on_step)
+        begun = initial_state(run_id, task, principal, now=self.leases.now())
+        return self._advance(run_id, begun, on_step)
 
     def resume(
         self, run_id: str, value: Any = None, *, on_step: StepListener | None = None
@@ -387,7 +389,9 @@ class Runner:
         """Create a run without advancing it: any worker may pick it up."""
         run_id = run_id or new_run_id()
         self.graph.update_state(
-            self.config(run_id), initial_state(run_id, task, principal), as_node="__start__"
+            self.config(run_id),
+            initial_state(run_id, task, principal, now=self.leases.now()),
+            as_node="__start__",
         )
         self.register(run_id, task, principal)
         return run_id

@@ -68,7 +68,11 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         comment=decision.comment,
         args=decision.args,
     )
+    asked_at = request.requested_at or (request.expires_at - runtime.context.approval_ttl)
+    waited = max(0.0, (record.decided_at - asked_at).total_seconds())
     return {
         "approvals": [*(state.get("approvals") or []), record.model_dump(mode="json")],
         "phase": Phase.WAITING_TOOLS.value,
+        # The person's wait is not the machine's: the run's deadline moves on by it.
+        "paused_s": float(state.get("paused_s") or 0.0) + waited,
     }

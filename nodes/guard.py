@@ -24,6 +24,7 @@ from loopwright.graph.crashpoints import crash_point
 from loopwright.graph.progress import check_progress, error_codes, last_step, step_signature
 from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
+    Action,
     ActionStatus,
     Phase,
     RunState,
@@ -68,25 +69,14 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
     }
 
 
-def _cancel(state: RunState, context: RunContext) -> dict[str, Any]:
-    """Stop for a cancel request: actions not yet sent never will be; sent ones are reported."""
-    cancelled = []
-    for action in actions_of(state):
-        if action.status in NOT_YET_SENT:
-            cancelled.append(
-                context.journal.transition(
-                    action.action_id,
-                    action.status,
-                    ActionStatus.CANCELLED,
-                    fence=context.fence,
-                    detail={"reason": "run cancelled before this action was sent"},
-                )
-            )
+def _cancel(state: RunState) -> dict[str, Any]:
+    """Stop for a cancel request: actions not yet sent never will be (`guard` releases them as
+    for every end); sent ones are reported."""
     unconfirmed = [a.action_id for a in actions_of(state) if a.status in UNRESOLVED_STATUSES]
     detail = "cancel requested"
     if unconfirmed:
         detail += f"; outcome not confirmed for {', '.join(unconfirmed)}"
-    return {**stop(StopReason.CANCELLED, detail), "journal": dump_actions(cancelled)}
+    return stop(StopReason.CANCELLED, detail)
 
 
 def _after_step(state: RunState, context: RunContext) -> dict[str, Any]:
@@ -119,7 +109,33 @@ def _after_step(state: RunState, context: RunContext) -> dict[str, Any]:
 
 def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:guard:start")
-    context = runtime.context
+    update = _guard(state, runtime.context)
+    if update.get("phase") == Phase.INCOMPLETE.value:
+        # A run that ends leaves no action for nobody to send: not sent yet, never will be.
+        reason = update.get("stop_reason") or state.get("stop_reason") or "stopped"
+        released = _release_unsent(state, runtime.context, str(reason))
+        update["journal"] = {**(update.get("journal") or {}), **dump_actions(released)}
+    return update
+
+
+def _release_unsent(state: RunState, context: RunContext, reason: str) -> list[Action]:
+    """CANCEL the run's actions not sent yet (planned, waiting for or given an approval)."""
+    released = []
+    for action in context.journal.for_run(state["run_id"]):
+        if action.status in NOT_YET_SENT:
+            released.append(
+                context.journal.transition(
+                    action.action_id,
+                    action.status,
+                    ActionStatus.CANCELLED,
+                    fence=context.fence,
+                    detail={"reason": f"the run ended ({reason}) before this action was sent"},
+                )
+            )
+    return released
+
+
+def _guard(state: RunState, context: RunContext) -> dict[str, Any]:
     if state.get("stop_reason"):
         return {"phase": Phase.INCOMPLETE.value}
     update: dict[str, Any] = {}
@@ -143,7 +159,7 @@ def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         if "stop_reason" in update:
             return update
     if cancel:
-        return _cancel(state, context)
+        return _cancel(state)
     exceeded = context.budget.check_before_request(
         usage_of(state), started_at(state), context.now()
     )

@@ -227,6 +227,7 @@ def _plan_write(
             ),
         )
     if action.status is ActionStatus.NEEDS_APPROVAL:
+        now = context.now()
         summary = contract.describe(args)
         request = ApprovalRequest(
             approval_id=f"apr_{action.digest[:16]}",
@@ -237,7 +238,8 @@ def _plan_write(
             args=canonical,
             summary=f"{summary} (edited by {edited_by})" if edited_by else summary,
             requested_by=principal_of(state).user_id,
-            expires_at=context.now() + context.approval_ttl,
+            expires_at=now + context.approval_ttl,
+            requested_at=now,
             editable=tuple(sorted(contract.editable)),
         )
         verdict = CallVerdict.NEEDS_APPROVAL

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from loopwright import Budget
 from loopwright.cli import decide
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
@@ -127,6 +128,50 @@ def test_expired_approval_executes_nothing(
     assert [a.status for a in outcome.actions] == [ActionStatus.REJECTED]
     assert nothing_done(outcome)
     assert all_refunds(services) == []
+
+
+def test_a_persons_wait_does_not_spend_the_runs_deadline(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """A run with a 2 s deadline waits 3 s for its approver: the wait is the person's, not the
+    machine's, so the approved refund is made and the run completes."""
+    with open_test_runner(budget=Budget(deadline_s=2.0)) as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        time.sleep(3.0)
+        outcome = answer(runner, waiting, "approve", "a-1")
+    assert outcome.stop_reason == "completed", outcome.stop_detail
+    assert [r["amount"] for r in all_refunds(services)] == ["100.00"]
+
+
+def test_no_action_is_left_approved_with_nobody_to_send_it(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """Approved, then the run ends before it could be sent (here: an approving process whose
+    budget leaves no time): the action is CANCELLED with the reason, never left APPROVED."""
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+    with open_test_runner(budget=Budget(deadline_s=0.001)) as hurried:
+        outcome = answer(hurried, waiting, "approve", "a-1")
+        [action] = outcome.actions
+        history = [e.to_status for e in hurried.journal.events(action.action_id)]
+    assert outcome.stop_reason == "deadline_exceeded"
+    assert history[-2:] == ["APPROVED", "CANCELLED"]
+    assert all_refunds(services) == []
+
+
+def test_expiry_is_judged_on_the_databases_clock_not_the_approvers(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The approving process's clock runs 25 h ahead of everyone's: the fresh approval is not
+    taken for expired (and a process behind would not take an expired one for fresh)."""
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        ahead = datetime.now(UTC) + timedelta(hours=25)
+        monkeypatch.setattr("loopwright.graph.state.utcnow", lambda: ahead)
+        monkeypatch.setattr("loopwright.graph.context.utcnow", lambda: ahead)
+        outcome = answer(runner, waiting, "approve", "a-1")
+    assert outcome.stop_reason == "completed", outcome.stop_detail
+    assert [r["amount"] for r in all_refunds(services)] == ["100.00"]
 
 
 def test_self_approval_is_refused_until_an_approver_decides(

@@ -229,7 +229,9 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 saver = FencedPostgresSaver(conn, fence=Fence.of(lease))
                 graph = self.copy(update={"checkpointer": saver, "store": None})
                 run_config = _with_writer(config, owner)
-                payload = payload_for(request, graph.get_state(run_config), run_id, principal)
+                payload = payload_for(
+                    request, graph.get_state(run_config), run_id, principal, res.leases.now()
+                )
                 context = served_context(res, run_id, lease.fence, request, principal)
                 with LeaseKeeper(res.leases, lease):
                     for chunk in graph.stream(

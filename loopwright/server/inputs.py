@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeGuard
 
 from langgraph.types import Command, StateSnapshot
@@ -109,14 +110,18 @@ def principal_for_task(agent: Agent[Any], deps: Any, user: Principal, task: str)
 
 
 def payload_for(
-    request: RunRequest, snapshot: StateSnapshot, run_id: str, principal: Principal | None
+    request: RunRequest,
+    snapshot: StateSnapshot,
+    run_id: str,
+    principal: Principal | None,
+    now: datetime | None = None,
 ) -> RunState | Command[Any] | None:
     """What to stream, given where the run stands (read under the run's lease). `principal`
-    is the run's (already scoped to the task, for a new run)."""
+    is the run's (already scoped to the task, for a new run); `now` the database's clock."""
     values = snapshot.values or {}
     if isinstance(request, NewRun) and not values:
         assert principal is not None  # parse_request refuses a new run without one
-        return initial_state(run_id, request.task, principal)
+        return initial_state(run_id, request.task, principal, now=now)
     if not values:
         raise RunRefused(f"thread {run_id} has no run to continue")
     if values.get("run_id") != run_id:
