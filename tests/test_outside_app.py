@@ -132,7 +132,7 @@ def desk(installed: Installed, app: Path) -> Iterator[DeskService]:
         stdin=subprocess.DEVNULL,
     )
     with DeskService(process, "") as service:
-        wait_for(ready.exists, timeout=30)
+        wait_for(lambda: ready.exists() and ready.read_text().startswith("http"), timeout=60)
         service.url = ready.read_text()
         yield service
 

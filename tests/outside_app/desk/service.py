@@ -116,7 +116,10 @@ def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
             await asyncio.sleep(0.02)
-        args.ready_file.write_text(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        # Atomically: whoever waits for the file never reads it half written.
+        partial = args.ready_file.with_name(args.ready_file.name + ".tmp")
+        partial.write_text(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        partial.replace(args.ready_file)
         await task
 
     asyncio.run(serve())
