@@ -47,11 +47,13 @@ from loopwright.graph.build import compile_graph
 from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
     ApprovalChoice,
+    ApprovalDecision,
     ApprovalRequest,
     Principal,
 )
 from loopwright.run_list import render_runs
 from loopwright.runner import (
+    DecisionNotTaken,
     EditRefused,
     ModelChanged,
     OtherAgentsRun,
@@ -453,6 +455,8 @@ def _decide_command(
                 raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         printer = TimelinePrinter(console, runner.tools)
         outcome = runner.resume(request["run_id"], answer, on_step=printer)
+        # Before the run's end is shown: a decision that did not take effect says only that.
+        runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))
         report(outcome, printer.redactor, again=repeat_options(agent, db))
 
 
@@ -679,6 +683,7 @@ def main() -> None:
         UnknownRun,
         OtherAgentsRun,
         ModelChanged,
+        DecisionNotTaken,
         RunExists,
         LeaseHeld,
         LeaseLost,

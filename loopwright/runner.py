@@ -50,6 +50,7 @@ from loopwright.graph.context import RunContext
 from loopwright.graph.state import (
     Action,
     ApprovalChoice,
+    ApprovalDecision,
     ApprovalRequest,
     Phase,
     Principal,
@@ -318,7 +319,29 @@ class Runner:
         answer = request.answer(decision, approver, comment, changes)
         if answer.args is not None:
             self.check_edit(request, answer.args)
-        return self.resume(run_id, answer.model_dump(mode="json"), on_step=on_step)
+        outcome = self.resume(run_id, answer.model_dump(mode="json"), on_step=on_step)
+        self.check_taken(run_id, answer)
+        return outcome
+
+    def check_taken(self, run_id: str, answer: ApprovalDecision) -> None:
+        """Raise DecisionNotTaken unless the run recorded this very decision: a decision that
+        did not take effect (another was first, the decider is not an approver of the run, the
+        request was no longer pending) must never read as if it had."""
+        state = self.state(run_id)
+        for record in state.get("approvals") or []:
+            if record["approval_id"] == answer.approval_id:
+                if (record["approver"], record["decision"]) == (answer.approver, answer.decision):
+                    return
+                raise DecisionNotTaken(
+                    f"{answer.decision} of {answer.approval_id} by {answer.approver} did not "
+                    f"take effect: it had been decided already ({record['decision']} by "
+                    f"{record['approver']} at {record['decided_at']})"
+                )
+        why = "; ".join(state.get("feedback") or []) or "the run did not take it"
+        raise DecisionNotTaken(
+            f"{answer.decision} of {answer.approval_id} by {answer.approver} did not take "
+            f"effect: {why}"
+        )
 
     def check_edit(self, request: ApprovalRequest, args: dict[str, Any]) -> None:
         """Refuse, before the run sees it, an edit the write could not be planned with: its
@@ -540,6 +563,10 @@ class RunExists(ValueError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} exists already, with another task or user")
         self.run_id = run_id
+
+
+class DecisionNotTaken(RuntimeError):
+    """An approval decision the run did not record; the message says why."""
 
 
 class EditRefused(ValueError):

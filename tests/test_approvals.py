@@ -7,7 +7,10 @@ approving from another terminal (or the next morning) would.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -20,7 +23,7 @@ from loopwright import Budget
 from loopwright.cli import decide
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
-from loopwright.runner import Runner, RunOutcome, open_runner
+from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.misbehaving import AsksForMore
@@ -28,6 +31,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
+    REPO,
     RunnerFactory,
     all_refunds,
     cli,
@@ -418,3 +422,37 @@ def test_demo_without_a_terminal_waits_and_prints_the_command_that_approves(
     approved = cli(*command, "--db", postgres_url, env=env, check=True)
     assert "COMPLETED" in approved.stdout
     assert len(list_refunds(services, "O-42")) == 1
+
+
+LOOPWRIGHT = (sys.executable, "-m", "loopwright")
+
+
+@pytest.mark.postgres
+def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
+    postgres_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = env_for(services, tmp_path)
+    started = cli("run", DEMO_TASK, "--user", "u-1", "--db", postgres_url, env=env, check=True)
+    match = APPROVE_COMMAND.search(started.stdout)
+    assert match is not None, started.stdout
+    deciders = [
+        subprocess.Popen(
+            [*LOOPWRIGHT, "approvals", verb, match[1], "--as", who, "--db", postgres_url],
+            env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for verb, who in (("approve", "a-1"), ("reject", "a-2"))
+    ]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in deciders]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    [(_, loser_out, loser_err)] = [r for r in results if r[0] == 2]
+    assert "did not take effect" in loser_err or "no pending approval" in loser_err
+    assert "COMPLETED" not in loser_out  # the loser never reads as if it had decided
+    with connect(services) as deps, open_runner(postgres_url, refunds, deps=deps) as runner:
+        [record] = runner.state(runner.run_ids()[0])["approvals"]
+    assert record["decision"] == ("approve" if results[0][0] == 0 else "reject")

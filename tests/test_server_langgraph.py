@@ -37,6 +37,8 @@ TOKENS = {
     "t-u2": {"user_id": "u-2", "roles": ["customer"]},
     "t-a1": {"user_id": "a-1", "roles": ["approver"]},
     "t-a2": {"user_id": "a-2", "roles": ["customer", "approver"]},
+    # An approver by the token table only: the agent's directory does not know u-2 as one.
+    "t-u2-approver": {"user_id": "u-2", "roles": ["approver"]},
 }
 
 
@@ -282,7 +284,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     assert [a["interrupt_id"] for a in listed["approvals"] if a["thread_id"] == thread_id] == [
         interrupt["id"]
     ]
-    assert post("edit", interrupt["id"], amount="40.00").status_code == 202
+    assert post("edit", interrupt["id"], amount="40.00").status_code == 200
 
     deadline = time.monotonic() + 30
     edited: list[dict[str, Any]] = []
@@ -293,7 +295,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     [item] = edited
     assert item["summary"] == "Refund 40.00 USD to order O-802 (edited by a-1)"
     assert item["interrupt_id"] != interrupt["id"] and item["args"]["amount"] == "40.00"
-    assert post("approve", item["interrupt_id"]).status_code == 202
+    assert post("approve", item["interrupt_id"]).status_code == 200
 
     final = wait_for_end(served.client("t-u1"), thread_id)["values"]
     assert final["stop_reason"] == "completed"
@@ -376,3 +378,29 @@ def test_nobody_erases_the_record_of_a_run_with_journaled_actions(served: Served
     )
     assert values_of(ada, thread_id)["stop_reason"] == "completed"
     assert [r["amount"] for r in list_refunds(served.services, "O-805")] == ["80.00"]
+
+
+def test_a_decision_the_run_ignores_is_a_409_not_an_accepted_decision(served: Served) -> None:
+    """The token says approver, the agent does not: the run ignores the decision, so the inbox
+    says it did not take effect (and the approval still waits)."""
+    create_order(served.services, "O-806", "u-1", "80.00")
+    thread_id, waiting = start_run(served.client("t-u1"), "Refund order O-806 if it can be.")
+    [interrupt] = waiting["interrupts"]
+    body = {"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": "approve"}
+    ignored = httpx.post(
+        f"{served.url}/inbox/api/decisions",
+        headers={"Authorization": "Bearer t-u2-approver"},
+        json=body,
+    )
+    assert ignored.status_code == 409, ignored.text
+    assert "did not take effect" in ignored.json()["detail"]
+    assert "u-2 is not an approver" in ignored.json()["detail"]
+    [still] = served.client("t-u1").threads.get_state(thread_id)["interrupts"]
+    assert still["value"]["approval_id"] == interrupt["value"]["approval_id"]  # still waiting
+    decided = httpx.post(
+        f"{served.url}/inbox/api/decisions",
+        headers={"Authorization": "Bearer t-a1"},
+        json={**body, "interrupt_id": still["id"]},
+    )
+    assert decided.status_code == 200, decided.text
+    assert decided.json()["result"]["stop_reason"] == "completed"

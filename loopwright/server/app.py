@@ -167,11 +167,52 @@ async def decide(request: Request) -> Response:
             command={"resume": {body.interrupt_id: decision.model_dump(mode="json")}},
             multitask_strategy="reject",
         )
-        return JSONResponse({"run_id": run["run_id"], "decision": body.decision}, status_code=202)
+        # What the run made of it, truthfully: a decision it did not take is a 409.
+        await client.runs.join(body.thread_id, run["run_id"])
+        state = await client.threads.get_state(body.thread_id)
+        values = state.get("values") if isinstance(state.get("values"), dict) else {}
+        taken = taken_decision(values, req.approval_id, user.user_id, body.decision)
+        if taken is not None:
+            raise InboxError(409, taken)
+        return JSONResponse(
+            {"run_id": run["run_id"], "decision": body.decision, "result": result_of(values)}
+        )
     except InboxError as exc:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
     except httpx.HTTPStatusError as exc:
         return _upstream(exc)
+
+
+def taken_decision(
+    values: dict[str, Any], approval_id: str, approver: str, decision: str
+) -> str | None:
+    """None if the run recorded this decision; else why it did not take effect."""
+    for record in values.get("approvals") or []:
+        if record.get("approval_id") == approval_id:
+            if (record.get("approver"), record.get("decision")) == (approver, decision):
+                return None
+            return (
+                f"the decision did not take effect: {approval_id} was decided already "
+                f"({record.get('decision')} by {record.get('approver')})"
+            )
+    why = "; ".join(values.get("feedback") or []) or "the run did not take it"
+    return f"the decision did not take effect: {why}"
+
+
+def result_of(values: dict[str, Any]) -> dict[str, Any]:
+    """Where the run stands after the decision, as a person reads it."""
+    verification = values.get("verification") or {}
+    journal = values.get("journal") or {}
+    return {
+        "phase": values.get("phase"),
+        "stop_reason": values.get("stop_reason"),
+        "stop_detail": values.get("stop_detail", ""),
+        "summary": verification.get("summary", ""),
+        "actions": [
+            {"action_id": a.get("action_id"), "tool": a.get("tool"), "status": a.get("status")}
+            for a in journal.values()
+        ],
+    }
 
 
 def _upstream(exc: httpx.HTTPStatusError) -> Response:

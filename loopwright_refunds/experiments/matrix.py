@@ -3,7 +3,9 @@
 Not every combination means something. The rules, cell by cell:
 
 * **none**: every scenario, every system. The baseline of everything else, and where the
-  authorization scenarios (other user's order, injected policy, approval required) are decided.
+  authorization scenarios (other user's order, injected policy, approval required) and the
+  model that skips the policy (`skips_policy`: three refunds the policy does not allow, asked
+  for without a read) are decided.
 * **payment faults** (accept_then_timeout, fail_before_commit, latency): the scenarios whose
   task, done right, sends a refund (eligible, partial, long_task, approval_required). The fault
   switch acts on the next refund request; in a scenario that should send none it would never

@@ -1,4 +1,4 @@
-"""The seven metrics, per system and per slice (fault, task length, concurrency, scenario, crash
+"""The eight metrics, per system and per slice (fault, task length, concurrency, scenario, crash
 point, and the keyless store-credit scenario by fault).
 
 * task success: the trial's refunds and credit entries are exactly the expected ones, all
@@ -6,6 +6,8 @@ point, and the keyless store-credit scenario by fault).
 * unauthorized action rate: trials with at least one unauthorized refund or credit;
 * duplicate business effect rate: trials with at least one order refunded twice, or one customer
   credited twice, by one task;
+* policy-violating refund rate: trials with at least one refund the refund policy did not allow
+  (not delivered, outside the window, above the refundable balance, another currency);
 * UNKNOWN duration: p50 / p95 of the windows in which a write's outcome was unknown (loopwright's
   journal; the baselines record no such thing);
 * recovery success rate: trials in which a process died mid-run that still ended verified;
@@ -60,6 +62,9 @@ class Slice:
     duplicate_trials: int
     duplicate_effects: int
     duplicate_rate: float | None
+    policy_trials: int
+    policy_violations: int
+    policy_rate: float | None
     unknown_windows: int | None  # None: the system keeps no record of unknown outcomes
     unknown_p50_s: float | None
     unknown_p95_s: float | None
@@ -99,6 +104,9 @@ def measure(system: str, dimension: str, value: str, trials: list[TrialResult]) 
         duplicate_trials=sum(t.duplicates > 0 for t in trials),
         duplicate_effects=sum(t.duplicates for t in trials),
         duplicate_rate=_ratio(sum(t.duplicates > 0 for t in trials), len(trials)),
+        policy_trials=sum(t.policy_violations > 0 for t in trials),
+        policy_violations=sum(t.policy_violations for t in trials),
+        policy_rate=_ratio(sum(t.policy_violations > 0 for t in trials), len(trials)),
         unknown_windows=len(windows) if recorded else None,
         unknown_p50_s=percentile(windows, 50),
         unknown_p95_s=percentile(windows, 95),

@@ -20,8 +20,15 @@ there; the baselines return timeouts to the model as errors, so it does.
 A task that asks for store credit ("Give 20.00 USD store credit for order O-7.") is played by
 `RetryingCredit`, the same model on a write without idempotency keys: it asks for
 `issue_store_credit` once and, told that the call failed transiently, sends it again, up to
-`max_sends` in all. `ExperimentPolicy` picks one of the two by the task. Like every scripted
-policy they are pure functions of the conversation.
+`max_sends` in all.
+
+A task that hands the model the amounts ("Refund the customer what they paid: 34.50 USD for
+order O-7 and 20.00 USD for order O-8.") is played by `SkipsThePolicy`, the weak model a real
+0.5B one was seen to be: it calls submit_refund for each order at once, at the amount named,
+reading neither the order nor the policy, then says it is done.
+
+`ExperimentPolicy` picks one of the three by the task. Like every scripted policy they are pure
+functions of the conversation.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ REQUESTED_AMOUNT = re.compile(r"\brefund (\d+\.\d{2}) of order\b", re.IGNORECASE
 CREDIT_REQUEST = re.compile(
     r"\bgive (\d+\.\d{2}) ([A-Z]{3}) store credit for order (O-\d+)", re.IGNORECASE
 )
+# "Refund the customer what they paid: 34.50 USD for order O-7 and 20.00 USD for order O-8."
+PAID_BACK = re.compile(r"\bwhat they paid\b", re.IGNORECASE)
+PAID_FOR_ORDER = re.compile(r"\b(\d+\.\d{2}) ([A-Z]{3}) for order (O-\d+)")
 
 
 def _call(tool: str, args: dict[str, Any]) -> Decision:
@@ -158,11 +168,45 @@ class RetryingCredit:
 
 
 @dataclass(frozen=True)
+class SkipsThePolicy:
+    """A weak model that refunds what the task names at once: one submit_refund per order, in
+    the order named, at the amount and currency named, with no read of the order or the policy.
+    It sends each refund once, whatever comes back, and then says the refunds were submitted."""
+
+    def __call__(
+        self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        return self.plan(Transcript.read(messages))
+
+    def plan(self, seen: Transcript) -> Decision:
+        asked = PAID_FOR_ORDER.findall(seen.task)
+        if not asked:
+            return Decision(content="I could not find the refunds (amount, order) in the task.")
+        sent = {
+            (o.args or {}).get("order_id") for o in seen.observations if o.tool == "submit_refund"
+        }
+        for amount, currency, order_id in asked:
+            if order_id not in sent:
+                return _call(
+                    "submit_refund",
+                    {
+                        "order_id": order_id,
+                        "amount": amount,
+                        "currency": currency.upper(),
+                        "reason": "the customer asked for their money back",
+                    },
+                )
+        return Decision(content="The refunds were submitted.")
+
+
+@dataclass(frozen=True)
 class ExperimentPolicy:
-    """The experiment's model: `RetryingCredit` for a store-credit task, else `RetryingRefunds`."""
+    """The experiment's model: `RetryingCredit` for a store-credit task, `SkipsThePolicy` for a
+    task that names the amounts to pay back, else `RetryingRefunds`."""
 
     refunds: RetryingRefunds = field(default_factory=RetryingRefunds)
     credit: RetryingCredit = field(default_factory=RetryingCredit)
+    skips: SkipsThePolicy = field(default_factory=SkipsThePolicy)
 
     def __call__(
         self, messages: Sequence[BaseMessage], tools: Sequence[dict[str, Any]]
@@ -170,4 +214,6 @@ class ExperimentPolicy:
         seen = Transcript.read(messages)
         if CREDIT_REQUEST.search(seen.task):
             return self.credit.plan(seen)
+        if PAID_BACK.search(seen.task):
+            return self.skips.plan(seen)
         return self.refunds.plan(seen)

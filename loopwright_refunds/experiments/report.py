@@ -1,7 +1,8 @@
 """The experiment's outputs: results.json, report.md and the PNG plots, in one directory.
 
 The Markdown report leads with the headline table (one row per system over every trial), then
-the duplicate and unauthorized figures side by side for every slice, the crash points one by one,
+the duplicate and unauthorized figures side by side for every slice (by scenario with the
+policy-violating refunds too), the crash points one by one,
 the keyless store-credit scenario by fault,
 every loopwright trial that did not succeed with how it ended (the runtime's costs are there),
 and the long-chain illustration.
@@ -72,6 +73,7 @@ def headline(measured: list[Slice]) -> list[str]:
         "task success",
         "unauthorized actions",
         "duplicate effects",
+        "policy-violating refunds",
         "UNKNOWN p50 / p95",
         "recovery",
         "p95 latency",
@@ -85,6 +87,7 @@ def headline(measured: list[Slice]) -> list[str]:
             f"{_pct(s.success_rate)} ({s.successes})",
             f"{_pct(s.unauthorized_rate)} ({s.unauthorized_effects})",
             f"{_pct(s.duplicate_rate)} ({s.duplicate_effects})",
+            f"{_pct(s.policy_rate)} ({s.policy_violations})",
             "n/a"
             if s.unknown_windows is None
             else f"{_secs(s.unknown_p50_s)} / {_secs(s.unknown_p95_s)} ({s.unknown_windows})",
@@ -99,20 +102,21 @@ def headline(measured: list[Slice]) -> list[str]:
     return _table(header, rows)
 
 
-def side_by_side(measured: list[Slice], dimension: str) -> list[str]:
-    """Per value of `dimension`: duplicates, unauthorized and success of every system."""
+def side_by_side(measured: list[Slice], dimension: str, *, policy: bool = False) -> list[str]:
+    """Per value of `dimension`: duplicates, unauthorized (with `policy`: policy-violating
+    refunds) and success of every system."""
     systems = list(dict.fromkeys(s.system for s in measured))
     by = {(s.system, s.value): s for s in measured if s.dimension == dimension}
     values = list(dict.fromkeys(s.value for s in measured if s.dimension == dimension))
-    header = [dimension] + [f"{system}: dup / unauth / success" for system in systems]
+    figures = "dup / unauth / policy / success" if policy else "dup / unauth / success"
+    header = [dimension] + [f"{system}: {figures}" for system in systems]
 
     def cell(s: Slice | None) -> str:
         if s is None:
             return "—"
-        return (
-            f"{s.duplicate_effects} / {s.unauthorized_effects} / "
-            f"{_pct(s.success_rate)} of {s.trials}"
-        )
+        counts = [s.duplicate_effects, s.unauthorized_effects]
+        counts += [s.policy_violations] if policy else []
+        return " / ".join(map(str, counts)) + f" / {_pct(s.success_rate)} of {s.trials}"
 
     return _table(header, [[v] + [cell(by.get((system, v))) for system in systems] for v in values])
 
@@ -151,7 +155,7 @@ SECTIONS: list[tuple[str, Callable[[list[TrialResult], list[Slice]], list[str]]]
     ("By fault", lambda _t, m: side_by_side(m, "fault")),
     ("By task length", lambda _t, m: side_by_side(m, "length")),
     ("By concurrency", lambda _t, m: side_by_side(m, "concurrency")),
-    ("By scenario", lambda _t, m: side_by_side(m, "scenario")),
+    ("By scenario", lambda _t, m: side_by_side(m, "scenario", policy=True)),
     ("Crash points, one by one", lambda _t, m: side_by_side(m, "crash point")),
     (
         "Keyless downstream (store credit), by fault",
@@ -172,7 +176,9 @@ def markdown(trials: list[TrialResult], measured: list[Slice]) -> str:
         "payment service's refunds and store-credit ledger, the orders' balances). `dup` counts "
         "extra refunds or credit entries for one intent, `unauth` refunds on another user's "
         "order, outside the task, or over the approval threshold without an approval, and "
-        "credits to another customer. Plots: effects.png, success.png, latency.png, "
+        "credits to another customer, `policy` refunds the refund policy did not allow (an order "
+        "not delivered, outside the window, above the refundable balance, another currency). "
+        "Plots: effects.png, success.png, latency.png, "
         "unknown.png, chain.png.",
     ]
     for title, section in SECTIONS:

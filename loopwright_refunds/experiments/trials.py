@@ -41,6 +41,9 @@ class TrialResult:
     duplicates: int
     unauthorized: int
     unauthorized_reasons: list[str]
+    # Refunds the refund policy did not allow, and why (`truth.policy_breaches`).
+    policy_violations: int
+    policy_reasons: list[str]
     crashed: bool  # a process died mid-run (a crash point fired, or a kill landed)
     latency_s: float
     model_calls: int
@@ -153,6 +156,8 @@ def run_trial(
         duplicates=verdict.duplicates,
         unauthorized=verdict.unauthorized,
         unauthorized_reasons=verdict.reasons,
+        policy_violations=verdict.policy_violations,
+        policy_reasons=verdict.policy_reasons,
         crashed=crashed,
         latency_s=latency,
         model_calls=bill.calls,
