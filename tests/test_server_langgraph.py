@@ -340,7 +340,7 @@ def test_a_customer_cannot_restart_their_waiting_run_in_another_checkpoint_names
         assert status_of(attempt) == 403
     after = ada.threads.get_state(thread_id)
     assert [i["id"] for i in after["interrupts"]] == [i["id"] for i in waiting["interrupts"]]
-    assert after["values"]["task"] == waiting["values"]["task"]
+    assert values_of(ada, thread_id)["task"] == waiting["values"]["task"]
     [(status,)] = served.sql("SELECT status FROM lw_actions WHERE run_id = %s", thread_id)
     assert status == "NEEDS_APPROVAL"
 

@@ -170,7 +170,8 @@ async def decide(request: Request) -> Response:
         # What the run made of it, truthfully: a decision it did not take is a 409.
         await client.runs.join(body.thread_id, run["run_id"])
         state = await client.threads.get_state(body.thread_id)
-        values = state.get("values") if isinstance(state.get("values"), dict) else {}
+        raw = state.get("values")
+        values: dict[str, Any] = raw if isinstance(raw, dict) else {}
         taken = taken_decision(values, req.approval_id, user.user_id, body.decision)
         if taken is not None:
             raise InboxError(409, taken)
