@@ -39,6 +39,8 @@ TOKENS = {
     "t-a2": {"user_id": "a-2", "roles": ["customer", "approver"]},
     # An approver by the token table only: the agent's directory does not know u-2 as one.
     "t-u2-approver": {"user_id": "u-2", "roles": ["approver"]},
+    # An approver of another tenant: nothing of the default tenant's is theirs to see or decide.
+    "t-bank-b": {"user_id": "a-1", "roles": ["approver"], "tenant": "bank-b"},
 }
 
 
@@ -404,3 +406,26 @@ def test_a_decision_the_run_ignores_is_a_409_not_an_accepted_decision(served: Se
     )
     assert decided.status_code == 200, decided.text
     assert decided.json()["result"]["stop_reason"] == "completed"
+
+
+def test_an_approver_of_another_tenant_sees_and_decides_nothing_of_this_one(
+    served: Served,
+) -> None:
+    create_order(served.services, "O-807", "u-1", "80.00")
+    thread_id, waiting = start_run(served.client("t-u1"), "Refund order O-807 if it can be.")
+    [interrupt] = waiting["interrupts"]
+    other = served.client("t-bank-b")
+    headers = {"Authorization": "Bearer t-bank-b"}
+    listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+    assert [a for a in listed["approvals"] if a["thread_id"] == thread_id] == []
+    assert status_of(functools.partial(other.threads.get_state, thread_id)) in (403, 404)
+    assert all(t["thread_id"] != thread_id for t in other.threads.search(limit=100))
+    decide = functools.partial(
+        other.runs.wait,
+        thread_id,
+        GRAPH,
+        command={"resume": decision_for(interrupt, "approve", approver="a-1")},
+    )
+    assert status_of(decide) in (403, 404)
+    [(status,)] = served.sql("SELECT status FROM lw_actions WHERE run_id = %s", thread_id)
+    assert status == "NEEDS_APPROVAL"

@@ -15,8 +15,9 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 * customers see and start runs on their own threads only, on tasks the hosted agent takes for
   them (its `boundary`: e.g. the reference agent refuses a target that is not the user's);
   asking for another customer's thread gets 403;
-* only approvers list or decide approvals (they may read every thread for that), and never on a
-  run they started themselves;
+* only approvers list or decide approvals (they may read every thread of their tenant for
+  that), and never on a run they started themselves; every filter names the caller's tenant,
+  so nobody reads, lists, cancels or decides anything of another tenant's;
 * nobody writes a thread's state or metadata through the API, and assistants, crons and the
   store are read-only or closed: a run changes only by running.
 """
@@ -198,11 +199,14 @@ async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict
 async def on_thread_create(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsCreate
 ) -> Auth.types.FilterType:
-    """A new thread belongs to whoever creates it."""
+    """A new thread belongs to whoever creates it, in their tenant."""
+    user = _user(ctx)
     if value.get("metadata") is None:
         value["metadata"] = {}
-    value["metadata"]["owner"] = ctx.user.identity  # in place: the server keeps this dict
-    return {"owner": ctx.user.identity}
+    # In place: the server keeps this dict. Whatever the client sent under these keys is gone.
+    value["metadata"]["owner"] = user.user_id
+    value["metadata"]["tenant"] = user.tenant
+    return {"owner": user.user_id, "tenant": user.tenant}
 
 
 @auth.on.threads.read
@@ -211,11 +215,11 @@ async def on_thread_read(
 ) -> Auth.types.FilterType | None:
     user = _user(ctx)
     if user.is_approver:
-        return None  # approvers review runs across threads
+        return {"tenant": user.tenant}  # approvers review runs across threads of their tenant
     run = await run_record(value.get("thread_id"))
     if run is not None and run.user_id != user.user_id:
         raise _forbidden("this run belongs to another user")
-    return {"owner": user.user_id}
+    return {"owner": user.user_id, "tenant": user.tenant}
 
 
 @auth.on.threads.search
@@ -223,7 +227,9 @@ async def on_thread_search(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsSearch
 ) -> Auth.types.FilterType | None:
     user = _user(ctx)
-    return None if user.is_approver else {"owner": user.user_id}
+    if user.is_approver:
+        return {"tenant": user.tenant}
+    return {"owner": user.user_id, "tenant": user.tenant}
 
 
 @auth.on.threads.update
@@ -237,7 +243,7 @@ async def on_thread_update(
     run = await run_record(value.get("thread_id"))
     if run is not None and run.user_id != user.user_id:
         raise _forbidden("only the run's own user may cancel it")
-    return {"owner": user.user_id}
+    return {"owner": user.user_id, "tenant": user.tenant}
 
 
 async def journaled(thread_id: Any) -> bool:
@@ -256,7 +262,8 @@ async def on_thread_delete(
     for a run with journaled actions, whose record (what was executed, verified, ended) stays."""
     if await journaled(value.get("thread_id")):
         raise _forbidden("this run has journaled actions: its record cannot be deleted")
-    return {"owner": ctx.user.identity}
+    user = _user(ctx)
+    return {"owner": user.user_id, "tenant": user.tenant}
 
 
 # Fields of run creation that would read or write another history than the run's own latest
@@ -298,7 +305,7 @@ async def on_run_create(
             raise _forbidden("only approvers decide approvals")
         if run is not None and run.user_id == user.user_id:
             raise _forbidden("an approver cannot decide about their own run")
-        return None
+        return {"tenant": user.tenant}  # and only in their own tenant
     if not user.is_customer:
         raise _forbidden("only customers start runs")
     if run is not None and run.user_id != user.user_id:
@@ -309,7 +316,7 @@ async def on_run_create(
         run_input.pop("principal", None)  # never trusted anyway: the served graph ignores it
     if isinstance(task, str) and (refusal := await task_refusal(user, task)) is not None:
         raise _forbidden(refusal)
-    return {"owner": user.user_id}
+    return {"owner": user.user_id, "tenant": user.tenant}
 
 
 @auth.on.assistants
