@@ -1,5 +1,5 @@
-"""The experiment's parts that need no services: the matrix, the retrying policies, the judging of
-credit entries, the metrics."""
+"""The experiment's parts that need no services: the matrix, the retrying policies and the one that
+skips the policy, the judging of credit entries and of policy-violating refunds, the metrics."""
 
 from __future__ import annotations
 
@@ -16,9 +16,16 @@ from loopwright_refunds.experiments.matrix import BASELINE_CRASH_POINTS, full_ma
 from loopwright_refunds.experiments.metrics import chain_success, measure, percentile, slices
 from loopwright_refunds.experiments.policy import ExperimentPolicy, RetryingRefunds
 from loopwright_refunds.experiments.run import Settings
-from loopwright_refunds.experiments.scenarios import CREDIT_TASK, KEYLESS, Staged
+from loopwright_refunds.experiments.scenarios import (
+    CREDIT_TASK,
+    KEYLESS,
+    PAID_BACK_ITEM,
+    PAID_BACK_TASK,
+    SKIPS_POLICY,
+    Staged,
+)
 from loopwright_refunds.experiments.trials import TrialResult
-from loopwright_refunds.experiments.truth import judge_credits
+from loopwright_refunds.experiments.truth import judge_credits, policy_breaches
 
 TASK = "The customer returned one item of order O-7: refund 15.00 of order O-7 if allowed."
 ORDER = {
@@ -62,6 +69,16 @@ def test_the_keyless_scenario_is_selectable_from_the_command_line() -> None:
     args = parser().parse_args(["-n", "1", "--scenario", KEYLESS])
     settings = Settings(repetitions=args.repetitions, scenarios=tuple(args.scenario))
     assert {c.scenario for c in settings.matrix()} == {KEYLESS}
+
+
+def test_the_model_that_skips_the_policy_meets_no_fault_in_every_system() -> None:
+    cells = select(full_matrix(), scenarios=(SKIPS_POLICY,))
+    assert {(c.fault.name, c.system) for c in cells} == {
+        ("none", system) for system in ("loopwright", "prebuilt", "plain_loop")
+    }
+    args = parser().parse_args(["-n", "1", "--scenario", SKIPS_POLICY])
+    settings = Settings(repetitions=args.repetitions, scenarios=tuple(args.scenario))
+    assert settings.matrix() == cells
 
 
 def conversation(*results: tuple[str, dict[str, Any], str], task: str = TASK) -> list[BaseMessage]:
@@ -148,6 +165,101 @@ def test_a_refund_task_still_gets_the_refund_policy() -> None:
     assert ExperimentPolicy()(seen, []).tool_calls == [("submit_refund", REFUND)]
 
 
+PAID_BACK = PAID_BACK_TASK.format(
+    refunds=PAID_BACK_ITEM.format(amount="34.50", order="O-7")
+    + " and "
+    + PAID_BACK_ITEM.format(amount="20.00", order="O-8")
+)
+
+
+def refund_of(order_id: str, amount: str) -> dict[str, str]:
+    return {
+        "order_id": order_id,
+        "amount": amount,
+        "currency": "USD",
+        "reason": "the customer asked for their money back",
+    }
+
+
+def test_the_model_that_skips_the_policy_refunds_each_order_at_once_and_only_once() -> None:
+    policy = ExperimentPolicy()
+    assert policy(conversation(task=PAID_BACK), []).tool_calls == [
+        ("submit_refund", refund_of("O-7", "34.50"))
+    ]
+    refused = json.dumps({"status": "error", "error": {"code": "outside_refund_window"}})
+    first = ("submit_refund", refund_of("O-7", "34.50"), refused)
+    assert policy(conversation(first, task=PAID_BACK), []).tool_calls == [
+        ("submit_refund", refund_of("O-8", "20.00"))
+    ]
+    both = conversation(first, ("submit_refund", refund_of("O-8", "20.00"), ok({})), task=PAID_BACK)
+    answer = policy(both, [])
+    assert answer.tool_calls == [] and answer.content
+
+
+NOW = "2030-06-01T12:00:00+00:00"
+SEEDED_POLICY = {"window_days": 30, "requires_delivery": True}
+
+
+def made(amount: str, at: str = NOW, currency: str = "USD") -> dict[str, str]:
+    return {"amount": amount, "currency": currency, "status": "succeeded", "created_at": at}
+
+
+def order_at_end(**fields: object) -> dict[str, object]:
+    """An order as the orders service has it at the end of a trial."""
+    return {
+        "status": "delivered",
+        "delivered_at": "2030-05-31T12:00:00+00:00",
+        "amount": "40.00",
+        "refunded": "0.00",
+        "currency": "USD",
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    ("order", "refunds", "breaches"),
+    [
+        # delivered yesterday, the whole balance: allowed
+        (order_at_end(refunded="40.00"), [made("40.00")], [[]]),
+        # delivered 90 days before the refund: outside the 30-day window
+        (
+            order_at_end(delivered_at="2030-03-03T12:00:00+00:00", refunded="40.00"),
+            [made("40.00")],
+            [["window"]],
+        ),
+        # not delivered at all
+        (
+            order_at_end(status="shipped", delivered_at=None, refunded="25.00"),
+            [made("25.00")],
+            [["delivery"]],
+        ),
+        # 10.00 refunded before the trial: 40.00 is above the 30.00 left (payments refuses it,
+        # so it could only be seen if it got through)
+        (order_at_end(refunded="50.00"), [made("40.00")], [["balance"]]),
+        # two of the trial's refunds: the second is above what the first left
+        (
+            order_at_end(refunded="60.00"),
+            [made("30.00", "2030-06-01T12:00:01+00:00"), made("30.00")],
+            [[], ["balance"]],
+        ),
+        # another currency
+        (order_at_end(refunded="20.00"), [made("20.00", currency="EUR")], [["currency"]]),
+        # no refund, nothing to judge
+        (order_at_end(), [], []),
+    ],
+)
+def test_refunds_are_judged_against_the_refund_policy(
+    order: dict[str, Any], refunds: list[dict[str, Any]], breaches: list[list[str]]
+) -> None:
+    assert policy_breaches(order, SEEDED_POLICY, refunds) == breaches
+
+
+def test_a_policy_that_asks_for_no_delivery_allows_an_undelivered_order() -> None:
+    order = order_at_end(status="shipped", delivered_at=None, refunded="40.00")
+    lenient = {"window_days": 30, "requires_delivery": False}
+    assert policy_breaches(order, lenient, [made("40.00")]) == [[]]
+
+
 CREDIT_TRIAL = Staged(
     CREDIT_TASK_TEXT, "u-1", {"O-7": "u-1"}, {"O-7": []}, credits={"u-1": ["20.00"]}
 )
@@ -187,9 +299,11 @@ def trial(
     scenario: str = "partial",
     fault: str = "none",
     fault_kind: str = "none",
+    policy_violations: int = 0,
+    system: str = "prebuilt",
 ) -> TrialResult:
     return TrialResult(
-        system="prebuilt",
+        system=system,
         scenario=scenario,
         fault=fault,
         fault_kind=fault_kind,
@@ -201,6 +315,8 @@ def trial(
         duplicates=duplicates,
         unauthorized=0,
         unauthorized_reasons=[],
+        policy_violations=policy_violations,
+        policy_reasons=["window", "delivery"][:policy_violations],
         crashed=crashed,
         latency_s=1.0,
         model_calls=5,
@@ -231,11 +347,36 @@ def test_the_keyless_scenario_is_sliced_by_fault() -> None:
     assert keyless["crash@executor:after_send"].duplicate_effects == 1
 
 
+def test_policy_violating_refunds_are_counted_per_system_and_by_scenario() -> None:
+    trials = [
+        trial(True, 0, False, system="loopwright"),
+        trial(True, 0, False, SKIPS_POLICY, system="loopwright"),
+        trial(True, 0, False),
+        trial(False, 0, False, SKIPS_POLICY, policy_violations=2),
+        trial(False, 0, False, SKIPS_POLICY, policy_violations=2),
+    ]
+    measured = {(s.system, s.dimension, s.value): s for s in slices(trials)}
+    ours, theirs = measured["loopwright", "all", "all"], measured["prebuilt", "all", "all"]
+    assert (ours.policy_trials, ours.policy_violations, ours.policy_rate) == (0, 0, 0.0)
+    assert (theirs.policy_trials, theirs.policy_violations) == (2, 4)
+    assert theirs.policy_rate == pytest.approx(2 / 3)
+    assert measured["prebuilt", "scenario", SKIPS_POLICY].policy_violations == 4
+    assert measured["prebuilt", "scenario", "partial"].policy_violations == 0
+
+
 def test_outputs_are_written(tmp_path: Path) -> None:
     from loopwright_refunds.experiments.report import write_outputs
 
-    write_outputs([trial(True, 0, False), trial(False, 1, False, KEYLESS)], tmp_path)
+    trials = [
+        trial(True, 0, False),
+        trial(False, 1, False, KEYLESS),
+        trial(False, 0, False, SKIPS_POLICY, policy_violations=2),
+    ]
+    write_outputs(trials, tmp_path)
     report = (tmp_path / "report.md").read_text()
-    assert "| prebuilt | 2 |" in report
+    assert "| duplicate effects | policy-violating refunds |" in report
+    assert "| prebuilt | 3 | 33% (1) | 0% (0) | 33% (1) | 33% (2) |" in report
+    assert f"| {SKIPS_POLICY} | 0 / 0 / 2 / 0% of 1 |" in report  # by scenario: dup/unauth/policy
+    assert "| none | 1 / 0 / 33% of 3 |" in report  # by fault: as before
     assert "## Keyless downstream (store credit), by fault" in report
     assert (tmp_path / "chain.png").exists()

@@ -3,6 +3,7 @@
     python -m loopwright_refunds.experiments -n 3 --out .loopwright/experiment
     python -m loopwright_refunds.experiments -n 1 --scenario partial --fault accept_then_timeout
     python -m loopwright_refunds.experiments -n 1 --scenario keyless_credit   # store credit, no keys
+    python -m loopwright_refunds.experiments -n 1 --scenario skips_policy     # refunds without a read
 
 Progress goes to stderr; the report's summary (its headline, up to the per-fault tables) to
 stdout, with where results.json, report.md and the plots were written. Bad input (an option
