@@ -11,6 +11,7 @@ and exit code 2, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -51,7 +52,14 @@ from loopwright.graph.state import (
     ApprovalRequest,
     Principal,
 )
-from loopwright.run_list import render_runs
+from loopwright.reports import (
+    approvals_document,
+    exit_code,
+    run_document,
+    run_history_document,
+    runs_document,
+)
+from loopwright.run_list import render_runs, run_lines
 from loopwright.runner import (
     DecisionNotTaken,
     EditRefused,
@@ -103,6 +111,15 @@ AgentOption = Annotated[
             "The agent to host, as module:attribute. Default: $LOOPWRIGHT_AGENT, else "
             "[tool.loopwright] agent in ./pyproject.toml, else the reference agent."
         ),
+    ),
+]
+
+
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Print one JSON document (its schema named in it; see the README) instead of text.",
     ),
 ]
 
@@ -291,6 +308,32 @@ def report(
         console.print(f"  compensation you may want (not performed): {offer}", markup=False)
 
 
+def step_printer(runner: Runner, as_json: bool) -> TimelinePrinter:
+    """The timeline as the run advances; with --json, stdout holds the document alone."""
+    return TimelinePrinter(Console(quiet=True) if as_json else console, runner.tools)
+
+
+def print_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def conclude(
+    runner: Runner,
+    outcome: RunOutcome,
+    printer: TimelinePrinter,
+    *,
+    as_json: bool,
+    again: str = "",
+    approver: str = "APPROVER",
+) -> None:
+    """Tell where the run stands (text or JSON) and exit with the code that says so."""
+    if as_json:
+        print_json(run_document(runner, outcome))
+    else:
+        report(outcome, printer.redactor, again=again, approver=approver)
+    raise typer.Exit(exit_code(outcome))
+
+
 def repeat_options(agent: str | None, db: str | None) -> str:
     """The options a printed follow-up command needs to reach the same agent and database."""
     shown = ""
@@ -302,14 +345,20 @@ def repeat_options(agent: str | None, db: str | None) -> str:
 
 
 def drive(
-    runner: Runner, outcome: RunOutcome, *, yes: bool, approver: str, printer: TimelinePrinter
+    runner: Runner,
+    outcome: RunOutcome,
+    *,
+    yes: bool,
+    approver: str,
+    printer: TimelinePrinter,
+    interactive: bool = True,
 ) -> RunOutcome:
     """Answer approval interrupts on the terminal (or with --yes) until the run stops asking."""
     while outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         if yes:
             decision: Literal["approve", "reject"] = "approve"
-        elif sys.stdin.isatty():
+        elif interactive and sys.stdin.isatty():
             prompt = (
                 f"Approve '{request['summary']}' (digest {request['digest'][:12]}) as {approver}?"
             )
@@ -329,6 +378,7 @@ def demo(
     yes: Annotated[
         bool, typer.Option("--yes", help="Approve every request as the demo's approver.")
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Run the agent's demo end to end and print its timeline (default: the reference one)."""
     hosted = agent_for(agent)
@@ -337,13 +387,20 @@ def demo(
         raise UsageError(f"agent {hosted.name} declares no demo (Agent(demo=Demo(...)))")
     with session(hosted, db, deps=script.deps) as runner:
         principal = principal_for(runner, script.user, script.task)
-        console.rule(f"[bold]loopwright demo: {hosted.name}")
-        console.print(f"task: {script.task}\nuser: {script.user}\n", markup=False)
-        printer = TimelinePrinter(console, runner.tools)
+        printer = step_printer(runner, as_json)
+        printer.console.rule(f"[bold]loopwright demo: {hosted.name}")
+        printer.console.print(f"task: {script.task}\nuser: {script.user}\n", markup=False)
         outcome = runner.start(script.task, principal, on_step=printer)
-        outcome = drive(runner, outcome, yes=yes, approver=script.approver, printer=printer)
+        outcome = drive(
+            runner,
+            outcome,
+            yes=yes,
+            approver=script.approver,
+            printer=printer,
+            interactive=not as_json,
+        )
         again = repeat_options(agent, db)
-        report(outcome, printer.redactor, again=again, approver=script.approver)
+        conclude(runner, outcome, printer, as_json=as_json, again=again, approver=script.approver)
 
 
 @app.command()
@@ -353,43 +410,61 @@ def run(
     db: DbOption = None,
     agent: AgentOption = None,
     model: ModelOption = None,
-    run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id",
+            help="The run's id (default: a new one). A run of this id that exists is refused.",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Start a run of TASK for USER."""
     with session(agent_for(agent), db, model) as runner:
         principal = principal_for(runner, user, task)
         run_id = run_id or new_run_id()
-        console.print(f"run {run_id}", markup=False)
-        printer = TimelinePrinter(console, runner.tools)
+        printer = step_printer(runner, as_json)
+        printer.console.print(f"run {run_id}", markup=False)
         outcome = runner.start(task, principal, run_id=run_id, on_step=printer)
-        report(outcome, printer.redactor, again=repeat_options(agent, db))
+        conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
 
 
 @app.command()
 def resume(
-    run_id: str, db: DbOption = None, agent: AgentOption = None, model: ModelOption = None
+    run_id: str,
+    db: DbOption = None,
+    agent: AgentOption = None,
+    model: ModelOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
     with session(agent_for(agent), db, model) as runner:
-        printer = TimelinePrinter(console, runner.tools)
+        printer = step_printer(runner, as_json)
         outcome = runner.resume(run_id, on_step=printer)
-        report(outcome, printer.redactor, again=repeat_options(agent, db))
+        conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
 
 
 @app.command()
-def cancel(run_id: str, db: DbOption = None, agent: AgentOption = None) -> None:
+def cancel(
+    run_id: str, db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
+) -> None:
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
     with session(agent_for(agent), db) as runner:
-        printer = TimelinePrinter(console, runner.tools)
-        report(runner.cancel(run_id, on_step=printer), printer.redactor)
+        printer = step_printer(runner, as_json)
+        conclude(runner, runner.cancel(run_id, on_step=printer), printer, as_json=as_json)
 
 
 @app.command()
-def show(run_id: str, db: DbOption = None, agent: AgentOption = None) -> None:
+def show(
+    run_id: str, db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
+) -> None:
     """Print a run's timeline from the database: its steps, each action's full history, its end."""
     with records(agent_for(agent), db) as runner:
         runner.owned(run_id)
-        render_run(runner, run_id, console)
+        if as_json:
+            print_json(run_history_document(runner, runner.outcome(run_id)))
+        else:
+            render_run(runner, run_id, console)
 
 
 @app.command()
@@ -399,6 +474,7 @@ def runs(
     version: Annotated[
         str | None, typer.Option("--version", help="Only runs pinned to this agent version.")
     ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """List runs: agent and version, phase, stop reason, age; unconfirmed writes first.
 
@@ -406,7 +482,11 @@ def runs(
     named = configured_agent_path(agent)
     hosted = agent_for(named)
     with records(hosted, db) as runner:
-        render_runs(runner, console, agent=hosted.name if named else None, version=version)
+        lines = run_lines(runner, agent=hosted.name if named else None, version=version)
+        if as_json:
+            print_json(runs_document(runner, lines))
+        else:
+            render_runs(lines, console)
 
 
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
@@ -418,10 +498,15 @@ def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
 
 
 @approvals_app.command("list")
-def approvals_list(db: DbOption = None, agent: AgentOption = None) -> None:
+def approvals_list(
+    db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
+) -> None:
     """Pending approvals across the agent's runs."""
     with records(agent_for(agent), db) as runner:
         pending = _pending_approvals(runner)
+        if as_json:
+            print_json(approvals_document(runner, pending))
+            return
         for request in pending:
             console.print(
                 f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}",
@@ -438,6 +523,7 @@ def _decide_command(
     db: str | None,
     agent: str | None,
     comment: str,
+    as_json: bool,
     changes: list[str] | None = None,
 ) -> None:
     with session(agent_for(agent), db) as runner:
@@ -453,11 +539,11 @@ def _decide_command(
                 runner.check_edit(ApprovalRequest.model_validate(request), answer["args"])
             except EditRefused as exc:
                 raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
-        printer = TimelinePrinter(console, runner.tools)
+        printer = step_printer(runner, as_json)
         outcome = runner.resume(request["run_id"], answer, on_step=printer)
         # Before the run's end is shown: a decision that did not take effect says only that.
         runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))
-        report(outcome, printer.redactor, again=repeat_options(agent, db))
+        conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
 
 
 def _parse_changes(changes: list[str]) -> dict[str, str]:
@@ -482,9 +568,10 @@ def approvals_approve(
     db: DbOption = None,
     agent: AgentOption = None,
     comment: CommentOption = "",
+    as_json: JsonOption = False,
 ) -> None:
     """Approve one pending action (exactly the digest it names) and resume its run."""
-    _decide_command(approval_id, "approve", approver, db, agent, comment)
+    _decide_command(approval_id, "approve", approver, db, agent, comment, as_json)
 
 
 @approvals_app.command("reject")
@@ -494,9 +581,10 @@ def approvals_reject(
     db: DbOption = None,
     agent: AgentOption = None,
     comment: CommentOption = "",
+    as_json: JsonOption = False,
 ) -> None:
     """Reject one pending action and resume its run."""
-    _decide_command(approval_id, "reject", approver, db, agent, comment)
+    _decide_command(approval_id, "reject", approver, db, agent, comment, as_json)
 
 
 @approvals_app.command("edit")
@@ -509,12 +597,13 @@ def approvals_edit(
     db: DbOption = None,
     agent: AgentOption = None,
     comment: CommentOption = "",
+    as_json: JsonOption = False,
 ) -> None:
     """Change some arguments of one pending action and resume its run.
 
     The action asked about is rejected; the edited one waits for an approval of its own.
     """
-    _decide_command(approval_id, "edit", approver, db, agent, comment, changes)
+    _decide_command(approval_id, "edit", approver, db, agent, comment, as_json, changes)
 
 
 RECONNECT_FIRST_S = 1.0
@@ -675,7 +764,7 @@ def _raise_keyboard_interrupt(*_: object) -> None:
 
 def main() -> None:
     try:
-        app(prog_name="loopwright", standalone_mode=False)
+        code = app(prog_name="loopwright", standalone_mode=False)
     except (
         UsageError,
         DepsUnavailable,
@@ -706,6 +795,8 @@ def main() -> None:
         raise SystemExit(130) from None
     except CLICK_ERRORS as exc:
         raise SystemExit(usage_error(exc)) from None
+    # A command's own exit code (typer.Exit): how the run it advanced stands (EXIT_CODES).
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 def _click_errors() -> tuple[type[Exception], ...]:

@@ -9,6 +9,7 @@ process that let go of the run normally), the actions from the journal.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -17,7 +18,7 @@ from rich.console import Console
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import Action
 from loopwright.runner import Runner, UnknownRun
-from loopwright.timeline import UNCONFIRMED
+from loopwright.timeline import UNCONFIRMED, Redactor
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,21 @@ class RunLine:
     record: RunRecord
     phase: str
     stop_reason: str
-    unconfirmed: list[Action]
+    actions: list[Action]
+    # The task, with any sensitive value of the run's arguments blanked (a card number in it).
+    task: str
+
+    @property
+    def unconfirmed(self) -> list[Action]:
+        return [a for a in self.actions if a.status in UNCONFIRMED]
+
+    def writes(self) -> str:
+        """The unconfirmed writes by id (a person may have to look), the others counted by
+        status: a completed run that paid reads `1 SUCCEEDED`, a rejected one `1 REJECTED`."""
+        shown = [f"{a.action_id} {a.status}" for a in self.unconfirmed]
+        settled = Counter(a.status.value for a in self.actions if a.status not in UNCONFIRMED)
+        shown += [f"{count} {status}" for status, count in sorted(settled.items())]
+        return ", ".join(shown) or "-"
 
 
 def age(delta: timedelta) -> str:
@@ -48,33 +63,57 @@ def run_lines(
         try:
             outcome = runner.outcome(record.run_id)
         except UnknownRun:  # registered, but its process died before the first checkpoint
-            lines.append(RunLine(record, record.phase, "", []))
+            lines.append(RunLine(record, record.phase, "", [], record.task))
             continue
-        unconfirmed = [a for a in outcome.actions if a.status in UNCONFIRMED]
-        lines.append(RunLine(record, outcome.phase, outcome.stop_reason or "", unconfirmed))
+        redactor = Redactor(runner.tools)
+        for action in outcome.actions:
+            redactor.learn(action.tool, action.args)
+        task = redactor.text(record.task, markup=False)
+        stop = outcome.stop_reason or ""
+        lines.append(RunLine(record, outcome.phase, stop, outcome.actions, task))
     return sorted(lines, key=lambda line: not line.unconfirmed)  # stable: newest first stays
 
 
-def render_runs(
-    runner: Runner, console: Console, *, agent: str | None = None, version: str | None = None
-) -> None:
-    lines = run_lines(runner, agent=agent, version=version)
+TASK_WIDTH = 40
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_runs(lines: list[RunLine], console: Console) -> None:
+    """One line per run; columns as wide as their longest value (a server's run ids are 36
+    characters, the CLI's 20), the task cut to its first 40."""
     if not lines:
         console.print("no runs")
         return
     now = datetime.now(UTC)
-    console.print(
-        f"{'RUN':<20} {'AGENT':<16} {'PHASE':<16} {'STOP':<18} {'AGE':>5}  UNCONFIRMED WRITES"
-    )
-    for line in lines:
-        writes = ", ".join(f"{a.action_id} {a.status}" for a in line.unconfirmed) or "-"
+    rows = [
+        [
+            line.record.run_id,
+            f"{line.record.agent or '?'} {line.record.agent_version}".strip(),
+            line.phase,
+            line.stop_reason or "-",
+            age(now - line.record.created_at),
+            line.record.user_id or "-",
+            _cut(line.task, TASK_WIDTH),
+        ]
+        for line in lines
+    ]
+    header = ["RUN", "AGENT", "PHASE", "STOP", "AGE", "USER", "TASK"]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def cells(row: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(width) if column == "AGE" else cell.ljust(width)
+            for column, cell, width in zip(header, row, widths, strict=True)
+        )
+
+    console.print(f"{cells(header)}  WRITES", markup=False)
+    for line, row in zip(lines, rows, strict=True):
         leased = f"  (leased by {line.record.owner})" if line.record.lease_live else ""
         failing = ""
         if line.record.failures:
             failing = f"  (failed {line.record.failures}x in a row: {line.record.last_error})"
-        pinned = f"{line.record.agent or '?'} {line.record.agent_version}".strip()
-        console.print(
-            f"{line.record.run_id:<20} {pinned:<16} {line.phase:<16} {line.stop_reason or '-':<18}"
-            f" {age(now - line.record.created_at):>5}  {writes}{leased}{failing}",
-            markup=False,
-        )
+        console.print(f"{cells(row)}  {line.writes()}{leased}{failing}", markup=False)

@@ -84,12 +84,23 @@ class Redactor:
             ", ".join(f"{k}={v}" for k, v in redact(outcome, self.sensitive(tool)).items())
         )
 
-    def text(self, line: str) -> str:
-        """A line of rich markup with every known sensitive value blanked."""
+    def text(self, line: str, *, markup: bool = True) -> str:
+        """A line (of rich markup, unless not `markup`) with every known sensitive value blanked."""
         # Longest first: a longer secret may contain a shorter one.
         for secret in sorted(self.secrets, key=len, reverse=True):
-            line = line.replace(secret, escape(REDACTED))
+            line = line.replace(secret, escape(REDACTED) if markup else REDACTED)
         return line
+
+    def scrub(self, value: Any) -> Any:
+        """`value` (JSON-like: dicts, lists, strings) with every known sensitive value blanked
+        in each string, at any depth."""
+        if isinstance(value, str):
+            return self.text(value, markup=False)
+        if isinstance(value, Mapping):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub(v) for v in value]
+        return value
 
 
 PAST_TENSE = {"approve": "approved", "reject": "rejected", "edit": "edited"}

@@ -95,3 +95,7 @@ def card_agent(contract: ToolContract) -> Agent[None]:
 def card_runner(database_url: str, contract: ToolContract) -> AbstractContextManager[Runner]:
     # Nothing here calls a business service: the agent has no dependencies at all.
     return open_runner(database_url, card_agent(contract), deps=None)
+
+
+# For commands in a new process (`--agent tests.card_payments:paying`).
+paying = card_agent(PAY_WITH_CARD)

@@ -134,9 +134,10 @@ def all_refunds(services: ServiceEndpoints) -> list[dict[str, Any]]:
 
 
 def cli(
-    *args: str, env: dict[str, str], check: bool = False, timeout: float = 120
+    *args: str, env: dict[str, str], expect: int | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin."""
+    """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin;
+    with `expect`, fail unless it exits with that code (`loopwright.reports.EXIT_CODES`)."""
     result = subprocess.run(
         [sys.executable, "-m", "loopwright", *args],
         # Never the terminal pytest may have been started from: a prompt must not wait for it.
@@ -148,7 +149,7 @@ def cli(
         timeout=timeout,
         cwd=REPO,
     )
-    if check and result.returncode != 0:
+    if expect is not None and result.returncode != expect:
         raise AssertionError(
             f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )

@@ -9,6 +9,7 @@ from langchain_core.messages import AIMessage
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
@@ -45,9 +46,9 @@ def test_decision_is_committed_before_execute_and_never_asked_again(
         assert state["usage"]["model_requests"] == 1
         assert runner.journal.for_run("run-c1") == []
 
-    resumed = cli("resume", "run-c1", "--db", database_url, env=env, check=True)
+    resumed = cli("resume", "run-c1", "--db", database_url, env=env, expect=EXIT_CODES["waiting"])
     assert "WAITING_APPROVAL" in resumed.stdout
-    listed = cli("approvals", "list", "--db", database_url, env=env, check=True)
+    listed = cli("approvals", "list", "--db", database_url, env=env, expect=0)
     approval_id = listed.stdout.split()[0]
     approved = cli(
         "approvals",
@@ -58,7 +59,7 @@ def test_decision_is_committed_before_execute_and_never_asked_again(
         "--db",
         database_url,
         env=env,
-        check=True,
+        expect=0,
     )
     assert "COMPLETED" in approved.stdout
 
@@ -69,7 +70,7 @@ def test_decision_is_committed_before_execute_and_never_asked_again(
 
 
 def test_graph_lists_all_eight_nodes(tmp_path: Path) -> None:
-    result = cli("graph", env={"LOOPWRIGHT_HOME": str(tmp_path)}, check=True)
+    result = cli("graph", env={"LOOPWRIGHT_HOME": str(tmp_path)}, expect=0)
     for node in NODES:
         assert node in result.stdout
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from loopwright import ResendAfterDeadline, Runner, RunOutcome
+from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.keyless_agent import TASK, with_resend
@@ -122,10 +123,11 @@ def test_a_crash_before_the_send_is_resumed_and_credited_once(
     assert crashed.returncode == 137, crashed.stderr
     assert credit_entries(services) == []
     resumed = cli("resume", "credit-1", *agent, env=env)
-    assert resumed.returncode == 0, resumed.stderr
     give_up = time.monotonic() + WAIT_LIMIT_S
     while "COMPLETED" not in resumed.stdout:  # parked until the deadline: resume when due
         assert time.monotonic() < give_up and "RECONCILING" in resumed.stdout, resumed.stdout
+        assert resumed.returncode == EXIT_CODES["unfinished"], resumed.stderr
         time.sleep(1.0)
         resumed = cli("resume", "credit-1", *agent, env=env)
+    assert resumed.returncode == EXIT_CODES["completed"], resumed.stderr
     assert [e["amount"] for e in credit_entries(services)] == ["20.00"]

@@ -36,6 +36,7 @@ from langgraph_sdk import get_sync_client
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import ChildProcess
+from loopwright.reports import EXIT_CODES
 from tests.ports import reserved_port
 from tests.runtime_fixtures import REPO, wait_for
 from tests.test_inbox_browser import CHROMIUM, inbox_page
@@ -180,7 +181,7 @@ def test_an_application_with_its_own_tools_models_and_graph_runs_from_its_direct
     twice; then the confirmation waits for the boss, who approves it from another process."""
     desk.arm("/slots", 3.0)  # the booking is applied, its answer comes after the 1 s timeout
     started = outside(installed, app, desk, "run", "Book slot 1 for g-1.", "--user", "g-1")
-    assert started.returncode == 0, started.stderr
+    assert started.returncode == EXIT_CODES["waiting"], started.stderr
     assert "book RECONCILING" in started.stdout or "UNKNOWN" in started.stdout, started.stdout
     assert "WAITING_APPROVAL" in started.stdout
     listed = outside(installed, app, desk, "approvals", "list")
@@ -208,7 +209,7 @@ def test_a_crash_after_the_send_is_resumed_by_a_new_process_with_one_effect_per_
     assert crashed.returncode == 137, crashed.stderr
     assert desk.state()["bookings"] == [["2", "g-1"]]  # applied before the process died
     resumed = outside(installed, app, desk, "resume", "r-crash")
-    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.returncode == EXIT_CODES["waiting"], resumed.stderr
     assert "WAITING_APPROVAL" in resumed.stdout
     # The approver's process dies right after the confirmation was sent, too.
     dying = outside(
@@ -296,7 +297,7 @@ def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
             second = guest.threads.create()["thread_id"]
             guest.runs.wait(second, "loopwright", input={"task": "Book slot 5 for g-1."})
             cancelled = outside(installed, app, desk, "cancel", second, "--db", database_url)
-            assert cancelled.returncode == 0, cancelled.stderr
+            assert cancelled.returncode == EXIT_CODES["incomplete"], cancelled.stderr
             assert "cancelled" in cancelled.stdout
             values = guest.threads.get_state(second)["values"]
             assert isinstance(values, dict) and values["stop_reason"] == "cancelled"

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from rich.console import Console
 
-from loopwright.run_list import age, render_runs
-from tests.card_payments import LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
+from loopwright.run_list import age, render_runs, run_lines
+from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
 from tests.runtime_fixtures import principal
 
 
@@ -19,7 +19,7 @@ def test_runs_lists_unconfirmed_writes_first_then_newest_first(database_url: str
         runner.start(TASK, principal(task=TASK), run_id="run-paid-1")
         runner.start(TASK, principal(task=TASK), run_id="run-paid-2")
         output = io.StringIO()
-        render_runs(runner, Console(file=output, width=200, soft_wrap=True))
+        render_runs(run_lines(runner), Console(file=output, width=200, soft_wrap=True))
     [lost] = escalated.actions
     assert (escalated.stop_reason, lost.status) == ("needs_human", "ESCALATED")
     header, *lines = output.getvalue().splitlines()
@@ -32,7 +32,10 @@ def test_runs_lists_unconfirmed_writes_first_then_newest_first(database_url: str
         ["run-paid-1", "cards", "1", "COMPLETED", "completed"],
     ]
     assert lines[0].endswith(f"{lost.action_id} ESCALATED")
-    assert lines[1].endswith(" -")
+    # Settled writes are counted by status; the task is cut to 40 characters, and the card
+    # number in it blanked first.
+    assert lines[1].endswith("Pay 10.00 for order O-42 with card [red…  1 SUCCEEDED")
+    assert CARD not in output.getvalue()
 
 
 def test_age_is_shown_in_its_largest_whole_unit() -> None:

@@ -34,6 +34,7 @@ from loopwright.observability.tracing import (
     run_trace_id,
     span,
 )
+from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright.timeline import TimelinePrinter, render_run
 from loopwright_refunds.services.admin import list_refunds, set_fault
@@ -119,7 +120,17 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     }
     db = ["--db", database_url]
     # 1: the model decides; the refund waits for approval; the process exits normally.
-    cli("run", DEMO_TASK, "--user", "u-1", "--run-id", RUN_ID, *db, env=env, check=True)
+    cli(
+        "run",
+        DEMO_TASK,
+        "--user",
+        "u-1",
+        "--run-id",
+        RUN_ID,
+        *db,
+        env=env,
+        expect=EXIT_CODES["waiting"],
+    )
     with open_test_runner() as runner:
         approval_id = runner.outcome(RUN_ID).waiting_for_approval[0]["approval_id"]
     # 2: approved, then killed as execute starts: its unflushed spans die with it.
@@ -135,7 +146,7 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     assert history[-1].startswith("NEEDS_APPROVAL -> APPROVED")
     # 3: resumed while payments applies the refund and answers too late: UNKNOWN, reconciled.
     set_fault(services, "accept_then_timeout", delay_s=6)
-    resumed = cli("resume", RUN_ID, *db, env=env, check=True)
+    resumed = cli("resume", RUN_ID, *db, env=env, expect=0)
     assert "COMPLETED" in resumed.stdout, resumed.stdout
 
     steps = story(list(read_spans(trace)), RUN_ID)
@@ -163,7 +174,7 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     [refund] = list_refunds(services, "O-42")
     assert refund["idempotency_key"] == intent_key
 
-    shown = cli("show", RUN_ID, *db, env=env, check=True).stdout
+    shown = cli("show", RUN_ID, *db, env=env, expect=0).stdout
     histories = action_histories(shown)
     assert list(histories) == [action_id]
     moves = [line.split("  fence")[0].strip() for line in histories[action_id]]

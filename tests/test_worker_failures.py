@@ -21,7 +21,7 @@ from rich.console import Console
 from loopwright.checkpoints.leases import failure_backoff_s
 from loopwright.checkpoints.scratch import with_application_name
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.run_list import render_runs
+from loopwright.run_list import render_runs, run_lines
 from loopwright.runner import Runner, RunOutcome, open_runner
 from loopwright.timeline import render_run
 from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
@@ -114,7 +114,7 @@ def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_oth
     assert isinstance(done, RunOutcome) and done.phase == "COMPLETED"
     listed = io.StringIO()
     with open_test_runner(model=model, tools=tools) as runner:
-        render_runs(runner, Console(file=listed, width=200, soft_wrap=True))
+        render_runs(run_lines(runner), Console(file=listed, width=200, soft_wrap=True))
     [line] = [line for line in listed.getvalue().splitlines() if line.startswith(poisoned)]
     assert line.endswith(f"(failed {record.failures}x in a row: RuntimeError: ledger client bug)")
     shown = io.StringIO()

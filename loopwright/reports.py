@@ -1,0 +1,159 @@
+"""What commands tell scripts: `--json` documents, each naming its schema and version.
+
+| schema | printed by | what it holds |
+| --- | --- | --- |
+| `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: phase, stop reason, verification, what waits, every action |
+| `loopwright.run-history/1` | show | `loopwright.run/1` and each action's status history |
+| `loopwright.runs/1` | runs | every run: agent and version, phase, stop reason, unconfirmed writes, failures |
+| `loopwright.approvals/1` | approvals list | the approvals waiting |
+
+A document's fields are only ever added to within a version; a change of meaning is a new
+version. Sensitive arguments (the contracts' `sensitive_fields`) are "[redacted]", and a
+sensitive value is blanked wherever else it turns up (a task, an answer), as in the timeline.
+`exit_code` is what a command that advanced the run to where it stands exits with
+(`EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from loopwright.graph.state import Action, Phase
+from loopwright.observability.redaction import redact
+from loopwright.timeline import Redactor
+
+if TYPE_CHECKING:
+    from loopwright.checkpoints.journal import ActionEvent
+    from loopwright.run_list import RunLine
+    from loopwright.runner import Runner, RunOutcome
+
+# How a command that advanced or read one run exits, by where the run stands.
+EXIT_CODES = {
+    "completed": 0,  # verified in the business system
+    "usage": 2,  # bad input; nothing was done
+    "waiting": 3,  # a person must decide (an approval)
+    "incomplete": 4,  # ended with a typed stop reason other than completed
+    "unfinished": 5,  # neither: parked until a reconciliation is due, or still advancing
+}
+
+
+def exit_code(outcome: RunOutcome) -> int:
+    """The exit code that says where `outcome`'s run stands."""
+    if outcome.stop_reason == "completed":
+        return EXIT_CODES["completed"]
+    if outcome.waiting_for_approval:
+        return EXIT_CODES["waiting"]
+    if outcome.phase == Phase.INCOMPLETE:
+        return EXIT_CODES["incomplete"]
+    return EXIT_CODES["unfinished"]
+
+
+def _redactor(runner: Runner, actions: list[Action]) -> Redactor:
+    """A redactor that knows every sensitive value in `actions` (arguments and outcomes)."""
+    redactor = Redactor(runner.tools)
+    for action in actions:
+        redactor.learn(action.tool, action.args)
+        redactor.learn(action.tool, action.outcome or {})
+    return redactor
+
+
+def _request(request: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """An approval request with its arguments redacted as its tool's contract says."""
+    sensitive = redactor.sensitive(request["tool"])
+    return {**request, "args": redact(request.get("args") or {}, sensitive)}
+
+
+def _action(action: Action, runner: Runner) -> dict[str, Any]:
+    sensitive = Redactor(runner.tools).sensitive(action.tool)
+    return {
+        "action_id": action.action_id,
+        "tool": action.tool,
+        "args": redact(action.args, sensitive),
+        "intent_key": action.intent_key,
+        "status": action.status.value,
+        "attempts": action.attempts,
+        "outcome": redact(action.outcome, sensitive) if action.outcome else None,
+    }
+
+
+def run_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
+    return _redactor(runner, outcome.actions).scrub(_run_fields(runner, outcome))
+
+
+def _run_fields(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
+    record = runner.leases.get(outcome.run_id)
+    return {
+        "schema": "loopwright.run/1",
+        "run_id": outcome.run_id,
+        "agent": record.agent if record else "",
+        "agent_version": record.agent_version if record else "",
+        "phase": outcome.phase,
+        "stop_reason": outcome.stop_reason,
+        "stop_detail": outcome.stop_detail,
+        "exit_code": exit_code(outcome),
+        "verification": outcome.verification,
+        "waiting_for_approval": [
+            _request(r, Redactor(runner.tools)) for r in outcome.waiting_for_approval
+        ],
+        "next_attempt_at": outcome.next_attempt_at.isoformat() if outcome.next_attempt_at else None,
+        "actions": [_action(a, runner) for a in outcome.actions],
+        "compensations": outcome.compensations,
+    }
+
+
+def _event(event: ActionEvent) -> dict[str, Any]:
+    return {
+        "from": event.from_status,
+        "to": event.to_status,
+        "fence": event.fence,
+        "at": event.at.isoformat(),
+        "detail": event.detail,
+    }
+
+
+def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
+    document = _run_fields(runner, outcome)
+    state = runner.state(outcome.run_id)
+    document["schema"] = "loopwright.run-history/1"
+    document["task"] = state["task"]
+    document["user"] = (state.get("principal") or {}).get("user_id")
+    document["steps"] = [node for node, _ in runner.steps(outcome.run_id)]
+    events = {a.action_id: runner.journal.events(a.action_id) for a in outcome.actions}
+    for action in document["actions"]:
+        action["history"] = [_event(e) for e in events[action["action_id"]]]
+    return _redactor(runner, outcome.actions).scrub(document)
+
+
+def runs_document(runner: Runner, lines: list[RunLine]) -> dict[str, Any]:
+    redactor = _redactor(runner, [a for line in lines for a in line.actions])
+    return redactor.scrub(
+        {
+            "schema": "loopwright.runs/1",
+            "runs": [
+                {
+                    "run_id": line.record.run_id,
+                    "agent": line.record.agent,
+                    "agent_version": line.record.agent_version,
+                    "phase": line.phase,
+                    "stop_reason": line.stop_reason or None,
+                    "task": line.task,
+                    "user": line.record.user_id,
+                    "created_at": line.record.created_at.isoformat(),
+                    "leased_by": line.record.owner if line.record.lease_live else None,
+                    "unconfirmed": [a.action_id for a in line.unconfirmed],
+                    "failures": line.record.failures,
+                    "last_error": line.record.last_error,
+                }
+                for line in lines
+            ],
+        }
+    )
+
+
+def approvals_document(runner: Runner, pending: list[dict[str, Any]]) -> dict[str, Any]:
+    """The approvals waiting; a request's arguments are redacted as its tool's contract says."""
+    redactor = Redactor(runner.tools)
+    for request in pending:
+        redactor.learn(request["tool"], request.get("args") or {})
+    shown = [_request(r, redactor) for r in pending]
+    return redactor.scrub({"schema": "loopwright.approvals/1", "approvals": shown})

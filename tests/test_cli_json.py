@@ -1,0 +1,203 @@
+"""`--json` and exit codes: what scripts read from each command, as the README documents.
+
+Every command runs in a new process, as a script would run it. stdout must be one JSON
+document and nothing else (no timeline, no prompt), the exit code must say where the run
+stands (`loopwright.reports.EXIT_CODES`), and a sensitive value must not appear in any
+document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from loopwright.reports import EXIT_CODES
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests.card_payments import CARD
+from tests.card_payments import TASK as CARD_TASK
+from tests.runtime_fixtures import DEMO_TASK, REPO, cli
+from tests.test_cli import env_for
+
+OTHER_TASK = "Check whether order O-46 can be refunded and refund it if so."  # 1,000.00
+
+
+def document(*args: str, env: dict[str, str], expect: int, schema: str) -> dict[str, Any]:
+    """The one JSON document `loopwright ARGS --json` prints, after checking its exit code."""
+    result = cli(*args, "--json", env=env, expect=expect)
+    parsed: dict[str, Any] = json.loads(result.stdout)  # the whole of stdout: nothing else
+    assert parsed["schema"] == schema, parsed
+    return parsed
+
+
+def test_a_run_that_waits_is_approved_read_back_and_listed_in_json(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    started = document(
+        *("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-j1"),
+        env=env,
+        expect=EXIT_CODES["waiting"],
+        schema="loopwright.run/1",
+    )
+    assert (started["run_id"], started["phase"], started["stop_reason"]) == (
+        "run-j1",
+        "WAITING_APPROVAL",
+        None,
+    )
+    assert (started["agent"], started["exit_code"]) == ("refunds", EXIT_CODES["waiting"])
+    [request] = started["waiting_for_approval"]
+    assert request["args"]["order_id"] == "O-42" and request["run_id"] == "run-j1"
+    [waiting] = started["actions"]
+    assert (waiting["tool"], waiting["status"]) == ("submit_refund", "NEEDS_APPROVAL")
+
+    listed = document("approvals", "list", env=env, expect=0, schema="loopwright.approvals/1")
+    assert [a["approval_id"] for a in listed["approvals"]] == [request["approval_id"]]
+
+    approved = document(
+        *("approvals", "approve", request["approval_id"], "--as", "a-1"),
+        env=env,
+        expect=EXIT_CODES["completed"],
+        schema="loopwright.run/1",
+    )
+    assert (approved["phase"], approved["stop_reason"]) == ("COMPLETED", "completed")
+    [refund] = list_refunds(services, "O-42")
+    [done] = approved["actions"]
+    assert done["status"] == "SUCCEEDED" and done["outcome"]["refund_id"] == refund["refund_id"]
+    assert approved["verification"]["verified"] is True
+    assert approved["waiting_for_approval"] == []
+
+    shown = document("show", "run-j1", env=env, expect=0, schema="loopwright.run-history/1")
+    assert (shown["task"], shown["user"]) == (DEMO_TASK, "u-1")
+    assert shown["steps"][:2] == ["guard", "compile_context"] and shown["steps"][-1] == "verify"
+    assert "approval" in shown["steps"]
+    [history] = [a["history"] for a in shown["actions"]]
+    assert [e["to"] for e in history] == ["NEEDS_APPROVAL", "APPROVED", "DISPATCHED", "SUCCEEDED"]
+
+    # Resuming a run that has ended changes nothing and says again where it stands.
+    again = document("resume", "run-j1", env=env, expect=0, schema="loopwright.run/1")
+    assert again["stop_reason"] == "completed" and len(list_refunds(services, "O-42")) == 1
+
+    runs = document("runs", env=env, expect=0, schema="loopwright.runs/1")
+    [line] = runs["runs"]
+    assert (line["run_id"], line["phase"], line["task"], line["unconfirmed"]) == (
+        "run-j1",
+        "COMPLETED",
+        DEMO_TASK,
+        [],
+    )
+
+
+def test_a_rejected_and_a_cancelled_run_end_incomplete_with_their_stop_reason(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    waiting = {}
+    for run_id, task in (("run-rej", DEMO_TASK), ("run-can", OTHER_TASK)):
+        started = document(
+            *("run", task, "--user", "u-1", "--run-id", run_id),
+            env=env,
+            expect=EXIT_CODES["waiting"],
+            schema="loopwright.run/1",
+        )
+        waiting[run_id] = started["waiting_for_approval"][0]["approval_id"]
+
+    rejected = document(
+        *("approvals", "reject", waiting["run-rej"], "--as", "a-1", "--comment", "no"),
+        env=env,
+        expect=EXIT_CODES["incomplete"],
+        schema="loopwright.run/1",
+    )
+    assert (rejected["phase"], rejected["stop_reason"]) == ("INCOMPLETE", "not_done")
+    assert [a["status"] for a in rejected["actions"]] == ["REJECTED"]
+
+    cancelled = document(
+        "cancel", "run-can", env=env, expect=EXIT_CODES["incomplete"], schema="loopwright.run/1"
+    )
+    assert (cancelled["phase"], cancelled["stop_reason"]) == ("INCOMPLETE", "cancelled")
+    assert list_refunds(services, "O-42") == list_refunds(services, "O-46") == []
+
+
+def test_an_unknown_run_is_a_usage_error_with_nothing_on_stdout(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    for command in ("show", "resume", "cancel"):
+        result = cli(command, "nope", "--json", env=env, expect=EXIT_CODES["usage"])
+        assert result.stdout == "" and result.stderr.startswith("loopwright: error:"), command
+
+
+def test_the_demo_prints_its_document_alone(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    env = env_for(services, tmp_path)
+    # Without --yes and without a terminal, the demo asks no one: it waits, and says so.
+    waiting = document(
+        *("demo", "--db", f"sqlite:///{tmp_path / 'other.sqlite3'}"),
+        env=env,
+        expect=EXIT_CODES["waiting"],
+        schema="loopwright.run/1",
+    )
+    assert waiting["waiting_for_approval"][0]["args"]["order_id"] == "O-42"
+    demo = document(
+        "demo", "--yes", "--db", sqlite_url, env=env, expect=0, schema="loopwright.run/1"
+    )
+    [refund] = list_refunds(services, "O-42")
+    assert demo["actions"][0]["outcome"]["refund_id"] == refund["refund_id"]
+
+
+def test_a_sensitive_value_is_in_no_document(sqlite_url: str, tmp_path: Path) -> None:
+    """The card number is in the task, the arguments, the outcome and the answer: it is
+    redacted in arguments and outcomes by field, and blanked by value everywhere else."""
+    env = {
+        "LOOPWRIGHT_HOME": str(tmp_path / "home"),
+        "DATABASE_URL": sqlite_url,
+        "LOOPWRIGHT_AGENT": "tests.card_payments:paying",
+    }
+    run = cli("run", CARD_TASK, "--user", "u-1", "--run-id", "run-card", "--json", env=env)
+    shown = cli("show", "run-card", "--json", env=env, expect=0)
+    runs = cli("runs", "--json", env=env, expect=0)
+    assert run.returncode == EXIT_CODES["completed"], run.stderr
+    for printed in (run.stdout, shown.stdout, runs.stdout):
+        assert CARD not in printed and "[redacted]" in printed, printed
+    history = json.loads(shown.stdout)
+    assert history["actions"][0]["args"]["card_number"] == "[redacted]"
+    assert history["task"] == "Pay 10.00 for order O-42 with card [redacted]."
+
+
+def readme_block(marker: str) -> str:
+    """The README's sh code block that contains `marker`."""
+    blocks = re.findall(r"```sh\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    [block] = [b for b in blocks if marker in b]
+    return str(block)
+
+
+def test_the_readme_script_approves_what_waits_and_reads_completed(
+    services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """As a user pastes it: in a directory of their own, on the embedded default database."""
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        **services.to_env(),
+        "LOOPWRIGHT_HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    env.pop("DATABASE_URL", None)
+    result = subprocess.run(
+        ["bash", "-c", readme_block("--json > run.json")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "completed", result.stdout + result.stderr
+    assert [r["amount"] for r in list_refunds(services, "O-46")] == ["1000.00"]
