@@ -22,61 +22,25 @@ import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import click
-import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from loopwright._agent import Agent, TaskRefused
-from loopwright._loading import AgentNotFound, load_agent
-from loopwright.checkpoints.database import (
-    DATABASE_FAULTS,
-    DatabaseKind,
-    DatabaseUnavailable,
-    DatabaseUrlError,
-    database_kind,
-    loopwright_home,
-    redact,
-    resolve_database_url,
-)
-from loopwright.checkpoints.journal import StaleTransition
-from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
-from loopwright.graph.build import compile_graph
-from loopwright.graph.state import (
-    UNRESOLVED_STATUSES,
-    ApprovalChoice,
-    ApprovalDecision,
-    ApprovalRequest,
-    Principal,
-)
-from loopwright.reports import (
-    approvals_document,
-    exit_code,
-    run_document,
-    run_history_document,
-    runs_document,
-)
-from loopwright.run_list import render_runs, run_lines
-from loopwright.runner import (
-    DecisionNotTaken,
-    EditRefused,
-    ModelChanged,
-    OtherAgentsRun,
-    RunExists,
-    Runner,
-    RunOutcome,
-    UnknownRun,
-    lease_ttl_from_env,
-    new_run_id,
-    open_runner,
-)
-from loopwright.server.launch import ServerFailedToStart
-from loopwright.timeline import Redactor, TimelinePrinter, render_run
-from loopwright.tools.define import ToolDefinitionError
-from loopwright.worker import work
+if TYPE_CHECKING:
+    from loopwright._agent import Agent
+    from loopwright.graph.state import (
+        ApprovalChoice,
+        Principal,
+    )
+    from loopwright.runner import (
+        Runner,
+        RunOutcome,
+    )
+    from loopwright.timeline import Redactor, TimelinePrinter
+
 
 # The agent a command hosts when none is named: the reference agent (the demo's).
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
@@ -171,6 +135,9 @@ def configured_agent_path(given: str | None) -> str | None:
 
 def agent_for(given: str | None) -> Agent[Any]:
     """The agent a command hosts (see `configured_agent_path`; default: the reference one)."""
+    from loopwright._loading import AgentNotFound, load_agent
+    from loopwright.tools.define import ToolDefinitionError
+
     path = configured_agent_path(given) or DEFAULT_AGENT
     try:
         agent = load_agent(path)
@@ -189,6 +156,9 @@ def session(
     deps: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> Iterator[Runner]:
     """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
+    from loopwright.checkpoints.database import resolve_database_url
+    from loopwright.runner import lease_ttl_from_env, open_runner
+
     try:
         if model:
             agent.chat_model(model)  # a bad spec is the user's to fix, before anything opens
@@ -219,12 +189,17 @@ def session(
 @contextmanager
 def records(agent: Agent[Any], db: str | None) -> Iterator[Runner]:
     """A runner that only reads: the agent's dependencies are not opened, no service starts."""
+    from loopwright.checkpoints.database import resolve_database_url
+    from loopwright.runner import open_runner
+
     with open_runner(resolve_database_url(db), agent, deps=None) as runner:
         yield runner
 
 
 def principal_for(runner: Runner, user_id: str, task: str) -> Principal:
     """The trusted principal of a new run, as the agent derives it from the user and task."""
+    from loopwright._agent import TaskRefused
+
     try:
         return runner.principal_for(user_id, task)
     except TaskRefused as exc:
@@ -245,6 +220,8 @@ def decide(
     changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The resume value that answers `request`; an edit changes `changes` and keeps the rest."""
+    from loopwright.graph.state import ApprovalRequest
+
     try:
         answer = ApprovalRequest.model_validate(request).answer(
             decision, approver, comment, changes
@@ -260,6 +237,8 @@ def report(
     """The run's end; for a run that did not complete, what it did and did not do in the
     business system, with sensitive arguments redacted as in the timeline. `again` is what a
     command printed for a person to type needs besides its arguments (--agent, --db)."""
+    from loopwright.graph.state import UNRESOLVED_STATUSES
+
     console.print()
     if outcome.stop_reason == "completed":
         facts = (outcome.verification or {}).get("facts", {})
@@ -310,6 +289,8 @@ def report(
 
 def step_printer(runner: Runner, as_json: bool) -> TimelinePrinter:
     """The timeline as the run advances; with --json, stdout holds the document alone."""
+    from loopwright.timeline import TimelinePrinter
+
     return TimelinePrinter(Console(quiet=True) if as_json else console, runner.tools)
 
 
@@ -327,6 +308,8 @@ def conclude(
     approver: str = "APPROVER",
 ) -> None:
     """Tell where the run stands (text or JSON) and exit with the code that says so."""
+    from loopwright.reports import exit_code, run_document
+
     if as_json:
         print_json(run_document(runner, outcome))
     else:
@@ -336,6 +319,8 @@ def conclude(
 
 def repeat_options(agent: str | None, db: str | None) -> str:
     """The options a printed follow-up command needs to reach the same agent and database."""
+    from loopwright.checkpoints.database import redact
+
     shown = ""
     if agent:
         shown += f" --agent {agent}"
@@ -420,6 +405,8 @@ def run(
     as_json: JsonOption = False,
 ) -> None:
     """Start a run of TASK for USER."""
+    from loopwright.runner import new_run_id
+
     with session(agent_for(agent), db, model) as runner:
         principal = principal_for(runner, user, task)
         run_id = run_id or new_run_id()
@@ -459,6 +446,9 @@ def show(
     run_id: str, db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
 ) -> None:
     """Print a run's timeline from the database: its steps, each action's full history, its end."""
+    from loopwright.reports import run_history_document
+    from loopwright.timeline import render_run
+
     with records(agent_for(agent), db) as runner:
         runner.owned(run_id)
         if as_json:
@@ -479,6 +469,9 @@ def runs(
     """List runs: agent and version, phase, stop reason, age; unconfirmed writes first.
 
     Every agent's runs, unless an agent is named (--agent, $LOOPWRIGHT_AGENT, pyproject)."""
+    from loopwright.reports import runs_document
+    from loopwright.run_list import render_runs, run_lines
+
     named = configured_agent_path(agent)
     hosted = agent_for(named)
     with records(hosted, db) as runner:
@@ -502,6 +495,8 @@ def approvals_list(
     db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
 ) -> None:
     """Pending approvals across the agent's runs."""
+    from loopwright.reports import approvals_document
+
     with records(agent_for(agent), db) as runner:
         pending = _pending_approvals(runner)
         if as_json:
@@ -526,6 +521,9 @@ def _decide_command(
     as_json: bool,
     changes: list[str] | None = None,
 ) -> None:
+    from loopwright.graph.state import ApprovalDecision, ApprovalRequest
+    from loopwright.runner import EditRefused
+
     with session(agent_for(agent), db) as runner:
         require_approver(runner, approver)
         match = [r for r in _pending_approvals(runner) if r["approval_id"] == approval_id]
@@ -625,6 +623,9 @@ def worker(
     A database that goes away does not end the worker: it reconnects, waiting 1, 2, 4, ... up
     to 30 s between tries. One it cannot connect to at all at start is a configuration error
     (one that drops the worker's first connections has been reached: it reconnects)."""
+    from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
+    from loopwright.worker import work
+
     hosted = agent_for(agent)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -671,6 +672,8 @@ def graph(
     ] = None,
 ) -> None:
     """Print the loop's graph as Mermaid text, or render it to a PNG offline."""
+    from loopwright.graph.build import compile_graph
+
     drawable = compile_graph().get_graph()
     if png is None:
         console.print(drawable.draw_mermaid(), markup=False)
@@ -724,6 +727,12 @@ def serve(
 ) -> None:
     """Serve the agent's runs over HTTP: `langgraph dev`, offline, on Postgres, with the
     approval inbox."""
+    from loopwright.checkpoints.database import (
+        DatabaseKind,
+        database_kind,
+        loopwright_home,
+        resolve_database_url,
+    )
     from loopwright.server.auth import TokenTableError, token_table
     from loopwright.server.launch import DEV_TOKENS, server_env, start_server
 
@@ -765,7 +774,43 @@ def _raise_keyboard_interrupt(*_: object) -> None:
 def main() -> None:
     try:
         code = app(prog_name="loopwright", standalone_mode=False)
-    except (
+    except (typer.Abort, KeyboardInterrupt):
+        raise SystemExit(130) from None
+    except CLICK_ERRORS as exc:
+        raise SystemExit(usage_error(exc)) from None
+    except Exception as exc:
+        message = user_error(exc)
+        if message is None:
+            raise  # a bug: its traceback is what a report needs
+        errors.print(f"loopwright: error: {message}", markup=False)
+        raise SystemExit(2) from None
+    # A command's own exit code (typer.Exit): how the run it advanced stands (EXIT_CODES).
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def user_error(exc: Exception) -> str | None:
+    """The one line an error a user can cause or fix is reported with (bad input, a run that is
+    not theirs, a system that is not there or went away); None for anything else."""
+    import httpx
+
+    from loopwright._agent import TaskRefused
+    from loopwright.checkpoints.database import (
+        DATABASE_FAULTS,
+        DatabaseUnavailable,
+        DatabaseUrlError,
+    )
+    from loopwright.checkpoints.journal import StaleTransition
+    from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
+    from loopwright.runner import (
+        DecisionNotTaken,
+        ModelChanged,
+        OtherAgentsRun,
+        RunExists,
+        UnknownRun,
+    )
+    from loopwright.server.launch import ServerFailedToStart
+
+    refused = (
         UsageError,
         DepsUnavailable,
         TaskRefused,
@@ -781,22 +826,15 @@ def main() -> None:
         DatabaseUrlError,
         DatabaseUnavailable,
         ServerFailedToStart,
-    ) as exc:
-        errors.print(f"loopwright: error: {exc}", markup=False)
-        raise SystemExit(2) from None
-    except httpx.TransportError as exc:
-        errors.print(f"loopwright: error: a business service is unreachable: {exc}", markup=False)
-        raise SystemExit(2) from None
-    except DATABASE_FAULTS as exc:  # reached, then lost mid-command (a restart, a failover)
+    )
+    if isinstance(exc, refused):
+        return str(exc)
+    if isinstance(exc, httpx.TransportError):
+        return f"a business service is unreachable: {exc}"
+    if isinstance(exc, DATABASE_FAULTS):  # reached, then lost mid-command (a failover)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        errors.print(f"loopwright: error: the database failed: {first}", markup=False)
-        raise SystemExit(2) from None
-    except (typer.Abort, KeyboardInterrupt):
-        raise SystemExit(130) from None
-    except CLICK_ERRORS as exc:
-        raise SystemExit(usage_error(exc)) from None
-    # A command's own exit code (typer.Exit): how the run it advanced stands (EXIT_CODES).
-    raise SystemExit(code if isinstance(code, int) else 0)
+        return f"the database failed: {first}"
+    return None
 
 
 def _click_errors() -> tuple[type[Exception], ...]:

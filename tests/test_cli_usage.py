@@ -79,3 +79,22 @@ def test_a_group_without_a_command_prints_its_help(args: tuple[str, ...]) -> Non
 def test_version() -> None:
     result = loopwright("--version")
     assert (result.returncode, result.stdout.strip()) == (0, f"loopwright {__version__}")
+
+
+@pytest.mark.parametrize("args", [("--help",), ("run", "--help"), ("approvals", "list", "--help")])
+def test_help_imports_no_runtime(args: tuple[str, ...]) -> None:
+    """Help is read before anything runs: it must not wait for LangGraph, LangChain or a
+    database driver to import (seconds on a loaded 2-core machine)."""
+    probe = (
+        "import sys\n"
+        "from loopwright.cli import main\n"
+        f"sys.argv = ['loopwright', *{list(args)!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+        "heavy = ('langgraph', 'langchain_core', 'psycopg', 'httpx', 'loopwright.runner')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-500:]
