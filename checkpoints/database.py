@@ -59,27 +59,35 @@ DATABASE_FAULTS: tuple[type[Exception], ...] = (
 )
 
 
-def resolve_database_url(explicit: str | None = None) -> str:
+def resolve_database_url(explicit: str | None = None, *, create: bool = True) -> str:
     """The URL to use: `explicit`, else DATABASE_URL, else the embedded SQLite file.
 
     The default lives in `loopwright_home()`, created on first use so that the file can be
-    opened right away. The result is validated, so a bad URL fails at startup rather than at
-    the first write.
+    opened right away (unless not `create`: a command that only reads creates nothing). The
+    result is validated, so a bad URL fails at startup rather than at the first write.
     """
-    url = explicit or os.environ.get("DATABASE_URL") or _default_sqlite_url()
+    url = explicit or os.environ.get("DATABASE_URL") or _default_sqlite_url(create)
     database_kind(url)
     return url
 
 
-def loopwright_home() -> Path:
-    """Where loopwright keeps local files: LOOPWRIGHT_HOME, else ./.loopwright (created here)."""
+def loopwright_home(*, create: bool = True) -> Path:
+    """Where loopwright keeps local files: LOOPWRIGHT_HOME, else ./.loopwright (created here,
+    unless not `create`)."""
     home = Path(os.environ.get("LOOPWRIGHT_HOME") or DEFAULT_HOME).resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    if create:
+        home.mkdir(parents=True, exist_ok=True)
     return home
 
 
-def _default_sqlite_url() -> str:
-    return f"{SQLITE_PREFIX}{loopwright_home() / DEFAULT_SQLITE_FILE}"
+def _default_sqlite_url(create: bool = True) -> str:
+    return f"{SQLITE_PREFIX}{loopwright_home(create=create) / DEFAULT_SQLITE_FILE}"
+
+
+def database_exists(url: str) -> bool:
+    """Whether there is a database at `url` to read: a SQLite file is one only once written
+    (opening one creates it); a server's database is assumed there (connecting tells)."""
+    return database_kind(url) is DatabaseKind.POSTGRES or Path(sqlite_path(url)).is_file()
 
 
 def database_kind(url: str) -> DatabaseKind:

@@ -187,12 +187,18 @@ def session(
 
 
 @contextmanager
-def records(agent: Agent[Any], db: str | None) -> Iterator[Runner]:
-    """A runner that only reads: the agent's dependencies are not opened, no service starts."""
-    from loopwright.checkpoints.database import resolve_database_url
+def records(agent: Agent[Any], db: str | None) -> Iterator[Runner | None]:
+    """A runner that only reads: the agent's dependencies are not opened, no service starts;
+    None where there is no database yet (the embedded file before a first run): reading
+    creates nothing."""
+    from loopwright.checkpoints.database import database_exists, resolve_database_url
     from loopwright.runner import open_runner
 
-    with open_runner(resolve_database_url(db), agent, deps=None) as runner:
+    url = resolve_database_url(db, create=False)
+    if not database_exists(url):
+        yield None
+        return
+    with open_runner(url, agent, deps=None) as runner:
         yield runner
 
 
@@ -259,9 +265,17 @@ def report(
         console.print(
             f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {escape(request['summary'])}"
         )
+        # An edit is approved by someone else than its editors: never suggest one of them.
+        editors = list(request.get("edited_by") or [])
         for verb in ("approve", "reject"):
+            who = "APPROVER" if verb == "approve" and approver in editors else approver
             console.print(
-                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as {approver}{again}",
+                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as {who}{again}",
+                markup=False,
+            )
+        if editors:
+            console.print(
+                f"  edited by {', '.join(editors)}: another approver must approve it",
                 markup=False,
             )
     else:
@@ -447,9 +461,12 @@ def show(
 ) -> None:
     """Print a run's timeline from the database: its steps, each action's full history, its end."""
     from loopwright.reports import run_history_document
+    from loopwright.runner import UnknownRun
     from loopwright.timeline import render_run
 
     with records(agent_for(agent), db) as runner:
+        if runner is None:
+            raise UnknownRun(run_id)
         runner.owned(run_id)
         if as_json:
             print_json(run_history_document(runner, runner.outcome(run_id)))
@@ -475,9 +492,10 @@ def runs(
     named = configured_agent_path(agent)
     hosted = agent_for(named)
     with records(hosted, db) as runner:
-        lines = run_lines(runner, agent=hosted.name if named else None, version=version)
+        shown = hosted.name if named else None
+        lines = run_lines(runner, agent=shown, version=version) if runner else []
         if as_json:
-            print_json(runs_document(runner, lines))
+            print_json(runs_document(lines, hosted.tools))
         else:
             render_runs(lines, console)
 
@@ -497,10 +515,11 @@ def approvals_list(
     """Pending approvals across the agent's runs."""
     from loopwright.reports import approvals_document
 
-    with records(agent_for(agent), db) as runner:
-        pending = _pending_approvals(runner)
+    hosted = agent_for(agent)
+    with records(hosted, db) as runner:
+        pending = _pending_approvals(runner) if runner else []
         if as_json:
-            print_json(approvals_document(runner, pending))
+            print_json(approvals_document(pending, hosted.tools))
             return
         for request in pending:
             console.print(
@@ -530,6 +549,13 @@ def _decide_command(
         if not match:
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
+        # Separation of duties, judged on the run's own records before the run is resumed.
+        from loopwright.runner import DecisionRefused
+
+        try:
+            runner.check_separation(ApprovalRequest.model_validate(request), decision, approver)
+        except DecisionRefused as exc:
+            raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         edits = _parse_changes(changes or []) if decision == "edit" else None
         answer = decide(request, decision, approver, comment, changes=edits)
         if answer.get("args") is not None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.run_list import RunLine
     from loopwright.runner import Runner, RunOutcome
+    from loopwright.tools.registry import ToolRegistry
 
 # How a command that advanced or read one run exits, by where the run stands.
 EXIT_CODES = {
@@ -48,9 +49,9 @@ def exit_code(outcome: RunOutcome) -> int:
     return EXIT_CODES["unfinished"]
 
 
-def _redactor(runner: Runner, actions: list[Action]) -> Redactor:
+def _redactor(tools: ToolRegistry, actions: list[Action]) -> Redactor:
     """A redactor that knows every sensitive value in `actions` (arguments and outcomes)."""
-    redactor = Redactor(runner.tools)
+    redactor = Redactor(tools)
     for action in actions:
         redactor.learn(action.tool, action.args)
         redactor.learn(action.tool, action.outcome or {})
@@ -77,7 +78,7 @@ def _action(action: Action, runner: Runner) -> dict[str, Any]:
 
 
 def run_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
-    return _redactor(runner, outcome.actions).scrub(_run_fields(runner, outcome))
+    return _redactor(runner.tools, outcome.actions).scrub(_run_fields(runner, outcome))
 
 
 def _run_fields(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
@@ -121,11 +122,11 @@ def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
     events = {a.action_id: runner.journal.events(a.action_id) for a in outcome.actions}
     for action in document["actions"]:
         action["history"] = [_event(e) for e in events[action["action_id"]]]
-    return _redactor(runner, outcome.actions).scrub(document)
+    return _redactor(runner.tools, outcome.actions).scrub(document)
 
 
-def runs_document(runner: Runner, lines: list[RunLine]) -> dict[str, Any]:
-    redactor = _redactor(runner, [a for line in lines for a in line.actions])
+def runs_document(lines: list[RunLine], tools: ToolRegistry) -> dict[str, Any]:
+    redactor = _redactor(tools, [a for line in lines for a in line.actions])
     return redactor.scrub(
         {
             "schema": "loopwright.runs/1",
@@ -150,9 +151,9 @@ def runs_document(runner: Runner, lines: list[RunLine]) -> dict[str, Any]:
     )
 
 
-def approvals_document(runner: Runner, pending: list[dict[str, Any]]) -> dict[str, Any]:
+def approvals_document(pending: list[dict[str, Any]], tools: ToolRegistry) -> dict[str, Any]:
     """The approvals waiting; a request's arguments are redacted as its tool's contract says."""
-    redactor = Redactor(runner.tools)
+    redactor = Redactor(tools)
     for request in pending:
         redactor.learn(request["tool"], request.get("args") or {})
     shown = [_request(r, redactor) for r in pending]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from langchain_core.messages import AIMessage
@@ -11,8 +14,8 @@ from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import list_refunds
-from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
+from loopwright_refunds.services.endpoints import ENV_VAR, ServiceEndpoints
+from tests.runtime_fixtures import DEMO_TASK, REPO, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
 
 
 def env_for(services: ServiceEndpoints, tmp_path: Path) -> dict[str, str]:
@@ -117,3 +120,45 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
         assert len(lines) == 1 and lines[0].startswith("loopwright: error:"), (name, result.stderr)
         assert expected.lower() in lines[0].lower(), (name, lines[0])
         assert "Traceback" not in result.stderr
+
+
+NOWHERE = "http://127.0.0.1:1"
+READ_ONLY = (("runs",), ("approvals", "list"), ("runs", "--json"), ("approvals", "list", "--json"))
+
+
+def test_reading_commands_create_nothing_and_start_no_service(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """In a directory with no database yet, they answer from nothing and write nothing; on a
+    database with runs, they read it without any business service (the agent's dependencies
+    are never opened: a dead service address changes nothing)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LOOPWRIGHT_HOME")}
+    for args in (*READ_ONLY, ("show", "run-1")):
+        result = subprocess.run(
+            [sys.executable, "-m", "loopwright", *args],
+            cwd=empty,
+            env={**clean, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == (2 if args[0] == "show" else 0), (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert list(empty.iterdir()) == []
+
+    env = env_for(services, tmp_path)
+    cli(
+        "run", DEMO_TASK, "--user", "u-1", "--db", sqlite_url, env=env, expect=EXIT_CODES["waiting"]
+    )
+    dead = {
+        ENV_VAR: ServiceEndpoints(
+            orders=NOWHERE, policies=NOWHERE, payments=NOWHERE
+        ).model_dump_json()
+    }
+    listed = {
+        args: cli(*args, "--db", sqlite_url, env={**env, **dead}, expect=0) for args in READ_ONLY
+    }
+    assert "O-42" in listed[("approvals", "list")].stdout
+    assert "u-1" in listed[("runs",)].stdout
