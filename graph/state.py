@@ -191,6 +191,9 @@ class ApprovalRequest(BaseModel):
     requested_at: datetime | None = None
     # The arguments an approver may change (the write contract's `editable`).
     editable: tuple[str, ...] = ()
+    # The approvers whose edits made these arguments (set by the approval node from the run's
+    # approval records): separation of duties, none of them may approve this action.
+    edited_by: tuple[str, ...] = ()
 
     def answer(
         self,
@@ -214,6 +217,8 @@ class ApprovalRequest(BaseModel):
                 )
         elif changes:
             raise ValueError("only an edit changes arguments")
+        if decision == "approve" and approver in self.edited_by:
+            raise ValueError(separation_of_duties(approver, self.approval_id))
         return ApprovalDecision(
             approval_id=self.approval_id,
             digest=self.digest,
@@ -225,6 +230,15 @@ class ApprovalRequest(BaseModel):
 
 
 ApprovalChoice = Literal["approve", "reject", "edit"]
+
+
+def separation_of_duties(approver: str, approval_id: str) -> str:
+    """Why an editor's approval of their own edit is refused, in one line (every path says
+    the same: the CLI, the inbox, the run's feedback)."""
+    return (
+        f"{approver} edited {approval_id} and cannot also approve it: "
+        "another approver must (separation of duties)"
+    )
 
 
 class ApprovalDecision(BaseModel):

@@ -31,6 +31,7 @@ from rich.markup import escape
 
 if TYPE_CHECKING:
     from loopwright._agent import Agent
+    from loopwright.checkpoints.leases import LeaseHeld
     from loopwright.graph.state import (
         ApprovalChoice,
         Principal,
@@ -183,7 +184,19 @@ def session(
                 lease_wait_s=lease_ttl_from_env() + 1,
             )
         )
+        runner.on_lease_wait = say_lease_wait
         yield runner
+
+
+def say_lease_wait(held: LeaseHeld) -> None:
+    """On stderr (stdout may be a --json document): whose lease a command waits out."""
+    until = held.expires_at.strftime("%H:%M:%S UTC") if held.expires_at else "its expiry"
+    errors.print(
+        f"run {held.run_id} is leased by {held.owner} until {until}: waiting for it to finish"
+        " or its lease to expire (a process that died holds it until then; Ctrl-C stops"
+        " waiting)",
+        markup=False,
+    )
 
 
 @contextmanager

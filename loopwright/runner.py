@@ -57,9 +57,11 @@ from loopwright.graph.state import (
     RunState,
     StopReason,
     initial_state,
+    separation_of_duties,
 )
 from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
+from loopwright.nodes.approval import editors_of
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.tracing import run_span
 from loopwright.tools.contract import ToolFault
@@ -174,6 +176,9 @@ class Runner:
         # How long to wait for another owner's lease to expire (a crashed process holds its
         # lease until expiry) before giving up with LeaseHeld.
         self.lease_wait_s = lease_wait_s
+        # Told once when a claim has to wait for another owner's lease (a command says whose,
+        # and until when: a silent wait of a lease's length reads as a hang).
+        self.on_lease_wait: Callable[[LeaseHeld], None] | None = None
         # Attempts in a row that may end in an error before the run ends typed (needs_human).
         self.max_failures = MAX_FAILURES
 
@@ -316,6 +321,7 @@ class Runner:
         if not waiting:
             raise NoPendingApproval(run_id)
         request = ApprovalRequest.model_validate(waiting[0])
+        self.check_separation(request, decision, approver)
         answer = request.answer(decision, approver, comment, changes)
         if answer.args is not None:
             self.check_edit(request, answer.args)
@@ -342,6 +348,16 @@ class Runner:
             f"{answer.decision} of {answer.approval_id} by {answer.approver} did not take "
             f"effect: {why}"
         )
+
+    def check_separation(
+        self, request: ApprovalRequest, decision: ApprovalChoice, approver: str
+    ) -> None:
+        """Raise DecisionRefused, before the run sees it, for an approval of an edit by one of
+        its editors (read from the run's records, whatever the request says). The run refuses
+        it too (`nodes.approval`); refusing here means a command never resumes the run for it."""
+        editors = {*request.edited_by, *editors_of(self.state(request.run_id), request.action_id)}
+        if decision == "approve" and approver in editors:
+            raise DecisionRefused(separation_of_duties(approver, request.approval_id))
 
     def check_edit(self, request: ApprovalRequest, args: dict[str, Any]) -> None:
         """Refuse, before the run sees it, an edit the write could not be planned with: its
@@ -500,12 +516,16 @@ class Runner:
 
     def _claim(self, run_id: str) -> Lease:
         give_up = time.monotonic() + self.lease_wait_s
+        told = False
         while True:
             try:
                 return self.leases.claim(run_id, self.owner, self.lease_ttl_s)
-            except LeaseHeld:
+            except LeaseHeld as held:
                 if time.monotonic() >= give_up:
                     raise
+                if not told and self.on_lease_wait is not None:
+                    self.on_lease_wait(held)
+                    told = True
                 time.sleep(min(0.25, max(0.0, give_up - time.monotonic())))
 
     def run_ids(self) -> list[str]:
@@ -567,6 +587,11 @@ class RunExists(ValueError):
 
 class DecisionNotTaken(RuntimeError):
     """An approval decision the run did not record; the message says why."""
+
+
+class DecisionRefused(ValueError):
+    """A decision the runtime refuses before the run sees it (an editor approving their own
+    edit); the request still waits for another approver."""
 
 
 class EditRefused(ValueError):

@@ -7,8 +7,10 @@ human sees the same request however often this node runs. The decision is only r
 validate applies it, checking digest, expiry and every rule again.
 
 A decision is approve, reject or edit (with the complete new arguments; see `nodes.validate` for
-what an edit does). A decision that does not parse, names another request, or comes from the
-run's own user is not recorded: the run keeps waiting for a valid one, and nothing executes.
+what an edit does). A decision that does not parse, names another request, comes from the
+run's own user, or approves an edit its own approver made (separation of duties: an edit is one
+person's proposal, and it takes a second person to approve it) is not recorded: the run keeps
+waiting for a valid one, and nothing executes.
 """
 
 from __future__ import annotations
@@ -21,8 +23,36 @@ from pydantic import ValidationError
 
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.state import ApprovalDecision, ApprovalRecord, CallVerdict, Phase, RunState
+from loopwright.graph.state import (
+    ApprovalDecision,
+    ApprovalRecord,
+    CallVerdict,
+    Phase,
+    RunState,
+    separation_of_duties,
+)
 from loopwright.graph.views import pending_of, principal_of
+
+
+def editors_of(state: RunState, action_id: str) -> tuple[str, ...]:
+    """The approvers who edited the call `action_id` carries out (every edit of that call so
+    far, in the run's approval records). An edited call keeps its call id through its edits, so
+    this needs nothing but the committed state: it holds for requests asked before the request
+    carried `edited_by`, and whichever process reads the run."""
+    journal = state.get("journal") or {}
+    call_id = (journal.get(action_id) or {}).get("call_id")
+    if call_id is None:
+        return ()
+    return tuple(
+        sorted(
+            {
+                record["approver"]
+                for record in state.get("approvals") or []
+                if record.get("decision") == "edit"
+                and (journal.get(record.get("action_id", "")) or {}).get("call_id") == call_id
+            }
+        )
+    )
 
 
 def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
@@ -37,7 +67,9 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     ]
     if not waiting:
         return {}
-    request = waiting[0]
+    # Who made these arguments is part of what the approver is asked (a pure function of the
+    # committed state, so the payload is the same however often this node runs).
+    request = waiting[0].model_copy(update={"edited_by": editors_of(state, waiting[0].action_id)})
     raw = interrupt(request.model_dump(mode="json"))
     try:
         decision = ApprovalDecision.model_validate(raw)
@@ -57,6 +89,8 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         return {"feedback": [f"{decision.approver} cannot decide about their own run"]}
     if not runtime.context.is_approver(decision.approver):
         return {"feedback": [f"{decision.approver} is not an approver"]}
+    if decision.decision == "approve" and decision.approver in request.edited_by:
+        return {"feedback": [separation_of_duties(decision.approver, request.approval_id)]}
     record = ApprovalRecord(
         approval_id=request.approval_id,
         action_id=request.action_id,

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from loopwright import Budget
-from loopwright.cli import decide
+from loopwright.cli import UsageError, decide
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.reports import EXIT_CODES
-from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
+from loopwright.runner import LEASE_TTL_ENV, DecisionRefused, Runner, RunOutcome, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.misbehaving import AsksForMore
@@ -226,6 +226,7 @@ def test_edit_rejects_the_original_and_needs_its_own_approval(
 
         [request] = edited.waiting_for_approval
         assert request["summary"] == "Refund 40.00 USD to order O-42 (edited by a-1)"
+        assert request["edited_by"] == ["a-1"]  # who may not approve it
         assert request["args"]["amount"] == "40.00"
         assert (request["approval_id"], request["digest"]) != (
             original["approval_id"],
@@ -240,13 +241,69 @@ def test_edit_rejects_the_original_and_needs_its_own_approval(
         assert planned.intent_key == f"{rejected.intent_key}:edit-1"
         assert all_refunds(services) == []
 
-        done = answer(runner, edited, "approve", "a-1")
+        done = answer(runner, edited, "approve", "a-2")  # another approver than the editor
         state = runner.state(done.run_id)
     assert done.stop_reason == "completed"
     [refund] = all_refunds(services)
     assert (refund["amount"], refund["idempotency_key"]) == ("40.00", planned.intent_key)
     assert [e["code"] for e in tool_errors(state)] == ["duplicate_intent"]
     assert [a.status for a in done.actions] == [ActionStatus.REJECTED, ActionStatus.SUCCEEDED]
+
+
+def test_whoever_edited_an_action_cannot_approve_it(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """Separation of duties: a-1 raises the refund and cannot approve their own edit, by any
+    path (the decision the CLI builds, `Runner.decide`, a forged resume value straight to the
+    run); an edit of the edit keeps both editors out; a-2, who edited nothing, approves."""
+    with open_test_runner() as runner:
+        waiting = runner.start(BIG_REFUND_TASK, principal(task=BIG_REFUND_TASK))
+        edited = answer(runner, waiting, "edit", "a-1", changes={"amount": "900.00"})
+        [request] = edited.waiting_for_approval
+        assert request["edited_by"] == ["a-1"]
+        refusal = "a-1 edited .* and cannot also approve it: another approver must"
+        with pytest.raises(UsageError, match=refusal):
+            decide(request, "approve", "a-1")
+        with pytest.raises(DecisionRefused, match=refusal):
+            runner.decide(edited.run_id, "approve", "a-1")
+        forged = ApprovalDecision(
+            approval_id=request["approval_id"],
+            digest=request["digest"],
+            decision="approve",
+            approver="a-1",
+        )
+        after = runner.resume(edited.run_id, forged.model_dump(mode="json"))
+        [still] = after.waiting_for_approval
+        assert (still["approval_id"], still["digest"]) == (
+            request["approval_id"],
+            request["digest"],
+        )
+        assert any(re.search(refusal, f) for f in runner.state(after.run_id)["feedback"])
+        assert [a.status for a in after.actions][-1] is ActionStatus.NEEDS_APPROVAL
+        assert all_refunds(services) == []
+
+        # a-2 edits a-1's edit: now neither may approve it (both wrote its arguments).
+        again = answer(runner, after, "edit", "a-2", changes={"amount": "800.00"})
+        [second] = again.waiting_for_approval
+        assert second["edited_by"] == ["a-1", "a-2"]
+        for editor in ("a-1", "a-2"):
+            with pytest.raises(DecisionRefused):
+                runner.decide(again.run_id, "approve", editor)
+        assert all_refunds(services) == []
+        # A rejection is always possible: it can only stop things.
+        ended = runner.decide(again.run_id, "reject", "a-1", comment="too much after all")
+    assert ended.stop_reason == "not_done" and all_refunds(services) == []
+
+
+def test_an_approver_who_did_not_edit_approves_the_edit(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    with open_test_runner() as runner:
+        waiting = runner.start(BIG_REFUND_TASK, principal(task=BIG_REFUND_TASK))
+        edited = answer(runner, waiting, "edit", "a-1", changes={"amount": "900.00"})
+        done = runner.decide(edited.run_id, "approve", "a-2")
+    assert done.stop_reason == "completed", done.stop_detail
+    assert [r["amount"] for r in all_refunds(services)] == ["900.00"]
 
 
 def test_edit_may_not_retarget_the_action(
@@ -368,10 +425,23 @@ def test_cli_edit_round_trip(postgres_url: str, services: ServiceEndpoints, tmp_
     assert "Refund 40.00 USD to order O-42 (edited by a-1)" in edited.stdout
     match = APPROVE_COMMAND.search(edited.stdout)
     assert match is not None and match[1] != approval_id
+    # The command it prints does not name the editor as the one to approve the edit.
+    assert "approve " + match[1] + " --as a-1" not in edited.stdout
+    assert "edited by a-1: another approver must approve it" in edited.stdout
     refused = cli("approvals", "edit", match[1], "--set", "iban=X", *decide_args, env=env)
     assert refused.returncode == 2
     assert "cannot edit iban: the editable arguments are amount, reason" in refused.stderr
-    approved = cli("approvals", "approve", match[1], *decide_args, env=env, expect=0)
+    # Separation of duties: a-1 cannot approve their own edit (one line, exit 2, still pending).
+    own = cli("approvals", "approve", match[1], *decide_args, env=env)
+    assert own.returncode == 2, own.stdout
+    [line] = own.stderr.strip().splitlines()
+    assert line.startswith("loopwright: error: a-1 edited " + match[1])
+    assert "another approver must" in line and "still waits for a decision" in line
+    assert "COMPLETED" not in own.stdout and list_refunds(services, "O-42") == []
+    assert match[1] in cli("approvals", "list", "--db", postgres_url, env=env, expect=0).stdout
+    approved = cli(
+        "approvals", "approve", match[1], "--as", "a-2", "--db", postgres_url, env=env, expect=0
+    )
     assert "COMPLETED" in approved.stdout
     assert [r["amount"] for r in list_refunds(services, "O-42")] == ["40.00"]
 

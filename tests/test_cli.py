@@ -9,13 +9,22 @@ from pathlib import Path
 
 from langchain_core.messages import AIMessage
 
+from loopwright.checkpoints.leases import LeaseHeld
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.reports import EXIT_CODES
+from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ENV_VAR, ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, REPO, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    REPO,
+    UNCRASHED_MODEL_CALLS,
+    RunnerFactory,
+    cli,
+    wait_for,
+)
 
 
 def env_for(services: ServiceEndpoints, tmp_path: Path) -> dict[str, str]:
@@ -162,3 +171,36 @@ def test_reading_commands_create_nothing_and_start_no_service(
     }
     assert "O-42" in listed[("approvals", "list")].stdout
     assert "u-1" in listed[("runs",)].stdout
+
+
+def claimed(runner: Runner, run_id: str, owner: str, ttl_s: float) -> bool:
+    try:
+        runner.leases.claim(run_id, owner, ttl_s)
+    except LeaseHeld:
+        return False
+    return True
+
+
+def test_resume_says_whose_lease_it_waits_for_and_gives_up_at_the_bound(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    """A crashed run another process holds: `resume` says so at once (owner, until when), waits
+    at most a lease's length (LEASE_TTL 2 s + 1 here), then ends with one line and exit 2."""
+    env = env_for(services, tmp_path)
+    crashed = cli(
+        "run",
+        DEMO_TASK,
+        *("--user", "u-1", "--run-id", "run-held", "--db", database_url),
+        env={**env, CRASH_ENV: "node:validate:start"},
+    )
+    assert crashed.returncode == CRASH_EXIT, crashed.stderr
+    with open_test_runner() as runner:
+        # Once the crashed process's lease has expired, another owner takes it for a minute.
+        wait_for(lambda: claimed(runner, "run-held", "worker-elsewhere", ttl_s=60))
+    resumed = cli("resume", "run-held", "--db", database_url, env=env, expect=EXIT_CODES["usage"])
+    first, *rest = resumed.stderr.strip().splitlines()
+    assert first.startswith("run run-held is leased by worker-elsewhere until ")
+    assert "waiting for it to finish or its lease to expire" in first
+    assert rest == [f"loopwright: error: {rest[0].removeprefix('loopwright: error: ')}"]
+    assert "run run-held is leased by worker-elsewhere" in rest[0]
+    assert resumed.stdout == ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from models import Book, Booking, Confirmation, Slot, SlotRef
 from tools.desk_client import Desk, fetch_slot, open_desk
 
 from graph import book_then_confirm
@@ -26,7 +27,6 @@ from loopwright import (
     VerifyResult,
     write_json,
 )
-from models import Book, Booking, Confirmation, Slot, SlotRef
 
 SLOTS = re.compile(r"\bslot ([0-9]{1,4})\b")
 

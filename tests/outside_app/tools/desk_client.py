@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
+from models import Slot
 
 from loopwright import ToolContext, read_json
-from models import Slot
 
 
 @dataclass(frozen=True)
