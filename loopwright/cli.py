@@ -3,9 +3,10 @@ serve), read them back (show, runs), and the demo.
 
 Every command hosts one agent, named by import path (`--agent module:attribute`,
 `$LOOPWRIGHT_AGENT`, or `agent = "..."` in a `[tool.loopwright]` table of ./pyproject.toml);
-the reference agent (`loopwright_refunds`) is the default. Errors a user can cause (a bad database URL, a user
-or task the agent refuses, an unknown run, another agent's run) end with one line on stderr
-and exit code 2, never a traceback.
+the reference agent (`loopwright_refunds`) is the default. Errors a user can cause (a bad
+database URL, a user or task the agent refuses, an unknown run, another agent's run) end with
+one line on stderr and exit code 2, never a traceback. The exit code of a command that advances
+a run says where it stands: 0 completed, 3 waiting for a person, 4 incomplete, 5 parked.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import click
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperOption
 
 if TYPE_CHECKING:
     from loopwright._agent import Agent
@@ -47,8 +49,16 @@ if TYPE_CHECKING:
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
 
-app = typer.Typer(no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
-approvals_app = typer.Typer(no_args_is_help=True, help="List and decide pending approvals.")
+# Help texts are Markdown: `code` stays literal, and a `[table]` is text, not Rich markup.
+app = typer.Typer(
+    no_args_is_help=True,
+    help=__doc__,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+approvals_app = typer.Typer(
+    no_args_is_help=True, help="List and decide pending approvals.", rich_markup_mode="markdown"
+)
 app.add_typer(approvals_app, name="approvals")
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -57,6 +67,7 @@ DbOption = Annotated[
     str | None,
     typer.Option(
         "--db",
+        metavar="URL",
         help="Database URL (sqlite:///FILE or postgresql://...). Default: $DATABASE_URL, else the embedded SQLite file.",
     ),
 ]
@@ -64,14 +75,16 @@ ModelOption = Annotated[
     str | None,
     typer.Option(
         "--model",
+        metavar="openai:MODEL",
         envvar="LOOPWRIGHT_MODEL",
-        help="openai:<model>, instead of the agent's own model.",
+        help="An OpenAI-compatible model instead of the agent's own (a run keeps the model it started with).",
     ),
 ]
 AgentOption = Annotated[
     str | None,
     typer.Option(
         "--agent",
+        metavar="MODULE:ATTR",
         help=(
             "The agent to host, as module:attribute. Default: $LOOPWRIGHT_AGENT, else "
             "[tool.loopwright] agent in ./pyproject.toml, else the reference agent."
@@ -85,6 +98,20 @@ JsonOption = Annotated[
     typer.Option(
         "--json",
         help="Print one JSON document (its schema named in it; see the README) instead of text.",
+    ),
+]
+
+
+RunIdArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN_ID", help="The run's id, as `run` printed it (`loopwright runs` lists them)."
+    ),
+]
+ApprovalIdArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="APPROVAL_ID", help="As `loopwright approvals list` shows it (`apr_...`)."
     ),
 ]
 
@@ -106,7 +133,10 @@ def _options(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
         ),
     ] = False,
 ) -> None:
@@ -388,7 +418,8 @@ def demo(
     db: DbOption = None,
     agent: AgentOption = None,
     yes: Annotated[
-        bool, typer.Option("--yes", help="Approve every request as the demo's approver.")
+        bool,
+        typer.Option("--yes", help="Approve every request as the demo's approver."),
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -417,8 +448,10 @@ def demo(
 
 @app.command()
 def run(
-    task: str,
-    user: Annotated[str, typer.Option("--user", help="The trusted principal the run acts for.")],
+    task: Annotated[str, typer.Argument(metavar="TASK", help="What the agent is asked to do.")],
+    user: Annotated[
+        str, typer.Option("--user", metavar="USER", help="The trusted principal the run acts for.")
+    ],
     db: DbOption = None,
     agent: AgentOption = None,
     model: ModelOption = None,
@@ -445,7 +478,7 @@ def run(
 
 @app.command()
 def resume(
-    run_id: str,
+    run_id: RunIdArgument,
     db: DbOption = None,
     agent: AgentOption = None,
     model: ModelOption = None,
@@ -460,7 +493,10 @@ def resume(
 
 @app.command()
 def cancel(
-    run_id: str, db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
+    run_id: RunIdArgument,
+    db: DbOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
     with session(agent_for(agent), db) as runner:
@@ -470,7 +506,10 @@ def cancel(
 
 @app.command()
 def show(
-    run_id: str, db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
+    run_id: RunIdArgument,
+    db: DbOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Print a run's timeline from the database: its steps, each action's full history, its end."""
     from loopwright.reports import run_history_document
@@ -492,7 +531,10 @@ def runs(
     db: DbOption = None,
     agent: AgentOption = None,
     version: Annotated[
-        str | None, typer.Option("--version", help="Only runs pinned to this agent version.")
+        str | None,
+        typer.Option(
+            "--version", metavar="VERSION", help="Only runs pinned to this agent version."
+        ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -554,7 +596,7 @@ def _decide_command(
     changes: list[str] | None = None,
 ) -> None:
     from loopwright.graph.state import ApprovalDecision, ApprovalRequest
-    from loopwright.runner import EditRefused
+    from loopwright.runner import DecisionRefused, EditRefused
 
     with session(agent_for(agent), db) as runner:
         require_approver(runner, approver)
@@ -563,8 +605,6 @@ def _decide_command(
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
         # Separation of duties, judged on the run's own records before the run is resumed.
-        from loopwright.runner import DecisionRefused
-
         try:
             runner.check_separation(ApprovalRequest.model_validate(request), decision, approver)
         except DecisionRefused as exc:
@@ -594,13 +634,31 @@ def _parse_changes(changes: list[str]) -> dict[str, str]:
     return parsed
 
 
-ApproverOption = Annotated[str, typer.Option("--as", help="The approver's user id.")]
-CommentOption = Annotated[str, typer.Option("--comment", help="Why, for the record.")]
+ApproverOption = Annotated[
+    str, typer.Option("--as", metavar="APPROVER", help="The approver's user id.")
+]
+CommentOption = Annotated[
+    str,
+    typer.Option(
+        "--comment",
+        metavar="TEXT",
+        help="Why: recorded with the decision, shown in the run's timeline and to its model.",
+    ),
+]
+ReasonOption = Annotated[
+    str,
+    typer.Option(
+        "--comment",
+        metavar="TEXT",
+        help="Why it is rejected (required): recorded with the decision, shown in the run's"
+        " timeline and to its model, which tells the customer.",
+    ),
+]
 
 
 @approvals_app.command("approve")
 def approvals_approve(
-    approval_id: str,
+    approval_id: ApprovalIdArgument,
     approver: ApproverOption,
     db: DbOption = None,
     agent: AgentOption = None,
@@ -613,23 +671,28 @@ def approvals_approve(
 
 @approvals_app.command("reject")
 def approvals_reject(
-    approval_id: str,
+    approval_id: ApprovalIdArgument,
     approver: ApproverOption,
+    comment: ReasonOption,
     db: DbOption = None,
     agent: AgentOption = None,
-    comment: CommentOption = "",
     as_json: JsonOption = False,
 ) -> None:
     """Reject one pending action and resume its run."""
+    if not comment.strip():
+        raise UsageError("a rejection needs a reason: --comment TEXT")
     _decide_command(approval_id, "reject", approver, db, agent, comment, as_json)
 
 
 @approvals_app.command("edit")
 def approvals_edit(
-    approval_id: str,
+    approval_id: ApprovalIdArgument,
     approver: ApproverOption,
     changes: Annotated[
-        list[str], typer.Option("--set", help="FIELD=VALUE to change; repeat for more fields.")
+        list[str],
+        typer.Option(
+            "--set", metavar="FIELD=VALUE", help="FIELD=VALUE to change; repeat for more fields."
+        ),
     ],
     db: DbOption = None,
     agent: AgentOption = None,
@@ -653,7 +716,7 @@ def worker(
     agent: AgentOption = None,
     model: ModelOption = None,
     poll: Annotated[
-        float, typer.Option("--poll", help="Seconds between looks for due runs.")
+        float, typer.Option("--poll", metavar="SECONDS", help="Seconds between looks for due runs.")
     ] = 0.5,
 ) -> None:
     """Claim and advance the agent's runs that need it (expired leases, due reconciliations)
@@ -707,7 +770,11 @@ def worker(
 def graph(
     png: Annotated[
         Path | None,
-        typer.Option("--png", help="Render the graph to this PNG file (needs Graphviz's dot)."),
+        typer.Option(
+            "--png",
+            metavar="FILE",
+            help="Render the graph to this PNG file (needs Graphviz's dot).",
+        ),
     ] = None,
 ) -> None:
     """Print the loop's graph as Mermaid text, or render it to a PNG offline."""
@@ -757,7 +824,9 @@ def graph_dot(drawable: Any) -> str:
 @app.command()
 def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 2024,
+    port: Annotated[
+        int, typer.Option("--port", help="Port to listen on; refused if a server holds it.")
+    ] = 2024,
     db: Annotated[
         str | None,
         typer.Option("--db", help="Postgres URL (postgresql://...). Default: $DATABASE_URL."),
@@ -766,6 +835,10 @@ def serve(
 ) -> None:
     """Serve the agent's runs over HTTP: `langgraph dev`, offline, on Postgres, with the
     approval inbox."""
+    from loopwright.server.launch import DEV_TOKENS, port_in_use, server_env, start_server
+
+    if port_in_use(host, port):  # refused before anything starts: langgraph would move away
+        raise UsageError(f"port {port} on {host} is in use: stop what listens there or pick --port")
     from loopwright.checkpoints.database import (
         DatabaseKind,
         database_kind,
@@ -773,7 +846,6 @@ def serve(
         resolve_database_url,
     )
     from loopwright.server.auth import TokenTableError, token_table
-    from loopwright.server.launch import DEV_TOKENS, server_env, start_server
 
     path = configured_agent_path(agent) or DEFAULT_AGENT
     hosted = agent_for(path)
@@ -811,8 +883,10 @@ def _raise_keyboard_interrupt(*_: object) -> None:
 
 
 def main() -> None:
+    command = typer.main.get_command(app)
+    plain_help(command)
     try:
-        code = app(prog_name="loopwright", standalone_mode=False)
+        code = command.main(prog_name="loopwright", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
         raise SystemExit(130) from None
     except CLICK_ERRORS as exc:
@@ -825,6 +899,18 @@ def main() -> None:
         raise SystemExit(2) from None
     # A command's own exit code (typer.Exit): how the run it advanced stands (EXIT_CODES).
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def plain_help(command: Any) -> None:
+    """Help that shows what to type: a flag shows no value type (typer prints `<bool>` after
+    --json, --help, --install-completion), an option without its own metavar shows its name
+    (RUN_ID, not `<str>`). For `command` and every command under it."""
+    help_option = command.get_help_option(command.context_class(command))
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if param.metavar is None and isinstance(param, click.Option | TyperOption):
+            param.metavar = "" if param.is_flag else (param.name or "").upper()
+    for sub in getattr(command, "commands", {}).values():
+        plain_help(sub)
 
 
 def user_error(exc: Exception) -> str | None:

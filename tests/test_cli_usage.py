@@ -7,6 +7,7 @@ user types it: with an option it does not have, and without what it requires.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -98,3 +99,52 @@ def test_help_imports_no_runtime(args: tuple[str, ...]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-500:]
+
+
+def described(command: typer.core.TyperCommand | typer.core.TyperGroup) -> list[str]:
+    """The parameters of `command` and every command under it that have no help text."""
+    missing = [f"{command.name} {p.name}" for p in command.params if not getattr(p, "help", "")]
+    for sub in getattr(command, "commands", {}).values():
+        missing += described(sub)
+    return missing
+
+
+def test_every_argument_and_option_is_described() -> None:
+    assert described(typer.main.get_command(app)) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "loopwright")
+def test_help_shows_what_to_type(path: tuple[str, ...]) -> None:
+    """A flag takes no value, so its help shows no `<bool>`; an option shows its value's name;
+    a group's help lists every command it has."""
+    result = loopwright(*path, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "<bool>" not in result.stdout and "<str>  " not in result.stdout.split("Options")[-1]
+    group = typer.main.get_command(app)
+    for name in path:
+        group = group.commands[name]  # type: ignore[attr-defined]
+    for name in getattr(group, "commands", {}):
+        assert f" {name} " in result.stdout, name
+
+
+def test_shell_completion_completes_commands_and_options() -> None:
+    def complete(words: str) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "loopwright"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+            env={
+                **os.environ,
+                "_LOOPWRIGHT_COMPLETE": "complete_bash",
+                "COMP_WORDS": words,
+                "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+            },
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    assert complete("loopwright ap") == ["approvals"]
+    assert complete("loopwright approvals ") == ["list", "approve", "reject", "edit"]
+    assert "--comment" in complete("loopwright approvals reject apr_1 --c")

@@ -1,0 +1,139 @@
+"""The README top to bottom, as a user follows it in a fresh clone after `make demo`.
+
+In a directory of its own, on the embedded default (SQLite, the reference services the commands
+start themselves): the demo, then each shell walkthrough in the README's order, then
+`loopwright serve` on Postgres with the SDK example run against it. Each walkthrough uses an
+order of its own, so one never finds its order already refunded by another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loopwright.checkpoints.scratch import fresh_database
+from loopwright.reports import EXIT_CODES
+from tests.ports import reserved_port
+from tests.runtime_fixtures import REPO, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+README = (REPO / "README.md").read_text()
+# The shell walkthroughs, by a line each contains, in the README's order.
+WALKTHROUGHS = ("--json > run.json", "LOOPWRIGHT_CRASH_AT=executor:after_send")
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
+
+
+def walkthrough(marker: str) -> str:
+    [block] = [b for b in blocks("sh") if marker in b]
+    return block
+
+
+def sdk_example() -> str:
+    [block] = [b for b in blocks("python") if "get_sync_client" in b]
+    return block
+
+
+@pytest.fixture
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """A user's shell: the installed `loopwright` on PATH, no DATABASE_URL, nothing of the
+    test run's home. Short leases, so the crash walkthrough's resume waits 2 s, not 30."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "LOOPWRIGHT"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["LOOPWRIGHT_LEASE_TTL_S"] = "2"
+    return env
+
+
+def sh(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=240,
+    )
+
+
+@pytest.fixture
+def served(
+    postgres_server_url: str, tmp_path: Path, user_env: dict[str, str]
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`loopwright serve --port P` in the user's directory, on a Postgres database of its own."""
+    with fresh_database(postgres_server_url, prefix="lw_test") as url, reserved_port() as port:
+        process = subprocess.Popen(
+            ["loopwright", "serve", "--port", str(port)],
+            cwd=tmp_path,
+            env={**user_env, "DATABASE_URL": url},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: process.poll() is not None or reachable(base), timeout=180)
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            yield base, process
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def reachable(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/ok", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_the_walkthroughs_run_in_order_after_the_demo(
+    tmp_path: Path, user_env: dict[str, str]
+) -> None:
+    positions = [README.index(marker) for marker in WALKTHROUGHS]
+    assert positions == sorted(positions), "the test follows the README's order"
+
+    demo = sh("loopwright demo --yes", tmp_path, user_env)
+    assert demo.returncode == EXIT_CODES["completed"], demo.stdout + demo.stderr
+
+    scripted = sh(walkthrough(WALKTHROUGHS[0]), tmp_path, user_env)
+    assert scripted.stdout.strip().splitlines()[-1] == "completed", scripted.stderr
+
+    crashed = sh(walkthrough(WALKTHROUGHS[1]), tmp_path, user_env)
+    assert crashed.returncode == EXIT_CODES["completed"], crashed.stdout + crashed.stderr
+    shown = sh("loopwright show crash-1 --json", tmp_path, user_env)
+    history = json.loads(shown.stdout)
+    assert history["stop_reason"] == "completed"
+    [action] = history["actions"]
+    assert action["status"] == "SUCCEEDED" and action["args"]["order_id"] == "O-43"
+
+    # Each walkthrough found its own order untouched: one refund per order, none twice.
+    listed = json.loads(sh("loopwright runs --json", tmp_path, user_env).stdout)
+    assert len(listed["runs"]) == 3
+
+
+def test_the_sdk_example_against_loopwright_serve(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    base, _ = served
+    namespace: dict[str, Any] = {}
+    exec(
+        compile(sdk_example().replace("http://127.0.0.1:2024", base), "README.md", "exec"),
+        namespace,
+    )
+    final = namespace["ann"].threads.get_state(namespace["thread"]["thread_id"])["values"]
+    assert (final["phase"], final["stop_reason"]) == ("COMPLETED", "completed")
+    assert final["verification"]["verified"] is True
