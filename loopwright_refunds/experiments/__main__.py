@@ -5,24 +5,31 @@
     python -m loopwright_refunds.experiments -n 1 --scenario keyless_credit   # store credit, no keys
     python -m loopwright_refunds.experiments -n 1 --scenario skips_policy     # refunds without a read
 
-Progress goes to stderr; the report's summary (its headline, up to the per-fault tables) to
-stdout, with where results.json, report.md and the plots were written. Bad input (an option
-that does not parse, filters that match no cell, a Postgres server that cannot be reached)
-ends with one line on stderr and exit code 2.
+Progress goes to stderr (a bar on a terminal, a line every 10 s otherwise); the report's
+summary (its headline, up to the per-fault tables) to stdout, with where results.json, report.md
+and the plots were written, or with `--json` one `loopwright.experiment/1` document
+(`report.experiment_document`). Bad input (an option that does not parse, an unknown scenario,
+fault or system, filters that match no cell, an --out that cannot be written, a Postgres server
+that cannot be reached) ends with one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 import psycopg
-from rich.console import Console
 
 from loopwright.checkpoints.database import DatabaseUnavailable, DatabaseUrlError
+from loopwright_refunds.experiments.faults import FaultKind
+from loopwright_refunds.experiments.matrix import full_matrix
+from loopwright_refunds.experiments.scenarios import SCENARIOS
+from loopwright_refunds.experiments.systems import SYSTEMS
 from loopwright_refunds.services.launcher import ServicesFailedToStart
 
 PROG = "python -m loopwright_refunds.experiments"
@@ -48,8 +55,34 @@ def _positive(text: str) -> int:
     return value
 
 
+class _Help(argparse.HelpFormatter):
+    """Wraps help between words only: a fault's name cut in two cannot be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = " ".join(text.split())
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+
+def _fault(text: str) -> str:
+    """A fault kind, or the full name of a fault in the matrix (`crash@executor:after_send`)."""
+    if text in set(FaultKind) | {cell.fault.name for cell in full_matrix()}:
+        return text
+    kinds = ", ".join(FaultKind)
+    raise argparse.ArgumentTypeError(
+        f"unknown fault {text!r}: a kind ({kinds}) or a full name, crash@POINT (see --help)"
+    )
+
+
+def _listed(values: Sequence[str]) -> str:
+    return ", ".join(values).replace("%", "%%")  # argparse formats help strings with %
+
+
 def parser() -> argparse.ArgumentParser:
-    options = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    options = _Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=_Help,
+    )
     options.add_argument(
         "-n",
         "--repetitions",
@@ -74,16 +107,39 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     options.add_argument(
-        "--scenario", action="append", default=[], help="Only these scenarios (repeatable)."
+        "--scenario",
+        action="append",
+        default=[],
+        choices=list(SCENARIOS),
+        metavar="SCENARIO",
+        help=f"Only these scenarios (repeatable): {_listed(list(SCENARIOS))}.",
     )
+    crashes = sorted({c.fault.name for c in full_matrix() if c.fault.kind is FaultKind.CRASH})
     options.add_argument(
         "--fault",
         action="append",
         default=[],
-        help="Only these faults, by kind or full name (repeatable).",
+        type=_fault,
+        help=(
+            f"Only these faults (repeatable), by kind: {_listed(list(FaultKind))}; or by full "
+            f"name: {_listed(crashes)}."
+        ),
     )
     options.add_argument(
-        "--system", action="append", default=[], help="Only these systems (repeatable)."
+        "--system",
+        action="append",
+        default=[],
+        choices=SYSTEMS,
+        metavar="SYSTEM",
+        help=f"Only these systems (repeatable): {_listed(SYSTEMS)}.",
+    )
+    options.add_argument(
+        "--json",
+        action="store_true",
+        help=(
+            "Print one JSON document (schema loopwright.experiment/1: the headline per system "
+            "and the per-scenario table; see the README) instead of the report's summary."
+        ),
     )
     return options
 
@@ -104,11 +160,20 @@ def experiment(argv: Sequence[str] | None = None) -> None:
     )
     if not settings.matrix():
         raise UsageError("no cell of the matrix matches --scenario, --fault and --system")
+    try:  # before anything starts: a 14-minute run must not fail at its end on this
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None
     try:
-        run_experiment(settings, console=Console(stderr=True, highlight=False, soft_wrap=True))
+        results = run_experiment(settings)
     except psycopg.OperationalError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"cannot use the Postgres server: {first}") from None
+    if args.json:
+        from loopwright_refunds.experiments.report import experiment_document
+
+        print(json.dumps(experiment_document(results, args.out), indent=2))
+        return
     print((args.out / "report.md").read_text().split("\n## By fault")[0])
     print(f"wrote {args.out}/results.json, report.md and the plots")
 

@@ -159,10 +159,9 @@ def chain_success(steps: int, reliability: float = PER_STEP_RELIABILITY) -> floa
     return float(reliability**steps)
 
 
-def steps_per_task(trials: list[TrialResult]) -> dict[str, float]:
-    """Mean model calls of an unfaulted loopwright trial, short and long tasks: where the
-    experiment's tasks sit on the chain curve."""
-    found = {}
+def unfaulted_calls(trials: list[TrialResult]) -> dict[str, list[int]]:
+    """Model calls of each unfaulted loopwright trial, short and long tasks (those with any)."""
+    found: dict[str, list[int]] = {}
     for length in ("short", "long"):
         calls = [
             t.model_calls
@@ -170,5 +169,11 @@ def steps_per_task(trials: list[TrialResult]) -> dict[str, float]:
             if t.fault == "none" and t.system == "loopwright" and t.long == (length == "long")
         ]
         if calls:
-            found[length] = sum(calls) / len(calls)
+            found[length] = calls
     return found
+
+
+def steps_per_task(trials: list[TrialResult]) -> dict[str, float]:
+    """Mean model calls of an unfaulted loopwright trial, short and long tasks: where the
+    experiment's tasks sit on the chain curve."""
+    return {length: sum(c) / len(c) for length, c in unfaulted_calls(trials).items()}

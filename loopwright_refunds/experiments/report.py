@@ -3,16 +3,21 @@
 The Markdown report leads with the headline table (one row per system over every trial), then
 the duplicate and unauthorized figures side by side for every slice (by scenario with the
 policy-violating refunds too), the crash points one by one,
-the keyless store-credit scenario by fault,
+the keyless store-credit scenario by fault, the trials' outcomes per system,
 every loopwright trial that did not succeed with how it ended (the runtime's costs are there),
 and the long-chain illustration.
+
+`experiment_document` is what `--json` prints: the headline and the per-scenario figures as
+one versioned document, for scripts that would otherwise parse the Markdown.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from loopwright_refunds.experiments import matrix
 from loopwright_refunds.experiments.metrics import (
@@ -121,15 +126,33 @@ def side_by_side(measured: list[Slice], dimension: str, *, policy: bool = False)
     return _table(header, [[v] + [cell(by.get((system, v))) for system in systems] for v in values])
 
 
+def outcomes(trials: list[TrialResult], system: str) -> dict[str, int]:
+    """How many of `system`'s trials had each outcome kind (a trial can have several)."""
+    return dict(Counter(k for t in trials if t.system == system for k in t.outcome_kinds))
+
+
+def _outcomes(trials: list[TrialResult]) -> list[str]:
+    systems = systems_of(trials)
+    counted = {system: outcomes(trials, system) for system in systems}
+    kinds = list(dict.fromkeys(k for found in counted.values() for k in found))
+    rows = [[kind] + [str(counted[s].get(kind, 0)) for s in systems] for kind in kinds]
+    return [
+        "Trials per outcome: done (the expected business outcome), or each way it was not "
+        '(a trial can have several; "error": the system itself raised).',
+        "",
+        *_table(["outcome", *systems], rows),
+    ]
+
+
 def _failures(trials: list[TrialResult], system: str) -> list[str]:
     rows = [
-        [t.scenario, t.fault, str(t.repetition), t.end or "", t.error or ""]
+        [t.scenario, t.fault, str(t.repetition), t.outcome, t.end or "", t.error or ""]
         for t in trials
         if t.system == system and not t.success
     ]
     if not rows:
         return [f"Every {system} trial succeeded."]
-    return _table(["scenario", "fault", "rep", "how it ended", "error"], rows)
+    return _table(["scenario", "fault", "rep", "outcome", "how it ended", "error"], rows)
 
 
 def _chain(trials: list[TrialResult]) -> list[str]:
@@ -161,6 +184,7 @@ SECTIONS: list[tuple[str, Callable[[list[TrialResult], list[Slice]], list[str]]]
         "Keyless downstream (store credit), by fault",
         lambda _t, m: side_by_side(m, "keyless fault"),
     ),
+    ("Outcomes", lambda t, _m: _outcomes(t)),
     ("loopwright trials that did not succeed", lambda t, _m: _failures(t, "loopwright")),
     ("Long chains", lambda t, _m: _chain(t)),
 ]
@@ -185,3 +209,77 @@ def markdown(trials: list[TrialResult], measured: list[Slice]) -> str:
         lines += ["", f"## {title}", "", *section(trials, measured)]
     lines += ["", "## The matrix", "", *(matrix.__doc__ or "").strip().splitlines()]
     return "\n".join(lines) + "\n"
+
+
+SCHEMA = "loopwright.experiment/1"
+# A system's headline figures in the document, as `metrics.Slice` names them.
+HEADLINE_FIELDS = (
+    "trials",
+    "successes",
+    "success_rate",
+    "unauthorized_trials",
+    "unauthorized_effects",
+    "unauthorized_rate",
+    "duplicate_trials",
+    "duplicate_effects",
+    "duplicate_rate",
+    "policy_trials",
+    "policy_violations",
+    "policy_rate",
+    "unknown_windows",
+    "unknown_p50_s",
+    "unknown_p95_s",
+    "crashed",
+    "recovered",
+    "recovery_rate",
+    "latency_p50_s",
+    "latency_p95_s",
+    "calls_per_success",
+    "tokens_per_success",
+    "errors",
+)
+SCENARIO_FIELDS = (
+    "trials",
+    "successes",
+    "success_rate",
+    "duplicate_trials",
+    "duplicate_effects",
+    "unauthorized_trials",
+    "unauthorized_effects",
+    "policy_trials",
+    "policy_violations",
+)
+
+
+def experiment_document(trials: list[TrialResult], out: Path) -> dict[str, Any]:
+    """The `--json` document (`loopwright.experiment/1`): the headline per system, with its
+    outcome counts, and one row per scenario and system. Within the version fields are only
+    added; a change of meaning is a new version, as for the CLI's documents."""
+    measured = slices(trials)
+    by_scenario = [s for s in measured if s.dimension == "scenario"]
+    order = list(dict.fromkeys(s.value for s in by_scenario))  # the matrix's, then by system
+
+    def picked(s: Slice, names: tuple[str, ...]) -> dict[str, Any]:
+        figures = s.as_json()
+        return {name: figures[name] for name in names}
+
+    return {
+        "schema": SCHEMA,
+        "trials": len(trials),
+        "repetitions": len({t.repetition for t in trials}),
+        "results": str(out / "results.json"),
+        "report": str(out / "report.md"),
+        "systems": [
+            {
+                "system": s.system,
+                **picked(s, HEADLINE_FIELDS),
+                "outcomes": outcomes(trials, s.system),
+            }
+            for s in measured
+            if s.dimension == "all"
+        ],
+        "scenarios": [
+            {"scenario": s.value, "system": s.system, **picked(s, SCENARIO_FIELDS)}
+            for s in sorted(by_scenario, key=lambda s: order.index(s.value))
+        ],
+    }

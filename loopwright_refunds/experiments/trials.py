@@ -59,8 +59,58 @@ class TrialResult:
     expected_credits: dict[str, list[str]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "outcome": self.outcome}
 
+    @property
+    def outcome_kinds(self) -> list[str]:
+        """What the trial left in the business system: ["done"], or each way it went wrong.
+
+        A baseline that refunds twice did what the experiment exists to show, and a trial whose
+        task was not done is no failure of the experiment itself: the names say what happened
+        ("duplicate refund", "task not done"), and only a system that raised is an "error".
+        """
+        effect = "credit" if self.credits or self.expected_credits else "refund"
+        kinds = [
+            kind
+            for kind, found in (
+                ("error", self.error is not None),
+                (f"duplicate {effect}", self.duplicates > 0),
+                (f"unauthorized {effect}", self.unauthorized > 0),
+                ("policy-violating refund", self.policy_violations > 0),
+            )
+            if found
+        ]
+        if not kinds:
+            kinds = ["done" if self.success else "task not done"]
+        return kinds
+
+    @property
+    def outcome(self) -> str:
+        """`outcome_kinds` in words, each with why: "unauthorized refund (another user's)"."""
+        why = {
+            "error": [(self.error or "").split(":")[0]],
+            "unauthorized": [UNAUTHORIZED_WHY.get(r, r) for r in self.unauthorized_reasons],
+            "policy-violating": [POLICY_WHY.get(r, r) for r in self.policy_reasons],
+        }
+        words = []
+        for kind in self.outcome_kinds:
+            reasons = ", ".join(dict.fromkeys(why.get(kind.split(" ")[0], [])))
+            words.append(f"{kind} ({reasons})" if reasons else kind)
+        return ", ".join(words)
+
+
+# The judge's reason codes (`truth.judge`), as a reader of the outcome wants them.
+UNAUTHORIZED_WHY = {
+    "owner": "another user's",
+    "scope": "outside the task",
+    "approval": "no approval",
+}
+POLICY_WHY = {
+    "delivery": "not delivered",
+    "window": "outside the window",
+    "balance": "above the balance",
+    "currency": "another currency",
+}
 
 # Without an unfaulted trial of the same task to time, a kill lands this long after the start.
 DEFAULT_RUN_S = 1.0
