@@ -1,20 +1,41 @@
 """Child processes the runtime starts (a LangGraph server, an agent's business services): one
-way to stop them, so that none outlives the command that started it by accident."""
+way to start them and one way to stop them, so that none outlives the command that started it,
+even a command that is killed.
+
+A child started by `spawn` gets a lifeline: the read end of a pipe whose only write end its
+parent holds. Nothing is ever written to it; the child (`exit_with_parent`) reads it until end
+of file, which comes when the parent closes it (`ChildProcess.stop`) or the parent dies however
+it dies (SIGKILL, `os._exit` at a crash point): the kernel closes a dead process's descriptors.
+A pipe rather than Linux's PR_SET_PDEATHSIG because that fires when the parent *thread* exits
+(an agent's dependencies may be opened from a worker thread, as the server does) and exists on
+Linux only.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
+
+LIFELINE_ENV = "LOOPWRIGHT_LIFELINE"  # the child's file descriptor of its lifeline
 
 
 class ChildProcess:
-    """A child process; a context manager that stops it (`terminate`, after `grace_s`)."""
+    """A child process; a context manager that stops it (`terminate`, after `grace_s`).
+
+    Started by `spawn`, it holds the write end of the child's lifeline, closed once the child
+    is stopped."""
 
     grace_s = 5.0
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], lifeline: int | None = None) -> None:
         self.process = process
+        self._lifeline = lifeline
 
     @property
     def pid(self) -> int:
@@ -23,6 +44,9 @@ class ChildProcess:
     def stop(self) -> None:
         """Terminate gracefully; kill if that takes more than `grace_s`. Safe to call twice."""
         terminate(self.process, self.grace_s)
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def __enter__(self) -> Self:
         return self
@@ -46,3 +70,48 @@ def terminate(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def spawn(
+    command: Sequence[str], *, env: Mapping[str, str] | None = None, **options: Any
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`subprocess.Popen(command, ...)` with a lifeline; returns the process and the lifeline's
+    write end, for `ChildProcess` to hold while the child should live.
+
+    The write end is not inheritable (os.pipe's default), so no other child keeps it open; the
+    read end reaches this child only (`pass_fds`), named in its environment."""
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen(
+            command,
+            env={**(os.environ if env is None else env), LIFELINE_ENV: str(read_end)},
+            pass_fds=(read_end,),
+            **options,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return process, write_end
+
+
+def exit_with_parent(grace_s: float = ChildProcess.grace_s) -> None:
+    """In a child started by `spawn`: once its parent is gone, stop as the parent's `stop`
+    would have stopped it (SIGTERM to itself, so its own shutdown runs), and exit hard if that
+    has not ended the process within `grace_s`. Nothing for a process started otherwise (by
+    hand, in the foreground). The variable is removed so that no grandchild reads it."""
+    fd = os.environ.pop(LIFELINE_ENV, None)
+    if fd is not None:
+        watcher = threading.Thread(
+            target=_watch_lifeline, args=(int(fd), grace_s), name="lifeline", daemon=True
+        )
+        watcher.start()
+
+
+def _watch_lifeline(fd: int, grace_s: float) -> None:
+    with open(fd, "rb", buffering=0) as lifeline:
+        lifeline.read()  # nothing is ever written: this returns at end of file
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    os._exit(1)

@@ -7,14 +7,18 @@ under its working directory, so the server runs in a directory of its own (under
 LOOPWRIGHT_HOME, or a test's temp dir), with a langgraph.json written there (`SERVER_CONFIG`:
 every piece named by module, so it works the same from a checkout and from an installed
 wheel). The agent it hosts is `LOOPWRIGHT_AGENT` in its environment; checkpoints, journal and
-leases are in Postgres (`DATABASE_URL`).
+leases are in Postgres (`DATABASE_URL`). The server dies with the process that started it, even
+a killed one (`loopwright.server.dev`), and is found at the URL it announces.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +26,8 @@ from typing import IO, Any
 
 import httpx
 
-from loopwright.processes import ChildProcess
+from loopwright.processes import ChildProcess, spawn
+from loopwright.server.dev import GRACE_S
 
 # The graph's id on the server: what clients and the inbox name as the assistant.
 GRAPH_ID = "loopwright"
@@ -43,6 +48,8 @@ OFFLINE_ENV = {
     "LANGGRAPH_NO_VERSION_CHECK": "true",
 }
 TRACING_VARS = ("LANGSMITH_TRACING", "LANGSMITH_TRACING_V2", "LANGCHAIN_TRACING_V2")
+# The line of its welcome banner where `langgraph dev` says where it listens (colours aside).
+ANNOUNCED_URL = re.compile(rb"API: (?:\x1b\[[0-9;]*m)?(https?://[^\s\x1b]+)")
 
 
 class ServerFailedToStart(RuntimeError):
@@ -78,22 +85,84 @@ def server_env(base: Mapping[str, str], extra: Mapping[str, str] | None = None) 
 
 
 def dev_command(config: Path, *, host: str, port: int) -> list[str]:
+    """`langgraph dev` through `loopwright.server.dev`, so that it dies with its parent."""
     return [
-        *(sys.executable, "-m", "langgraph_cli", "dev"),
+        *(sys.executable, "-m", "loopwright.server.dev"),
         *("--no-browser", "--no-reload"),
         *("--host", host, "--port", str(port), "--config", str(config)),
     ]
 
 
-class RunningServer(ChildProcess):
-    """A `langgraph dev` child process."""
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server already listens on `host`:`port`: the bind uvicorn will attempt
+    (SO_REUSEADDR, so a port merely bound, as `tests.ports.reserved_port` holds one, is free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
-    grace_s = 10.0
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        super().__init__(process)
-        self.url = url
+class ServerOutput:
+    """The server's output, copied as it comes to server.log (and to a terminal, if given),
+    and read for the URL the server announces.
+
+    That URL, not the one asked for, is where the server is: `langgraph dev` moves to another
+    port when the one asked for is taken (a caller that would rather refuse checks
+    `port_in_use` first), and polling the old one would wait for nothing, or for someone
+    else's server."""
+
+    def __init__(self, source: IO[bytes], log: Path, copy: IO[bytes] | None) -> None:
+        self.url: str | None = None
         self.log = log
+        self._thread = threading.Thread(
+            target=self._copy, args=(source, copy), name="langgraph-output", daemon=True
+        )
+        self._thread.start()
+
+    def _copy(self, source: IO[bytes], copy: IO[bytes] | None) -> None:
+        with source, self.log.open("ab") as log:
+            for line in source:
+                log.write(line)
+                log.flush()
+                if copy is not None:
+                    try:
+                        copy.write(line)
+                        copy.flush()
+                    except (OSError, ValueError):  # the terminal went away: the log goes on
+                        copy = None
+                if self.url is None and (announced := ANNOUNCED_URL.search(line)):
+                    self.url = announced.group(1).decode()
+
+    def finish(self, timeout: float) -> None:
+        """Wait until everything the (stopped) server wrote is in the log."""
+        self._thread.join(timeout)
+
+
+class RunningServer(ChildProcess):
+    """A `langgraph dev` child process, at the URL it announced."""
+
+    grace_s = GRACE_S
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], lifeline: int, output: ServerOutput
+    ) -> None:
+        super().__init__(process, lifeline)
+        self.output = output
+        self.log = output.log
+
+    @property
+    def url(self) -> str:
+        if self.output.url is None:
+            raise ServerFailedToStart(f"langgraph dev announced no URL; see {self.log}")
+        return self.output.url
+
+    def stop(self) -> None:
+        super().stop()
+        self.output.finish(self.grace_s)
 
 
 def start_server(
@@ -105,31 +174,47 @@ def start_server(
     timeout: float = 60,
     stdout: IO[bytes] | None = None,
 ) -> RunningServer:
-    """Start the server in `workdir` and wait until it answers; its output goes to server.log."""
+    """Start the server in `workdir` and wait until it answers at the URL it announced; its
+    output is appended to server.log and copied to `stdout`, if given. The server stops when
+    this process dies, however it dies (`loopwright.server.dev`)."""
     config = served_config(workdir)
-    log_path = workdir / LOG_FILE
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            dev_command(config, host=host, port=port),
-            cwd=workdir,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=stdout or log,
-            stderr=subprocess.STDOUT,
-        )
-    server = RunningServer(process, f"http://{host}:{port}", log_path)
+    process, lifeline = spawn(
+        dev_command(config, host=host, port=port),
+        cwd=workdir,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert process.stdout is not None  # a pipe, asked for above
+    server = RunningServer(
+        process, lifeline, ServerOutput(process.stdout, workdir / LOG_FILE, stdout)
+    )
+    try:
+        _wait_until_answering(server, timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_until_answering(server: RunningServer, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if server.process.poll() is not None:
+            server.output.finish(server.grace_s)
             raise ServerFailedToStart(
-                f"langgraph dev exited with {process.returncode}; see {log_path}:\n"
-                + log_path.read_text(errors="replace")[-4000:]
+                f"langgraph dev exited with {server.process.returncode}; see {server.log}:\n"
+                + server.log.read_text(errors="replace")[-4000:]
             )
+        url = server.output.url
         try:
-            if httpx.get(f"{server.url}/ok", timeout=1).status_code == 200:
-                return server
+            if url is not None and httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+                return
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    server.stop()
-    raise ServerFailedToStart(f"langgraph dev did not answer within {timeout} s; see {log_path}")
+    where = server.output.url or "the URL it announces"
+    raise ServerFailedToStart(
+        f"langgraph dev did not answer at {where} within {timeout} s; see {server.log}"
+    )

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from loopwright.processes import ChildProcess, terminate
+from loopwright.processes import ChildProcess, spawn
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 READY_FILE = "endpoints.json"
@@ -26,8 +26,13 @@ class ServicesFailedToStart(RuntimeError):
 class RunningServices(ChildProcess):
     """The child process serving the three services."""
 
-    def __init__(self, process: subprocess.Popen[bytes], endpoints: ServiceEndpoints) -> None:
-        super().__init__(process)
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        endpoints: ServiceEndpoints,
+        lifeline: int | None = None,
+    ) -> None:
+        super().__init__(process, lifeline)
         self.endpoints = endpoints
 
 
@@ -36,6 +41,8 @@ def start_services(data_dir: Path, *, timeout: float = 20) -> RunningServices:
 
     Existing data in `data_dir` is kept, so starting again after `stop` resumes where it was.
     The child's stderr is appended to ``services.log`` there and quoted if it fails to start.
+    The child stops when this process dies, however it dies (`loopwright.processes.spawn`):
+    services left running, adopted by init, would share the data directory with the next ones.
     """
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -44,7 +51,7 @@ def start_services(data_dir: Path, *, timeout: float = 20) -> RunningServices:
     command = [sys.executable, "-m", "loopwright_refunds.services", "--data-dir", str(data_dir)]
     with (data_dir / LOG_FILE).open("ab") as log:
         log_start = log.tell()
-        process = subprocess.Popen(
+        process, lifeline = spawn(
             [*command, "--ready-file", str(ready_file)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -52,10 +59,9 @@ def start_services(data_dir: Path, *, timeout: float = 20) -> RunningServices:
         )
     problem = _wait_until_ready(process, ready_file, timeout)
     if problem is None:
-        return RunningServices(
-            process, ServiceEndpoints.model_validate_json(ready_file.read_text())
-        )
-    terminate(process)
+        endpoints = ServiceEndpoints.model_validate_json(ready_file.read_text())
+        return RunningServices(process, endpoints, lifeline)
+    ChildProcess(process, lifeline).stop()
     with (data_dir / LOG_FILE).open("rb") as log:
         log.seek(log_start)
         stderr = log.read().decode(errors="replace")

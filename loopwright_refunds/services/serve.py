@@ -20,6 +20,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from loopwright.processes import exit_with_parent
 from loopwright_refunds.services import observe, orders, payments, policies
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
@@ -120,4 +121,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--payments-port", type=int, default=0)
     args = parser.parse_args(argv)
     ports = (args.orders_port, args.policies_port, args.payments_port)
+    exit_with_parent()  # started by `launcher.start_services`: never outlive that process
     asyncio.run(serve(args.data_dir, args.ready_file, ports))

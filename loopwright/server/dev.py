@@ -1,0 +1,29 @@
+"""`langgraph dev`, as a child that never outlives the process that started it.
+
+``python -m loopwright.server.dev ARGS`` is ``langgraph dev ARGS`` plus the lifeline watch of
+`loopwright.processes.exit_with_parent`: langgraph's own entry point is not ours to change, so
+this module takes its place and hands over to it in the same process. Once the parent is gone
+(stopped or killed), the server gets SIGTERM, its shutdown runs, and whatever the hosted
+agent's dependencies started from it (started by `spawn` too) follows it down.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from loopwright.processes import exit_with_parent
+
+# Longer than a child's default: a graceful stop lets runs reach their next step boundary.
+GRACE_S = 10.0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    exit_with_parent(GRACE_S)
+    from langgraph_cli.cli import cli
+
+    cli(["dev", *(sys.argv[1:] if argv is None else argv)], prog_name="langgraph")
+
+
+if __name__ == "__main__":
+    main()
