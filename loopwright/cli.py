@@ -344,11 +344,17 @@ def report(
         console.print(f"  compensation you may want (not performed): {offer}", markup=False)
 
 
-def step_printer(runner: Runner, as_json: bool) -> TimelinePrinter:
-    """The timeline as the run advances; with --json, stdout holds the document alone."""
+def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> TimelinePrinter:
+    """The timeline as the run advances; with --json, stdout holds the document alone. For a
+    run that has steps already (resume, cancel, a decision), numbering goes on from its last
+    committed step, as `show` numbers them."""
     from loopwright.timeline import TimelinePrinter
 
-    return TimelinePrinter(Console(quiet=True) if as_json else console, runner.tools)
+    printer = TimelinePrinter(Console(quiet=True) if as_json else console, runner.tools)
+    if run_id is not None:
+        runner.owned(run_id)  # another agent's or an unknown run: its own one-line error
+        printer.step = len(runner.steps(run_id))
+    return printer
 
 
 def print_json(document: dict[str, Any]) -> None:
@@ -486,7 +492,7 @@ def resume(
 ) -> None:
     """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
     with session(agent_for(agent), db, model) as runner:
-        printer = step_printer(runner, as_json)
+        printer = step_printer(runner, as_json, run_id)
         outcome = runner.resume(run_id, on_step=printer)
         conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
 
@@ -500,7 +506,7 @@ def cancel(
 ) -> None:
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
     with session(agent_for(agent), db) as runner:
-        printer = step_printer(runner, as_json)
+        printer = step_printer(runner, as_json, run_id)
         conclude(runner, runner.cancel(run_id, on_step=printer), printer, as_json=as_json)
 
 
@@ -616,7 +622,7 @@ def _decide_command(
                 runner.check_edit(ApprovalRequest.model_validate(request), answer["args"])
             except EditRefused as exc:
                 raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
-        printer = step_printer(runner, as_json)
+        printer = step_printer(runner, as_json, request["run_id"])
         outcome = runner.resume(request["run_id"], answer, on_step=printer)
         # Before the run's end is shown: a decision that did not take effect says only that.
         runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))

@@ -190,7 +190,9 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
     if update.get("verification"):
         v = Verification.model_validate(update["verification"])
         mark = "[green]verified[/]" if v.verified else "[red]not verified[/]"
-        lines.append(f"{mark}: {escape(v.summary)}" + "".join(f"; {escape(p)}" for p in v.problems))
+        # A problem the summary already says (a write not done) is said once.
+        problems = [p for p in v.problems if p not in v.summary]
+        lines.append(f"{mark}: {escape(v.summary)}" + "".join(f"; {escape(p)}" for p in problems))
     return [redactor.text(line) for line in lines]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,28 @@ def test_resume_says_whose_lease_it_waits_for_and_gives_up_at_the_bound(
     assert rest == [f"loopwright: error: {rest[0].removeprefix('loopwright: error: ')}"]
     assert "run run-held is leased by worker-elsewhere" in rest[0]
     assert resumed.stdout == ""
+
+
+def test_a_decision_numbers_its_steps_on_from_the_run_and_says_each_problem_once(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """The steps a decision prints go on from the run's own (as `show` numbers them), and a
+    write not done is named once in the verify line, not once per place it is recorded."""
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    cli("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-n", env=env, expect=3)
+    shown_before = cli("show", "run-n", env=env, expect=0).stdout
+    [approval_id] = re.findall(r"apr_[0-9a-f]+", shown_before)[:1]
+    rejected = cli(
+        *("approvals", "reject", approval_id, "--as", "a-1", "--comment", "not this one"),
+        env=env,
+        expect=EXIT_CODES["incomplete"],
+    )
+    numbers = [int(m) for m in re.findall(r"^\s*(\d+) \w", rejected.stdout, re.MULTILINE)]
+    steps_before = len(re.findall(r"^\s*\d+ \w", shown_before, re.MULTILINE))
+    assert numbers == list(range(steps_before + 1, steps_before + 1 + len(numbers)))
+    shown_after = cli("show", "run-n", env=env, expect=0).stdout
+    for line in rejected.stdout.splitlines()[: len(numbers)]:
+        if line.strip() and line.strip()[0].isdigit():
+            assert line in shown_after  # the same step, under the same number
+    verify = next(line for line in rejected.stdout.splitlines() if " verify " in line)
+    assert verify.count("not done: submit_refund") == 1, verify
