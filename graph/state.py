@@ -173,6 +173,52 @@ class Evidence(BaseModel):
     verified: bool = False
 
 
+class Fact(BaseModel):
+    """One labelled fact an approver decides from (a write contract's `facts`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    value: str
+
+
+# A request names at most this many of the run's observations (the newest), however long it ran.
+MAX_EVIDENCE_NOTES = 20
+
+
+class EvidenceNote(BaseModel):
+    """An observation a request rests on, without its content: what was read, about what, in
+    which version, when. The content stays in the run's evidence (E)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    evidence_id: str
+    source: str
+    resources: tuple[str, ...] = ()
+    version: str | None = None
+    observed_at: datetime
+
+    @classmethod
+    def of_run(cls, evidence: Sequence[Evidence]) -> tuple[EvidenceNote, ...]:
+        """The newest observation of each thing the run read (source and resources), oldest
+        first: what the model had seen when it asked for the action."""
+        newest: dict[tuple[str, tuple[str, ...]], Evidence] = {}
+        for item in evidence:
+            key = (item.source, tuple(item.resources))
+            newest.pop(key, None)  # re-inserted last: the dict keeps observation order
+            newest[key] = item
+        return tuple(
+            cls(
+                evidence_id=item.evidence_id,
+                source=item.source,
+                resources=tuple(item.resources),
+                version=item.version,
+                observed_at=item.observed_at,
+            )
+            for item in list(newest.values())[-MAX_EVIDENCE_NOTES:]
+        )
+
+
 class ApprovalRequest(BaseModel):
     """The interrupt payload a human sees. Bound to one action's digest, valid until expiry."""
 
@@ -194,6 +240,14 @@ class ApprovalRequest(BaseModel):
     # The approvers whose edits made these arguments (set by the approval node from the run's
     # approval records): separation of duties, none of them may approve this action.
     edited_by: tuple[str, ...] = ()
+    # What a person decides from, fixed when the action was planned (a pure function of the
+    # committed state): the run's task in its user's words, the write contract's facts (drawn
+    # from the run's evidence), the observations the run rests on, and whether approving takes
+    # a second, deliberate confirmation (the contract's `confirm`).
+    task: str = ""
+    facts: tuple[Fact, ...] = ()
+    evidence: tuple[EvidenceNote, ...] = ()
+    confirm: bool = False
 
     def answer(
         self,

@@ -32,7 +32,7 @@ from langchain_core.tools import BaseTool
 from loopwright.graph.agents import AgentProfile, handoff_contract
 from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
-from loopwright.graph.state import Action, Principal
+from loopwright.graph.state import Action, Evidence, Principal
 from loopwright.tools.contract import (
     Guarantee,
     Precondition,
@@ -216,6 +216,8 @@ class Agent[DepsT]:
         authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
         sensitive: Collection[str] = (),
         editable: Collection[str] = (),
+        facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None,
+        confirm: Callable[[Any], bool] | None = None,
         resend: ResendAfterDeadline | None = None,
         timeout_s: float = 5.0,
         max_result_bytes: int = 64_000,
@@ -240,6 +242,15 @@ class Agent[DepsT]:
         names the output fields that are identifiers the write created (an answer may cite
         only those the run can back); `editable` the arguments an approver may change; `resend`
         (for a downstream without keys) how an intent proven absent is sent again safely.
+
+        What an approver decides from: `summary(args)` is the action in one line; `facts(args,
+        evidence)` returns labelled facts drawn from the run's evidence (the reads the model
+        relied on), e.g. `[("Balance", "100.00 USD"), ("Policy", "v3: eligible")]`. It is
+        given no deps on purpose: the request is fixed when the call is planned, from what the
+        run saw, and is the same however often that step runs. `confirm(args)` True makes
+        approving these arguments a two-step decision (e.g. above an amount), so one click
+        never approves a large effect. Both are optional: without them an approver sees the
+        summary, the arguments and the run's reads.
         """
         declared: dict[str, Any] = {
             "intent": intent,
@@ -257,6 +268,8 @@ class Agent[DepsT]:
             "authorize": authorize,
             "sensitive": sensitive,
             "editable": editable,
+            "facts": facts,
+            "confirm": confirm,
             "resend": resend,
             "timeout_s": timeout_s,
             "max_result_bytes": max_result_bytes,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +33,7 @@ from loopwright import (
     ActionStatus,
     Agent,
     Demo,
+    Evidence,
     Guarantee,
     OutcomeUnknown,
     PermissionDenied,
@@ -63,6 +64,8 @@ ASKS_FOR_A_REFUND = re.compile(r"\brefund\b(?!\s+(polic|status|window))", re.IGN
 # A task is about a few orders: each one named is looked up (it must exist and be the user's).
 MAX_ORDERS_PER_TASK = 10
 DEFAULT_APPROVAL_THRESHOLD = Decimal("50.00")
+# Approving a refund above this takes a second, deliberate click (the write's `confirm`).
+CONFIRM_ABOVE = Decimal("1000.00")
 READ_TIMEOUT_S = 5.0
 REFUND_TIMEOUT_S = 3.0
 MODEL_NAME = "scripted-refund-v1"
@@ -266,33 +269,45 @@ def is_approver(deps: RefundServices, user_id: str) -> bool:
 # --- the business rules -------------------------------------------------------------------
 
 
-def refund_policy_holds(ctx: Ctx, args: SubmitRefundArgs) -> None:
-    """The refund policy, on the order and policy as they are now: delivered (if the policy
-    asks), inside the window, at most the refundable balance, in the order's currency."""
-    order, policy = fetch_order(ctx, args.order_id), fetch_policy(ctx)
+def policy_breach(
+    order: Order, policy: Policy, args: SubmitRefundArgs, now: datetime
+) -> PreconditionFailed | None:
+    """Which rule of the refund policy a refund of `args` breaks on these records at `now`, or
+    None: delivered (if the policy asks), inside the window, in the order's currency, at most
+    the refundable balance. Pure: the precondition judges current data with it, the approval's
+    facts what the run read."""
     if policy.requires_delivery and (order.status != "delivered" or order.delivered_at is None):
-        raise PreconditionFailed(
+        return PreconditionFailed(
             "not_delivered", f"order {order.order_id} has not been delivered ({order.status})"
         )
     if order.delivered_at is not None:
         delivered = order.delivered_at
         delivered = delivered if delivered.tzinfo else delivered.replace(tzinfo=UTC)
-        if datetime.now(UTC) - delivered > timedelta(days=policy.window_days):
-            raise PreconditionFailed(
+        if now - delivered > timedelta(days=policy.window_days):
+            return PreconditionFailed(
                 "outside_refund_window",
                 f"order {order.order_id} was delivered on {delivered.date().isoformat()}, "
                 f"outside the {policy.window_days}-day window of policy v{policy.version}",
             )
     if args.currency != order.currency:
-        raise PreconditionFailed(
+        return PreconditionFailed(
             "wrong_currency", f"order {order.order_id} is in {order.currency}, not {args.currency}"
         )
     if Decimal(args.amount) <= 0 or Decimal(args.amount) > Decimal(order.refundable):
-        raise PreconditionFailed(
+        return PreconditionFailed(
             "amount_exceeds_refundable",
             f"{args.amount} {args.currency} is not within the {order.refundable} "
             f"{order.currency} left to refund on order {order.order_id}",
         )
+    return None
+
+
+def refund_policy_holds(ctx: Ctx, args: SubmitRefundArgs) -> None:
+    """The refund policy, on the order and policy as they are now."""
+    order, policy = fetch_order(ctx, args.order_id), fetch_policy(ctx)
+    breach = policy_breach(order, policy, args, datetime.now(UTC))
+    if breach is not None:
+        raise breach
 
 
 def refunds_done(ctx: Ctx, task: str, writes: list[Action]) -> bool:
@@ -445,6 +460,52 @@ def _compensation(action: Action) -> str:
     )
 
 
+def money(amount: str, currency: str) -> str:
+    return f"{Decimal(amount):,.2f} {currency}"
+
+
+def _newest(
+    evidence: Sequence[Evidence], source: str, resource: str | None = None
+) -> Evidence | None:
+    for item in reversed(evidence):
+        if item.source == source and (resource is None or resource in item.resources):
+            return item
+    return None
+
+
+def refund_facts(args: SubmitRefundArgs, evidence: Sequence[Evidence]) -> list[tuple[str, str]]:
+    """What an approver decides a refund from, as the run read it: the order's total, what is
+    left to refund, its delivery, and the policy's verdict on this very refund (judged when the
+    order was read). A record the run did not read is said to be unread, never looked up here:
+    the approver sees what the agent relied on."""
+    order_read = _newest(evidence, "get_order", f"order:{args.order_id}")
+    policy_read = _newest(evidence, "get_policy")
+    if order_read is None:
+        facts = [("Order", f"{args.order_id}: not read by the run")]
+    else:
+        order = Order.model_validate(order_read.content)
+        delivered = order.delivered_at.date().isoformat() if order.delivered_at else "no"
+        facts = [
+            ("Order total", money(order.amount, order.currency)),
+            ("Refunded so far", money(order.refunded, order.currency)),
+            ("Refundable", money(order.refundable, order.currency)),
+            ("Delivered", f"{delivered} (status {order.status})"),
+        ]
+    if policy_read is None:
+        facts.append(("Policy", "not read by the run"))
+    elif order_read is not None:
+        policy = Policy.model_validate(policy_read.content)
+        breach = policy_breach(order, policy, args, order_read.observed_at)
+        verdict = "allows this refund" if breach is None else f"{breach.code}: {breach.detail}"
+        facts.append(
+            (
+                "Policy",
+                f"{policy.name} v{policy.version}, {policy.window_days}-day window: {verdict}",
+            )
+        )
+    return facts
+
+
 @agent.write(
     intent=lambda run_id, args: f"refund:{run_id}:{args.order_id}",
     guarantee=Guarantee.IDEMPOTENT_BY_KEY,
@@ -455,6 +516,8 @@ def _compensation(action: Action) -> str:
     current_versions=order_version,
     compensation=_compensation,
     summary=lambda args: f"Refund {args.amount} {args.currency} to order {args.order_id}",
+    facts=refund_facts,
+    confirm=lambda args: Decimal(args.amount) > CONFIRM_ABOVE,
     produces=["refund_id"],
     editable=["amount", "reason"],
     resources=order_resource,

@@ -47,6 +47,9 @@ from loopwright.graph.state import (
     ApprovalRecord,
     ApprovalRequest,
     CallVerdict,
+    Evidence,
+    EvidenceNote,
+    Fact,
     PendingCall,
     Phase,
     RunState,
@@ -229,6 +232,9 @@ def _plan_write(
     if action.status is ActionStatus.NEEDS_APPROVAL:
         now = context.now()
         summary = contract.describe(args)
+        # What the approver decides from: only what the run has committed (its task and
+        # evidence), so this step, run again after a crash, asks the very same question.
+        evidence = [Evidence.model_validate(item) for item in state["evidence"]]
         request = ApprovalRequest(
             approval_id=f"apr_{action.digest[:16]}",
             run_id=state["run_id"],
@@ -241,6 +247,10 @@ def _plan_write(
             expires_at=now + context.approval_ttl,
             requested_at=now,
             editable=tuple(sorted(contract.editable)),
+            task=state["task"],
+            facts=tuple(Fact(label=k, value=v) for k, v in contract.facts_of(args, evidence)),
+            evidence=EvidenceNote.of_run(evidence),
+            confirm=contract.needs_confirmation(args),
         )
         verdict = CallVerdict.NEEDS_APPROVAL
         call = call.model_copy(update={"approval": request})

@@ -18,7 +18,7 @@ declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -27,7 +27,7 @@ from typing import Any
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict
 
-from loopwright.graph.state import Action, Principal, digest, utcnow
+from loopwright.graph.state import Action, Evidence, Principal, digest, utcnow
 
 MIN_TIMEOUT_S = 0.05
 
@@ -252,6 +252,11 @@ class ToolContract:
     sensitive_fields: frozenset[str] = field(default_factory=frozenset)
     # Writes: the arguments an approver may change (an edit); none unless declared.
     editable: frozenset[str] = field(default_factory=frozenset)
+    # Writes: what an approver decides from beyond the summary, as labelled facts drawn from
+    # the call's arguments and the evidence the run holds (`facts(args, evidence)`); and whether
+    # approving these arguments takes a second, deliberate confirmation (`confirm(args)`).
+    facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None
+    confirm: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.effect is Effect.WRITE and self.intent_key is None:
@@ -292,6 +297,21 @@ class ToolContract:
             for k, v in args.model_dump(mode="json").items()
         }
         return f"{self.name}({shown})"
+
+    def facts_of(
+        self, args: BaseModel, evidence: Sequence[Evidence]
+    ) -> tuple[tuple[str, str], ...]:
+        """The facts an approver is shown with a call (none unless the contract declares them).
+
+        Given only the arguments and the run's evidence, never a live read: the request is
+        fixed when the call is planned, and must be the same however often that step runs."""
+        if self.facts is None:
+            return ()
+        return tuple((str(label), str(value)) for label, value in self.facts(args, evidence))
+
+    def needs_confirmation(self, args: BaseModel) -> bool:
+        """Whether approving a call takes a second click (the contract's `confirm`)."""
+        return self.confirm is not None and bool(self.confirm(args))
 
     def check_authorized(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise PermissionDenied unless `authorize` allows the call for ctx's principal."""

@@ -23,7 +23,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict
 
-from loopwright.graph.state import Action
+from loopwright.graph.state import Action, Evidence
 from loopwright.tools.contract import (
     Effect,
     Guarantee,
@@ -216,6 +216,8 @@ def write_tool(
     authorize: Callable[[ToolContext[Any], Any], bool | None] | None = None,
     sensitive: Collection[str] = (),
     editable: Collection[str] = (),
+    facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None,
+    confirm: Callable[[Any], bool] | None = None,
     resend: ResendAfterDeadline | None = None,
     timeout_s: float = 5.0,
     max_result_bytes: int = 64_000,
@@ -282,5 +284,7 @@ def write_tool(
         max_result_bytes=max_result_bytes,
         sensitive_fields=frozenset(sensitive),
         editable=frozenset(editable),
+        facts=facts,
+        confirm=confirm,
         **optional,
     )
