@@ -1,5 +1,5 @@
 """The chaos benchmark, small: workers SIGKILLed mid-run, or cut off from Postgres, neither
-duplicate, lose nor strand a run.
+duplicate, lose nor strand a run; piped, it tells its progress in lines as it goes.
 
 The benchmark is a script (`python -m benchmarks.chaos`); this runs it the way CI does, as a
 separate process on a fresh Postgres database, and reads the figures it prints.
@@ -53,4 +53,18 @@ def test_runs_survive_workers_killed_at_random(postgres_url: str) -> None:
     for name in ("duplicates", "lost", "stuck"):
         assert figure(output, name) == 0, output
     assert figure(output, "completed") == 20, output
+    assert re.search(r"one per [\d,]+ ms on average, asked one per 300 ms", output), output
     assert result.returncode == 0, output
+    # Piped (as here), the progress is whole lines on stderr, each saying how many runs finished
+    # and the kills so far; how often they come is the helper's (tests/test_progress.py).
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr, result.stderr
+    lines = [
+        line for line in result.stderr.splitlines() if re.match(r"(finished|judged) runs ", line)
+    ]
+    assert lines[0] == "finished runs 0/20 (0%), 0s elapsed", result.stderr
+    # The last word on the chaos (kills may go on once the runs are done: --complete-schedule).
+    done = [line for line in lines if line.startswith("finished runs ")][-1]
+    assert re.fullmatch(
+        r"finished runs 20/20 \(100%\), \d+s elapsed, kills 10 \(mid-run \d+\).*", done
+    )
+    assert lines[-1].startswith("judged runs 20/20 (100%), "), result.stderr
