@@ -195,7 +195,8 @@ def markdown(trials: list[TrialResult], measured: list[Slice]) -> str:
     lines = [
         "# loopwright fault-injection experiment",
         "",
-        f"{len(trials)} trials: {repetitions} seeded repetitions of the matrix, systems "
+        f"{len(trials)} trials: {repetitions} seeded "
+        f"{'repetition' if repetitions == 1 else 'repetitions'} of the matrix, systems "
         f"{', '.join(systems_of(trials))}. Every figure is judged in the business system (the "
         "payment service's refunds and store-credit ledger, the orders' balances). `dup` counts "
         "extra refunds or credit entries for one intent, `unauth` refunds on another user's "
