@@ -757,7 +757,13 @@ def worker(
                     markup=False,
                 )
                 connected, reconnect_s = True, RECONNECT_FIRST_S
-                work(runner, stop=stop, poll_s=poll, on_attempt=show_attempt)
+                work(
+                    runner,
+                    stop=stop,
+                    poll_s=poll,
+                    on_attempt=show_attempt,
+                    on_idle=lambda line: console.print(f"worker: {line}", markup=False),
+                )
         except DATABASE_FAULTS as exc:
             if not connected and isinstance(exc, DatabaseUnavailable):
                 raise  # never reached: a wrong URL or a database that is not there

@@ -14,13 +14,47 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import datetime
 
 from loopwright.checkpoints.database import DATABASE_FAULTS
-from loopwright.checkpoints.leases import LeaseHeld
+from loopwright.checkpoints.leases import LeaseHeld, RunRecord
 from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
 WorkListener = Callable[[str, RunOutcome | Exception], None]
+# Called when the worker runs out of due runs: what it then waits for (`waiting_for`).
+IdleListener = Callable[[str], None]
+
+ENDED = ("COMPLETED", "INCOMPLETE")
+
+
+def waiting_for(runs: list[RunRecord]) -> str:
+    """What a worker with nothing due waits for, in one line: the agent's unfinished runs held
+    by other owners (until when), parked until a time, or waiting for a person."""
+    leased = sorted((r for r in runs if r.lease_live and r.phase not in ENDED), key=_expiry_of)
+    parked = sorted(
+        (r for r in runs if not r.lease_live and r.next_attempt_at and r.phase not in ENDED),
+        key=lambda r: r.next_attempt_at or datetime.max,
+    )
+    people = [r for r in runs if r.phase == "WAITING_APPROVAL" and not r.lease_live]
+    parts = [
+        f"run {r.run_id} leased by {r.owner} until {_clock(r.lease_expires_at)}" for r in leased
+    ][:3]
+    parts += [f"run {r.run_id} parked until {_clock(r.next_attempt_at)}" for r in parked][:3]
+    if people:
+        parts.append(f"{len(people)} waiting for a person")
+    hidden = len(leased) + len(parked) - min(len(leased), 3) - min(len(parked), 3)
+    if hidden:
+        parts.append(f"{hidden} more")
+    return "nothing due; waiting for: " + ", ".join(parts) if parts else "nothing due: no run open"
+
+
+def _expiry_of(run: RunRecord) -> datetime:
+    return run.lease_expires_at or datetime.max
+
+
+def _clock(at: datetime | None) -> str:
+    return at.strftime("%H:%M:%S UTC") if at else "?"
 
 
 def work(
@@ -29,14 +63,22 @@ def work(
     stop: threading.Event,
     poll_s: float = 0.5,
     on_attempt: WorkListener | None = None,
+    on_idle: IdleListener | None = None,
 ) -> int:
-    """Advance due runs until `stop` is set. Returns how many attempts were made."""
+    """Advance due runs until `stop` is set. Returns how many attempts were made. `on_idle` is
+    told what the worker waits for each time it runs out of due runs (once, not every poll)."""
     attempts = 0
+    idle = False
     while not stop.is_set():
         due = runner.leases.due(agent=runner.agent.name)
         if not due:
+            if not idle and on_idle is not None:
+                mine = [r for r in runner.leases.runs() if r.agent in (runner.agent.name, "")]
+                on_idle(waiting_for(mine))
+            idle = True
             stop.wait(poll_s)
             continue
+        idle = False
         for run in due:
             if stop.is_set():
                 break

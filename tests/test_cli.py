@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from langchain_core.messages import AIMessage
@@ -230,3 +231,41 @@ def test_a_decision_numbers_its_steps_on_from_the_run_and_says_each_problem_once
             assert line in shown_after  # the same step, under the same number
     verify = next(line for line in rejected.stdout.splitlines() if " verify " in line)
     assert verify.count("not done: submit_refund") == 1, verify
+
+
+def test_an_idle_worker_says_what_it_waits_for(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    """Nothing due: the worker says so once, naming the run another owner holds (and until
+    when) and the runs that wait for a person, instead of polling in silence."""
+    env = {**env_for(services, tmp_path), "DATABASE_URL": database_url}
+    cli("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-asks", env=env, expect=3)
+    crashed = cli(
+        *("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-held"),
+        env={**env, CRASH_ENV: "node:validate:start"},
+    )
+    assert crashed.returncode == CRASH_EXIT, crashed.stderr
+    with open_test_runner() as runner:
+        wait_for(lambda: claimed(runner, "run-held", "worker-elsewhere", ttl_s=60))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", "worker", "--poll", "0.1"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert worker.stdout is not None
+    output = worker.stdout
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(output.readline, "")))
+    reader.start()
+    try:
+        wait_for(lambda: any(line.startswith("worker: nothing due") for line in lines))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        reader.join(timeout=10)
+    [said] = [line for line in lines if line.startswith("worker: nothing due")]
+    assert "run run-held leased by worker-elsewhere until " in said, said
+    assert "1 waiting for a person" in said, said
