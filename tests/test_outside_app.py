@@ -169,6 +169,7 @@ def test_the_wheel_installs_one_namespace(wheel: Path, installed: Installed) -> 
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == TOP_LEVEL
     assert "loopwright/server/inbox.html" in names  # what a non-editable install serves
+    assert "loopwright/server/dev.py" in names  # what `serve` starts `langgraph dev` through
     assert {p.name for p in installed.site_packages.iterdir()}.isdisjoint(
         {"graph", "nodes", "tools", "checkpoints", "models", "services", "server"}
     )
