@@ -3,34 +3,47 @@
 
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# The demo needs loopwright's runtime dependencies only; tests, linters and the type checker
+# add the dev extras. Each stamp is remade when pyproject.toml changes.
+RUNTIME := $(VENV)/.installed-runtime
+DEV := $(VENV)/.installed-dev
+PIP := PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --disable-pip-version-check
 
 .PHONY: demo test serve lint typecheck ci clean
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+$(PY):
+	@echo "make: creating $(VENV) with $$(scripts/find-python)"
+	@"$$(scripts/find-python)" -m venv $(VENV)
 
-demo: $(STAMP)
+$(RUNTIME): pyproject.toml | $(PY)
+	@echo "make: installing loopwright and its runtime dependencies into $(VENV) (the first time: a minute or two)"
+	@$(PIP) -e .
+	@touch $@
+	@echo "make: installed"
+
+$(DEV): $(RUNTIME)
+	@echo "make: installing the test, lint and type-check tools into $(VENV)"
+	@$(PIP) -e '.[dev]'
+	@touch $@
+
+demo: $(RUNTIME)
 	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
 # Two test processes: most tests wait on processes, HTTP and databases, not on a core.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(DEV)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 # The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
-serve: $(STAMP)
+serve: $(RUNTIME)
 	$(VENV)/bin/loopwright serve $(ARGS)
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV)
 	$(VENV)/bin/mypy
 
 ci: test lint typecheck
