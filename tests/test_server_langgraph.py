@@ -268,10 +268,15 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     interrupt = waiting["interrupts"][0]
     headers = {"Authorization": "Bearer t-a1"}
 
-    def post(decision: str, interrupt_id: str, **changes: str) -> httpx.Response:
+    def post(
+        decision: str, interrupt_id: str, token: str = "t-a1", **changes: str
+    ) -> httpx.Response:
         body = {"thread_id": thread_id, "interrupt_id": interrupt_id, "decision": decision}
         return httpx.post(
-            f"{served.url}/inbox/api/decisions", headers=headers, json={**body, "changes": changes}
+            f"{served.url}/inbox/api/decisions",
+            headers={"Authorization": f"Bearer {token}"},
+            json={**body, "changes": changes},
+            timeout=60,
         )
 
     refused = post("edit", interrupt["id"], iban="DE00")
@@ -288,16 +293,20 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     ]
     assert post("edit", interrupt["id"], amount="40.00").status_code == 200
 
-    deadline = time.monotonic() + 30
-    edited: list[dict[str, Any]] = []
-    while not edited and time.monotonic() < deadline:
-        time.sleep(0.2)
-        listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
-        edited = [a for a in listed["approvals"] if a["thread_id"] == thread_id]
-    [item] = edited
+    # The decision route waits for the run: the edited action's request is listed at once.
+    listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+    [item] = [a for a in listed["approvals"] if a["thread_id"] == thread_id]
     assert item["summary"] == "Refund 40.00 USD to order O-802 (edited by a-1)"
     assert item["interrupt_id"] != interrupt["id"] and item["args"]["amount"] == "40.00"
-    assert post("approve", item["interrupt_id"]).status_code == 200
+    assert item["edited_by"] == ["a-1"]
+    # Separation of duties: the editor cannot approve the edit; another approver can.
+    own = post("approve", item["interrupt_id"])
+    assert own.status_code == 422
+    assert own.json()["detail"] == (
+        f"a-1 edited {item['approval_id']} and cannot also approve it: another approver must "
+        "(separation of duties)"
+    )
+    assert post("approve", item["interrupt_id"], token="t-a2").status_code == 200
 
     final = wait_for_end(served.client("t-u1"), thread_id)["values"]
     assert final["stop_reason"] == "completed"

@@ -1,19 +1,28 @@
 """loopwright's own HTTP routes on the server (langgraph.json `http.app`): the approval inbox.
 
 `GET /inbox` is a small page (plain HTML and script, no assets from elsewhere) that asks for a
-bearer token, lists the approvals waiting across threads and approves, rejects or edits one
-(the amount, for a write that has one). Its data
-comes from two JSON routes, which authenticate with the same token table as the server
-(`server.auth`) and then talk to the server's own API with the caller's token, so every rule of
-the auth hooks applies to them as well:
+bearer token and lists the approvals waiting across threads, each with what a person decides
+from: who the customer is and what they asked (the run's task), the action in words and its
+arguments, the facts the agent declares for it (drawn from the run's evidence), the reads the
+run rests on, how long the request stays valid, and the run's timeline on request. It approves
+(with a second click where the write's `confirm` asks for one), rejects (with a reason) or
+edits one (the arguments the write lets an approver change). Its data comes from JSON routes,
+which authenticate with the same token table as the server (`server.auth`) and then talk to the
+server's own API with the caller's token, so every rule of the auth hooks applies to them too:
 
-* `GET /inbox/api/approvals`: pending approvals (summary, amount, digest, expiry), for approvers
-  only, without the runs they started themselves;
+* `GET /inbox/api/approvals`: pending approvals (the request as the run asked it, and the
+  seconds until it expires), for approvers only, without the runs they started themselves;
 * `POST /inbox/api/decisions`: `{"thread_id", "interrupt_id", "decision": "approve"|"reject"|
-  "edit", "comment", "changes"}` resumes the run with an `ApprovalDecision` through the server
-  (a new server run with `Command(resume={interrupt_id: decision})`, multitask strategy
-  "reject"). An edit's `changes` name the arguments it replaces (e.g. `{"amount": "40.00"}`);
-  the edited action then waits for an approval of its own.
+  "edit", "comment", "changes", "confirmed"}` resumes the run with an `ApprovalDecision`
+  through the server (a new server run with `Command(resume={interrupt_id: decision})`,
+  multitask strategy "reject"), waits for it, and answers what the run then did
+  (`server.decision_outcome`). A rejection needs a reason (`comment`); approving a request
+  that asks for a confirmation needs `confirmed: true`; an approver who edited an action
+  cannot approve it. An edit's `changes` name the arguments it replaces (e.g. `{"amount":
+  "40.00"}`); the edited action then waits for an approval of its own. A refused decision is a
+  4xx with one line, and the request still waits;
+* `GET /inbox/api/runs/{run_id}/timeline`: the run's timeline as `loopwright show` prints it,
+  for a run the caller may read.
 
 The page itself carries no data, so it needs no token; the JSON routes do.
 """
@@ -21,6 +30,7 @@ The page itself carries no data, so it needs no token; the JSON routes do.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -32,12 +42,14 @@ from fastapi import FastAPI
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest
-from loopwright.runner import EditRefused
+from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.auth import User, user_for_authorization
+from loopwright.server.decision_outcome import decision_result, taken_decision
 from loopwright.server.launch import GRAPH_ID
 from loopwright.server.resources import aresources
 
@@ -45,6 +57,7 @@ from loopwright.server.resources import aresources
 ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
 PAGE = Path(__file__).with_name("inbox.html").read_text()  # read once: no file I/O per request
 MAX_THREADS = 200
+TIMELINE_WIDTH = 110  # characters per line, as a terminal would show `loopwright show`
 
 
 class DecisionRequest(BaseModel):
@@ -57,6 +70,8 @@ class DecisionRequest(BaseModel):
     decision: str = Field(pattern=r"^(approve|reject|edit)$")
     comment: str = Field(default="", max_length=500)
     changes: dict[str, str] = Field(default_factory=dict, max_length=20)
+    # The approver's second click, for a request that asks for one (`ApprovalRequest.confirm`).
+    confirmed: bool = False
 
 
 class InboxError(Exception):
@@ -92,19 +107,15 @@ def _approval_interrupts(thread: dict[str, Any]) -> Iterable[tuple[str, Approval
 
 
 def _listing(thread_id: str, interrupt_id: str, req: ApprovalRequest) -> dict[str, Any]:
+    now = datetime.now(UTC)
     return {
+        **req.model_dump(mode="json"),
         "thread_id": thread_id,
         "interrupt_id": interrupt_id,
-        "approval_id": req.approval_id,
-        "run_id": req.run_id,
-        "summary": req.summary,
-        "tool": req.tool,
-        "args": req.args,
-        "editable": list(req.editable),
-        "digest": req.digest,
-        "requested_by": req.requested_by,
-        "expires_at": req.expires_at.isoformat(),
-        "expired": req.expires_at <= datetime.now(UTC),
+        # The server's clock, not the browser's: the page says "expires in ..." from this.
+        "expires_in_s": round((req.expires_at - now).total_seconds()),
+        "expired": req.expires_at <= now,
+        "timeline": f"/inbox/api/runs/{req.run_id}/timeline",
     }
 
 
@@ -133,6 +144,15 @@ async def list_approvals(request: Request) -> Response:
         return _upstream(exc)
 
 
+def _deliberate(req: ApprovalRequest, body: DecisionRequest) -> None:
+    """Refuse what one careless click would do: a rejection without a reason (the run's user
+    and the model are told it), an approval the write asks to confirm without the confirmation."""
+    if body.decision == "reject" and not body.comment.strip():
+        raise InboxError(422, "a rejection needs a reason: say why in the comment")
+    if body.decision == "approve" and req.confirm and not body.confirmed:
+        raise InboxError(422, f"approving '{req.summary}' needs a confirmation (confirmed: true)")
+
+
 async def decide(request: Request) -> Response:
     try:
         user = _approver(request)
@@ -148,15 +168,18 @@ async def decide(request: Request) -> Response:
             raise InboxError(409, "that approval is no longer pending")
         if user.user_id in ((thread.get("metadata") or {}).get("owner"), req.requested_by):
             raise InboxError(403, "an approver cannot decide about their own run")
+        _deliberate(req, body)
         try:
             choice = cast(ApprovalChoice, body.decision)
             decision = req.answer(choice, user.user_id, body.comment, body.changes)
-        except ValueError as exc:  # pydantic's ValidationError included
+        except ValidationError as exc:
             raise InboxError(422, f"bad decision: {exc}") from None
+        except ValueError as exc:  # separation of duties; an edit of what may not change
+            raise InboxError(422, str(exc)) from None
+        res = await aresources()
         if decision.args is not None:
             # An edit the write could not be planned with is refused here, with the request
             # still pending: sent to the run, it would end the action instead.
-            res = await aresources()
             try:
                 await asyncio.to_thread(res.runner.check_edit, req, decision.args)
             except EditRefused as exc:
@@ -175,8 +198,9 @@ async def decide(request: Request) -> Response:
         taken = taken_decision(values, req.approval_id, user.user_id, body.decision)
         if taken is not None:
             raise InboxError(409, taken)
+        result = decision_result(values, req, body.decision, res.runner.tools)
         return JSONResponse(
-            {"run_id": run["run_id"], "decision": body.decision, "result": result_of(values)}
+            {"run_id": result["run_id"], "decision": body.decision, "result": result}
         )
     except InboxError as exc:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
@@ -184,36 +208,33 @@ async def decide(request: Request) -> Response:
         return _upstream(exc)
 
 
-def taken_decision(
-    values: dict[str, Any], approval_id: str, approver: str, decision: str
-) -> str | None:
-    """None if the run recorded this decision; else why it did not take effect."""
-    for record in values.get("approvals") or []:
-        if record.get("approval_id") == approval_id:
-            if (record.get("approver"), record.get("decision")) == (approver, decision):
-                return None
-            return (
-                f"the decision did not take effect: {approval_id} was decided already "
-                f"({record.get('decision')} by {record.get('approver')})"
-            )
-    why = "; ".join(values.get("feedback") or []) or "the run did not take it"
-    return f"the decision did not take effect: {why}"
+async def timeline(request: Request) -> Response:
+    """The run's timeline, for a run the caller may read (the server decides, by their token)."""
+    try:
+        _approver(request)
+        run_id = request.path_params["run_id"]
+        thread = await _server(request).threads.get(run_id)
+        values = thread.get("values")
+        if not isinstance(values, dict) or values.get("run_id") != run_id:
+            raise InboxError(404, f"thread {run_id} carries no run")
+        res = await aresources()
+        try:
+            text = await asyncio.to_thread(_timeline_text, res.runner, run_id)
+        except UnknownRun as exc:
+            raise InboxError(404, str(exc)) from None
+        return PlainTextResponse(text, headers={"Cache-Control": "no-store"})
+    except InboxError as exc:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+    except httpx.HTTPStatusError as exc:
+        return _upstream(exc)
 
 
-def result_of(values: dict[str, Any]) -> dict[str, Any]:
-    """Where the run stands after the decision, as a person reads it."""
-    verification = values.get("verification") or {}
-    journal = values.get("journal") or {}
-    return {
-        "phase": values.get("phase"),
-        "stop_reason": values.get("stop_reason"),
-        "stop_detail": values.get("stop_detail", ""),
-        "summary": verification.get("summary", ""),
-        "actions": [
-            {"action_id": a.get("action_id"), "tool": a.get("tool"), "status": a.get("status")}
-            for a in journal.values()
-        ],
-    }
+def _timeline_text(runner: Runner, run_id: str) -> str:
+    from loopwright.timeline import render_run  # rich's rendering: loaded when first asked for
+
+    out = io.StringIO()
+    render_run(runner, run_id, Console(file=out, width=TIMELINE_WIDTH, color_system=None))
+    return out.getvalue()
 
 
 def _upstream(exc: httpx.HTTPStatusError) -> Response:
@@ -230,3 +251,4 @@ app = FastAPI(title="loopwright inbox", docs_url=None, redoc_url=None, openapi_u
 app.add_api_route("/inbox", page, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox/api/approvals", list_approvals, methods=["GET"])
 app.add_api_route("/inbox/api/decisions", decide, methods=["POST"])
+app.add_api_route("/inbox/api/runs/{run_id}/timeline", timeline, methods=["GET"])
