@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from loopwright.processes import ChildProcess, spawn
 from loopwright_refunds.services import serve
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import READY_FILE, RunningServices, ServicesFailedToStart
@@ -43,7 +44,8 @@ def start_services(data_dir: Path) -> RunningServices:
         str(data_dir),
     ]
     with (data_dir / "services.log").open("ab") as log:
-        process = subprocess.Popen(
+        # A lifeline, as the launcher's: a killed experiment takes its services with it.
+        process, lifeline = spawn(
             [*command, "--ready-file", str(ready)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -52,11 +54,11 @@ def start_services(data_dir: Path) -> RunningServices:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            process.wait()
+            ChildProcess(process, lifeline).stop()
             raise ServicesFailedToStart(f"the reference services did not start; see {data_dir}")
         time.sleep(0.02)
-    return RunningServices(process, ServiceEndpoints.model_validate_json(ready.read_text()))
+    endpoints = ServiceEndpoints.model_validate_json(ready.read_text())
+    return RunningServices(process, endpoints, lifeline)
 
 
 if __name__ == "__main__":
