@@ -205,7 +205,7 @@ class EvidenceNote(BaseModel):
         newest: dict[tuple[str, tuple[str, ...]], Evidence] = {}
         for item in evidence:
             key = (item.source, tuple(item.resources))
-            newest.pop(key, None)  # re-inserted last: the dict keeps observation order
+            newest.pop(key, None)  # re-inserted last: the dict keeps the newest last
             newest[key] = item
         return tuple(
             cls(

@@ -245,7 +245,7 @@ class Agent[DepsT]:
 
         What an approver decides from: `summary(args)` is the action in one line; `facts(args,
         evidence)` returns labelled facts drawn from the run's evidence (the reads the model
-        relied on), e.g. `[("Balance", "100.00 USD"), ("Policy", "v3: eligible")]`. It is
+        relied on), e.g. `[("Balance", "100.00 USD"), ("Rule", "v3: allows it")]`. It is
         given no deps on purpose: the request is fixed when the call is planned, from what the
         run saw, and is the same however often that step runs. `confirm(args)` True makes
         approving these arguments a two-step decision (e.g. above an amount), so one click
