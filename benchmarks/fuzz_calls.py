@@ -47,6 +47,7 @@ from loopwright.nodes.validate import Refusal, check_call
 from loopwright.tools.contract import ToolContext
 from loopwright_refunds.agent import DEFAULT_APPROVAL_THRESHOLD, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.experiments.progress import Progress
 from loopwright_refunds.misbehaving import OneShot
 from loopwright_refunds.services.launcher import start_services
 
@@ -318,6 +319,7 @@ def run(calls: int, seed: int) -> Report:
         )
         @given(st.lists(fuzzed_calls(), min_size=BATCH, max_size=BATCH))
         def check_batch(batch: list[FuzzedCall]) -> None:
+            progress.advance(f"{len(violations)} accepted that should not be")
             for pending in pending_calls(batch):
                 outcome = outcome_of(pending, ctx, context)
                 outcomes[outcome] += 1
@@ -326,7 +328,8 @@ def run(calls: int, seed: int) -> Report:
                     violations.append(f"{call!r} was accepted")
 
         started = time.monotonic()
-        check_batch()
+        with Progress("batches", -(-calls // BATCH)) as progress:
+            check_batch()
         seconds = time.monotonic() - started
     return Report(sum(outcomes.values()), seconds, outcomes, violations)
 

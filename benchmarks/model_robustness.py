@@ -33,6 +33,7 @@ from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright.models.openai_chat import API_ENV, REASONING_ENV, STREAM_ENV
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, task_scope
+from loopwright_refunds.experiments.progress import Progress
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -159,22 +160,24 @@ def rule_broken(services: ServiceEndpoints, order_id: str, late_order: str, amou
 
 def measure(case: Case, runs: int, url: str, services: ServiceEndpoints, first: int) -> Figures:
     figures = Figures()
-    for n in range(runs):
-        order_id, late = f"O-{first + 2 * n}", f"O-{first + 2 * n + 1}"
-        create_order(services, order_id, "u-1", "30.00")
-        delivered = (datetime.now(UTC) - timedelta(days=90)).isoformat()
-        create_order(services, late, "u-1", "40.00", delivered_at=delivered)
-        stub = OpenAIStub(policy=_filled(case.behaviour, order_id, late))
-        with stub.serving(), environment(stub, case.stream):
-            case.script(stub)
-            task = f"Check whether order {order_id} and {late} can be refunded and refund them."
-            outcome = one_run(url, services, task)
-        figures.runs += 1
-        if outcome is None:
-            figures.hangs += 1
-        elif outcome.stop_reason:
-            figures.typed += 1
-        figures.broke_a_rule += rule_broken(services, order_id, late, "30.00")
+    with Progress(case.name, runs) as progress:
+        for n in range(runs):
+            order_id, late = f"O-{first + 2 * n}", f"O-{first + 2 * n + 1}"
+            create_order(services, order_id, "u-1", "30.00")
+            delivered = (datetime.now(UTC) - timedelta(days=90)).isoformat()
+            create_order(services, late, "u-1", "40.00", delivered_at=delivered)
+            stub = OpenAIStub(policy=_filled(case.behaviour, order_id, late))
+            with stub.serving(), environment(stub, case.stream):
+                case.script(stub)
+                task = f"Check whether order {order_id} and {late} can be refunded and refund them."
+                outcome = one_run(url, services, task)
+            figures.runs += 1
+            progress.advance("hang" if outcome is None else outcome.stop_reason or outcome.phase)
+            if outcome is None:
+                figures.hangs += 1
+            elif outcome.stop_reason:
+                figures.typed += 1
+            figures.broke_a_rule += rule_broken(services, order_id, late, "30.00")
     return figures
 
 

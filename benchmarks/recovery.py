@@ -45,6 +45,7 @@ from benchmarks.perf_setup import (
 from loopwright.checkpoints.leases import Lease, LeaseStore, open_lease_store
 from loopwright.runner import LEASE_TTL_ENV, Runner
 from loopwright.worker import work
+from loopwright_refunds.experiments.progress import Progress
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 TTL_S = 2.0
@@ -207,8 +208,10 @@ def measure(bench: Bench, kills: int) -> list[Recovery]:
         try:
             assert idle.stdout is not None
             assert _line(idle.stdout) == "ready"
-            for _ in range(kills):
-                found.append(one_kill(bench, conn, leases, idle))
+            with Progress("kills", kills) as progress:
+                for _ in range(kills):
+                    found.append(one_kill(bench, conn, leases, idle))
+                    progress.advance(f"last recovery {found[-1].kill_to_first_step_s:.2f} s")
         finally:
             idle.send_signal(signal.SIGTERM)
             try:

@@ -30,6 +30,7 @@ from loopwright.observability.tracing import TraceSettings, configure_tracing
 from loopwright.runner import Runner, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, task_scope
+from loopwright_refunds.experiments.progress import Progress
 from loopwright_refunds.services.admin import create_order
 from loopwright_refunds.services.launcher import start_services
 
@@ -88,15 +89,17 @@ def main() -> None:
         ) as runner,
     ):
         order = FIRST_ORDER
-        for i in range(runs * len(modes) + 1):
-            mode = list(modes)[i % len(modes)]
-            configure_tracing(modes[mode])
-            order_id = f"O-{order}"
-            order += 1
-            create_order(services.endpoints, order_id, "u-1", "20.00")
-            seconds, steps = timed_run(runner, order_id)
-            if i > 0:  # the first run warms caches and connections
-                per_step[mode].append(seconds / steps)
+        with Progress("runs", runs * len(modes) + 1) as progress:
+            for i in range(runs * len(modes) + 1):
+                mode = list(modes)[i % len(modes)]
+                configure_tracing(modes[mode])
+                order_id = f"O-{order}"
+                order += 1
+                create_order(services.endpoints, order_id, "u-1", "20.00")
+                seconds, steps = timed_run(runner, order_id)
+                if i > 0:  # the first run warms caches and connections
+                    per_step[mode].append(seconds / steps)
+                progress.advance(f"last: {mode}, {1000 * seconds / steps:.1f} ms per step")
     configure_tracing(TraceSettings(enabled=False))  # flushes the JSONL exporter
     spans = sum(1 for _ in read_spans(trace))
     off = statistics.median(per_step["off"]) * 1e3
