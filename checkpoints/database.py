@@ -139,8 +139,9 @@ def connect_postgres(url: str) -> psycopg.Connection[DictRow]:
     """An autocommit connection: every write opens its own explicit transaction.
 
     The session time zone is UTC so that timestamps read back are UTC-aware. prepare_threshold=0
-    (no server-side prepared statements, as langgraph's savers do) keeps a transaction-mode
-    pooler such as pgbouncer usable.
+    prepares every statement on its first execution (as langgraph's savers do): a checkpoint
+    commit, run many times per run, is then bind and execute only. A transaction-mode pooler
+    must support prepared statements (pgbouncer does since 1.21).
     """
     try:
         conn = psycopg.Connection.connect(

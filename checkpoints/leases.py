@@ -117,9 +117,13 @@ def lock_run(db: Database, run_id: str, *, exclusive: bool = False) -> RunRecord
     until every write that checked the old fence has committed: a takeover can never slip in
     between a fence check and the write it guards.
     """
-    lock = "{for_update}" if exclusive else "{for_share}"
-    row = db.one(_SELECT_RUN + lock, (run_id,))
+    row = db.one(lock_run_sql(exclusive=exclusive), (run_id,))
     return RunRecord.model_validate(row) if row else None
+
+
+def lock_run_sql(*, exclusive: bool = False) -> str:
+    """`lock_run`'s statement, for a caller that sends it in a pipeline with its writes."""
+    return _SELECT_RUN + ("{for_update}" if exclusive else "{for_share}")
 
 
 def refuse_if_superseded(db: Database, run_id: str, fence: int) -> None:

@@ -20,8 +20,15 @@ Points in the runtime (`POINTS`):
                                         journaled, reconcile's own writes are not saved (the
                                         resumed step finds nothing unresolved in the journal
                                         and must still bring the state's projection up to date)
-  checkpoint:after_writes:<node>        a node's writes are saved, the checkpoint after them
-                                        is not (the resumed run must apply them, not stop)
+  checkpoint:commit:<stage>:<node>      inside the transaction that commits a node's writes
+                                        and the checkpoint after them (`checkpoints.fenced`):
+                                        after_fence (the run's row locked), after_writes (the
+                                        writes in), before_commit (every statement executed,
+                                        the fence checked): the resumed run finds none of the
+                                        node's commit and runs the node again
+  checkpoint:after_writes:<node>        writes saved alone (an interrupt's, an error's), the
+                                        checkpoint that may follow them not (the resumed run
+                                        must apply them, not stop)
 """
 
 from __future__ import annotations
@@ -48,8 +55,12 @@ POINTS = (
     "executor:after_send",
     "executor:before_outcome_record",
     "reconcile:after_settle",
-    "checkpoint:after_writes:validate",
-    "checkpoint:after_writes:execute",
+    *(
+        f"checkpoint:commit:{stage}:{node}"
+        for stage in ("after_fence", "after_writes", "before_commit")
+        for node in ("validate", "execute")
+    ),
+    "checkpoint:after_writes:approval",
 )
 
 

@@ -2,7 +2,7 @@
 
 Each case ends COMPLETED and verified, with exactly one refund in the payments service's own
 storage and as many model calls as an uncrashed run: no committed decision is asked for again
-and no effect is repeated.
+and no effect is repeated. A crash inside a node's commit leaves none of it in the database.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.graph.crashpoints import POINTS
 from loopwright.reports import EXIT_CODES
+from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
@@ -38,6 +39,15 @@ def advance(run_id: str, db: str, env: dict[str, str]) -> tuple[int, str]:
     else:
         result = cli("resume", run_id, "--db", db, env=env)
     return result.returncode, result.stdout + result.stderr
+
+
+def assert_no_part_committed(runner: Runner, run_id: str, node: str) -> None:
+    """A node's commit interrupted by a crash left none of itself: the last checkpoint is the
+    one the node ran from, with none of its writes."""
+    config = runner.config(run_id)
+    assert runner.graph.get_state(config).next == (node,)
+    saved = runner.saver.get_tuple(config)
+    assert saved is not None and saved.pending_writes == []
 
 
 @pytest.mark.slow
@@ -64,6 +74,10 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
         env={**env, CRASH_ENV: armed[0]},
     )
     code, output = result.returncode, result.stdout + result.stderr
+    if case.startswith("checkpoint:commit:"):
+        assert code == CRASH_EXIT, output
+        with open_test_runner() as runner:
+            assert_no_part_committed(runner, run_id, node=case.rpartition(":")[2])
     crashes = 0
     for _ in range(8):
         if code == CRASH_EXIT:
