@@ -22,6 +22,7 @@ import threading
 import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -310,10 +311,12 @@ def report(
         )
         # An edit is approved by someone else than its editors: never suggest one of them.
         editors = list(request.get("edited_by") or [])
-        for verb in ("approve", "reject"):
+        confirm = " --yes" if request.get("confirm") else ""  # the write asks to be confirmed
+        for verb, why in (("approve", confirm), ("reject", " --comment REASON")):
             who = "APPROVER" if verb == "approve" and approver in editors else approver
             console.print(
-                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as {who}{again}",
+                f"  {verb}: loopwright approvals {verb} {request['approval_id']} --as {who}"
+                f"{why}{again}",
                 markup=False,
             )
         if editors:
@@ -413,8 +416,14 @@ def drive(
             decision = "approve" if typer.confirm(prompt, default=False) else "reject"
         else:
             return outcome
+        # A rejection says why, as `approvals reject` must: the model tells the customer.
+        why = (
+            typer.prompt("Why not?", default="rejected at the prompt")
+            if decision == "reject"
+            else ""
+        )
         outcome = runner.resume(
-            outcome.run_id, decide(request, decision, approver), on_step=printer
+            outcome.run_id, decide(request, decision, approver, why), on_step=printer
         )
     return outcome
 
@@ -582,13 +591,50 @@ def approvals_list(
         if as_json:
             print_json(approvals_document(pending, hosted.tools))
             return
+        now = runner.leases.now() if runner else None
         for request in pending:
-            console.print(
-                f"{request['approval_id']}  run {request['run_id']}  {request['summary']}  expires {request['expires_at']}  digest {request['digest'][:12]}",
-                markup=False,
-            )
+            print_request(request, now, hosted)
         if not pending:
             console.print("no pending approvals")
+
+
+def print_request(request: dict[str, Any], now: datetime | None, agent: Agent[Any]) -> None:
+    """One pending approval as a person decides from it: what, for whom and why, the facts the
+    agent declares, until when (on the database's clock, as expiry is judged)."""
+    from loopwright.graph.state import ApprovalRequest
+    from loopwright.timeline import Redactor
+
+    parsed = ApprovalRequest.model_validate(request)
+    redactor = Redactor(agent.tools)
+    redactor.learn(parsed.tool, parsed.args)
+    left = (parsed.expires_at - now).total_seconds() if now and parsed.expires_at else None
+    when = f"expires {until(left)}" if left is not None else f"expires {parsed.expires_at}"
+    lines = [
+        f"{parsed.approval_id}  run {parsed.run_id}  {parsed.summary}",
+        f"  for {parsed.requested_by}: {parsed.task}" if parsed.task else "",
+        *(f"  {fact.label}: {fact.value}" for fact in parsed.facts),
+        f"  {when}; digest {parsed.digest[:12]}"
+        + ("; approving asks for a confirmation (--yes)" if parsed.confirm else ""),
+    ]
+    for line in filter(None, lines):
+        console.print(redactor.text(line, markup=False), markup=False)
+
+
+def confirm_approval(request: dict[str, Any]) -> None:
+    """The second, deliberate step the write asks for before this approval (as the inbox's
+    confirmation): a prompt on a terminal, else --yes; refused, the request still waits."""
+    what = f"approving '{request['summary']}' needs a confirmation"
+    if not sys.stdin.isatty():
+        raise UsageError(f"{what}: add --yes; {request['approval_id']} still waits for a decision")
+    if not typer.confirm(f"Really approve '{request['summary']}'?", default=False):
+        raise UsageError(f"not confirmed; {request['approval_id']} still waits for a decision")
+
+
+def until(seconds: float) -> str:
+    """`in 23 h`, `in 12 min`, `5 min ago`: how far an expiry is, for a person."""
+    minutes = abs(seconds) / 60
+    amount = f"{minutes / 60:.0f} h" if minutes >= 90 else f"{max(1, round(minutes))} min"
+    return f"in {amount}" if seconds >= 0 else f"{amount} ago"
 
 
 def _decide_command(
@@ -600,6 +646,8 @@ def _decide_command(
     comment: str,
     as_json: bool,
     changes: list[str] | None = None,
+    *,
+    confirmed: bool = False,
 ) -> None:
     from loopwright.graph.state import ApprovalDecision, ApprovalRequest
     from loopwright.runner import DecisionRefused, EditRefused
@@ -610,6 +658,8 @@ def _decide_command(
         if not match:
             raise UsageError(f"no pending approval {approval_id!r}")
         request = match[0]
+        if decision == "approve" and request.get("confirm") and not confirmed:
+            confirm_approval(request)
         # Separation of duties, judged on the run's own records before the run is resumed.
         try:
             runner.check_separation(ApprovalRequest.model_validate(request), decision, approver)
@@ -670,9 +720,17 @@ def approvals_approve(
     agent: AgentOption = None,
     comment: CommentOption = "",
     as_json: JsonOption = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            help="Confirm an approval the write asks to be confirmed (the refund agent's: above"
+            " 1,000.00) without a prompt; without a terminal it is required for those.",
+        ),
+    ] = False,
 ) -> None:
     """Approve one pending action (exactly the digest it names) and resume its run."""
-    _decide_command(approval_id, "approve", approver, db, agent, comment, as_json)
+    _decide_command(approval_id, "approve", approver, db, agent, comment, as_json, confirmed=yes)
 
 
 @approvals_app.command("reject")

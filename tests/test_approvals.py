@@ -380,6 +380,8 @@ def test_cli_reject_round_trip(
         match[1],
         "--as",
         "a-1",
+        "--comment",
+        "not this one",
         "--db",
         postgres_url,
         env=env,
@@ -543,7 +545,7 @@ def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
     assert match is not None, started.stdout
     deciders = [
         subprocess.Popen(
-            [*LOOPWRIGHT, "approvals", verb, match[1], "--as", who, "--db", postgres_url],
+            [*LOOPWRIGHT, "approvals", *verb, match[1], "--as", who, "--db", postgres_url],
             env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
             cwd=REPO,
             stdin=subprocess.DEVNULL,
@@ -551,7 +553,7 @@ def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
             stderr=subprocess.PIPE,
             text=True,
         )
-        for verb, who in (("approve", "a-1"), ("reject", "a-2"))
+        for verb, who in ((("approve",), "a-1"), (("reject", "--comment", "no"), "a-2"))
     ]
     results = [(p.wait(timeout=120), *p.communicate()) for p in deciders]
     # One decision takes effect: an approval completes the run (0), a rejection ends it (4).

@@ -269,3 +269,28 @@ def test_an_idle_worker_says_what_it_waits_for(
     [said] = [line for line in lines if line.startswith("worker: nothing due")]
     assert "run run-held leased by worker-elsewhere until " in said, said
     assert "1 waiting for a person" in said, said
+
+
+def test_an_approval_the_write_asks_to_confirm_needs_yes_and_the_list_shows_its_facts(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """10,000.00 is above the refund agent's confirmation threshold: `approve` without a
+    terminal and without --yes is refused in one line, the request waiting on, no refund; the
+    list says so, with the facts the agent declares and the expiry in words."""
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    task = "Check whether order O-99 can be refunded and refund it if so."
+    waiting = cli("run", task, "--user", "u-2", "--run-id", "run-big", env=env, expect=3)
+    [approval_id] = set(re.findall(r"apr_[0-9a-f]+", waiting.stdout))
+    assert f"approvals approve {approval_id} --as APPROVER --yes" in waiting.stdout
+    listed = cli("approvals", "list", env=env, expect=0).stdout
+    assert "  for u-2: " + task in listed and "  Refundable: 10,000.00 USD" in listed
+    assert re.search(r"expires in 2[34] h; .*approving asks for a confirmation", listed), listed
+    refused = cli("approvals", "approve", approval_id, "--as", "a-1", env=env, expect=2)
+    assert refused.stderr.strip() == (
+        "loopwright: error: approving 'Refund 10000.00 USD to order O-99' needs a confirmation:"
+        f" add --yes; {approval_id} still waits for a decision"
+    )
+    assert list_refunds(services, "O-99") == []
+    assert approval_id in cli("approvals", "list", env=env, expect=0).stdout
+    cli("approvals", "approve", approval_id, "--as", "a-1", "--yes", env=env, expect=0)
+    assert [r["amount"] for r in list_refunds(services, "O-99")] == ["10000.00"]
