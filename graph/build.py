@@ -1,16 +1,21 @@
 """The loop as a LangGraph graph: topology and routing.
 
 ```
-START -> guard -+-> compile_context -> model_step -+- tool calls -> validate -+-> approval -> validate
-                |                                  |                          +-> execute -+-> reconcile -> guard
-                +-> reconcile (unknown outcomes)   |                          |            +-> guard
-                +-> END (stopped, typed reason)    |                          +-> guard (all answered)
-                                                   +- final answer -> verify -+-> END (completed, verified)
-                                                                              +-> guard (not verified)
+START -> guard -+-> compile_context -+-> model_step -+- tool calls -> validate -+-> approval -> validate
+                |        ^           |               |                          +-> execute -+-> reconcile -> compile_context
+                |        |           +-> reconcile   |                          |            +-> compile_context
+                |        |           +-> END         |                          +-> compile_context (all answered)
+                +-> reconcile (unknown outcomes)     +- final answer -> verify -+-> END (completed, verified)
+                +-> END (stopped, typed reason)                                 +-> compile_context (not verified)
 ```
 
 One node per superstep and `durability="sync"` (see `RUN_DURABILITY`): each node's update is
-committed before the next node starts. Every INCOMPLETE end passes through guard; the only
+committed before the next node starts. guard's gate (`nodes.guard.gate`: stop, reconcile first,
+or go on, with its book-keeping) is the guard node at a run's start and the first thing
+compile_context does on every later iteration, so it costs no superstep of its own: a tool step
+is four (compile_context, model_step, validate, execute). compile_context routes as guard does
+(`after_compile_context`); the guard node stays for the first step and for checkpoints of earlier
+releases whose next node is guard. Every INCOMPLETE end passes through the gate; the only
 COMPLETED end is verify's.
 
 Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing
@@ -56,34 +61,40 @@ def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__e
     return "compile_context"
 
 
-def after_model_step(state: RunState) -> Literal["validate", "verify", "guard"]:
+def after_compile_context(state: RunState) -> Literal["model_step", "reconcile", "__end__"]:
+    """guard's routes, once the gate inside compile_context has decided."""
+    route = after_guard(state)
+    return "model_step" if route == "compile_context" else route
+
+
+def after_model_step(state: RunState) -> Literal["validate", "verify", "compile_context"]:
     if state.get("stop_reason"):
-        return "guard"
+        return "compile_context"
     return "validate" if state.get("pending") else "verify"
 
 
-def after_validate(state: RunState) -> Literal["approval", "execute", "guard"]:
+def after_validate(state: RunState) -> Literal["approval", "execute", "compile_context"]:
     if state.get("cancel_requested"):
-        return "guard"  # a run cancelled while waiting for approval stops there
+        return "compile_context"  # a run cancelled while waiting for approval stops there
     verdicts = {c.verdict for c in pending_of(state)}
     if CallVerdict.NEEDS_APPROVAL in verdicts:
         return "approval"
     if CallVerdict.READY in verdicts:
         return "execute"
-    return "guard"
+    return "compile_context"
 
 
-def after_execute(state: RunState) -> Literal["reconcile", "handoff", "guard"]:
+def after_execute(state: RunState) -> Literal["reconcile", "handoff", "compile_context"]:
     if state.get("phase") == Phase.RECONCILING:
         return "reconcile"
     handed_off = any(
         c.verdict is CallVerdict.DONE and handoff_target(c.tool) for c in pending_of(state)
     )
-    return "handoff" if handed_off and not state.get("stop_reason") else "guard"
+    return "handoff" if handed_off and not state.get("stop_reason") else "compile_context"
 
 
-def after_verify(state: RunState) -> Literal["guard", "__end__"]:
-    return "__end__" if state.get("stop_reason") == StopReason.COMPLETED else "guard"
+def after_verify(state: RunState) -> Literal["compile_context", "__end__"]:
+    return "__end__" if state.get("stop_reason") == StopReason.COMPLETED else "compile_context"
 
 
 def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext]:
@@ -101,25 +112,33 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
     builder.add_node("verify", traced_node("verify", verify))
     builder.add_edge(START, "guard")
     builder.add_conditional_edges("guard", after_guard, ["compile_context", "reconcile", END])
-    builder.add_edge("compile_context", "model_step")
-    builder.add_conditional_edges("model_step", after_model_step, ["validate", "verify", "guard"])
-    builder.add_conditional_edges("validate", after_validate, ["approval", "execute", "guard"])
+    builder.add_conditional_edges(
+        "compile_context", after_compile_context, ["model_step", "reconcile", END]
+    )
+    builder.add_conditional_edges(
+        "model_step", after_model_step, ["validate", "verify", "compile_context"]
+    )
+    builder.add_conditional_edges(
+        "validate", after_validate, ["approval", "execute", "compile_context"]
+    )
     builder.add_edge("approval", "validate")
     if with_handoff:
         builder.add_node("handoff", traced_node("handoff", handoff))
         builder.add_node("specialist", build_graph(with_handoff=False).compile(name="specialist"))
         builder.add_edge("handoff", "specialist")
         builder.add_edge("specialist", END)
-        builder.add_conditional_edges("execute", after_execute, ["reconcile", "handoff", "guard"])
+        builder.add_conditional_edges(
+            "execute", after_execute, ["reconcile", "handoff", "compile_context"]
+        )
     else:
         routes: dict[Hashable, str] = {
             "reconcile": "reconcile",
-            "guard": "guard",
-            "handoff": "guard",
+            "compile_context": "compile_context",
+            "handoff": "compile_context",
         }
         builder.add_conditional_edges("execute", after_execute, routes)
-    builder.add_edge("reconcile", "guard")
-    builder.add_conditional_edges("verify", after_verify, ["guard", END])
+    builder.add_edge("reconcile", "compile_context")
+    builder.add_conditional_edges("verify", after_verify, ["compile_context", END])
     return builder
 
 

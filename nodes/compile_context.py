@@ -16,7 +16,7 @@ starts), never as a copy of the history, so checkpoints stay linear in the numbe
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langgraph.runtime import Runtime
@@ -26,8 +26,9 @@ from loopwright.graph.compaction import choose_window
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
 from loopwright.graph.plan import describe_plan
-from loopwright.graph.state import Action, ActionStatus, Phase, RunState
+from loopwright.graph.state import Action, ActionStatus, Phase, RunState, append_messages
 from loopwright.graph.views import actions_of, principal_of
+from loopwright.nodes.guard import gate
 
 RUNTIME_RULES = """\
 You act for the user named below and for no one else.
@@ -108,8 +109,25 @@ def feedback_message(feedback: list[str]) -> HumanMessage:
 
 
 def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    """guard's gate first (see `nodes.guard.gate`): a run that stops or must reconcile goes
+    there with the gate's update; otherwise the context is compiled on the state the gate's
+    update leaves, in the same superstep."""
     crash_point("node:compile_context:start")
-    context = runtime.context
+    update = gate(state, runtime.context)
+    if update.get("phase") != Phase.READY.value:
+        return update
+    return {**update, **_compile(_with(state, update), runtime.context)}
+
+
+def _with(state: RunState, update: dict[str, Any]) -> RunState:
+    """The state as the gate's update leaves it (its history appended, the rest replaced)."""
+    merged: dict[str, Any] = {**state, **update}
+    if "history" in update:
+        merged["history"] = append_messages(state["history"], [update["history"]])
+    return cast(RunState, merged)
+
+
+def _compile(state: RunState, context: RunContext) -> dict[str, Any]:
     tools = allowed_tools(state.get("owner"), context.agents, context.tools.names())
     evidence_ids = {e["call_id"]: e["evidence_id"] for e in state["evidence"]}
     window = choose_window(state["history"], context.budget.max_context_tokens, evidence_ids)

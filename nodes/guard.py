@@ -1,4 +1,6 @@
-"""guard: the loop's gate. Every iteration passes here before the model is asked again.
+"""guard: the loop's gate. Every iteration passes it before the model is asked again: the guard
+node at a run's start (and for checkpoints of earlier releases whose next node is guard), then
+`gate` at the start of compile_context, so that the gate costs no superstep of its own.
 
 On the first step it fixes the run's principal, versions and task message. The principal comes
 from the trusted caller only: in the run's input (the CLI writes it there, so it is committed
@@ -109,11 +111,18 @@ def _after_step(state: RunState, context: RunContext) -> dict[str, Any]:
 
 def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:guard:start")
-    update = _guard(state, runtime.context)
+    return gate(state, runtime.context)
+
+
+def gate(state: RunState, context: RunContext) -> dict[str, Any]:
+    """guard's decision and book-keeping, without a superstep of its own: the guard node's
+    body, and the first thing compile_context does (every loop iteration but the first reaches
+    the gate there). Phase READY means go on; anything else is where guard routes."""
+    update = _guard(state, context)
     if update.get("phase") == Phase.INCOMPLETE.value:
         # A run that ends leaves no action for nobody to send: not sent yet, never will be.
         reason = update.get("stop_reason") or state.get("stop_reason") or "stopped"
-        released = _release_unsent(state, runtime.context, str(reason))
+        released = _release_unsent(state, context, str(reason))
         update["journal"] = {**(update.get("journal") or {}), **dump_actions(released)}
     return update
 
