@@ -1,7 +1,7 @@
 """Every performance benchmark, one after the other in this one script, with its goal.
 
-    python -m benchmarks.performance [--steps 100] [--storage-steps 500] [--kills 3]
-                                     [--runs 30] [--db SERVER_URL]
+    python -m benchmarks.performance [--steps 10] [--rounds 15] [--storage-steps 500]
+                                     [--kills 3] [--runs 30] [--db SERVER_URL]
 
 Each benchmark gets a fresh database and fresh reference services (a recovery benchmark's
 half-done runs must not feed the throughput benchmark's workers). The figures are printed as
@@ -19,7 +19,8 @@ from benchmarks.perf_setup import bench_environment
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.performance", description=__doc__)
-    parser.add_argument("--steps", type=int, default=100, help="tool steps timed per system")
+    parser.add_argument("--steps", type=int, default=10, help="tool steps per timed run")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timed runs per system")
     parser.add_argument("--storage-steps", type=int, default=500)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--runs", type=int, default=30, help="runs per worker count")
@@ -28,8 +29,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print("== tool-step wall time and node commits", flush=True)
     with bench_environment(args.db) as bench:
-        figures, profile = step_time.measure(bench, args.steps)
-    print("\n".join(step_time.report(figures, args.steps, profile)), flush=True)
+        figures = step_time.measure(bench, [args.steps], args.rounds, ["postgres", "sqlite"])
+    print("\n".join(step_time.report(figures)), flush=True)
 
     print("\n== checkpoint storage", flush=True)
     with bench_environment(args.db) as bench:

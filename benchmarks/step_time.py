@@ -1,15 +1,23 @@
-"""Tool-step wall time: loopwright against the bare prebuilt agent, side by side, and the cost
-of one node commit against a raw Postgres INSERT + COMMIT of the same bytes.
+"""Tool-step wall time, loopwright against the bare prebuilt agent; a node commit against a raw
+INSERT + COMMIT of the same bytes; the database work of a tool step. All side by side in this
+one process, over many short runs interleaved, so that load on a shared machine falls on both.
 
-    python -m benchmarks.step_time [--steps 100] [--db SERVER_URL]
+    python -m benchmarks.step_time [--steps 10 100] [--rounds 15] [--backend postgres sqlite]
+                                   [--db SERVER_URL]
 
 Both run the reading task (one model decision and one ~1 KB read per tool step) with the
-zero-latency scripted model, on LangGraph's Postgres saver with durability "sync" (loopwright's
-is the fenced subclass), against the same orders service, in this one process. A loopwright tool
-step is five committed nodes (guard, compile_context, model_step, validate, execute); the bare
-agent's is two (agent, tools). Goals: loopwright / bare <= 1.5x per tool step; a node commit
-<= 2x a raw INSERT + COMMIT of the same bytes. Where loopwright misses a goal the script says
-where the time goes (cProfile, top functions by own time).
+zero-latency scripted model, durability "sync", against the same orders service: on Postgres
+with LangGraph's Postgres saver (loopwright's is the fenced subclass) and on SQLite with its
+SQLite saver. A loopwright tool step is four committed nodes (compile_context, with guard's
+gate, model_step, validate, execute), the bare agent's two (agent, tools).
+
+Every round runs one bare run, one loopwright run (in alternating order) and a burst of raw
+commits; each figure is the median over the rounds, with its spread (interquartile range and
+extremes), so that one slow moment on the machine does not decide a ratio. Goals: loopwright /
+bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x a raw INSERT +
+COMMIT of the same bytes. The database work of a tool step (Postgres, counted on the wire, see
+`benchmarks.db_work`) is the difference between a 20-step and a 10-step run, divided by 10.
+Where a goal is missed the script says where loopwright's time goes (cProfile, top functions).
 """
 
 from __future__ import annotations
@@ -17,18 +25,25 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import sqlite3
+import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
 
+from benchmarks.db_work import DbWork, traced_connections
 from benchmarks.perf_setup import (
     PRINCIPAL,
     TASK,
@@ -40,24 +55,37 @@ from benchmarks.perf_setup import (
     reading_model,
     thread_bytes,
 )
-from loopwright.checkpoints.fenced import FencedSaver
+from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 
-STEP_GOAL = 1.5
+STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 2.0
-LOOPWRIGHT_NODES_PER_STEP = 5
+LOOPWRIGHT_NODES_PER_STEP = 4
 BARE_NODES_PER_STEP = 2
+RAW_COMMITS_PER_ROUND = 30
+WORK_STEPS = 10  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
+
+SQLITE_THREAD_BYTES = """
+SELECT (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0)
+          FROM checkpoints WHERE thread_id = :t)
+     + (SELECT coalesce(sum(length(value)), 0) FROM writes WHERE thread_id = :t)
+"""
 
 
 @dataclass
 class CommitTimer:
-    """Time spent in a saver's durable writes (put_writes and put), and how many there were."""
+    """Time spent in a saver's durable writes (put_writes and put), and how many puts there
+    were: a node commit is one put (with loopwright, the node's writes are written in it)."""
 
     seconds: float = 0.0
     puts: int = 0
 
+    @property
+    def per_put_ms(self) -> float:
+        return 1000 * self.seconds / max(1, self.puts)
+
 
 @contextmanager
-def timed_commits(saver: FencedSaver | PostgresSaver) -> Iterator[CommitTimer]:
+def timed_commits(saver: BaseCheckpointSaver[Any]) -> Iterator[CommitTimer]:
     """Wrap the saver's writes on this instance only."""
     timer = CommitTimer()
     put, put_writes = saver.put, saver.put_writes
@@ -82,6 +110,60 @@ def timed_commits(saver: FencedSaver | PostgresSaver) -> Iterator[CommitTimer]:
 
 
 @dataclass(frozen=True)
+class Backend:
+    """Where both systems keep their checkpoints: the bench's Postgres database, or a file."""
+
+    name: str
+    url: str
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite:")
+
+    @contextmanager
+    def bare_saver(self) -> Iterator[BaseCheckpointSaver[Any]]:
+        if self.is_sqlite:
+            with closing(connect_sqlite(sqlite_path(self.url))) as conn:
+                yield SqliteSaver(conn)
+        else:
+            with PostgresSaver.from_conn_string(self.url) as saver:
+                saver.setup()
+                yield saver
+
+    def thread_bytes(self, thread: str) -> int:
+        if self.is_sqlite:
+            with closing(sqlite3.connect(sqlite_path(self.url))) as conn:
+                return int(conn.execute(SQLITE_THREAD_BYTES, {"t": thread}).fetchone()[0])
+        with psycopg.connect(self.url) as conn:
+            return thread_bytes(conn, thread)
+
+    def raw_commit_ms(self, payload_bytes: int, repeats: int = RAW_COMMITS_PER_ROUND) -> float:
+        """One INSERT of `payload_bytes` and its COMMIT, in an explicit transaction on a fresh
+        table, as the savers write (Postgres: BEGIN, INSERT, COMMIT; SQLite: BEGIN IMMEDIATE)."""
+        payload = (bytes(range(256)) * (payload_bytes // 256 + 1))[:payload_bytes]
+        if self.is_sqlite:
+            with closing(connect_sqlite(sqlite_path(self.url))) as sconn:
+                sconn.execute("CREATE TABLE IF NOT EXISTS bench_raw (payload BLOB)")
+                started = time.perf_counter()
+                for _ in range(repeats):
+                    sconn.execute("BEGIN IMMEDIATE")
+                    sconn.execute("INSERT INTO bench_raw (payload) VALUES (?)", (payload,))
+                    sconn.commit()
+                elapsed = time.perf_counter() - started
+                sconn.execute("DROP TABLE bench_raw")
+            return 1000 * elapsed / repeats
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (id bigserial, payload bytea)")
+            started = time.perf_counter()
+            for _ in range(repeats):
+                with conn.transaction():
+                    conn.execute("INSERT INTO bench_raw (payload) VALUES (%s)", (payload,))
+            elapsed = time.perf_counter() - started
+            conn.execute("DROP TABLE bench_raw")
+        return 1000 * elapsed / repeats
+
+
+@dataclass(frozen=True)
 class Measured:
     seconds: float
     steps: int
@@ -93,12 +175,13 @@ class Measured:
         return 1000 * self.seconds / self.steps
 
 
-def run_loopwright(bench: Bench, steps: int, profile: cProfile.Profile | None = None) -> Measured:
+def run_loopwright(
+    bench: Bench, backend: Backend, steps: int, profile: cProfile.Profile | None = None
+) -> Measured:
     run_id = f"lw-steps-{time.time_ns()}"
     with (
-        open_reading_runner(bench.database_url, bench.endpoints, steps) as runner,
+        open_reading_runner(backend.url, bench.endpoints, steps) as runner,
         timed_commits(runner.saver) as commits,
-        psycopg.connect(bench.database_url) as conn,
     ):
         started = time.perf_counter()
         # Since Python 3.12 cProfile hooks sys.monitoring, which sees every thread: LangGraph's
@@ -109,51 +192,160 @@ def run_loopwright(bench: Bench, steps: int, profile: cProfile.Profile | None = 
         if profile is not None:
             profile.disable()
         elapsed = time.perf_counter() - started
-        assert outcome.stop_reason == "completed", outcome.stop_detail
-        return Measured(elapsed, steps, commits, thread_bytes(conn, run_id))
+    assert outcome.stop_reason == "completed", outcome.stop_detail
+    return Measured(elapsed, steps, commits, backend.thread_bytes(run_id))
 
 
-def run_bare(bench: Bench, steps: int) -> Measured:
+def run_bare(bench: Bench, backend: Backend, steps: int) -> Measured:
     thread = f"bare-steps-{time.time_ns()}"
     config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 10**6}
     with (
-        PostgresSaver.from_conn_string(bench.database_url) as saver,
+        backend.bare_saver() as saver,
         httpx.Client() as client,
         timed_commits(saver) as commits,
-        psycopg.connect(bench.database_url) as conn,
     ):
-        saver.setup()
         agent = bare_agent(reading_model(steps), bare_tools(bench.endpoints, client), saver)
         started = time.perf_counter()
         agent.invoke({"messages": [HumanMessage(TASK)]}, config, durability="sync")
         elapsed = time.perf_counter() - started
-        return Measured(elapsed, steps, commits, thread_bytes(conn, thread))
+    return Measured(elapsed, steps, commits, backend.thread_bytes(thread))
 
 
-def raw_commit_ms(database_url: str, payload_bytes: int, repeats: int = 300) -> float:
-    """One INSERT of `payload_bytes` and its COMMIT, on an autocommit connection with an explicit
-    transaction, as the savers write."""
-    payload = bytes(range(256)) * (payload_bytes // 256 + 1)
-    payload = payload[:payload_bytes]
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (id bigserial, payload bytea)")
-        started = time.perf_counter()
-        for _ in range(repeats):
-            with conn.transaction():
-                conn.execute("INSERT INTO bench_raw (payload) VALUES (%s)", (payload,))
-        elapsed = time.perf_counter() - started
-        conn.execute("DROP TABLE bench_raw")
-    return 1000 * elapsed / repeats
+@dataclass(frozen=True)
+class Spread:
+    """A figure over the rounds: its median, quartiles and extremes."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def show(self, unit: str = "", digits: int = 2) -> str:
+        q = statistics.quantiles(self.values, n=4) if len(self.values) > 1 else [self.median] * 3
+        f = f"{{:.{digits}f}}"
+        return (
+            f"{f.format(self.median)}{unit} (middle half {f.format(q[0])}-{f.format(q[2])}, "
+            f"all {f.format(min(self.values))}-{f.format(max(self.values))}, "
+            f"{len(self.values)} rounds)"
+        )
 
 
-def round_trips(profile: cProfile.Profile) -> int:
-    """How many times psycopg waited for the server: one per round trip to Postgres."""
-    stats: dict[tuple[str, int, str], tuple[Any, ...]] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    return sum(
-        calls
-        for (path, _line, name), (_cc, calls, *_rest) in stats.items()
-        if name == "wait" and path.endswith("psycopg/connection.py")
+@dataclass(frozen=True)
+class Length:
+    """One backend and run length: every round's figures."""
+
+    backend: str
+    steps: int
+    loopwright_ms: Spread
+    bare_ms: Spread
+    step_ratio: Spread
+    commit_ms: Spread
+    bare_commit_ms: Spread
+    raw_ms: Spread
+    commit_ratio: Spread
+    commit_bytes: int
+
+    @property
+    def step_goal(self) -> float | None:
+        return STEP_GOALS.get(self.steps)
+
+
+@dataclass(frozen=True)
+class Work:
+    """Database work per tool step on Postgres, as the wire shows it."""
+
+    loopwright: DbWork
+    loopwright_commits: float
+    bare: DbWork
+    bare_commits: float
+
+
+@dataclass
+class StepFigures:
+    lengths: list[Length] = field(default_factory=list)
+    work: Work | None = None
+    profile: cProfile.Profile | None = None
+
+    @property
+    def missed(self) -> bool:
+        return any(
+            (length.step_goal is not None and length.step_ratio.median > length.step_goal)
+            or length.commit_ratio.median > COMMIT_GOAL
+            for length in self.lengths
+        )
+
+
+def measure_length(bench: Bench, backend: Backend, steps: int, rounds: int) -> Length:
+    run_loopwright(bench, backend, min(steps, 5))  # warm: imports, connections, caches
+    run_bare(bench, backend, min(steps, 5))
+    ours: list[Measured] = []
+    bare: list[Measured] = []
+    raw: list[float] = []
+    for n in range(rounds):
+        if n % 2:
+            ours.append(run_loopwright(bench, backend, steps))
+            bare.append(run_bare(bench, backend, steps))
+        else:
+            bare.append(run_bare(bench, backend, steps))
+            ours.append(run_loopwright(bench, backend, steps))
+        commit_bytes = ours[-1].bytes_written // max(1, ours[-1].commits.puts)
+        raw.append(backend.raw_commit_ms(commit_bytes))
+    commit = [m.commits.per_put_ms for m in ours]
+    return Length(
+        backend=backend.name,
+        steps=steps,
+        loopwright_ms=Spread(tuple(m.per_step_ms for m in ours)),
+        bare_ms=Spread(tuple(m.per_step_ms for m in bare)),
+        step_ratio=Spread(
+            tuple(o.per_step_ms / b.per_step_ms for o, b in zip(ours, bare, strict=True))
+        ),
+        commit_ms=Spread(tuple(commit)),
+        bare_commit_ms=Spread(tuple(m.commits.per_put_ms for m in bare)),
+        raw_ms=Spread(tuple(raw)),
+        commit_ratio=Spread(tuple(c / r for c, r in zip(commit, raw, strict=True))),
+        commit_bytes=ours[-1].bytes_written // max(1, ours[-1].commits.puts),
     )
+
+
+def measure_work(bench: Bench, backend: Backend) -> Work:
+    """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems."""
+
+    def traced(run: Callable[[int], Measured], steps: int) -> tuple[DbWork, int]:
+        with tempfile.TemporaryDirectory(prefix="lw-wire-") as tmp:
+            with traced_connections(Path(tmp)) as traces:
+                measured = run(steps)
+            return traces.collect(), measured.commits.puts
+
+    def per_step(run: Callable[[int], Measured]) -> tuple[DbWork, float]:
+        short, short_commits = traced(run, WORK_STEPS)
+        long, long_commits = traced(run, 2 * WORK_STEPS)
+        return long - short, (long_commits - short_commits) / WORK_STEPS
+
+    ours, ours_commits = per_step(lambda steps: run_loopwright(bench, backend, steps))
+    bare, bare_commits = per_step(lambda steps: run_bare(bench, backend, steps))
+    return Work(ours, ours_commits, bare, bare_commits)
+
+
+def measure(
+    bench: Bench, lengths: Sequence[int], rounds: int, backends: Sequence[str]
+) -> StepFigures:
+    figures = StepFigures()
+    with tempfile.TemporaryDirectory(prefix="lw-steps-") as tmp:
+        chosen = [
+            Backend("postgres", bench.database_url),
+            Backend("sqlite", f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"),
+        ]
+        for backend in [b for b in chosen if b.name in backends]:
+            for steps in lengths:
+                figures.lengths.append(measure_length(bench, backend, steps, rounds))
+            if not backend.is_sqlite:
+                figures.work = measure_work(bench, backend)
+        if figures.missed:
+            # The profiler slows the run down: a run of its own, after the timed ones.
+            figures.profile = cProfile.Profile()
+            run_loopwright(bench, chosen[0], max(lengths), figures.profile)
+    return figures
 
 
 # Where a thread only waits for another (LangGraph's stream waiting for its executor): not work.
@@ -175,83 +367,66 @@ def top_functions(profile: cProfile.Profile, limit: int = 15) -> str:
     )
 
 
-@dataclass(frozen=True)
-class StepFigures:
-    loopwright_ms: float
-    bare_ms: float
-    bare_commit_ms: float
-    commit_ms: float
-    commit_bytes: int
-    raw_ms: float
-    round_trips_per_commit: float
-
-    @property
-    def step_ratio(self) -> float:
-        return self.loopwright_ms / self.bare_ms
-
-    @property
-    def commit_ratio(self) -> float:
-        return self.commit_ms / self.raw_ms
+def _verdict(value: float, goal: float | None) -> str:
+    if goal is None:
+        return "(no goal at this length)"
+    return f"(goal <= {goal}x) {'met' if value <= goal else 'MISSED'}"
 
 
-def measure(bench: Bench, steps: int) -> tuple[StepFigures, cProfile.Profile]:
-    """Warm both up (imports, connections, the services' caches), then measure side by side:
-    bare, loopwright, and loopwright again under the profiler (which slows it down)."""
-    run_loopwright(bench, 5)
-    run_bare(bench, 5)
-    bare = run_bare(bench, steps)
-    ours = run_loopwright(bench, steps)
-    profile = cProfile.Profile()
-    profiled = run_loopwright(bench, steps, profile)
-    commit_bytes = ours.bytes_written // max(1, ours.commits.puts)
-    figures = StepFigures(
-        loopwright_ms=ours.per_step_ms,
-        bare_ms=bare.per_step_ms,
-        bare_commit_ms=1000 * bare.commits.seconds / max(1, bare.commits.puts),
-        commit_ms=1000 * ours.commits.seconds / max(1, ours.commits.puts),
-        commit_bytes=commit_bytes,
-        raw_ms=raw_commit_ms(bench.database_url, commit_bytes),
-        round_trips_per_commit=round_trips(profile) / max(1, profiled.commits.puts),
-    )
-    return figures, profile
-
-
-def report(figures: StepFigures, steps: int, profile: cProfile.Profile) -> list[str]:
-    lines = [
-        f"tool step, {steps} steps: loopwright {figures.loopwright_ms:.1f} ms, bare prebuilt agent "
-        f"{figures.bare_ms:.1f} ms: ratio {figures.step_ratio:.2f}x (goal <= {STEP_GOAL}x) "
-        f"{'met' if figures.step_ratio <= STEP_GOAL else 'MISSED'}",
-        f"node commit (fenced put_writes + put): {figures.commit_ms:.2f} ms for "
-        f"{figures.commit_bytes} bytes; raw INSERT + COMMIT of as many bytes {figures.raw_ms:.2f} "
-        f"ms: ratio {figures.commit_ratio:.2f}x (goal <= {COMMIT_GOAL}x) "
-        f"{'met' if figures.commit_ratio <= COMMIT_GOAL else 'MISSED'}",
-        f"  a loopwright tool step commits {LOOPWRIGHT_NODES_PER_STEP} nodes: "
-        f"{LOOPWRIGHT_NODES_PER_STEP * figures.commit_ms:.1f} ms of its "
-        f"{figures.loopwright_ms:.1f} ms are commits; the bare agent commits "
-        f"{BARE_NODES_PER_STEP} nodes at {figures.bare_commit_ms:.2f} ms each (stock saver, "
-        f"its whole message list in every commit)",
-        f"  a node commit is two transactions (put_writes, then put), each first locking the "
-        f"run's lease row to check the fence: {figures.round_trips_per_commit:.1f} round trips "
-        f"to Postgres per node commit (psycopg waits in the profiled run), against 3 for the raw "
-        f"INSERT (BEGIN, INSERT, COMMIT)",
-    ]
-    if figures.step_ratio > STEP_GOAL or figures.commit_ratio > COMMIT_GOAL:
+def report(figures: StepFigures) -> list[str]:
+    lines: list[str] = []
+    for length in figures.lengths:
+        lines += [
+            f"{length.backend}, {length.steps} steps: tool step loopwright "
+            f"{length.loopwright_ms.show(' ms', 1)}, bare prebuilt agent "
+            f"{length.bare_ms.show(' ms', 1)}",
+            f"  ratio loopwright / bare {length.step_ratio.show('x')} "
+            f"{_verdict(length.step_ratio.median, length.step_goal)}",
+            f"  node commit (one transaction: the node's writes, the checkpoint, the fence check) "
+            f"{length.commit_ms.show(' ms')} for {length.commit_bytes} bytes; raw INSERT + "
+            f"COMMIT of as many bytes {length.raw_ms.show(' ms')}",
+            f"  ratio node commit / raw {length.commit_ratio.show('x')} "
+            f"{_verdict(length.commit_ratio.median, COMMIT_GOAL)}",
+            f"  a loopwright tool step commits {LOOPWRIGHT_NODES_PER_STEP} nodes: "
+            f"{LOOPWRIGHT_NODES_PER_STEP * length.commit_ms.median:.1f} ms of its "
+            f"{length.loopwright_ms.median:.1f} ms; the bare agent commits {BARE_NODES_PER_STEP} "
+            f"at {length.bare_commit_ms.median:.2f} ms each (stock saver, its whole message list "
+            f"in every commit)",
+        ]
+    if figures.work is not None:
+        work = figures.work
+        lines += [
+            f"database work per tool step (postgres, on the wire, a {2 * WORK_STEPS}-step run "
+            f"less a {WORK_STEPS}-step one):",
+            f"  loopwright: {work.loopwright.per(WORK_STEPS)}, in "
+            f"{work.loopwright_commits:.1f} node commits",
+            f"  the least the card's boundaries need: {LOOPWRIGHT_NODES_PER_STEP} transactions "
+            f"and {LOOPWRIGHT_NODES_PER_STEP} round trips (a commit after each of "
+            f"{LOOPWRIGHT_NODES_PER_STEP} nodes, one round trip each)",
+            f"  bare prebuilt agent: {work.bare.per(WORK_STEPS)}, in {work.bare_commits:.1f} "
+            f"node commits",
+        ]
+    if figures.profile is not None:
         lines += [
             "where loopwright's time goes (cProfile over every thread, own time, a thread's wait "
             "for another left out):",
-            top_functions(profile),
+            top_functions(figures.profile),
         ]
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved runs per length")
+    parser.add_argument(
+        "--backend", nargs="+", choices=["postgres", "sqlite"], default=["postgres", "sqlite"]
+    )
     parser.add_argument("--db", help="Postgres server URL (a fresh database is made and dropped)")
     args = parser.parse_args(argv)
     with bench_environment(args.db) as bench:
-        figures, profile = measure(bench, args.steps)
-    print("\n".join(report(figures, args.steps, profile)))
+        figures = measure(bench, args.steps, args.rounds, args.backend)
+    print("\n".join(report(figures)))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ each thread holds in LangGraph's tables (checkpoints, blobs, writes; logical siz
 Postgres's own compression) after every step. loopwright's history and evidence are delta
 channels, so a step should add about the same bytes at step 500 as at step 1; the bare agent
 stores its whole message list again at every step. Goals: bytes/step over the last 100 steps
-within 1.2x of the first 100 (linear), and loopwright's total at N steps <= 0.1x the bare
-agent's. Where a goal is missed the script shows where loopwright's bytes are, by table and
-channel.
+within 1.2x of the first 100 (linear); loopwright's total at N steps <= 0.1x the bare agent's;
+bytes per tool step <= 4x the observation's (the read's answer as the model sees it). The
+script prints loopwright's bytes per tool step by table and channel.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -42,6 +42,7 @@ from benchmarks.perf_setup import (
 WINDOW = 100
 LINEAR_GOAL = 1.2
 BARE_GOAL = 0.1
+PAYLOAD_GOAL = 4.0
 BARE_SAMPLE_EVERY = 10  # the bare agent's size is read every 10 steps (its reads are slow)
 
 BY_CHANNEL = """
@@ -57,8 +58,9 @@ ORDER BY bytes DESC
 """
 
 
-def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str]:
-    """Thread bytes after each model decision (index k: after k tool steps), and the thread."""
+def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str, int]:
+    """Thread bytes after each model decision (index k: after k tool steps), the thread, and
+    the median observation's bytes (a tool result as the model sees it)."""
     run_id = f"lw-storage-{time.time_ns()}"
     sizes: list[int] = []
     with (
@@ -72,7 +74,12 @@ def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str]:
 
         outcome = runner.start(TASK, PRINCIPAL, run_id=run_id, on_step=measure)
         assert outcome.stop_reason == "completed", outcome.stop_detail
-    return sizes, run_id
+        observations = [
+            len(str(m.content).encode())
+            for m in runner.state(run_id)["history"]
+            if isinstance(m, ToolMessage)
+        ]
+    return sizes, run_id, sorted(observations)[len(observations) // 2]
 
 
 def bare_sizes(bench: Bench, steps: int) -> list[tuple[int, int]]:
@@ -110,6 +117,12 @@ class StorageFigures:
     bare_series: list[tuple[int, int]]
     loopwright_series: list[int]
     breakdown: list[tuple[str, int]]
+    observation_bytes: int
+
+    @property
+    def to_payload(self) -> float:
+        """Bytes per tool step (the last window's) over the observation's bytes."""
+        return self.last_per_step / self.observation_bytes
 
     @property
     def linearity(self) -> float:
@@ -121,7 +134,7 @@ class StorageFigures:
 
 
 def measure(bench: Bench, steps: int) -> StorageFigures:
-    ours, run_id = loopwright_sizes(bench, steps)
+    ours, run_id, observation_bytes = loopwright_sizes(bench, steps)
     with psycopg.connect(bench.database_url, autocommit=True) as conn:
         breakdown = [(str(p), int(b)) for p, b in conn.execute(BY_CHANNEL, {"t": run_id})]
     bare = bare_sizes(bench, steps)
@@ -135,6 +148,7 @@ def measure(bench: Bench, steps: int) -> StorageFigures:
         bare_series=bare,
         loopwright_series=ours,
         breakdown=breakdown,
+        observation_bytes=observation_bytes,
     )
 
 
@@ -155,9 +169,15 @@ def report(figures: StorageFigures) -> list[str]:
             for n, b in figures.bare_series[:: max(1, len(figures.bare_series) // 6)]
         ),
     ]
-    if not (linear_ok and bare_ok):
-        lines.append("where loopwright's bytes are (by table and channel):")
-        lines += [f"  {b / 1e6:9.2f} MB  {part}" for part, b in figures.breakdown[:10]]
+    payload_ok = figures.to_payload <= PAYLOAD_GOAL
+    lines += [
+        f"bytes per tool step (last {window} steps) / the observation's "
+        f"{figures.observation_bytes:,} B: {figures.to_payload:.1f}x (goal <= {PAYLOAD_GOAL}x) "
+        f"{'met' if payload_ok else 'MISSED'}",
+        f"loopwright's bytes per tool step by table and channel (totals over {figures.steps} "
+        "steps / steps):",
+    ]
+    lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:12] if b]
     return lines
 
 

@@ -1,0 +1,135 @@
+"""Database work as the wire shows it: transactions, round trips, statements and bytes.
+
+libpq can trace every protocol message of a connection (PQtrace). `traced_connections` turns
+that on for each psycopg connection opened inside it (the runner's saver, journal and lease
+store alike), and `DbWork.read` counts the traces:
+
+* round trips: the times a connection turned from sending to reading (an F message, then a B);
+* statements: Execute messages (extended protocol) and Query messages (simple protocol);
+* transactions: ReadyForQuery messages saying the session is idle: the end of an explicit
+  transaction, or of a statement run in autocommit (each its own transaction);
+* bytes: what the client sent.
+
+Tracing slows the client down: count in a run of its own, never in a timed one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+
+@dataclass(frozen=True)
+class DbWork:
+    transactions: int = 0
+    round_trips: int = 0
+    statements: int = 0
+    bytes_sent: int = 0
+
+    def __add__(self, other: DbWork) -> DbWork:
+        return DbWork(
+            self.transactions + other.transactions,
+            self.round_trips + other.round_trips,
+            self.statements + other.statements,
+            self.bytes_sent + other.bytes_sent,
+        )
+
+    def __sub__(self, other: DbWork) -> DbWork:
+        return DbWork(
+            self.transactions - other.transactions,
+            self.round_trips - other.round_trips,
+            self.statements - other.statements,
+            self.bytes_sent - other.bytes_sent,
+        )
+
+    def per(self, n: float) -> str:
+        return (
+            f"{self.transactions / n:.1f} transactions, {self.round_trips / n:.1f} round trips, "
+            f"{self.statements / n:.1f} statements, {self.bytes_sent / n:,.0f} bytes sent"
+        )
+
+    @classmethod
+    def read(cls, trace: Path) -> DbWork:
+        """Count one connection's trace (written with timestamps suppressed)."""
+        previous = ""
+        transactions = round_trips = statements = sent = 0
+        for line in trace.read_text(errors="replace").splitlines():
+            fields = line.split("\t")
+            if len(fields) < 3 or fields[0] not in ("F", "B"):
+                continue  # a continuation line of a long message
+            direction, length, kind = fields[0], int(fields[1]), fields[2]
+            if direction == "F":
+                sent += length
+                statements += kind in ("Execute", "Query")
+            else:
+                round_trips += previous == "F"
+                transactions += kind == "ReadyForQuery" and fields[-1].strip() == "I"
+            previous = direction
+        return cls(transactions, round_trips, statements, sent)
+
+
+@dataclass
+class Traces:
+    """The connections traced so far: their trace files, and how to stop tracing them."""
+
+    files: list[Path]
+    stops: list[Callable[[], None]]
+
+    def collect(self) -> DbWork:
+        """Stop tracing every connection (flushing its trace) and count all of them."""
+        for stop in self.stops:
+            stop()
+        self.stops.clear()
+        work = DbWork()
+        for path in self.files:
+            work += DbWork.read(path)
+        return work
+
+
+@contextmanager
+def traced_connections(directory: Path) -> Iterator[Traces]:
+    """Trace each psycopg connection opened inside the block into a file under `directory`."""
+    traces = Traces([], [])
+    original = psycopg.Connection.connect
+
+    def connect(cls: type[psycopg.Connection[Any]], *args: Any, **kwargs: Any) -> Any:
+        conn = original.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+        path = directory / f"connection-{len(traces.files)}.trace"
+        # libpq writes to a stream of its own on this descriptor, flushed when tracing stops:
+        # before the connection closes, or at `collect`.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        conn.pgconn.trace(fd)
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        close = conn.close
+
+        def stop() -> None:
+            if fd in open_fds:
+                open_fds.remove(fd)
+                if not conn.closed:
+                    conn.pgconn.untrace()
+                os.close(fd)
+
+        def close_traced() -> None:
+            stop()
+            close()
+
+        open_fds.add(fd)
+        conn.close = close_traced
+        traces.files.append(path)
+        traces.stops.append(stop)
+        return conn
+
+    open_fds: set[int] = set()
+    psycopg.Connection.connect = classmethod(connect)  # type: ignore[assignment, method-assign]
+    try:
+        yield traces
+    finally:
+        psycopg.Connection.connect = original  # type: ignore[method-assign]
+        traces.collect()
