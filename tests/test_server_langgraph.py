@@ -148,7 +148,7 @@ def test_refund_with_an_approval_through_the_sdk(served: Served) -> None:
 
 def test_cancel_in_the_middle_of_a_refund_and_a_busy_thread(served: Served) -> None:
     """LangGraph's own cancel of a running run: the refund in flight is settled, then the run
-    stops with `cancelled`. A second run on the busy thread is refused with 409."""
+    stops with `cancelled`. A second run on the busy thread is refused."""
 
     ada, ann = served.client("t-u1"), served.client("t-a1")
     task = "Check whether order O-46 can be refunded and refund it if so."
@@ -166,7 +166,9 @@ def test_cancel_in_the_middle_of_a_refund_and_a_busy_thread(served: Served) -> N
         ada.runs.create(thread_id, GRAPH, input={"task": task}, multitask_strategy="reject")
     ada.runs.cancel(thread_id, resumed["run_id"])
     state = wait_for_end(ada, thread_id)
-    assert busy.value.response.status_code == 409
+    # Refused: the thread is busy (409), or, until the decision's run records where it stands,
+    # its run still waits for the approval, and a customer's run there is refused (403).
+    assert busy.value.response.status_code in (403, 409)
     assert state["values"]["stop_reason"] == "cancelled"
     assert state["values"]["phase"] == "INCOMPLETE" and state["next"] == []
     actions = served.sql(

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.graph.state import Principal
+from loopwright.graph.state import Phase, Principal
 from loopwright.server.inputs import APPROVER_ROLE, principal_for_task, principal_of_user
 from loopwright.server.resources import aresources
 
@@ -282,12 +282,25 @@ def checkpoint_choice(kwargs: Mapping[str, Any]) -> str | None:
     return f"checkpoint.{chosen[0]}" if chosen else None
 
 
+def stamp_owner(value: Any, kwargs: Mapping[str, Any], owner: str, tenant: str) -> None:
+    """The run's metadata (and its config's) name `owner` and `tenant`, whatever the client sent
+    under those keys. A run that creates its thread (`if_not_exists="create"`, a stateless run)
+    gives the new thread this metadata, and a thread's owner and tenant are what every filter
+    and the inbox go by: a client's own would put its run in another tenant's inbox."""
+    config = kwargs.get("config")
+    for metadata in (value.get("metadata"), isinstance(config, dict) and config.get("metadata")):
+        if isinstance(metadata, dict):  # in place: the server keeps these dicts
+            metadata.update(owner=owner, tenant=tenant)
+
+
 @auth.on.threads.create_run
 async def on_run_create(
     ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate
 ) -> Auth.types.FilterType | None:
     """Starting a run: a customer, their thread, a task the agent takes for them. Deciding: an
-    approver, not on their own run."""
+    approver, not on their own run, at once and without interrupting what is in flight. Other
+    runs on a thread: its run's own user, unless an approval waits.
+    The run's metadata names the thread's owner and tenant (a new thread's come from it)."""
     user = _user(ctx)
     # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
     kwargs: Mapping[str, Any] = value.get("kwargs") or cast(Mapping[str, Any], value)
@@ -305,17 +318,29 @@ async def on_run_create(
             raise _forbidden("only approvers decide approvals")
         if run is not None and run.user_id == user.user_id:
             raise _forbidden("an approver cannot decide about their own run")
+        if strategy == "interrupt":  # it would cancel the run in flight: only its user may
+            raise _forbidden("a decision cannot interrupt the run in flight: use reject")
+        if kwargs.get("after_seconds") or value.get("after_seconds"):
+            # Queued, it could be cancelled by the run's user before it runs (see below).
+            raise _forbidden("a decision is taken now, not after_seconds later")
+        stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
         return {"tenant": user.tenant}  # and only in their own tenant
     if not user.is_customer:
         raise _forbidden("only customers start runs")
     if run is not None and run.user_id != user.user_id:
         raise _forbidden("this run belongs to another user")
+    if run is not None and run.phase == Phase.WAITING_APPROVAL:
+        # A resume would answer the approval (ignored, and the request asked again, anew); any
+        # other run is queued behind it, and cancelled before it runs it leaves the thread
+        # "idle": the approval would be gone from the inbox, which lists interrupted threads.
+        raise _forbidden("this run waits for an approval: only an approver's decision resumes it")
     run_input = kwargs.get("input")
     task = run_input.get("task") if isinstance(run_input, Mapping) else None
     if isinstance(run_input, dict):
         run_input.pop("principal", None)  # never trusted anyway: the served graph ignores it
     if isinstance(task, str) and (refusal := await task_refusal(user, task)) is not None:
         raise _forbidden(refusal)
+    stamp_owner(value, kwargs, user.user_id, user.tenant)
     return {"owner": user.user_id, "tenant": user.tenant}
 
 
