@@ -74,6 +74,18 @@ class RunNotFound(LookupError):
         super().__init__(f"run {run_id} is not registered")
 
 
+class RunPruned(RuntimeError):
+    """The retention job removed the run's checkpoints: it ended, and nothing may advance it
+    again (from an empty state it would start over). Its summary and journal remain."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id} was pruned by the retention job: it ended, and only its summary and"
+            " journal remain (`loopwright show` prints them)"
+        )
+        self.run_id = run_id
+
+
 class LeaseHeld(RuntimeError):
     """Another owner's lease on the run is still live."""
 
@@ -195,6 +207,8 @@ class LeaseStore:
             run = lock_run(self.db, run_id, exclusive=True)
             if run is None:
                 raise RunNotFound(run_id)
+            if self.db.one("SELECT 1 AS x FROM lw_run_summaries WHERE run_id = %s", (run_id,)):
+                raise RunPruned(run_id)
             if run.owner is not None and run.owner != owner and run.lease_live:
                 raise LeaseHeld(run.owner, run.lease_expires_at, run_id=run_id)
             extends = run.owner == owner and run.lease_live

@@ -96,10 +96,33 @@ def _v3_run_agent(db: Database) -> None:
     db.execute("ALTER TABLE lw_runs ADD COLUMN agent_version TEXT NOT NULL DEFAULT ''")
 
 
+def _v4_run_summaries(db: Database) -> None:
+    """How a run ended, kept by the retention job (`checkpoints.retention`) when it removes the
+    run's checkpoints: a pruned run is its summary, its journal and its lw_runs row."""
+    db.execute(
+        """CREATE TABLE IF NOT EXISTS lw_run_summaries (
+    run_id TEXT PRIMARY KEY REFERENCES lw_runs (run_id),
+    phase TEXT NOT NULL,
+    stop_reason TEXT NOT NULL,
+    stop_detail TEXT NOT NULL,
+    verification {json},
+    answer TEXT,
+    actions {json} NOT NULL,
+    steps INTEGER NOT NULL,
+    usage {json} NOT NULL,
+    checkpoints INTEGER NOT NULL,
+    bytes BIGINT NOT NULL,
+    ended_at {timestamp} NOT NULL,
+    pruned_at {timestamp} NOT NULL
+)"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
     _v3_run_agent,
+    _v4_run_summaries,
 )
 LATEST = len(MIGRATIONS)
 

@@ -570,6 +570,55 @@ def runs(
             render_runs(lines, console)
 
 
+@app.command()
+def retention(
+    older_than: Annotated[
+        float,
+        typer.Option(
+            "--older-than", metavar="DAYS", min=0, help="Prune runs that ended this long ago."
+        ),
+    ],
+    db: DbOption = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be pruned; change nothing.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove the checkpoints of finished runs that ended more than DAYS ago (an operator's job).
+
+    Keeps every journal row and a final summary of each run (stop reason, verification, each
+    action's final status, the final answer): `show` and `runs` still say how it ended. Never
+    touches a run that is running, waiting for a person or parked, or whose writes are not
+    settled."""
+    from loopwright.checkpoints.database import database_exists, redact, resolve_database_url
+    from loopwright.checkpoints.retention import retain
+    from loopwright.reports import retention_document
+
+    url = resolve_database_url(db, create=False)
+    if not database_exists(url):
+        raise UsageError(f"no loopwright database at {redact(url)}")
+    report = retain(url, older_than, dry_run=dry_run)
+    if as_json:
+        print_json(retention_document(report))
+        return
+    verb = "would prune" if dry_run else "pruned"
+    for run in report.pruned:
+        assert run.summary is not None
+        console.print(
+            f"{verb} {run.run_id}  {run.summary.stop_reason}  ended {run.ended_at}"
+            f"  {run.checkpoints} checkpoints, {run.bytes} bytes",
+            markup=False,
+        )
+    for run in report.kept:
+        console.print(f"kept {run.run_id}: {run.kept}", markup=False)
+    console.print(
+        f"{len(report.pruned)} runs {verb}, {len(report.kept)} kept (ended before"
+        f" {report.cutoff}); checkpoint bytes before {report.bytes_before},"
+        f" after {report.bytes_after}",
+        markup=False,
+    )
+
+
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
     found = []
     for record in runner.leases.runs():
@@ -995,7 +1044,7 @@ def user_error(exc: Exception) -> str | None:
         DatabaseUrlError,
     )
     from loopwright.checkpoints.journal import StaleTransition
-    from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, StaleWriter
+    from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
     from loopwright.runner import (
         DecisionNotTaken,
         ModelChanged,
@@ -1016,6 +1065,7 @@ def user_error(exc: Exception) -> str | None:
         RunExists,
         LeaseHeld,
         LeaseLost,
+        RunPruned,
         StaleWriter,
         StaleTransition,
         DatabaseUrlError,

@@ -6,6 +6,7 @@
 | `loopwright.run-history/1` | show | `loopwright.run/1` and each action's status history |
 | `loopwright.runs/1` | runs | every run: agent and version, phase, stop reason, unconfirmed writes, failures |
 | `loopwright.approvals/1` | approvals list | the approvals waiting |
+| `loopwright.retention/1` | retention | the runs pruned (or, with --dry-run, that would be), those kept and why, checkpoint bytes before and after |
 
 A document's fields are only ever added to within a version; a change of meaning is a new
 version. Sensitive arguments (the contracts' `sensitive_fields`) are "[redacted]", and a
@@ -23,7 +24,10 @@ from loopwright.observability.redaction import redact
 from loopwright.timeline import Redactor
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from loopwright.checkpoints.journal import ActionEvent
+    from loopwright.checkpoints.retention import RetentionReport
     from loopwright.run_list import RunLine
     from loopwright.runner import Runner, RunOutcome
     from loopwright.tools.registry import ToolRegistry
@@ -114,11 +118,24 @@ def _event(event: ActionEvent) -> dict[str, Any]:
 
 def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
     document = _run_fields(runner, outcome)
-    state = runner.state(outcome.run_id)
     document["schema"] = "loopwright.run-history/1"
-    document["task"] = state["task"]
-    document["user"] = (state.get("principal") or {}).get("user_id")
-    document["steps"] = [node for node, _ in runner.steps(outcome.run_id)]
+    if (pruned := outcome.pruned) is not None:  # its steps went with its checkpoints
+        record = runner.leases.get(outcome.run_id)
+        document["task"] = record.task if record else ""
+        document["user"] = record.user_id if record else None
+        document["steps"] = []
+        document["pruned"] = {
+            "pruned_at": _iso(pruned.pruned_at),
+            "steps": pruned.steps,
+            "checkpoints": pruned.checkpoints,
+            "bytes": pruned.bytes,
+            "answer": pruned.answer,
+        }
+    else:
+        state = runner.state(outcome.run_id)
+        document["task"] = state["task"]
+        document["user"] = (state.get("principal") or {}).get("user_id")
+        document["steps"] = [node for node, _ in runner.steps(outcome.run_id)]
     events = {a.action_id: runner.journal.events(a.action_id) for a in outcome.actions}
     for action in document["actions"]:
         action["history"] = [_event(e) for e in events[action["action_id"]]]
@@ -158,3 +175,30 @@ def approvals_document(pending: list[dict[str, Any]], tools: ToolRegistry) -> di
         redactor.learn(request["tool"], request.get("args") or {})
     shown = [_request(r, redactor) for r in pending]
     return redactor.scrub({"schema": "loopwright.approvals/1", "approvals": shown})
+
+
+def _iso(moment: datetime | str | None) -> str | None:
+    return moment if moment is None or isinstance(moment, str) else moment.isoformat()
+
+
+def retention_document(report: RetentionReport) -> dict[str, Any]:
+    """What the retention job pruned (no values of a run's own: ids, stop reasons, sizes)."""
+    return {
+        "schema": "loopwright.retention/1",
+        "older_than_days": report.older_than_days,
+        "cutoff": _iso(report.cutoff),
+        "dry_run": report.dry_run,
+        "pruned": [
+            {
+                "run_id": run.run_id,
+                "ended_at": _iso(run.ended_at),
+                "stop_reason": run.summary.stop_reason if run.summary else None,
+                "checkpoints": run.checkpoints,
+                "bytes": run.bytes,
+            }
+            for run in report.pruned
+        ],
+        "kept": [{"run_id": run.run_id, "reason": run.kept} for run in report.kept],
+        "bytes_before": report.bytes_before,
+        "bytes_after": report.bytes_after,
+    }

@@ -40,10 +40,12 @@ from loopwright.checkpoints.leases import (
     LeaseKeeper,
     LeaseLost,
     LeaseStore,
+    RunPruned,
     RunRecord,
     StaleWriter,
     open_lease_store,
 )
+from loopwright.checkpoints.retention import Summary, summary_of
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import NODES, RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
@@ -84,6 +86,8 @@ class RunOutcome:
     actions: list[Action] = field(default_factory=list)
     # For a cancelled run: how its succeeded writes could be undone, offered, never performed.
     compensations: list[str] = field(default_factory=list)
+    # For a run the retention job pruned: the summary it kept (the checkpoints are gone).
+    pruned: Summary | None = None
 
     @property
     def waiting_for_approval(self) -> list[dict[str, Any]]:
@@ -535,6 +539,8 @@ class Runner:
         """Every committed node step of a run, oldest first, read back from the checkpoints."""
         history = list(self.graph.get_state_history(self.config(run_id)))
         if not history:
+            if summary_of(self.leases.db, run_id) is not None:
+                raise RunPruned(run_id)  # its steps went with its checkpoints
             raise UnknownRun(run_id)
         return [
             (task.name, task.result or {})
@@ -553,7 +559,18 @@ class Runner:
         snapshot = self.graph.get_state(self.config(run_id))
         values = snapshot.values
         if not values:
-            raise UnknownRun(run_id)
+            summary = summary_of(self.leases.db, run_id)
+            if summary is None:
+                raise UnknownRun(run_id)
+            return RunOutcome(
+                run_id=run_id,
+                phase=summary.phase,
+                stop_reason=summary.stop_reason,
+                stop_detail=summary.stop_detail,
+                verification=summary.verification,
+                actions=self.journal.for_run(run_id),
+                pruned=summary,
+            )
         interrupts = [i.value | {"interrupt_id": i.id} for i in snapshot.interrupts]
         phase = values.get("phase", Phase.READY)
         if any(i.get("kind") == "approval" for i in interrupts):

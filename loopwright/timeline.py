@@ -38,7 +38,7 @@ from loopwright.observability.redaction import REDACTED, redact, redacted_digest
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwright.runner import Runner
+    from loopwright.runner import Runner, RunOutcome
 
 # Shorter sensitive values are not blanked in free text: they would blank ordinary words.
 MIN_SECRET_CHARS = 4
@@ -258,9 +258,12 @@ def _budget_line(usage: Usage, budget: Budget) -> str:
 
 def render_run(runner: Runner, run_id: str, console: Console) -> None:
     """Print a run from the database: its steps, each action's history, where it stands."""
+    outcome = runner.outcome(run_id)
+    if outcome.pruned is not None:
+        render_pruned_run(runner, outcome, console)
+        return
     steps = runner.steps(run_id)
     state = runner.state(run_id)
-    outcome = runner.outcome(run_id)
     printer = TimelinePrinter(console, runner.tools)
     redactor = printer.redactor
     for _, update in steps:  # learn every sensitive value first: the task may repeat one
@@ -312,3 +315,43 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     say(
         f"budget used: {_budget_line(Usage.model_validate(state.get('usage') or {}), runner.budget)}"
     )
+
+
+def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> None:
+    """A run the retention job pruned: its steps are gone with its checkpoints; the journal
+    (each action's history) and the summary say how it ended."""
+    assert outcome.pruned is not None
+    summary = outcome.pruned
+    record = runner.leases.get(outcome.run_id)
+    redactor = Redactor(runner.tools)
+    for action in outcome.actions:
+        redactor.learn(action.tool, action.args)
+        redactor.learn(action.tool, action.outcome or {})
+
+    def say(line: str) -> None:
+        console.print(redactor.text(line))
+
+    console.rule(f"run {outcome.run_id}")
+    if record is not None:
+        say(f"task: {escape(record.task)}")
+        say(f"user: {escape(record.user_id)}")
+    say(
+        f"pruned by the retention job at {_time(summary.pruned_at) if summary.pruned_at else '?'}:"
+        f" its {summary.steps}"
+        f" steps went with its {summary.checkpoints} checkpoints ({summary.bytes} bytes); the"
+        " journal and this summary remain"
+    )
+    if outcome.actions:
+        say("\n[bold]actions[/]")
+    for action in outcome.actions:
+        for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
+            say(line)
+    say("\n[bold]where it stands[/]")
+    say(f"{summary.phase}: {summary.stop_reason} {escape(summary.stop_detail)}".rstrip())
+    if summary.verification:
+        verification = Verification.model_validate(summary.verification)
+        mark = "verified" if verification.verified else "not verified"
+        say(f"{mark}: {escape(verification.summary)}")
+    if summary.answer:
+        say(f"answer: {escape(summary.answer)}")
+    say(f"budget used: {_budget_line(Usage.model_validate(summary.usage), runner.budget)}")
