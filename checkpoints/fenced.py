@@ -76,8 +76,9 @@ from loopwright.graph.crashpoints import armed, crash_point
 # LangGraph names the durability a graph runs with in its config (CONFIG_KEY_DURABILITY), and
 # writes that belong to no task (resume values, updates) are NULL_TASK_ID's.
 DEFERRING_DURABILITY = "sync"
-# Held writes and saved supersteps are remembered for this many (thread, namespace) pairs: a
-# worker advances many runs with one saver, and an abandoned run must not grow it forever.
+# The held writes of this many supersteps, and the last saved superstep of as many (thread,
+# namespace) pairs, are remembered: a worker advances many runs with one saver, and runs it
+# abandoned must not grow it forever. A superstep's own tasks are never dropped.
 REMEMBERED = 256
 
 Point = Callable[[str], None]
@@ -217,7 +218,10 @@ class FencedSaver(BaseCheckpointSaver[str]):
         with self._held_lock:
             late = self._saved_after.get((thread, ns)) == checkpoint_id
             if task.deferrable and not late:
-                _remember(self._held.setdefault(task.key, {}), task_id, task)
+                # A task's later writes replace its earlier ones, as in LangGraph's loop.
+                superstep = self._held.pop(task.key, {})
+                superstep[task_id] = task
+                _remember(self._held, task.key, superstep)
                 return
             held = [t for t in self._held.pop(task.key, {}).values() if t.task_id != task_id]
         self._commit(thread, [*held, task], None)
