@@ -160,6 +160,7 @@ class Throughput:
     runs: int
     seconds: float
     duplicates: int
+    claims_per_run: float
     commits: int
     commit_bytes: int
     raw_commits_per_s: float
@@ -255,6 +256,14 @@ def measure_workers(bench: Bench, workers: int, runs: int, first_order: int) -> 
             for process in processes:
                 process.wait(timeout=30)
     duplicates = sum(max(0, len(list_refunds(bench.endpoints, o)) - 1) for o in orders)
+    with psycopg.connect(bench.database_url) as conn:
+        # Every acquisition of a run bumps its fence: more than one a run is a worker claiming
+        # a run another already finished or holds.
+        row = conn.execute(
+            "SELECT avg(fence) FROM lw_runs WHERE run_id = ANY(%s)",
+            (list(submitted),),
+        ).fetchone()
+    assert row is not None
     commits = commits_after - commits_before
     commit_bytes = (bytes_after - bytes_before) // max(1, commits)
     return Throughput(
@@ -262,6 +271,7 @@ def measure_workers(bench: Bench, workers: int, runs: int, first_order: int) -> 
         runs=runs,
         seconds=elapsed,
         duplicates=duplicates,
+        claims_per_run=float(row[0]),
         commits=commits,
         commit_bytes=commit_bytes,
         raw_commits_per_s=raw_commit_rate(bench.database_url, workers, commit_bytes),
@@ -284,7 +294,7 @@ def report(found: list[Throughput]) -> list[str]:
         lines += [
             f"throughput, {t.workers} worker{'s' if t.workers > 1 else ''}: {t.runs} runs in "
             f"{t.seconds:.1f} s = {t.runs_per_s:.2f} runs/s, {t.commits_per_s:.0f} node commits/s "
-            f"({t.duplicates} duplicate refunds)",
+            f"({t.duplicates} duplicate refunds; {t.claims_per_run:.2f} lease acquisitions a run)",
             f"  ceiling: raw INSERT + COMMIT of {t.commit_bytes} bytes from {t.workers} "
             f"connection{'s' if t.workers > 1 else ''}: {t.raw_commits_per_s:.0f}/s; node commits "
             f"use {100 * t.commits_per_s / t.raw_commits_per_s:.0f}% of it",
