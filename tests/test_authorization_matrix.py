@@ -2,29 +2,36 @@
 
 The test reads the running server's OpenAPI document and calls every route it documents as every
 role (no token, the customer who owns the runs, another customer, an approver, an approver of
-another tenant). Run creation and thread operations are called again with every field their
-request schemas document, each set to a hostile value (a chosen checkpoint or namespace, a state
-update or a `goto`, a resume that is not a decision, `multitask_strategy` rollback or interrupt,
-`if_not_exists`, `on_completion`, `stream_subgraphs`, a webhook, metadata naming another owner
-and tenant, a context carrying a principal, `after_seconds`, ...).
+another tenant). Run creation and thread operations are called again, as every role with a
+token, with every field their request schemas document, each set to a hostile value (a chosen
+checkpoint or namespace, a state update or a `goto`, a resume that is not a decision,
+`multitask_strategy` rollback or interrupt, `if_not_exists`, `on_completion`,
+`stream_subgraphs`, a webhook, metadata naming another owner and tenant, a context carrying a
+principal, `after_seconds`, ...). Last, a run of the owner's is kept in flight while everyone
+else tries to interrupt, cancel, roll back or delete it.
 
 Every answer must be a refusal, or harmless: after each group of calls (and once the runs they
 started have ended), the journal (every row of lw_actions and lw_action_events), the checkpoints
-and lw_runs record of the two runs set up here (one completed with a refund, one waiting for an
-approval, both with journaled actions), and the inbox as an approver of either tenant sees it,
-are what they were. A customer starting a new run on a new thread is allowed: that thread must
-then be theirs, in their tenant.
+and lw_runs record of the runs set up here (some completed with a refund, some waiting for an
+approval, all with journaled actions), their state as the server reads it, and the inbox as an
+approver of either tenant sees it, are what they were. A customer starting a new run on a new
+thread is allowed: that thread must then be theirs, in their tenant.
 
 `CLASSIFICATION` names every route the server documents: refused (for everyone), allowed for
 some roles only (everyone else refused), or harmless. A route a future server version adds fails
 the test until it is classified here, and so does a run or thread field without a hostile value.
+
+One server, one HTTP client and one database connection serve the module; the calls of a group
+go out together (a thread busy with another probe's run is asked again).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+import psycopg
 import pytest
 
 from loopwright_refunds.services.admin import create_order
@@ -279,18 +287,49 @@ class Run:
 
 @dataclass
 class Env:
+    """The runs the probes aim at: completed ones and waiting ones, each kind alike. The sweep
+    aims at the first of each; field probes take turns over a kind's runs, because a server runs
+    one run at a time on a thread, and the probes of one thread would wait for one another."""
+
     served: Served
-    done: Run
-    waiting: Run
+    completed: tuple[Run, ...]
+    waiting_runs: tuple[Run, ...]
     assistant_id: str
-    fresh_threads: dict[str, str] = field(default_factory=dict)  # thread id -> its creator
+    # One client and one connection for every call and query (each new one costs CPU the
+    # server shares with the test on a CI machine's 2 cores).
+    http: httpx.Client
+    db: psycopg.Connection[Any]
+    db_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with self.db_lock:
+            return self.db.execute(query, params).fetchall()
+
+    def get(self, role: str, path: str, **options: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {TOKENS[role]}"}
+        return self.http.request(options.pop("method", "GET"), path, headers=headers, **options)
+
+    @property
+    def done(self) -> Run:
+        return self.completed[0]
+
+    @property
+    def waiting(self) -> Run:
+        return self.waiting_runs[0]
 
     @property
     def runs(self) -> tuple[Run, Run]:
         return self.done, self.waiting
 
+    @property
+    def all_runs(self) -> tuple[Run, ...]:
+        return (*self.completed, *self.waiting_runs)
+
+    def twins(self, run: Run) -> tuple[Run, ...]:
+        return self.completed if run in self.completed else self.waiting_runs
+
     def other(self, run: Run) -> Run:
-        return self.waiting if run is self.done else self.done
+        return self.waiting if run in self.completed else self.done
 
 
 @dataclass
@@ -363,49 +402,54 @@ def _run(env_served: Served, name: str, thread_id: str, task: str, interrupt: An
 
 
 @pytest.fixture(scope="module")
-def env(served: Served) -> Env:
-    return set_up(served)
+def env(served: Served) -> Iterator[Env]:
+    # No keep-alive: the server resets connections a probe left (a stream hung up on, an
+    # error), and a request must not meet one of them.
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=0)
+    with (
+        httpx.Client(base_url=served.url, timeout=TIMEOUT, limits=limits) as http,
+        psycopg.connect(served.database_url, autocommit=True) as db,
+    ):
+        yield set_up(served, http, db)
 
 
-def set_up(served: Served) -> Env:
-    """A run of u-1 completed with a refund, and one waiting for an approval."""
-    create_order(served.services, "O-1001", "u-1", "80.00")
-    create_order(served.services, "O-1002", "u-1", "90.00")
+COMPLETED_RUNS, WAITING_RUNS = 3, 2
+
+
+def set_up(served: Served, http: httpx.Client, db: psycopg.Connection[Any]) -> Env:
+    """Runs of u-1: some completed with a refund, some waiting for an approval (all at once)."""
     ada, ann = served.client(TOKENS[OWNER]), served.client(TOKENS[APPROVER])
-    done_task = "Check whether order O-1001 can be refunded and refund it if so."
-    done_id, done_state = start_run(ada, done_task)
-    [done_interrupt] = done_state["interrupts"]
-    ann.runs.wait(
-        done_id, GRAPH, command={"resume": decision_for(done_interrupt, "approve", "a-1")}
-    )
-    waiting_task = "Check whether order O-1002 can be refunded and refund it if so."
-    waiting_id, waiting_state = start_run(ada, waiting_task)
-    [waiting_interrupt] = waiting_state["interrupts"]
-    assert values_of(ada, done_id)["stop_reason"] == "completed"
-    assert served.sql("SELECT status FROM lw_actions WHERE run_id = %s", done_id) == [
-        ("SUCCEEDED",)
-    ]
-    assert served.sql("SELECT status FROM lw_actions WHERE run_id = %s", waiting_id) == [
-        ("NEEDS_APPROVAL",)
-    ]
-    [assistant] = ada.assistants.search(graph_id=GRAPH)
-    return Env(
-        served,
-        _run(served, "completed run", done_id, done_task, done_interrupt),
-        _run(served, "waiting run", waiting_id, waiting_task, waiting_interrupt),
-        str(assistant["assistant_id"]),
-    )
+    assistant_id = str(ada.assistants.search(graph_id=GRAPH)[0]["assistant_id"])
+
+    def run_of(number: int) -> Run:
+        order = f"O-{1000 + number}"
+        create_order(served.services, order, "u-1", f"{70 + number}.00")
+        task = f"Check whether order {order} can be refunded and refund it if so."
+        thread_id, state = start_run(ada, task)
+        [interrupt] = state["interrupts"]
+        completes = number <= COMPLETED_RUNS
+        if completes:
+            decision = decision_for(interrupt, "approve", "a-1")
+            ann.runs.wait(thread_id, GRAPH, command={"resume": decision})
+            assert values_of(ada, thread_id)["stop_reason"] == "completed"
+        status = "SUCCEEDED" if completes else "NEEDS_APPROVAL"
+        assert served.sql("SELECT status FROM lw_actions WHERE run_id = %s", thread_id) == [
+            (status,)
+        ]
+        name = f"{'completed' if completes else 'waiting'} run {order}"
+        return _run(served, name, thread_id, task, interrupt)
+
+    with ThreadPoolExecutor(max_workers=COMPLETED_RUNS + WAITING_RUNS) as pool:
+        runs = list(pool.map(run_of, range(1, COMPLETED_RUNS + WAITING_RUNS + 1)))
+    completed, waiting = tuple(runs[:COMPLETED_RUNS]), tuple(runs[COMPLETED_RUNS:])
+    return Env(served, completed, waiting, assistant_id, http, db)
 
 
 # --- the snapshot -------------------------------------------------------------------------------
 
 
 def inbox(env: Env, role: str) -> list[tuple[str, ...]]:
-    answer = httpx.get(
-        f"{env.served.url}/inbox/api/approvals",
-        headers={"Authorization": f"Bearer {TOKENS[role]}"},
-        timeout=TIMEOUT,
-    )
+    answer = env.get(role, "/inbox/api/approvals")
     if answer.status_code != 200:
         return [(str(answer.status_code), answer.text[:200])]
     return sorted(
@@ -416,11 +460,7 @@ def inbox(env: Env, role: str) -> list[tuple[str, ...]]:
 
 def state_of(env: Env, run: Run) -> tuple[Any, ...]:
     """The run's state as the server tells its owner (which the server must still be able to)."""
-    answer = httpx.get(
-        f"{env.served.url}/threads/{run.thread_id}/state",
-        headers={"Authorization": f"Bearer {TOKENS[OWNER]}"},
-        timeout=TIMEOUT,
-    )
+    answer = env.get(OWNER, f"/threads/{run.thread_id}/state")
     if answer.status_code != 200:
         return (answer.status_code, answer.text[:200])
     state = answer.json()
@@ -432,8 +472,11 @@ def state_of(env: Env, run: Run) -> tuple[Any, ...]:
 def snapshot(env: Env) -> dict[str, Any]:
     """The record nothing here may change: the journal, the two runs' checkpoints, lw_runs rows
     and state (as the server reads it), and the inbox as each tenant's approver sees it."""
-    threads = [run.thread_id for run in env.runs]
-    sql = env.served.sql
+    threads = [run.thread_id for run in env.all_runs]
+    sql = env.sql
+    with ThreadPoolExecutor(max_workers=4) as pool:  # what the server says, asked at once
+        states = list(pool.map(functools.partial(state_of, env), env.all_runs))
+        inboxes = list(pool.map(functools.partial(inbox, env), (APPROVER, FOREIGN)))
     return {
         "lw_actions": sql("SELECT row_to_json(a)::text FROM lw_actions a ORDER BY action_id"),
         "lw_action_events": sql(
@@ -449,9 +492,9 @@ def snapshot(env: Env) -> dict[str, Any]:
             " WHERE run_id = ANY(%s) ORDER BY run_id",
             threads,
         ),
-        "state": [state_of(env, run) for run in env.runs],
-        "inbox": inbox(env, APPROVER),
-        "inbox of the other tenant": inbox(env, FOREIGN),
+        "state": states,
+        "inbox": inboxes[0],
+        "inbox of the other tenant": inboxes[1],
     }
 
 
@@ -462,12 +505,13 @@ def quiet(env: Env, thread_id: str | None = None, timeout: float = 60) -> None:
     while True:
         busy: list[Any] = []
         if thread_id is not None:
-            thread = env.served.client(TOKENS[APPROVER]).threads.get(thread_id)
+            thread = env.get(APPROVER, f"/threads/{thread_id}").json()
             busy = [thread_id] if thread["status"] == "busy" else []
         else:
             for role in APPROVERS:  # approvers see every thread of their tenant
-                busy += env.served.client(TOKENS[role]).threads.search(status="busy", limit=100)
-        leased = env.served.sql(
+                search = {"status": "busy", "limit": 100}
+                busy += env.get(role, "/threads/search", method="POST", json=search).json()
+        leased = env.sql(
             "SELECT run_id FROM lw_runs WHERE owner IS NOT NULL AND lease_expires_at > now()"
             " AND (%s::text IS NULL OR run_id = %s)",
             thread_id,
@@ -495,7 +539,7 @@ def call(env: Env, probe: Probe, *, busy_is_an_answer: bool = False) -> Answer:
         if busy_is_an_answer or answer.status != 409 or BUSY not in answer.text:
             return answer
         assert time.monotonic() < deadline, f"{probe.where}: the thread stays busy"
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def call_once(env: Env, probe: Probe) -> Answer:
@@ -506,12 +550,15 @@ def call_once(env: Env, probe: Probe) -> Answer:
     if content is not None:
         headers["Content-Type"] = "application/json"
     timeout = httpx.Timeout(20.0, connect=5.0, read=1.0) if probe.route in OPEN_STREAMS else TIMEOUT
-    with (
-        httpx.Client(base_url=env.served.url, timeout=timeout, follow_redirects=True) as client,
-        client.stream(
-            method, probe.path, headers=headers, content=content, params=probe.params
-        ) as response,
-    ):
+    with env.http.stream(
+        method,
+        probe.path,
+        headers=headers,
+        content=content,
+        params=probe.params,
+        timeout=timeout,
+        follow_redirects=True,
+    ) as response:
         if probe.route in OPEN_STREAMS:
             # Listen until the server has nothing more to say for a second, then hang up (a
             # stream it ends at once is a refusal). Hanging up while it is still sending is
@@ -811,25 +858,56 @@ NEW_THREAD = allowed(TOKENED, "a new run on a new thread, which is the caller's,
 OWNER_ALONE = {("multitask_strategy", '"interrupt"'), ("on_disconnect", '"cancel"')}
 
 
+def request_schema(document: dict[str, Any], route: Route) -> str:
+    """The name of the schema a route's JSON body is (or is a list of), as documented."""
+    operation = document["paths"][route[1]][route[0].lower()]
+    content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    schema = content.get("schema", {})
+    return str((schema.get("items") or schema).get("$ref", route))
+
+
+def family(document: dict[str, Any], route: Route) -> list[Route]:
+    """The run-creation routes documenting the same request schema as `route`."""
+    return [
+        r
+        for r in (*STATEFUL_RUNS, *STATELESS_RUNS)
+        if request_schema(document, r) == request_schema(document, route)
+    ]
+
+
 def run_field_probes(route: Route, env: Env, document: dict[str, Any]) -> Iterator[Probe]:
+    """Every documented field with hostile values, as every role, on every target run.
+
+    Routes that document one request schema are a family (the three runs of a thread, the four
+    stateless ones): the auth hook and the run get the same run creation whichever of them
+    carries it, and each route answers in its own way (created, waited for, streamed). So every
+    field goes to every route of the family, and each of its hostile values to one of them, in
+    turn (shifted per role): all of them once per role and target, at a fraction of the cost."""
     documented = schema_fields(document, route)
-    for role in TOKENED:  # without a token: 401 before the body is read (the sweep)
+    routes = family(document, route)
+    for index, role in enumerate(TOKENED):  # without a token: 401 before the body is read
+        share = (routes.index(route) + index) % len(routes)
         for run in targets(route, env):
-            hostile = hostile_run_fields(env, role, run)
-            missing = [f for f in documented if f not in hostile]
+            twins: tuple[Run | None, ...] = env.twins(run) if run else (None,)
+            hostiles = [hostile_run_fields(env, role, twin) for twin in twins]
+            missing = [f for f in documented if f not in hostiles[0]]
             assert not missing, f"{route}: no hostile value for the field(s) {missing}: add them"
             extra = ["checkpoint_id", "checkpoint_ns", "on_completion"]
+            turn = itertools.count()
             for name in dict.fromkeys([*documented, *extra]):
-                for value in hostile[name]:
-                    body = {**run_body(role, run), name: value}
+                indices = list(range(len(hostiles[0][name])))
+                for i in indices[share :: len(routes)] or [indices[share % len(indices)]]:
+                    which = next(turn) % len(twins)  # the runs of a kind take turns
+                    twin, value = twins[which], hostiles[which][name][i]
+                    body = {**run_body(role, twin), name: value}
                     label = f"{name}={json.dumps(value)[:80]}"
                     yield Probe(
                         route,
                         role,
-                        f"{label}{' on the ' + run.name if run else ''}",
-                        fill(route[1], env, run),
+                        f"{label}{' on the ' + twin.name if twin else ''}",
+                        fill(route[1], env, twin),
                         [body] if route == ("POST", "/runs/batch") else body,
-                        alone=run is not None
+                        alone=twin is not None
                         and role == OWNER
                         and (name, json.dumps(value)) in OWNER_ALONE,
                     )
@@ -919,7 +997,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     calls: int = 0
     accepted: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)  # per group
+    seconds: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # s, calls, accepted
 
     def check(self, probe: Probe, answer: Answer, env: Env) -> bool:
         """Whether the answer was accepted (not a refusal); notes a problem if it may not be."""
@@ -946,7 +1024,7 @@ class Report:
         if probe.role in (OTHER, FOREIGN):  # nothing of u-1's runs in what they are told
             leaked = [
                 run.name
-                for run in env.runs
+                for run in env.all_runs
                 if run.thread_id in answer.text and not probe.mentions(run.thread_id)
             ]
             if leaked:
@@ -986,11 +1064,13 @@ def run_group(
     thread are sent alone there, one after another (the two threads at once)."""
     started = time.monotonic()
     together = [p for p in probes if not p.alone]
-    with ThreadPoolExecutor(max_workers=12) as pool:
+    with ThreadPoolExecutor(max_workers=16) as pool:
         answers = list(pool.map(functools.partial(call, env), together))
         accepted = [p for p, a in zip(together, answers, strict=True) if report.check(p, a, env)]
         quiet(env)
-        by_thread = [[p for p in probes if p.alone and run.thread_id in p.path] for run in env.runs]
+        by_thread = [
+            [p for p in probes if p.alone and run.thread_id in p.path] for run in env.all_runs
+        ]
         for alone in pool.map(functools.partial(one_by_one, env, report), by_thread):
             accepted += alone
     quiet(env)
@@ -999,7 +1079,7 @@ def run_group(
             judge_new_thread(env, probe, report)
     after = snapshot(env)
     compare(name, before, after, accepted, report)
-    report.seconds[name] = time.monotonic() - started
+    report.seconds[name] = (time.monotonic() - started, len(probes), len(accepted))
     return after
 
 
@@ -1151,10 +1231,13 @@ def test_every_route_role_and_field_is_refused_or_harmless(served: Served, env: 
     quiet(env)
     compare("a run in flight", baseline, snapshot(env), accepted, report)
     elapsed = time.monotonic() - started
-    slowest = sorted(report.seconds.items(), key=lambda item: -item[1])[:8]
+    slowest = sorted(report.seconds.items(), key=lambda item: -item[1][0])[:12]
     print(
         f"\n{len(routes)} routes, {len(groups)} groups, {report.calls} calls "
         f"({report.accepted} accepted), {elapsed:.1f} s; slowest groups:"
-        + "".join(f"\n  {seconds:5.1f} s  {name}" for name, seconds in slowest)
+        + "".join(
+            f"\n  {seconds:5.1f} s  {calls:4} calls  {accepted:3} accepted  {name}"
+            for name, (seconds, calls, accepted) in slowest
+        )
     )
     assert not report.problems, "\n".join(report.problems)
