@@ -122,7 +122,6 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-SILENT_NODES = ("__interrupt__",)
 # `open_runner`'s default: enter the agent's own `deps` factory.
 OPEN_DEPS: Any = object()
 # What an attempt ends with when another worker took the run over while it worked.
@@ -485,10 +484,11 @@ class Runner:
                 for namespace, chunk in cast(Iterator[tuple[tuple[str, ...], StepUpdates]], stream):
                     for node, update in chunk.items():
                         # A subgraph's own steps are reported one by one; its node in the parent
-                        # only hands its final state back.
+                        # only hands its final state back. Keys of LangGraph's own (__interrupt__,
+                        # __metadata__) are no node's step.
                         if (
                             on_step is not None
-                            and node not in SILENT_NODES
+                            and not node.startswith("__")
                             and not (not namespace and node == "specialist")
                         ):
                             on_step(node, update or {})
