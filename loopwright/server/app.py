@@ -33,7 +33,7 @@ import asyncio
 import io
 import os
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -106,13 +106,15 @@ def _approval_interrupts(thread: dict[str, Any]) -> Iterable[tuple[str, Approval
                 yield str(interrupt["id"]), ApprovalRequest.model_validate(value)
 
 
-def _listing(thread_id: str, interrupt_id: str, req: ApprovalRequest) -> dict[str, Any]:
-    now = datetime.now(UTC)
+def _listing(
+    thread_id: str, interrupt_id: str, req: ApprovalRequest, now: datetime
+) -> dict[str, Any]:
     return {
         **req.model_dump(mode="json"),
         "thread_id": thread_id,
         "interrupt_id": interrupt_id,
-        # The server's clock, not the browser's: the page says "expires in ..." from this.
+        # The database's clock, by which expiry is judged (not the browser's, nor this
+        # process's): the page says "expires in ..." from this.
         "expires_in_s": round((req.expires_at - now).total_seconds()),
         "expired": req.expires_at <= now,
         "timeline": f"/inbox/api/runs/{req.run_id}/timeline",
@@ -121,12 +123,13 @@ def _listing(thread_id: str, interrupt_id: str, req: ApprovalRequest) -> dict[st
 
 async def _pending(client: LangGraphClient, user: User) -> list[dict[str, Any]]:
     threads = await client.threads.search(status="interrupted", limit=MAX_THREADS)
+    now = await asyncio.to_thread((await aresources()).leases.now)
     found = []
     for thread in threads:
         owner = (thread.get("metadata") or {}).get("owner")
         for interrupt_id, req in _approval_interrupts(dict(thread)):
             if user.user_id not in (owner, req.requested_by):
-                found.append(_listing(str(thread["thread_id"]), interrupt_id, req))
+                found.append(_listing(str(thread["thread_id"]), interrupt_id, req, now))
     return sorted(found, key=lambda item: item["expires_at"])
 
 
