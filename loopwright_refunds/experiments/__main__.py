@@ -160,7 +160,7 @@ def experiment(argv: Sequence[str] | None = None) -> None:
     )
     if not settings.matrix():
         raise UsageError("no cell of the matrix matches --scenario, --fault and --system")
-    try:  # before anything starts: a 14-minute run must not fail at its end on this
+    try:  # before anything starts: a 12-minute run must not fail at its end on this
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot write to --out {args.out}: {exc.strerror or exc}") from None

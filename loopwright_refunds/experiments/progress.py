@@ -1,6 +1,6 @@
 """Progress of a long command: a status line redrawn in a terminal, plain lines when piped.
 
-The experiment runs for about 14 minutes and the chaos benchmark for as long as asked; one that
+The experiment runs for about 12 minutes and the chaos benchmark for as long as asked; one that
 says nothing until the end cannot be told from one that hangs. A bar redrawn in place is what a
 person at a terminal wants, and exactly what a CI log or `| tee` cannot show (rich's bar, on a
 stream that is no terminal, prints nothing until it stops). So on a terminal one line is redrawn
@@ -8,7 +8,7 @@ in place (bar, done/total, elapsed, time left, the caller's status), and elsewhe
 goes out every `interval_s` and at the end, each complete in itself, so that a log read later or
 grepped needs no earlier line:
 
-    trials 120/378 (32%), 4m10s elapsed, ~8m50s left, <status>
+    trials 120/393 (30%), 4m10s elapsed, ~9m29s left, <status>
 
 Time left is the mean time per item so far times the items left: rough while the first, slower
 or faster, items dominate, and marked "~" for that reason.
