@@ -69,7 +69,14 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from pydantic import BaseModel, ConfigDict
 
-from loopwright.checkpoints.leases import Lease, RunRecord, StaleWriter, lock_run, lock_run_sql
+from loopwright.checkpoints.leases import (
+    Lease,
+    RunRecord,
+    RunWatch,
+    StaleWriter,
+    lock_run,
+    lock_run_sql,
+)
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.crashpoints import armed, crash_point
 
@@ -98,19 +105,19 @@ class Fence(BaseModel):
     def of(cls, lease: Lease) -> Fence:
         return cls(run_id=lease.run_id, owner=lease.owner, fence=lease.fence)
 
-    def check(self, db: Database, run_id: str) -> None:
-        """Refuse unless the run is still ours at this fence and the lease is live.
+    def check(self, db: Database, run_id: str) -> RunRecord:
+        """Refuse unless the run is still ours at this fence and the lease is live; the row.
 
         Call inside the writing transaction: the run's row stays locked until it commits.
         """
         self.check_thread(run_id)
-        self.check_row(run_id, lock_run(db, run_id))
+        return self.check_row(run_id, lock_run(db, run_id))
 
     def check_thread(self, run_id: str) -> None:
         if run_id != self.run_id:
             raise StaleWriter(run_id, self.fence, None, f"the saver is fenced for {self.run_id}")
 
-    def check_row(self, run_id: str, run: RunRecord | None) -> None:
+    def check_row(self, run_id: str, run: RunRecord | None) -> RunRecord:
         """Refuse unless `run`, the run's row as locked by the writing transaction, is ours."""
         if run is None:
             raise StaleWriter(run_id, self.fence, None, "the run is not registered")
@@ -118,6 +125,7 @@ class Fence(BaseModel):
             raise StaleWriter(run_id, self.fence, run.fence, f"the run is held by {run.owner}")
         if not run.lease_live:
             raise StaleWriter(run_id, self.fence, run.fence, "the lease has expired")
+        return run
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,9 @@ class FencedSaver(BaseCheckpointSaver[str]):
     stock saver class."""
 
     fence: Fence | None
+    # Told what each commit's fence check read of a cancel (the attempt's `RunWatch`, set and
+    # cleared with `fence`): the run's row is read under lock anyway, so the nodes need not.
+    watch: RunWatch | None
     lock: threading.Lock  # the stock saver's lock on its connection
     _fence_db: Database
     # The backend's transaction around a commit, the fence checked in it: (thread, node) ->
@@ -174,6 +185,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
         rlock = threading.RLock()
         self.lock = rlock  # type: ignore[assignment]  # an RLock has the Lock interface
         self.fence = fence
+        self.watch = None
         self._fence_db = Database(conn, lock=rlock)
         self._held: dict[WriteKey, dict[str, TaskWrites]] = {}
         self._saved_after: dict[tuple[str, str], str] = {}  # (thread, ns) -> last put's parent
@@ -247,6 +259,11 @@ class FencedSaver(BaseCheckpointSaver[str]):
     def _in_commit(self) -> bool:
         return self._committer == threading.get_ident()
 
+    def _seen(self, run: RunRecord) -> None:
+        watch = self.watch
+        if watch is not None:
+            watch.seen(run.cancel_requested_at is not None)
+
 
 class FencedPostgresSaver(FencedSaver, PostgresSaver):
     """`PostgresSaver` with fencing and a commit in one pipelined transaction."""
@@ -295,7 +312,9 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
                     self._commit_cursor = None
                 if fence is not None:
                     row = fence_cursor.fetchone()  # the first round trip: everything so far
-                    fence.check_row(thread, RunRecord.model_validate(row) if row else None)
+                    self._seen(
+                        fence.check_row(thread, RunRecord.model_validate(row) if row else None)
+                    )
                 point(f"checkpoint:commit:before_commit:{node}")
                 self._pg.execute("COMMIT")
             except BaseException:
@@ -344,7 +363,7 @@ class FencedSqliteSaver(FencedSaver, SqliteSaver):
     def _transaction(self, thread: str, node: str) -> Iterator[Point]:
         with self._fence_db.transaction():
             if self.fence is not None:
-                self.fence.check(self._fence_db, thread)
+                self._seen(self.fence.check(self._fence_db, thread))
             crash_point(f"checkpoint:commit:after_fence:{node}")
             yield crash_point
             crash_point(f"checkpoint:commit:before_commit:{node}")

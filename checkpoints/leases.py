@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from datetime import UTC, datetime
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,7 +30,7 @@ _SELECT_RUNS = (
     " FROM lw_runs"
 )
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
-_LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at"
+_LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at, now() AS granted_at"
 
 
 class Lease(BaseModel):
@@ -42,6 +43,11 @@ class Lease(BaseModel):
     fence: int
     expires_at: datetime
     ttl_s: float
+    # The database's clock when the lease was granted or last renewed, and whether someone had
+    # asked the run to stop by then (read under the same lock): where an attempt's clock and
+    # cancel check start from (`RunWatch`), so that its nodes need not read either again.
+    granted_at: datetime
+    cancel_requested: bool = False
 
 
 class RunRecord(BaseModel):
@@ -218,7 +224,7 @@ class LeaseStore:
                 " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
                 (owner, 0 if extends else 1, ttl_s, run_id),
             )
-        return Lease.model_validate({**rows[0], "ttl_s": ttl_s})
+        return _lease(rows[0], ttl_s, run)
 
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its ttl, unless the run changed hands meanwhile (`LeaseLost`).
@@ -235,7 +241,7 @@ class LeaseStore:
                 " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
                 (lease.ttl_s, lease.run_id),
             )
-        return Lease.model_validate({**rows[0], "ttl_s": lease.ttl_s})
+        return _lease(rows[0], lease.ttl_s, run)
 
     def runs(self) -> list[RunRecord]:
         """Every registered run, newest first."""
@@ -302,6 +308,8 @@ class LeaseStore:
         return run
 
     def cancel_requested(self, run_id: str) -> bool:
+        """Whether someone asked the run to stop, read now (an attempt's nodes ask its
+        `RunWatch` instead, which the commits keep up to date)."""
         row = self.db.one("SELECT cancel_requested_at FROM lw_runs WHERE run_id = %s", (run_id,))
         return bool(row and row["cancel_requested_at"])
 
@@ -315,6 +323,59 @@ class LeaseStore:
             )
 
 
+def _lease(row: dict[str, object], ttl_s: float, run: RunRecord) -> Lease:
+    """The lease a claim or a renewal wrote (`row`, its RETURNING), with what the locked `run`
+    said of a cancel."""
+    return Lease.model_validate(
+        {**row, "ttl_s": ttl_s, "cancel_requested": run.cancel_requested_at is not None}
+    )
+
+
+class RunWatch:
+    """What an attempt knows of its run without reading lw_runs again: the database's clock,
+    and whether someone asked the run to stop. Its nodes ask several times a step; a read each
+    time cost about six one-statement transactions a tool step (`SELECT now()`, the flag).
+
+    The clock is the database's time at the lease's last grant or renewal, moved on by this
+    process's monotonic clock since then. It is one clock, the database's, as a read each time
+    would be: the process's wall clock never enters (a process 24 h off judges expiries and
+    deadlines as every other does), and the anchor is taken again at every renewal (a third of
+    the lease ttl), so what separates it from a fresh read is the monotonic clock's drift over
+    that time (parts per million: microseconds) and the moment between the database reading
+    its clock and the answer arriving (this clock is behind by it, never ahead). A process that
+    stalls (a paused VM, whose monotonic clock stops) loses its lease, and its next commit is
+    refused on the database's own judgement of expiry, whatever this clock says.
+
+    The cancel flag is what the run's row said under lock at the claim, at each renewal and at
+    each node's commit (the fence check reads that row anyway, `FencedSaver.watch`): a request
+    committed while a node runs is seen by the next node, as a read at the next node's start
+    would see it. A request only ever sets the flag, so once seen it stays set.
+
+    Updated from the lease keeper's thread and the saver's: each update is one assignment.
+    """
+
+    def __init__(self, lease: Lease) -> None:
+        self._anchor = (lease.granted_at, time.monotonic())
+        self._cancelled = lease.cancel_requested
+
+    def now(self) -> datetime:
+        granted_at, at = self._anchor
+        return granted_at + timedelta(seconds=time.monotonic() - at)
+
+    def cancel_requested(self) -> bool:
+        return self._cancelled
+
+    def renewed(self, lease: Lease) -> None:
+        """Take the clock's anchor and the cancel flag from a renewal."""
+        self._anchor = (lease.granted_at, time.monotonic())
+        self.seen(lease.cancel_requested)
+
+    def seen(self, cancel_requested: bool) -> None:
+        """What a read of the run's row under lock said of a cancel."""
+        if cancel_requested:
+            self._cancelled = True
+
+
 class LeaseKeeper:
     """Renews a lease in the background (every third of its ttl) while a worker advances a run.
 
@@ -322,9 +383,16 @@ class LeaseKeeper:
     next durable write is refused by fencing anyway, so nothing depends on noticing it here.
     """
 
-    def __init__(self, store: LeaseStore, lease: Lease) -> None:
+    def __init__(
+        self,
+        store: LeaseStore,
+        lease: Lease,
+        on_renew: Callable[[Lease], None] | None = None,
+    ) -> None:
         self.store = store
         self.lease = lease
+        # Told each renewed lease (an attempt's `RunWatch.renewed`).
+        self.on_renew = on_renew
         self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -338,6 +406,8 @@ class LeaseKeeper:
             except LeaseLost:
                 self.lost = True
                 return
+            if self.on_renew is not None:
+                self.on_renew(self.lease)
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()

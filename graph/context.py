@@ -58,10 +58,17 @@ class RunContext:
     # writes (each intent's latest action). None: done when every write planned happened.
     done: Callable[[ToolContext[Any], str, list[Action]], bool] | None = None
     # The clock every expiry and deadline is judged on: the database's (one clock for every
-    # process of a run; the Python clock only where no database is at hand).
+    # process of a run; the Python clock only where no database is at hand). In a runner's
+    # attempt, the database's time at the lease's last renewal moved on by the monotonic clock
+    # (`checkpoints.leases.RunWatch`): no read per step.
     clock: Callable[[], datetime] = utcnow
-    # Whether someone asked for the run to stop (read at every step, from outside the state).
+    # Whether someone asked for the run to stop (from outside the state), asked at every step.
+    # In a runner's attempt, as of the last commit's read of the run's row (`RunWatch`): a
+    # request committed while a node runs is seen by the next node.
     cancel_requested: Callable[[], bool] = field(default=lambda: False)
+    # The same question read from the database at the call: asked just before a write is
+    # sent, where a request made during an earlier call of the same step must count.
+    cancel_requested_now: Callable[[], bool] = field(default=lambda: False)
 
     def now(self) -> datetime:
         return self.clock()

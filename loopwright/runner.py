@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -42,6 +42,7 @@ from loopwright.checkpoints.leases import (
     LeaseStore,
     RunPruned,
     RunRecord,
+    RunWatch,
     StaleWriter,
     open_lease_store,
 )
@@ -227,6 +228,7 @@ class Runner:
         model, spec = self.model_for(run_id)
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
+            cancel_requested_now=lambda: self.leases.cancel_requested(run_id),
             clock=self.leases.now,
             is_approver=self.is_approver,
             model=model,
@@ -466,17 +468,26 @@ class Runner:
         self, run_id: str, payload: Any, on_step: StepListener | None
     ) -> RunOutcome:
         lease = self._claim(run_id)
+        # The attempt's clock and cancel flag, kept by the lease's renewals and the commits'
+        # fence checks: its nodes read neither from the database.
+        watch = RunWatch(lease)
         self.saver.fence = Fence.of(lease)
+        self.saver.watch = watch
         try:
             if isinstance(payload, dict) and self.graph.get_state(self.config(run_id)).values:
                 # A concurrent start of this run got its first step in before our claim: go on
                 # from there rather than begin again.
                 payload = None
-            with LeaseKeeper(self.leases, lease):
+            context = replace(
+                self.context(run_id, lease.fence),
+                clock=watch.now,
+                cancel_requested=watch.cancel_requested,
+            )
+            with LeaseKeeper(self.leases, lease, on_renew=watch.renewed):
                 stream = self.graph.stream(
                     payload,
                     self.config(run_id),
-                    context=self.context(run_id, lease.fence),
+                    context=context,
                     durability=RUN_DURABILITY,
                     stream_mode="updates",
                     subgraphs=True,
@@ -505,6 +516,7 @@ class Runner:
             raise
         finally:
             self.saver.fence = None
+            self.saver.watch = None
             self.leases.release(lease)
         return outcome
 

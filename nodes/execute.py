@@ -161,7 +161,10 @@ def changed_since_decided(tool: str, state: RunState, context: RunContext) -> bo
 
 
 def run_call(call: PendingCall, state: RunState, context: RunContext) -> Done:
-    if context.cancel_requested():
+    # A write's effect leaves the system: a cancel asked while an earlier call of this step ran
+    # (a lane's calls run one after another) stops it, so that flag is read afresh for it.
+    writes = call.action_id is not None
+    if context.cancel_requested_now() if writes else context.cancel_requested():
         return _cancel_unsent(call, context)
     if call.action_id is None:  # a read: writes are journaled when they are planned
         ctx = context.tool_context(state, bounded=True)
