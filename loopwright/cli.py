@@ -773,8 +773,8 @@ def approvals_approve(
         bool,
         typer.Option(
             "--yes",
-            help="Confirm an approval the write asks to be confirmed (the refund agent's: above"
-            " 1,000.00) without a prompt; without a terminal it is required for those.",
+            help="Confirm an approval the write asks to be confirmed (its `confirm`, e.g. above"
+            " an amount) without a prompt; without a terminal it is required for those.",
         ),
     ] = False,
 ) -> None:
