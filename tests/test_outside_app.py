@@ -139,9 +139,13 @@ def desk(installed: Installed, app: Path) -> Iterator[DeskService]:
 
 
 def outside(installed: Installed, app: Path, desk: DeskService, *args: str, **env: str) -> Any:
-    """`loopwright ARGS` from the application's directory, as its team would type it."""
+    """`loopwright ARGS` from the application's directory, as its team would type it: on the
+    embedded default database in the application's directory (never the test run's Postgres
+    server, whose URL `DATABASE_URL` may hold: the tests create their own databases)."""
     environment = {
-        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPWRIGHT_AGENT")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "LOOPWRIGHT_AGENT", "DATABASE_URL")
     }
     environment |= {
         "DESK_URL": desk.url,
