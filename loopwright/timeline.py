@@ -14,7 +14,7 @@ answer, a summary, an outcome).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -268,9 +268,7 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     redactor = printer.redactor
     for _, update in steps:  # learn every sensitive value first: the task may repeat one
         _learn_step(update, redactor)
-    for action in outcome.actions:
-        redactor.learn(action.tool, action.args)
-        redactor.learn(action.tool, action.outcome or {})
+    _learn_actions(redactor, outcome.actions)
 
     def say(line: str) -> None:
         console.print(redactor.text(line))
@@ -317,6 +315,13 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     )
 
 
+def _learn_actions(redactor: Redactor, actions: Iterable[Action]) -> None:
+    """Every sensitive value of the journal's actions, arguments and outcomes alike."""
+    for action in actions:
+        redactor.learn(action.tool, action.args)
+        redactor.learn(action.tool, action.outcome or {})
+
+
 def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> None:
     """A run the retention job pruned: its steps are gone with its checkpoints; the journal
     (each action's history) and the summary say how it ended."""
@@ -324,9 +329,7 @@ def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> 
     summary = outcome.pruned
     record = runner.leases.get(outcome.run_id)
     redactor = Redactor(runner.tools)
-    for action in outcome.actions:
-        redactor.learn(action.tool, action.args)
-        redactor.learn(action.tool, action.outcome or {})
+    _learn_actions(redactor, outcome.actions)
 
     def say(line: str) -> None:
         console.print(redactor.text(line))

@@ -31,26 +31,20 @@ ENDED = ("COMPLETED", "INCOMPLETE")
 def waiting_for(runs: list[RunRecord]) -> str:
     """What a worker with nothing due waits for, in one line: the agent's unfinished runs held
     by other owners (until when), parked until a time, or waiting for a person."""
-    leased = sorted((r for r in runs if r.lease_live and r.phase not in ENDED), key=_expiry_of)
-    parked = sorted(
-        (r for r in runs if not r.lease_live and r.next_attempt_at and r.phase not in ENDED),
-        key=lambda r: r.next_attempt_at or datetime.max,
-    )
-    people = [r for r in runs if r.phase == "WAITING_APPROVAL" and not r.lease_live]
-    parts = [
-        f"run {r.run_id} leased by {r.owner} until {_clock(r.lease_expires_at)}" for r in leased
-    ][:3]
-    parts += [f"run {r.run_id} parked until {_clock(r.next_attempt_at)}" for r in parked][:3]
+    open_runs = [r for r in runs if r.phase not in ENDED]
+    leased = [(r.lease_expires_at, r) for r in open_runs if r.lease_live]
+    parked = [(r.next_attempt_at, r) for r in open_runs if not r.lease_live and r.next_attempt_at]
+    people = sum(1 for r in open_runs if r.phase == "WAITING_APPROVAL" and not r.lease_live)
+    parts, more = [], 0
+    for what, held in (("leased by {owner} until", leased), ("parked until", parked)):
+        held.sort(key=lambda pair: pair[0] or datetime.max)
+        parts += [f"run {r.run_id} {what.format(owner=r.owner)} {_clock(at)}" for at, r in held[:3]]
+        more += len(held[3:])
     if people:
-        parts.append(f"{len(people)} waiting for a person")
-    hidden = len(leased) + len(parked) - min(len(leased), 3) - min(len(parked), 3)
-    if hidden:
-        parts.append(f"{hidden} more")
+        parts.append(f"{people} waiting for a person")
+    if more:
+        parts.append(f"{more} more")
     return "nothing due; waiting for: " + ", ".join(parts) if parts else "nothing due: no run open"
-
-
-def _expiry_of(run: RunRecord) -> datetime:
-    return run.lease_expires_at or datetime.max
 
 
 def _clock(at: datetime | None) -> str:
