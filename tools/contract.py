@@ -17,11 +17,13 @@ declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), 
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -262,24 +264,33 @@ class ToolContract:
         if self.effect is Effect.WRITE and self.intent_key is None:
             raise ValueError(f"write tool {self.name} must declare its business intent key")
 
-    @property
+    # A contract is immutable: what is rendered from it (JSON schemas, their hash) is rendered
+    # once per contract, not at every step that reads it. `replace()` builds a new contract,
+    # which renders its own.
+    @cached_property
     def schema_hash(self) -> str:
         """Changes whenever what a saved decision relies on changes: the model-visible schema,
         the output contract, the effect or the guarantee."""
         return digest(
             {
-                "tool": self.openai_schema(),
+                "tool": self._openai_schema,
                 "output": self.output_model.model_json_schema(),
                 "effect": self.effect,
                 "guarantee": self.guarantee,
             }
         )[:16]
 
-    def openai_schema(self) -> dict[str, Any]:
+    @cached_property
+    def _openai_schema(self) -> dict[str, Any]:
         schema = convert_to_openai_tool(self.args_model)
         schema["function"]["name"] = self.name
         schema["function"]["description"] = self.description
         return schema
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The tool as a model is shown it; a copy of its own to each caller (a model client's
+        `bind_tools` may change what it is given)."""
+        return copy.deepcopy(self._openai_schema)
 
     def resources_of(self, args: BaseModel) -> frozenset[str]:
         return frozenset(self.resources(args))

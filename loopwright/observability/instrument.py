@@ -83,11 +83,6 @@ def _approval_digest(tools: ToolRegistry, tool: str, digest: str) -> Attributes:
     return {} if _sensitive(tools, tool) else {"loopwright.digest": digest}
 
 
-@functools.lru_cache(maxsize=256)
-def _schema_hash(contract: ToolContract) -> str:
-    return contract.schema_hash  # renders the JSON schemas: computed once per contract
-
-
 # --- node steps ------------------------------------------------------------------------------
 
 
@@ -250,7 +245,7 @@ def tool_span(
         "gen_ai.tool.name": contract.name,
         "gen_ai.tool.call.id": call_id,
         "loopwright.tool.effect": contract.effect.value,
-        "loopwright.tool.schema_hash": _schema_hash(contract),
+        "loopwright.tool.schema_hash": contract.schema_hash,
         **_args(values, contract.sensitive_fields),
     }
     if action is not None:
