@@ -20,6 +20,7 @@ tool stays unavailable after the retry layer stops the run with `tool_unavailabl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import copy_context
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,12 +241,17 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     def run_lane(lane: list[PendingCall]) -> list[Done]:
         return [run_call(call, state, context) for call in lane]
 
-    workers = max(1, min(context.budget.max_parallel_tools, len(ready)))
-    # Context-carrying threads: each tool call's span stays a child of this node's span.
-    with ContextThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool") as pool:
-        done = {
-            d.call.call_id: d for lane in pool.map(run_lane, lanes(ready, context)) for d in lane
-        }
+    grouped = lanes(ready, context)
+    workers = min(context.budget.max_parallel_tools, len(grouped))
+    if workers <= 1:
+        # Lanes that would run one after another anyway (one lane: the usual single call) run
+        # here, each in a copy of this context as a pool's thread would be: no pool to start.
+        results = [copy_context().run(run_lane, lane) for lane in grouped]
+    else:
+        # Context-carrying threads: each tool call's span stays a child of this node's span.
+        with ContextThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool") as pool:
+            results = list(pool.map(run_lane, grouped))
+    done = {d.call.call_id: d for lane in results for d in lane}
 
     calls: list[PendingCall] = []
     answers: list[ToolMessage] = []
