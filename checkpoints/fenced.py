@@ -4,7 +4,7 @@ a node's writes and the checkpoint after them in one transaction.
 A fencing check in a separate transaction would leave a gap: the lease could change hands
 between the check and the write, and the stale worker's checkpoint would fork the run. So every
 durable write of a fenced saver is one transaction on the saver's connection that locks the
-run's lw_runs row (shared), checks the fence, and writes with langgraph's own statements. A
+run's lw_runs row (shared), checks the fence, and writes langgraph's own rows. A
 takeover (`LeaseStore.claim`) needs that row exclusively and therefore waits for the write to
 commit; the next write of the stale worker is refused.
 
@@ -21,18 +21,25 @@ arrive after the `put` of their superstep (LangGraph submits both calls to a thr
 superstep's held writes go with the first of these, so an interrupted or failed superstep keeps
 its finished tasks' writes as the stock saver would.
 
-On Postgres the commit is two round trips: BEGIN, the fence row's lock, the writes, the blobs and
-the checkpoint go out in one pipeline; the fence is judged on the locked row when it comes back
-with their results, and only then is COMMIT sent (or ROLLBACK for a stale writer). Statements
-are prepared on first use (`connect_postgres`), so the hot path is bind and execute. The stock
-statements run on the commit's cursor (`_cursor`), not in pipelines of their own, each of which
-would sync. On SQLite it is one BEGIN IMMEDIATE ... COMMIT (one fsync), the stock statements
-kept from committing on their own (`cursor`).
+On Postgres the commit is one round trip of four statements in one pipeline: BEGIN, the fence
+row's lock, one statement that writes everything (the writes, the blobs and the checkpoint, each
+a multi-row INSERT over arrays, in data-modifying CTEs guarded by the fence: a stale writer's
+statement inserts nothing), COMMIT. The fence is judged on the locked row when it comes back; a
+stale writer's transaction has committed nothing and is refused then. The rows are the stock
+saver's (`_dump_writes`, `_dump_blobs`, the stock split of channel values into inline values and
+blobs), so every stock reader reads them; statements are prepared on first use
+(`connect_postgres`): the hot path is bind and execute. On SQLite it is one BEGIN IMMEDIATE ...
+COMMIT (one fsync) of the stock statements, kept from committing on their own (`cursor`).
 
 Crash points inside the commit (`checkpoint:commit:<stage>:<node>`, see `graph.crashpoints`):
-after the fence row's lock, after the writes, and after every statement (fence checked) before
-COMMIT. On Postgres an armed point first syncs the pipeline, so the server has executed the
-statements before the process dies.
+after the fence row's lock (nothing written) and before COMMIT (everything written). On Postgres
+an armed point first syncs the pipeline, so the server has executed the statements before the
+process dies.
+
+Channel versions are the stock format's (a 32-digit counter, which orders them as strings, and a
+random part, which keeps a rewritten history's blobs apart from the old ones) with a shorter
+random part: a version is written about 40 times a checkpoint, in its channel versions, versions
+seen and blob keys.
 
 Everything else (reads, `get_delta_channel_history` for `DeltaChannel` state, pruning) is the
 stock saver's, untouched. The worker sets `saver.fence = Fence.of(lease)` after it claims a run;
@@ -45,10 +52,11 @@ write path bypasses the check.
 from __future__ import annotations
 
 import contextlib
+import random
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +70,14 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     SerializerProtocol,
+    get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.leases import (
@@ -88,7 +99,6 @@ DEFERRING_DURABILITY = "sync"
 # abandoned must not grow it forever. A superstep's own tasks are never dropped.
 REMEMBERED = 256
 
-Point = Callable[[str], None]
 WriteKey = tuple[str, str, str]  # thread id, checkpoint namespace, checkpoint id
 
 
@@ -163,34 +173,48 @@ def _remember[K, V](memory: dict[K, V], key: K, value: V) -> None:
         memory.pop(next(iter(memory)))
 
 
+@dataclass(frozen=True)
+class Save:
+    """One `put` call: the checkpoint a commit saves after its writes."""
+
+    config: RunnableConfig
+    checkpoint: Checkpoint
+    metadata: CheckpointMetadata
+    new_versions: ChannelVersions
+
+    @property
+    def next_config(self) -> RunnableConfig:
+        conf = self.config["configurable"]
+        return {
+            "configurable": {
+                "thread_id": conf["thread_id"],
+                "checkpoint_ns": conf["checkpoint_ns"],
+                "checkpoint_id": self.checkpoint["id"],
+            }
+        }
+
+
 class FencedSaver(BaseCheckpointSaver[str]):
-    """The fencing and the one-transaction commit shared by both backends; mixed in before the
-    stock saver class."""
+    """The fencing and the holding of writes shared by both backends; mixed in before the
+    stock saver class. Each backend commits (`_commit`) in its own way."""
 
     fence: Fence | None
     # Told what each commit's fence check read of a cancel (the attempt's `RunWatch`, set and
     # cleared with `fence`): the run's row is read under lock anyway, so the nodes need not.
     watch: RunWatch | None
     lock: threading.Lock  # the stock saver's lock on its connection
-    _fence_db: Database
-    # The backend's transaction around a commit, the fence checked in it: (thread, node) ->
-    # a context that yields the commit's crash points.
-    _transaction: Callable[[str, str], AbstractContextManager[Point]]
 
-    def _init_fencing(
-        self, conn: psycopg.Connection[DictRow] | sqlite3.Connection, fence: Fence | None
-    ) -> None:
-        # The stock saver takes its lock around each statement batch, and so again inside our
-        # commit, which must hold the connection throughout: make it re-entrant.
-        rlock = threading.RLock()
-        self.lock = rlock  # type: ignore[assignment]  # an RLock has the Lock interface
+    def _init_fencing(self, fence: Fence | None) -> None:
         self.fence = fence
         self.watch = None
-        self._fence_db = Database(conn, lock=rlock)
         self._held: dict[WriteKey, dict[str, TaskWrites]] = {}
         self._saved_after: dict[tuple[str, str], str] = {}  # (thread, ns) -> last put's parent
         self._held_lock = threading.Lock()
-        self._committer: int | None = None  # the thread whose commit is open
+
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
+        """The stock version format with a 32-bit random part instead of a float's digits."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.getrandbits(32):08x}"
 
     def put(
         self,
@@ -210,13 +234,9 @@ class FencedSaver(BaseCheckpointSaver[str]):
                 del self._held[key]
             if parent is not None:
                 _remember(self._saved_after, (thread, ns), str(parent))
-
-        def save() -> RunnableConfig:
-            return super(FencedSaver, self).put(config, checkpoint, metadata, new_versions)
-
-        saved = self._commit(thread, held, save)
-        assert saved is not None
-        return saved
+        save = Save(config, checkpoint, metadata, new_versions)
+        self._commit(thread, held, save)
+        return save.next_config
 
     def put_writes(
         self,
@@ -240,24 +260,10 @@ class FencedSaver(BaseCheckpointSaver[str]):
         # The window between writes saved alone and the checkpoint that may follow them.
         crash_point(f"checkpoint:after_writes:{task.node}")
 
-    def _commit(
-        self, thread: str, tasks: Sequence[TaskWrites], save: Callable[[], RunnableConfig] | None
-    ) -> RunnableConfig | None:
-        """Write `tasks`' writes and then `save()` the checkpoint (if any), in one transaction
-        with the fence check."""
-        node = tasks[0].node if tasks else ""
-        with self._transaction(thread, node) as point:
-            self._committer = threading.get_ident()
-            try:
-                for task in tasks:
-                    super().put_writes(task.config, task.writes, task.task_id, task.task_path)
-                point(f"checkpoint:commit:after_writes:{node}")
-                return save() if save is not None else None
-            finally:
-                self._committer = None
-
-    def _in_commit(self) -> bool:
-        return self._committer == threading.get_ident()
+    def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
+        """Write `tasks`' writes and then `save`'s checkpoint (if any), in one transaction with
+        the fence check."""
+        raise NotImplementedError
 
     def _seen(self, run: RunRecord) -> None:
         watch = self.watch
@@ -265,8 +271,55 @@ class FencedSaver(BaseCheckpointSaver[str]):
             watch.seen(run.cancel_requested_at is not None)
 
 
+# The rows of one commit, each table's as arrays (one multi-row INSERT each), written only if
+# the run is still this writer's at its fence (`ours`: the row the same transaction has just
+# locked). Ordinary writes keep the first value saved for a (task, idx), as the stock INSERT does;
+# the writes of a task that are all special channels (interrupts, errors, resume values)
+# replace it, as the stock UPSERT does.
+_COMMIT_SQL = """
+WITH ours AS ({ours}), kept AS (
+    INSERT INTO checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(thread)s::text, %(ns)s::text, %(parent)s::text, w.* FROM ours, unnest(
+        %(k_task)b::text[], %(k_path)b::text[], %(k_idx)b::int[], %(k_channel)b::text[],
+        %(k_type)b::text[], %(k_blob)b::bytea[]) AS w
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
+), replaced AS (
+    INSERT INTO checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(thread)s::text, %(ns)s::text, %(parent)s::text, w.* FROM ours, unnest(
+        %(r_task)b::text[], %(r_path)b::text[], %(r_idx)b::int[], %(r_channel)b::text[],
+        %(r_type)b::text[], %(r_blob)b::bytea[]) AS w
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob
+), blobs AS (
+    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(thread)s::text, %(ns)s::text, b.* FROM ours, unnest(
+        %(b_channel)b::text[], %(b_version)b::text[], %(b_type)b::text[], %(b_blob)b::bytea[]) AS b
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+), saved AS (
+    INSERT INTO checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+    SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, %(parent)s::text, %(checkpoint)s::jsonb, %(metadata)s::jsonb
+      FROM ours WHERE %(id)s::text IS NOT NULL
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+    DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+)
+SELECT count(*) AS ours FROM ours
+"""
+# A fenced commit's rows are ours while the run is this writer's at its fence; an unfenced one's
+# always (its database may have no lw_runs table).
+_OURS_FENCED = (
+    "SELECT 1 FROM lw_runs WHERE run_id = %(thread)s::text AND fence = %(fence)s::bigint"
+    " AND owner = %(owner)s::text AND lease_expires_at > now()"
+)
+_COMMIT_FENCED = _COMMIT_SQL.format(ours=_OURS_FENCED)
+_COMMIT_UNFENCED = _COMMIT_SQL.format(ours="SELECT 1")
+_WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
+
+
 class FencedPostgresSaver(FencedSaver, PostgresSaver):
-    """`PostgresSaver` with fencing and a commit in one pipelined transaction."""
+    """`PostgresSaver` with fencing and a commit in one round trip."""
 
     def __init__(
         self,
@@ -276,75 +329,118 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        self._init_fencing(conn, fence)
+        self._init_fencing(fence)
         self._pg = conn
-        self._lock_sql = self._fence_db.spell(lock_run_sql())
-        self._commit_cursor: psycopg.Cursor[DictRow] | None = None
+        self._lock_sql = Database(conn).spell(lock_run_sql())
 
-    @contextmanager
-    def _transaction(self, thread: str, node: str) -> Iterator[Point]:
-        # BEGIN and COMMIT are sent as statements of the pipeline: psycopg's transaction()
-        # would sync the pipeline on entering and on leaving, a round trip each.
+    def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
         fence = self.fence
         if fence is not None:
             fence.check_thread(thread)
+        node = tasks[0].node if tasks else ""
+        params = self._rows(thread, tasks, save)
+        if fence is not None:
+            params |= {"fence": fence.fence, "owner": fence.owner}
+        # BEGIN and COMMIT are statements of the pipeline: psycopg's transaction() would sync
+        # it on entering and on leaving, a round trip each. Leaving the pipeline syncs it: the
+        # commit's one round trip.
         with (
             self.lock,
-            self._pg.pipeline() as pipeline,
             self._pg.cursor(row_factory=dict_row) as fence_cursor,
-            self._pg.cursor(binary=True, row_factory=dict_row) as cursor,
+            self._pg.cursor(binary=True) as cursor,
         ):
+            with self._pg.pipeline() as pipeline:
 
-            def point(name: str) -> None:
-                if name in armed():
-                    pipeline.sync()  # the statements so far executed, uncommitted
-                    crash_point(name)
+                def point(name: str) -> None:
+                    if name in armed():
+                        pipeline.sync()  # the statements so far executed, uncommitted
+                        crash_point(name)
 
-            self._pg.execute("BEGIN")
-            try:
-                if fence is not None:
-                    fence_cursor.execute(self._lock_sql, (thread,))
-                point(f"checkpoint:commit:after_fence:{node}")
-                self._commit_cursor = cursor
                 try:
-                    yield point
-                finally:
-                    self._commit_cursor = None
-                if fence is not None:
-                    row = fence_cursor.fetchone()  # the first round trip: everything so far
-                    self._seen(
-                        fence.check_row(thread, RunRecord.model_validate(row) if row else None)
-                    )
-                point(f"checkpoint:commit:before_commit:{node}")
-                self._pg.execute("COMMIT")
-            except BaseException:
-                self._roll_back(pipeline)
-                raise
-        # Leaving the pipeline syncs it: COMMIT's round trip, the second.
+                    self._pg.execute("BEGIN")
+                    if fence is not None:
+                        fence_cursor.execute(self._lock_sql, (thread,))
+                    point(f"checkpoint:commit:after_fence:{node}")
+                    cursor.execute(_COMMIT_FENCED if fence else _COMMIT_UNFENCED, params)
+                    point(f"checkpoint:commit:before_commit:{node}")
+                    self._pg.execute("COMMIT")
+                except BaseException:
+                    self._roll_back(pipeline)
+                    raise
+            if fence is not None:
+                row = fence_cursor.fetchone()
+                # Refused here, the statement inserted nothing: it was guarded by the same row.
+                run = RunRecord.model_validate(row) if row else None
+                self._seen(fence.check_row(thread, run))
+
+    def _rows(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> dict[str, Any]:
+        """The commit's parameters: its writes, blobs and checkpoint as the stock saver lays
+        them out (`put_writes` and `put`)."""
+        ns = str((save.config if save else tasks[0].config)["configurable"]["checkpoint_ns"])
+        params: dict[str, Any] = {"thread": thread, "ns": ns, "parent": None, "id": None}
+        kept: list[tuple[Any, ...]] = []
+        replaced: list[tuple[Any, ...]] = []
+        for task in tasks:
+            rows = self._dump_writes(
+                thread, ns, task.key[2], task.task_id, task.task_path, task.writes
+            )
+            replaces = all(channel in WRITES_IDX_MAP for channel, _ in task.writes)
+            (replaced if replaces else kept).extend(row[3:] for row in rows)
+            params["parent"] = task.key[2]
+        for prefix, rows in (("k", kept), ("r", replaced)):
+            columns = list(zip(*rows, strict=True)) if rows else [()] * len(_WRITE_COLUMNS)
+            params |= {
+                f"{prefix}_{name}": list(col)
+                for name, col in zip(_WRITE_COLUMNS, columns, strict=True)
+            }
+        blobs: list[tuple[Any, ...]] = []
+        params |= {"checkpoint": None, "metadata": None}
+        if save is not None:
+            inline, stored = _split_values(save.checkpoint)
+            versions = {k: v for k, v in save.new_versions.items() if k in stored}
+            blobs = [row[2:] for row in self._dump_blobs(thread, ns, stored, versions)]
+            params |= {
+                "parent": save.config["configurable"].get("checkpoint_id"),
+                "id": save.checkpoint["id"],
+                "checkpoint": Jsonb({**save.checkpoint, "channel_values": inline}),
+                "metadata": Jsonb(get_serializable_checkpoint_metadata(save.config, save.metadata)),
+            }
+        columns = list(zip(*blobs, strict=True)) if blobs else [()] * 4
+        params |= {
+            f"b_{name}": list(col)
+            for name, col in zip(("channel", "version", "type", "blob"), columns, strict=True)
+        }
+        return params
 
     def _roll_back(self, pipeline: psycopg.Pipeline) -> None:
-        """End a refused or failed commit's transaction. The server skips a pipeline's
-        statements after an error until its sync, so sync first, then roll back."""
+        """End a failed commit's transaction. The server skips a pipeline's statements after an
+        error until its sync, so sync first, then roll back."""
         with contextlib.suppress(psycopg.Error):
             pipeline.sync()
             if self._pg.info.transaction_status is not TransactionStatus.IDLE:
                 self._pg.execute("ROLLBACK")
                 pipeline.sync()
 
-    @contextmanager
-    def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor[DictRow]]:
-        """The stock saver's statements: on the commit's cursor inside a commit (no pipeline
-        of their own, which would sync), else as the stock saver runs them."""
-        with self.lock:
-            if self._in_commit() and self._commit_cursor is not None:
-                yield self._commit_cursor
-            else:
-                with super()._cursor(pipeline=pipeline) as cursor:
-                    yield cursor
+
+def _split_values(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's channel values as the stock Postgres saver stores them: primitives inline
+    in the checkpoint's JSON, the rest in blobs (a delta channel's snapshot marked inline)."""
+    inline: dict[str, Any] = {}
+    stored: dict[str, Any] = {}
+    for channel, value in checkpoint["channel_values"].items():
+        if isinstance(value, _DeltaSnapshot):
+            stored[channel] = value
+            inline[channel] = True
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            inline[channel] = value
+        else:
+            stored[channel] = value
+    return inline, stored
 
 
 class FencedSqliteSaver(FencedSaver, SqliteSaver):
-    """`SqliteSaver` with fencing and a commit in one BEGIN IMMEDIATE transaction."""
+    """`SqliteSaver` with fencing and a commit in one BEGIN IMMEDIATE transaction of the stock
+    statements."""
 
     def __init__(
         self,
@@ -354,22 +450,40 @@ class FencedSqliteSaver(FencedSaver, SqliteSaver):
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        self._init_fencing(conn, fence)
+        self._init_fencing(fence)
+        # The stock saver takes its lock around each statement batch, and so again inside our
+        # commit, which must hold the connection throughout: make it re-entrant.
+        rlock = threading.RLock()
+        self.lock = rlock  # type: ignore[assignment]  # an RLock has the Lock interface
+        self._fence_db = Database(conn, lock=rlock)
+        self._committer: int | None = None  # the thread whose commit is open
         # SqliteSaver sets its tables up lazily with executescript, which commits whatever
         # transaction is open; doing it now keeps that from ever ending a commit.
         self.setup()
 
-    @contextmanager
-    def _transaction(self, thread: str, node: str) -> Iterator[Point]:
+    def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
+        node = tasks[0].node if tasks else ""
         with self._fence_db.transaction():
             if self.fence is not None:
                 self._seen(self.fence.check(self._fence_db, thread))
             crash_point(f"checkpoint:commit:after_fence:{node}")
-            yield crash_point
+            self._committer = threading.get_ident()
+            try:
+                for task in tasks:
+                    SqliteSaver.put_writes(
+                        self, task.config, task.writes, task.task_id, task.task_path
+                    )
+                if save is not None:
+                    SqliteSaver.put(
+                        self, save.config, save.checkpoint, save.metadata, save.new_versions
+                    )
+            finally:
+                self._committer = None
             crash_point(f"checkpoint:commit:before_commit:{node}")
 
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
         """The stock saver's cursor; inside a commit its statements do not commit on their own."""
-        with self.lock, super().cursor(transaction=transaction and not self._in_commit()) as cur:
+        inside = self._committer == threading.get_ident()
+        with self.lock, super().cursor(transaction=transaction and not inside) as cur:
             yield cur

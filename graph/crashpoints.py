@@ -22,10 +22,10 @@ Points in the runtime (`POINTS`):
                                         and must still bring the state's projection up to date)
   checkpoint:commit:<stage>:<node>      inside the transaction that commits a node's writes
                                         and the checkpoint after them (`checkpoints.fenced`):
-                                        after_fence (the run's row locked), after_writes (the
-                                        writes in), before_commit (every statement executed,
-                                        the fence checked): the resumed run finds none of the
-                                        node's commit and runs the node again
+                                        after_fence (the run's row locked, nothing written),
+                                        before_commit (every statement executed): the resumed
+                                        run finds none of the node's commit and runs the node
+                                        again
   checkpoint:after_writes:<node>        writes saved alone (an interrupt's, an error's), the
                                         checkpoint that may follow them not (the resumed run
                                         must apply them, not stop)
@@ -57,7 +57,7 @@ POINTS = (
     "reconcile:after_settle",
     *(
         f"checkpoint:commit:{stage}:{node}"
-        for stage in ("after_fence", "after_writes", "before_commit")
+        for stage in ("after_fence", "before_commit")
         for node in ("validate", "execute")
     ),
     "checkpoint:after_writes:approval",

@@ -6,31 +6,18 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
 from functools import partial
 from typing import Any, TypedDict
 
 import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from loopwright.checkpoints.database import (
-    DatabaseKind,
-    connect_postgres,
-    connect_sqlite,
-    database_kind,
-    sqlite_path,
-)
+from loopwright.checkpoints import fenced
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import (
-    Fence,
-    FencedPostgresSaver,
-    FencedSaver,
-    FencedSqliteSaver,
-)
+from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import (
     LeaseHeld,
     LeaseLost,
@@ -170,44 +157,37 @@ def test_a_saver_is_fenced_to_one_run(database_url: str, leases: LeaseStore) -> 
         assert list(saver.list(config)) == []
 
 
-class GatedSerde(JsonPlusSerializer):
-    """Holds a write in flight (inside the saver's transaction) while it serialises "hold"."""
+class CommitGate:
+    """Holds a commit open at its last point before COMMIT: every statement executed (the run's
+    row locked, the fence checked, the rows written), nothing committed."""
+
+    POINT = "checkpoint:commit:before_commit:"
 
     def __init__(self) -> None:
-        super().__init__()
         self.inside = threading.Event()
         self.release = threading.Event()
 
-    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        if obj == "hold":
+    def __call__(self, name: str) -> None:
+        if name == self.POINT:
             self.inside.set()
             assert self.release.wait(60)
-        return super().dumps_typed(obj)
 
 
-@contextmanager
-def gated_saver(url: str, serde: GatedSerde) -> Iterator[FencedSaver]:
-    if database_kind(url) is DatabaseKind.POSTGRES:
-        with connect_postgres(url) as conn:
-            saver = FencedPostgresSaver(conn, serde=serde)
-            saver.setup()
-            yield saver
-    else:
-        with closing(connect_sqlite(sqlite_path(url))) as sconn:
-            yield FencedSqliteSaver(sconn, serde=serde)
-
-
-def test_a_takeover_waits_for_the_write_in_flight(database_url: str, leases: LeaseStore) -> None:
-    serde = GatedSerde()
-    with gated_saver(database_url, serde) as saver, open_lease_store(database_url) as other:
+def test_a_takeover_waits_for_the_write_in_flight(
+    database_url: str, leases: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = CommitGate()
+    with open_checkpointer(database_url) as saver, open_lease_store(database_url) as other:
         lease_a = leases.claim(RUN, "worker-a", ttl_s=0.3)
         saver.fence = Fence.of(lease_a)
         config = saver.put(
             {"configurable": {"thread_id": RUN, "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
         )
+        monkeypatch.setattr(fenced, "crash_point", gate)
+        monkeypatch.setattr(fenced, "armed", lambda: frozenset({CommitGate.POINT}))
         writer = threading.Thread(target=saver.put_writes, args=(config, [("x", "hold")], "t1"))
         writer.start()
-        assert serde.inside.wait(30), "the write is in flight, its fence already checked"
+        assert gate.inside.wait(30), "the write is in flight, its fence already checked"
         time.sleep(0.4)  # worker A's lease expires meanwhile
 
         claimed = []
@@ -216,7 +196,7 @@ def test_a_takeover_waits_for_the_write_in_flight(database_url: str, leases: Lea
         claimer.join(0.3)
         assert claimer.is_alive(), "the takeover waits until the checked write commits"
 
-        serde.release.set()
+        gate.release.set()
         writer.join(30)
         claimer.join(30)
         assert [lease.fence for lease in claimed] == [lease_a.fence + 1]

@@ -1,0 +1,124 @@
+"""The fenced savers write what the stock savers write: a graph run on each reads back the same.
+
+The Postgres saver writes its rows with statements of its own (one per commit, see
+`checkpoints.fenced`); stock readers (LangGraph's loop, `get_state_history`, the server's async
+saver, DeltaChannel replay) must find them as if the stock saver had written them. The graph
+covers every kind of row: inline and blob values, a DeltaChannel across its snapshot, writes
+held for the checkpoint, an interrupt's writes saved alone and its resume value.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.channels import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command, interrupt
+
+from loopwright.checkpoints.database import (
+    DatabaseKind,
+    connect_postgres,
+    connect_sqlite,
+    database_kind,
+    sqlite_path,
+)
+from loopwright.checkpoints.factory import open_checkpointer
+from loopwright.checkpoints.fenced import Fence
+from loopwright.checkpoints.leases import open_lease_store
+
+STEPS = 24
+SNAPSHOT_EVERY = 10  # the notes are stored whole at every tenth update, as deltas in between
+
+
+def extend(old: list[str], new: list[list[str]]) -> list[str]:
+    return [*old, *(note for batch in new for note in batch)]
+
+
+class Notebook(TypedDict):
+    notes: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
+    count: int
+    totals: Annotated[dict[str, int], operator.or_]
+    answer: str
+
+
+def write(state: Notebook) -> dict[str, Any]:
+    count = state.get("count", 0) + 1
+    return {"notes": [f"note {count}"], "count": count, "totals": {f"k{count % 3}": count}}
+
+
+def ask(state: Notebook) -> dict[str, Any]:
+    return {"answer": str(interrupt({"question": f"after {state['count']} notes?"}))}
+
+
+def route(state: Notebook) -> str:
+    if state["count"] == STEPS // 2 and not state.get("answer"):
+        return "ask"
+    return END if state["count"] >= STEPS else "write"
+
+
+def notebook(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
+    builder = StateGraph(Notebook)
+    builder.add_node("write", write)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "write")
+    builder.add_conditional_edges("write", route, ["write", "ask", END])
+    builder.add_edge("ask", "write")
+    return builder.compile(checkpointer=saver)
+
+
+def run_and_read(saver: BaseCheckpointSaver[Any], thread: str) -> list[Any]:
+    """Run the notebook to its interrupt, resume it to the end, read its whole history."""
+    graph = notebook(saver)
+    config: RunnableConfig = {"configurable": {"thread_id": thread}}
+    graph.invoke({"notes": ["start"], "count": 0, "totals": {}}, config, durability="sync")
+    graph.invoke(Command(resume="yes"), config, durability="sync")
+    return [
+        (
+            snapshot.values,
+            snapshot.next,
+            [
+                (task.name, task.result, [i.value for i in task.interrupts])
+                for task in snapshot.tasks
+            ],
+            snapshot.metadata and {k: snapshot.metadata.get(k) for k in ("source", "step")},
+        )
+        for snapshot in graph.get_state_history(config)
+    ]
+
+
+@contextmanager
+def stock_saver(url: str) -> Iterator[BaseCheckpointSaver[Any]]:
+    if database_kind(url) is DatabaseKind.POSTGRES:
+        with connect_postgres(url) as conn:
+            saver: BaseCheckpointSaver[Any] = PostgresSaver(conn)
+            yield saver
+    else:
+        with closing(connect_sqlite(sqlite_path(url))) as sconn:
+            yield SqliteSaver(sconn)
+
+
+def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str) -> None:
+    with open_lease_store(database_url) as leases:
+        leases.register("fenced", task="notes", user_id="u-1")
+        lease = leases.claim("fenced", "worker-a", ttl_s=60)
+    with open_checkpointer(database_url, fence=Fence.of(lease)) as fenced:
+        ours = run_and_read(fenced, "fenced")
+    with stock_saver(database_url) as stock:
+        theirs = run_and_read(stock, "stock")
+    assert len(ours) > STEPS
+    assert ours == theirs
+    # And the stock saver reads the fenced run as the fenced saver does.
+    with stock_saver(database_url) as stock:
+        config: RunnableConfig = {"configurable": {"thread_id": "fenced"}}
+        assert notebook(stock).get_state(config).values["notes"] == [
+            "start",
+            *(f"note {n}" for n in range(1, STEPS + 1)),
+        ]
