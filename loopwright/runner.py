@@ -484,25 +484,7 @@ class Runner:
                 cancel_requested=watch.cancel_requested,
             )
             with LeaseKeeper(self.leases, lease, on_renew=watch.renewed):
-                stream = self.graph.stream(
-                    payload,
-                    self.config(run_id),
-                    context=context,
-                    durability=RUN_DURABILITY,
-                    stream_mode="updates",
-                    subgraphs=True,
-                )
-                for namespace, chunk in cast(Iterator[tuple[tuple[str, ...], StepUpdates]], stream):
-                    for node, update in chunk.items():
-                        # A subgraph's own steps are reported one by one; its node in the parent
-                        # only hands its final state back. Keys of LangGraph's own (__interrupt__,
-                        # __metadata__) are no node's step.
-                        if (
-                            on_step is not None
-                            and not node.startswith("__")
-                            and not (not namespace and node == "specialist")
-                        ):
-                            on_step(node, update or {})
+                self._stream(payload, self.config(run_id), context, on_step)
             outcome = self.outcome(run_id)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
         except NOT_THE_RUNS_FAULT:
@@ -519,6 +501,38 @@ class Runner:
             self.saver.watch = None
             self.leases.release(lease)
         return outcome
+
+    def _stream(
+        self,
+        payload: Any,
+        config: RunnableConfig,
+        context: RunContext,
+        on_step: StepListener | None,
+    ) -> None:
+        """Run the graph, telling `on_step` of every node's step (a specialist's one by one).
+
+        Streaming a subgraph's steps makes LangGraph run every node on its thread pool, a hop
+        there and back per superstep, where it otherwise runs a lone task in this thread: asked
+        for only where someone listens to the steps."""
+        stream = self.graph.stream(
+            payload,
+            config,
+            context=context,
+            durability=RUN_DURABILITY,
+            stream_mode="updates",
+            subgraphs=on_step is not None,
+        )
+        if on_step is None:
+            for _ in stream:
+                pass
+            return
+        for namespace, chunk in cast(Iterator[tuple[tuple[str, ...], StepUpdates]], stream):
+            for node, update in chunk.items():
+                # A subgraph's own steps are reported one by one; its node in the parent only
+                # hands its final state back. Keys of LangGraph's own (__interrupt__,
+                # __metadata__) are no node's step.
+                if not node.startswith("__") and not (not namespace and node == "specialist"):
+                    on_step(node, update or {})
 
     def _give_up(self, run_id: str, lease: Lease, error: str) -> None:
         """End a run whose attempts keep failing: INCOMPLETE, needs_human, the last error in its
