@@ -36,10 +36,9 @@ after the fence row's lock (nothing written) and before COMMIT (everything writt
 an armed point first syncs the pipeline, so the server has executed the statements before the
 process dies.
 
-Channel versions are the stock format's (a 32-digit counter, which orders them as strings, and a
-random part, which keeps a rewritten history's blobs apart from the old ones) with a shorter
-random part: a version is written about 40 times a checkpoint, in its channel versions, versions
-seen and blob keys.
+Channel versions are shorter than the stock savers' (`next_version`: 19 characters, not 52): a
+version is written some 40 times a checkpoint, in its channel versions, versions seen and blob
+keys. The server's saver (`loopwright.server.checkpointer`) writes the same form.
 
 Everything else (reads, `get_delta_channel_history` for `DeltaChannel` state, pruning) is the
 stock saver's, untouched. The worker sets `saver.fence = Fence.of(lease)` after it claims a run;
@@ -166,6 +165,20 @@ class TaskWrites:
         )
 
 
+def next_version(current: str | int | None) -> str:
+    """The channel version after `current`: a 10-digit counter and a 32-bit random part.
+
+    Versions are compared as strings, so the counter has a fixed width; any version of this
+    form sorts after every version of the stock form (a 32-digit counter, which starts with 22
+    zeros), so a thread written by the stock savers goes on correctly. The random part keeps a
+    rewritten history apart from the old one: blobs are keyed by channel and version, and a
+    history rewritten from an earlier checkpoint (a deleted server run, say) reaches the same
+    counters again with other values.
+    """
+    number = 0 if current is None else int(str(current).split(".")[0])
+    return f"{number + 1:010}.{random.getrandbits(32):08x}"
+
+
 def _remember[K, V](memory: dict[K, V], key: K, value: V) -> None:
     memory.pop(key, None)
     memory[key] = value
@@ -212,9 +225,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
         self._held_lock = threading.Lock()
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
-        """The stock version format with a 32-bit random part instead of a float's digits."""
-        number = 0 if current is None else int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.getrandbits(32):08x}"
+        return next_version(current)
 
     def put(
         self,

@@ -31,7 +31,7 @@ from loopwright.checkpoints.database import (
     sqlite_path,
 )
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence
+from loopwright.checkpoints.fenced import Fence, next_version
 from loopwright.checkpoints.leases import open_lease_store
 
 STEPS = 24
@@ -74,11 +74,16 @@ def notebook(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, An
     return builder.compile(checkpointer=saver)
 
 
-def run_and_read(saver: BaseCheckpointSaver[Any], thread: str) -> list[Any]:
-    """Run the notebook to its interrupt, resume it to the end, read its whole history."""
-    graph = notebook(saver)
+def run_and_read(
+    saver: BaseCheckpointSaver[Any], thread: str, resumer: BaseCheckpointSaver[Any] | None = None
+) -> list[Any]:
+    """Run the notebook to its interrupt, resume it to the end (on `resumer`, if given), read
+    its whole history."""
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
-    graph.invoke({"notes": ["start"], "count": 0, "totals": {}}, config, durability="sync")
+    notebook(saver).invoke(
+        {"notes": ["start"], "count": 0, "totals": {}}, config, durability="sync"
+    )
+    graph = notebook(resumer or saver)
     graph.invoke(Command(resume="yes"), config, durability="sync")
     return [
         (
@@ -122,3 +127,24 @@ def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str) -> None:
             "start",
             *(f"note {n}" for n in range(1, STEPS + 1)),
         ]
+
+
+def test_a_stock_thread_goes_on_under_the_fenced_saver(database_url: str) -> None:
+    """The fenced saver's shorter channel versions sort after the stock ones: a run begun by a
+    stock saver (an older loopwright, the server's stock paths) resumes correctly."""
+    with open_checkpointer(database_url) as fenced, stock_saver(database_url) as stock:
+        mixed = run_and_read(stock, "begun-stock", resumer=fenced)
+        theirs = run_and_read(stock, "all-stock")
+    assert mixed == theirs
+
+
+def test_channel_versions_sort_by_their_counter() -> None:
+    """LangGraph compares versions as strings: they must order by their counter, and every
+    version of the fenced form must come after every version of the stock form."""
+    stock = [f"{counter:032}.0.{counter}" for counter in (1, 7, 10**9, 10**20)]
+    versions = [stock[0]]
+    for _ in range(10_050):
+        versions.append(next_version(versions[-1]))
+    assert [int(v.split(".")[0]) for v in versions] == list(range(1, len(versions) + 1))
+    assert sorted(versions) == versions
+    assert max(stock) < next_version(None)

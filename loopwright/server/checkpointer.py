@@ -29,6 +29,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 
 from loopwright.checkpoints.database import aconnect_postgres
+from loopwright.checkpoints.fenced import next_version
 from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import StaleWriter, open_lease_store
 from loopwright.server.resources import server_database_url
@@ -74,6 +75,9 @@ class FencedAsyncPostgresSaver(AsyncPostgresSaver):
     def __init__(self, conn: AsyncConnection[DictRow]) -> None:
         super().__init__(conn)
         self.lock = _ReentrantLock()  # type: ignore[assignment]  # same interface
+
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
+        return next_version(current)  # the form the run's own saver writes
 
     async def aput(
         self,
