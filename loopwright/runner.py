@@ -459,14 +459,15 @@ class Runner:
         self.model_for(run_id)  # a model the run was not started with: refused before anything
         attributes = {"loopwright.advance": advance_kind(payload), "loopwright.owner": self.owner}
         with run_span(run_id, attributes) as span:
-            outcome = self._advance_leased(run_id, payload, on_step)
+            outcome, state = self._advance_leased(run_id, payload, on_step)
             if span.is_recording():
-                note_run(span, outcome, self.state(run_id))
+                note_run(span, outcome, state)
             return outcome
 
     def _advance_leased(
         self, run_id: str, payload: Any, on_step: StepListener | None
-    ) -> RunOutcome:
+    ) -> tuple[RunOutcome, RunState]:
+        """The attempt under the run's lease: its outcome, and the state it was read from."""
         lease = self._claim(run_id)
         # The attempt's clock and cancel flag, kept by the lease's renewals and the commits'
         # fence checks: its nodes read neither from the database.
@@ -485,7 +486,8 @@ class Runner:
             )
             with LeaseKeeper(self.leases, lease, on_renew=watch.renewed):
                 self._stream(payload, self.config(run_id), context, on_step)
-            outcome = self.outcome(run_id)
+            snapshot = self.graph.get_state(self.config(run_id))
+            outcome = self._outcome(run_id, snapshot)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
         except NOT_THE_RUNS_FAULT:
             raise  # the new owner carries on, or the database failed us: not the run's fault
@@ -500,7 +502,7 @@ class Runner:
             self.saver.fence = None
             self.saver.watch = None
             self.leases.release(lease)
-        return outcome
+        return outcome, cast(RunState, snapshot.values)
 
     def _stream(
         self,
@@ -582,7 +584,9 @@ class Runner:
         return cast(RunState, values)
 
     def outcome(self, run_id: str) -> RunOutcome:
-        snapshot = self.graph.get_state(self.config(run_id))
+        return self._outcome(run_id, self.graph.get_state(self.config(run_id)))
+
+    def _outcome(self, run_id: str, snapshot: StateSnapshot) -> RunOutcome:
         values = snapshot.values
         if not values:
             summary = summary_of(self.leases.db, run_id)
