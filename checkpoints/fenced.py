@@ -21,20 +21,19 @@ arrive after the `put` of their superstep (LangGraph submits both calls to a thr
 superstep's held writes go with the first of these, so an interrupted or failed superstep keeps
 its finished tasks' writes as the stock saver would.
 
-On Postgres the commit is one round trip of four statements in one pipeline: BEGIN, the fence
-row's lock, one statement that writes everything (the writes, the blobs and the checkpoint, each
-a multi-row INSERT over arrays, in data-modifying CTEs guarded by the fence: a stale writer's
-statement inserts nothing), COMMIT. The fence is judged on the locked row when it comes back; a
-stale writer's transaction has committed nothing and is refused then. The rows are the stock
-saver's (`_dump_writes`, `_dump_blobs`, the stock split of channel values into inline values and
-blobs), so every stock reader reads them; statements are prepared on first use
-(`connect_postgres`): the hot path is bind and execute. On SQLite it is one BEGIN IMMEDIATE ...
-COMMIT (one fsync) of the stock statements, kept from committing on their own (`cursor`).
+On Postgres the commit is one statement, in autocommit its own transaction, in one round trip:
+it locks and reads the run's row (shared) and writes everything, the writes, the blobs and the
+checkpoint, each a multi-row INSERT over binary arrays in a data-modifying CTE guarded by the
+fence (judged on the locked row: a stale writer's statement inserts nothing, and is refused when
+the row comes back). The rows are the stock saver's (`_dump_writes`, `_dump_blobs`, the stock
+split of channel values into inline values and blobs), so every stock reader reads them; the
+statement is prepared on first use (`connect_postgres`): the hot path is bind and execute. On
+SQLite it is one BEGIN IMMEDIATE ... COMMIT (one fsync) of the fence check and the stock
+statements, kept from committing on their own (`cursor`).
 
-Crash points inside the commit (`checkpoint:commit:<stage>:<node>`, see `graph.crashpoints`):
-after the fence row's lock (nothing written) and before COMMIT (everything written). On Postgres
-an armed point first syncs the pipeline, so the server has executed the statements before the
-process dies.
+The crash point inside the commit (`checkpoint:commit:before_commit:<node>`, see
+`graph.crashpoints`) is after every statement, before COMMIT: armed on Postgres, the same
+statement runs in an explicit transaction and the process dies before its COMMIT.
 
 Channel versions are shorter than the stock savers' (`next_version`: 19 characters, not 52): a
 version is written some 40 times a checkpoint, in its channel versions, versions seen and blob
@@ -50,7 +49,6 @@ write path bypasses the check.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import sqlite3
 import threading
@@ -74,7 +72,6 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
-from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
@@ -282,13 +279,13 @@ class FencedSaver(BaseCheckpointSaver[str]):
             watch.seen(run.cancel_requested_at is not None)
 
 
-# The rows of one commit, each table's as arrays (one multi-row INSERT each), written only if
-# the run is still this writer's at its fence (`ours`: the row the same transaction has just
-# locked). Ordinary writes keep the first value saved for a (task, idx), as the stock INSERT does;
-# the writes of a task that are all special channels (interrupts, errors, resume values)
-# replace it, as the stock UPSERT does.
+# A commit's statement: the run's row locked and read, and the rows of the commit, each table's
+# as arrays (one multi-row INSERT each), written only if the run is still this writer's at its
+# fence (`ours`, judged on the locked row). Ordinary writes keep the first value saved for a
+# (task, idx), as the stock INSERT does; the writes of a task that are all special channels
+# (interrupts, errors, resume values) replace it, as the stock UPSERT does.
 _COMMIT_SQL = """
-WITH ours AS ({ours}), kept AS (
+WITH run AS ({run}), ours AS ({ours}), kept AS (
     INSERT INTO checkpoint_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
     SELECT %(thread)s::text, %(ns)s::text, %(parent)s::text, w.* FROM ours, unnest(
@@ -311,26 +308,26 @@ WITH ours AS ({ours}), kept AS (
 ), saved AS (
     INSERT INTO checkpoints
         (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
-    SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, %(parent)s::text, %(checkpoint)s::jsonb, %(metadata)s::jsonb
+    SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, %(parent)s::text,
+           %(checkpoint)s::jsonb, %(metadata)s::jsonb
       FROM ours WHERE %(id)s::text IS NOT NULL
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
     DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
 )
-SELECT count(*) AS ours FROM ours
+SELECT * FROM run
 """
-# A fenced commit's rows are ours while the run is this writer's at its fence; an unfenced one's
-# always (its database may have no lw_runs table).
+# Fenced, the run's row is locked shared (a takeover waits for the commit) and the rows are ours
+# while it names this writer at its fence with a live lease. Unfenced, there is no row to read
+# (the database may have no lw_runs table) and the rows are always ours.
 _OURS_FENCED = (
-    "SELECT 1 FROM lw_runs WHERE run_id = %(thread)s::text AND fence = %(fence)s::bigint"
-    " AND owner = %(owner)s::text AND lease_expires_at > now()"
+    "SELECT 1 FROM run WHERE fence = %(fence)s::bigint AND owner = %(owner)s::text AND lease_live"
 )
-_COMMIT_FENCED = _COMMIT_SQL.format(ours=_OURS_FENCED)
-_COMMIT_UNFENCED = _COMMIT_SQL.format(ours="SELECT 1")
+_COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
 _WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
 
 
 class FencedPostgresSaver(FencedSaver, PostgresSaver):
-    """`PostgresSaver` with fencing and a commit in one round trip."""
+    """`PostgresSaver` with fencing and a commit in one statement."""
 
     def __init__(
         self,
@@ -342,47 +339,32 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         super().__init__(conn, serde=serde)
         self._init_fencing(fence)
         self._pg = conn
-        self._lock_sql = Database(conn).spell(lock_run_sql())
+        lock = Database(conn).spell(lock_run_sql(run_id="%(thread)s::text"))
+        self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=_OURS_FENCED)
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
         fence = self.fence
         if fence is not None:
             fence.check_thread(thread)
-        node = tasks[0].node if tasks else ""
         params = self._rows(thread, tasks, save)
         if fence is not None:
             params |= {"fence": fence.fence, "owner": fence.owner}
-        # BEGIN and COMMIT are statements of the pipeline: psycopg's transaction() would sync
-        # it on entering and on leaving, a round trip each. Leaving the pipeline syncs it: the
-        # commit's one round trip.
-        with (
-            self.lock,
-            self._pg.cursor(row_factory=dict_row) as fence_cursor,
-            self._pg.cursor(binary=True) as cursor,
-        ):
-            with self._pg.pipeline() as pipeline:
-
-                def point(name: str) -> None:
-                    if name in armed():
-                        pipeline.sync()  # the statements so far executed, uncommitted
-                        crash_point(name)
-
-                try:
-                    self._pg.execute("BEGIN")
-                    if fence is not None:
-                        fence_cursor.execute(self._lock_sql, (thread,))
-                    point(f"checkpoint:commit:after_fence:{node}")
-                    cursor.execute(_COMMIT_FENCED if fence else _COMMIT_UNFENCED, params)
-                    point(f"checkpoint:commit:before_commit:{node}")
-                    self._pg.execute("COMMIT")
-                except BaseException:
-                    self._roll_back(pipeline)
-                    raise
-            if fence is not None:
-                row = fence_cursor.fetchone()
-                # Refused here, the statement inserted nothing: it was guarded by the same row.
-                run = RunRecord.model_validate(row) if row else None
-                self._seen(fence.check_row(thread, run))
+        statement = self._commit_fenced if fence is not None else _COMMIT_UNFENCED
+        point = f"checkpoint:commit:before_commit:{tasks[0].node if tasks else ''}"
+        with self.lock, self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
+            if point in armed():
+                # The same statement in an explicit transaction, held open at the point (where
+                # a crash test's process dies): what a crash at any moment of the commit leaves.
+                with self._pg.transaction():
+                    cursor.execute(statement, params)
+                    crash_point(point)
+            else:
+                cursor.execute(statement, params)  # autocommit: its own transaction
+            row = cursor.fetchone()
+        if fence is not None:
+            # Refused here, the statement inserted nothing: it was guarded by the same row.
+            run = RunRecord.model_validate(row) if row else None
+            self._seen(fence.check_row(thread, run))
 
     def _rows(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> dict[str, Any]:
         """The commit's parameters: its writes, blobs and checkpoint as the stock saver lays
@@ -422,15 +404,6 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             for name, col in zip(("channel", "version", "type", "blob"), columns, strict=True)
         }
         return params
-
-    def _roll_back(self, pipeline: psycopg.Pipeline) -> None:
-        """End a failed commit's transaction. The server skips a pipeline's statements after an
-        error until its sync, so sync first, then roll back."""
-        with contextlib.suppress(psycopg.Error):
-            pipeline.sync()
-            if self._pg.info.transaction_status is not TransactionStatus.IDLE:
-                self._pg.execute("ROLLBACK")
-                pipeline.sync()
 
 
 def _split_values(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -477,7 +450,6 @@ class FencedSqliteSaver(FencedSaver, SqliteSaver):
         with self._fence_db.transaction():
             if self.fence is not None:
                 self._seen(self.fence.check(self._fence_db, thread))
-            crash_point(f"checkpoint:commit:after_fence:{node}")
             self._committer = threading.get_ident()
             try:
                 for task in tasks:

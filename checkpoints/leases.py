@@ -139,9 +139,11 @@ def lock_run(db: Database, run_id: str, *, exclusive: bool = False) -> RunRecord
     return RunRecord.model_validate(row) if row else None
 
 
-def lock_run_sql(*, exclusive: bool = False) -> str:
-    """`lock_run`'s statement, for a caller that sends it in a pipeline with its writes."""
-    return _SELECT_RUN + ("{for_update}" if exclusive else "{for_share}")
+def lock_run_sql(*, exclusive: bool = False, run_id: str = "%s") -> str:
+    """`lock_run`'s statement, for a caller that sends it with its writes; `run_id` is the
+    placeholder of the run's id."""
+    lock = "{for_update}" if exclusive else "{for_share}"
+    return _SELECT_RUNS + f" WHERE run_id = {run_id}" + lock
 
 
 def refuse_if_superseded(db: Database, run_id: str, fence: int) -> None:

@@ -20,12 +20,11 @@ Points in the runtime (`POINTS`):
                                         journaled, reconcile's own writes are not saved (the
                                         resumed step finds nothing unresolved in the journal
                                         and must still bring the state's projection up to date)
-  checkpoint:commit:<stage>:<node>      inside the transaction that commits a node's writes
-                                        and the checkpoint after them (`checkpoints.fenced`):
-                                        after_fence (the run's row locked, nothing written),
-                                        before_commit (every statement executed): the resumed
-                                        run finds none of the node's commit and runs the node
-                                        again
+  checkpoint:commit:before_commit:<node> inside the transaction that commits a node's writes
+                                        and the checkpoint after them (`checkpoints.fenced`),
+                                        every statement executed, the run's row locked: the
+                                        resumed run finds none of the node's commit and runs
+                                        the node again
   checkpoint:after_writes:<node>        writes saved alone (an interrupt's, an error's), the
                                         checkpoint that may follow them not (the resumed run
                                         must apply them, not stop)
@@ -55,11 +54,7 @@ POINTS = (
     "executor:after_send",
     "executor:before_outcome_record",
     "reconcile:after_settle",
-    *(
-        f"checkpoint:commit:{stage}:{node}"
-        for stage in ("after_fence", "before_commit")
-        for node in ("validate", "execute")
-    ),
+    *(f"checkpoint:commit:before_commit:{node}" for node in ("validate", "execute")),
     "checkpoint:after_writes:approval",
 )
 
