@@ -19,17 +19,22 @@ releases whose next node is guard. Every INCOMPLETE end passes through the gate;
 COMPLETED end is verify's.
 
 Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing
-off the wrapper only calls the node.
+off the wrapper only calls the node. A node that branches returns its route with its update
+(`routed`: a `Command` whose goto is the `after_*` function applied to the state the update
+leaves), rather than through a conditional edge, for which LangGraph copies every channel of the
+state to read it fresh after each node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Literal, cast
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Command
 
 from loopwright.graph.agents import handoff_target
 from loopwright.graph.context import RunContext
@@ -45,7 +50,7 @@ from loopwright.nodes.model_step import model_step
 from loopwright.nodes.reconcile import reconcile
 from loopwright.nodes.validate import validate
 from loopwright.nodes.verify import verify
-from loopwright.observability.instrument import traced_node
+from loopwright.observability.instrument import Node, traced_node
 
 RUN_DURABILITY: Literal["sync"] = "sync"
 NODES = NODE_NAMES  # the loop's nodes, one crash point at the start of each
@@ -97,48 +102,64 @@ def after_verify(state: RunState) -> Literal["compile_context", "__end__"]:
     return "__end__" if state.get("stop_reason") == StopReason.COMPLETED else "compile_context"
 
 
+Route = Callable[[RunState], str]
+
+
+def routed(
+    node: Node, route: Route, names: Mapping[str, str] | None = None
+) -> Callable[..., Command[str]]:
+    """`node`, then where the run goes from there (`route`, its answer renamed by `names`),
+    decided on the state its update leaves. The routes read only channels an update replaces
+    (phase, stop reason, pending calls, cancel flag), never the appended ones (history,
+    evidence, journal), so the update laid over the state is that state."""
+
+    def run(state: RunState, runtime: Runtime[RunContext]) -> Command[str]:
+        update = node(state, runtime)
+        goto = route(cast(RunState, {**state, **update}))
+        return Command(update=update, goto=names.get(goto, goto) if names else goto)
+
+    return run
+
+
 def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext]:
     """The loop. With `with_handoff`, a handoff call passes the run to the specialist subgraph:
     the same loop, run by the agent that now owns the run, on the same state (journal, budget,
     history), to the run's end. The specialist itself does not hand off again."""
     builder = StateGraph(RunState, context_schema=RunContext)
-    builder.add_node("guard", traced_node("guard", guard))
-    builder.add_node("compile_context", traced_node("compile_context", compile_context))
-    builder.add_node("model_step", traced_node("model_step", model_step))
-    builder.add_node("validate", traced_node("validate", validate))
+
+    def add(
+        name: str,
+        node: Node,
+        route: Route,
+        to: tuple[str, ...],
+        names: Mapping[str, str] | None = None,
+    ) -> None:
+        builder.add_node(name, routed(traced_node(name, node), route, names), destinations=to)
+
+    add("guard", guard, after_guard, ("compile_context", "reconcile", END))
+    add("compile_context", compile_context, after_compile_context, ("model_step", "reconcile", END))
+    add("model_step", model_step, after_model_step, ("validate", "verify", "compile_context"))
+    add("validate", validate, after_validate, ("approval", "execute", "compile_context"))
     builder.add_node("approval", traced_node("approval", approval))
-    builder.add_node("execute", traced_node("execute", execute))
     builder.add_node("reconcile", traced_node("reconcile", reconcile))
-    builder.add_node("verify", traced_node("verify", verify))
+    add("verify", verify, after_verify, ("compile_context", END))
     builder.add_edge(START, "guard")
-    builder.add_conditional_edges("guard", after_guard, ["compile_context", "reconcile", END])
-    builder.add_conditional_edges(
-        "compile_context", after_compile_context, ["model_step", "reconcile", END]
-    )
-    builder.add_conditional_edges(
-        "model_step", after_model_step, ["validate", "verify", "compile_context"]
-    )
-    builder.add_conditional_edges(
-        "validate", after_validate, ["approval", "execute", "compile_context"]
-    )
     builder.add_edge("approval", "validate")
+    builder.add_edge("reconcile", "compile_context")
     if with_handoff:
         builder.add_node("handoff", traced_node("handoff", handoff))
         builder.add_node("specialist", build_graph(with_handoff=False).compile(name="specialist"))
         builder.add_edge("handoff", "specialist")
         builder.add_edge("specialist", END)
-        builder.add_conditional_edges(
-            "execute", after_execute, ["reconcile", "handoff", "compile_context"]
-        )
+        add("execute", execute, after_execute, ("reconcile", "handoff", "compile_context"))
     else:
-        routes: dict[Hashable, str] = {
-            "reconcile": "reconcile",
-            "compile_context": "compile_context",
-            "handoff": "compile_context",
-        }
-        builder.add_conditional_edges("execute", after_execute, routes)
-    builder.add_edge("reconcile", "compile_context")
-    builder.add_conditional_edges("verify", after_verify, ["compile_context", END])
+        add(
+            "execute",
+            execute,
+            after_execute,
+            ("reconcile", "compile_context"),
+            {"handoff": "compile_context"},
+        )
     return builder
 
 
