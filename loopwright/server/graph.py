@@ -22,8 +22,8 @@ in the middle of sending a write, and an abandoned node thread would race anythi
 after it. So the node always finishes, and then:
 
 * a user's cancel (LangGraph's `runs.cancel`; Aegra's cancel endpoints) sets loopwright's own
-  cancel flag (lw_runs, read by guard through `RunContext.cancel_requested`) and waits for the
-  run's typed end: guard settles writes in flight by reconciliation, then stops the run with
+  cancel flag (lw_runs; the run's next node sees it, read at each commit's fence check, as
+  `RunContext.cancel_requested`) and waits for the run's typed end: guard settles writes in flight by reconciliation, then stops the run with
   `cancelled`;
 * any other stop (the server shutting down or losing its own lease on the run) only pauses the
   run at the next step boundary, as a crash there would: the run is not cancelled, and the
@@ -53,7 +53,7 @@ from pydantic import BaseModel, create_model
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.database import connect_postgres
 from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver
-from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore
+from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, RunWatch
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
@@ -227,13 +227,20 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         try:
             with connect_postgres(res.database_url) as conn:
                 saver = FencedPostgresSaver(conn, fence=Fence.of(lease))
+                # The attempt's clock and cancel flag, as the runner's: kept by the lease's
+                # renewals and the commits' fence checks, not read by every node.
+                watch = saver.watch = RunWatch(lease)
                 graph = self.copy(update={"checkpointer": saver, "store": None})
                 run_config = _with_writer(config, owner)
                 payload = payload_for(
-                    request, graph.get_state(run_config), run_id, principal, res.leases.now()
+                    request, graph.get_state(run_config), run_id, principal, watch.now()
                 )
-                context = served_context(res, run_id, lease.fence, request, principal)
-                with LeaseKeeper(res.leases, lease):
+                context = dataclasses.replace(
+                    served_context(res, run_id, lease.fence, request, principal),
+                    clock=watch.now,
+                    cancel_requested=watch.cancel_requested,
+                )
+                with LeaseKeeper(res.leases, lease, on_renew=watch.renewed):
                     for chunk in graph.stream(
                         payload,
                         run_config,
