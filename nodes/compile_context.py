@@ -137,16 +137,17 @@ def _compile(state: RunState, context: RunContext) -> dict[str, Any]:
         system += f"\n\nYou are the {agent.name} agent. {agent.instructions}"
     if window.summary:
         system += "\n\n" + window.summary
-    return {
-        "phase": Phase.MODEL_STEP.value,
-        "context": {
-            "system": system,
-            "tools": tools,
-            "window_start": window.start,
-            "prompt_version": context.prompt_version,
-            "feedback": list(state.get("feedback") or []),
-        },
+    compiled = {
+        "system": system,
+        "tools": tools,
+        "window_start": window.start,
+        "prompt_version": context.prompt_version,
+        "feedback": list(state.get("feedback") or []),
     }
+    # A context like the one in state is not written again: the step would store its system
+    # text (most of a step's bookkeeping) twice more, as a write and as a blob.
+    unchanged = compiled == state.get("context")
+    return {"phase": Phase.MODEL_STEP.value, **({} if unchanged else {"context": compiled})}
 
 
 def render(state: RunState) -> list[BaseMessage]:

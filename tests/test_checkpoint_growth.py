@@ -6,9 +6,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from langchain_core.messages import BaseMessage
 
 from loopwright.graph.budget import Budget
 from loopwright.models.scripted import ScriptedChatModel
+from loopwright.nodes import model_step
+from loopwright.nodes.compile_context import render
 from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal
 
@@ -57,3 +60,30 @@ def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
         f"bytes/step: first {WINDOW} steps {first:.0f}, last {WINDOW} steps {last:.0f}, ratio {last / first:.2f}"
     )
     assert last <= 1.5 * first
+
+
+def test_an_unchanged_context_is_not_stored_again(
+    open_test_runner: RunnerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compile_context writes the compiled context only when it differs from the state's: the
+    system text is most of a step's bookkeeping. Every model step still sees it."""
+    reads = 4
+    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
+    seen: list[str] = []
+
+    def spying_render(state: Any) -> list[BaseMessage]:
+        messages = render(state)
+        seen.append(str(messages[0].content))
+        return messages
+
+    monkeypatch.setattr(model_step, "render", spying_render)
+    model = ScriptedChatModel(policy=KeepsReading(reads=reads))
+    with open_test_runner(model=model) as runner:
+        outcome = runner.start(task, principal(task=task), run_id="run-context")
+        assert outcome.stop_reason == "completed", outcome.stop_detail
+        compiled = [
+            update for node, update in runner.steps("run-context") if node == "compile_context"
+        ]
+        system = runner.state("run-context")["context"]["system"]
+    assert ["context" in update for update in compiled] == [True] + [False] * reads
+    assert seen == [system] * (reads + 1) and "get_order" in system
