@@ -93,12 +93,17 @@ READING_AGENT = refunds.replace(tools=[PADDED_GET_ORDER])
 
 
 def bare_tools(endpoints: ServiceEndpoints, client: httpx.Client) -> list[BaseTool]:
-    """The same padded read as a plain langchain tool for the bare agent."""
+    """The same padded read, with the same ownership check, as a plain langchain tool for the
+    bare agent."""
     ctx = ToolContext(deps=RefundServices(endpoints, client))
 
     @tool
     def get_order(order_id: str) -> str:
         """Read an order: status, amount, refundable balance, delivery date, version."""
+        # The check loopwright's get_order makes before it reads (its `authorize`: the order is
+        # the user's), so that both agents do the same business work: two reads a tool step.
+        if fetch_order(ctx, order_id).owner != PRINCIPAL.user_id:
+            return f"order {order_id} is not an order of {PRINCIPAL.user_id}"
         return json.dumps(padded_order(ctx, order_id))
 
     return [get_order]

@@ -5,8 +5,9 @@ one process, over many short runs interleaved, so that load on a shared machine 
     python -m benchmarks.step_time [--steps 10 100] [--rounds 15] [--backend postgres sqlite]
                                    [--db SERVER_URL]
 
-Both run the reading task (one model decision and one ~1 KB read per tool step) with the
-zero-latency scripted model, durability "sync", against the same orders service: on Postgres
+Both run the reading task (one model decision and one ~1 KB read per tool step, after the same
+check that the order is the user's: two GETs) with the zero-latency scripted model, durability
+"sync", against the same orders service: on Postgres
 with LangGraph's Postgres saver (loopwright's is the fenced subclass) and on SQLite with its
 SQLite saver. A loopwright tool step is four committed nodes (compile_context, with guard's
 gate, model_step, validate, execute), the bare agent's two (agent, tools).
