@@ -91,4 +91,8 @@ def work(
                 outcome = exc
             if on_attempt is not None:
                 on_attempt(run.run_id, outcome)
+            # The rest of the list is as old as this attempt: other workers have taken or
+            # finished its runs meanwhile, and resuming one of those reads its whole state
+            # for nothing. Read the due runs again.
+            break
     return attempts
