@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -193,13 +193,18 @@ class Runner:
             self._model = self.agent.chat_model(self.model_spec)
         return self._model
 
-    def model_for(self, run_id: str) -> tuple[BaseChatModel, str]:
+    def model_for(
+        self, run_id: str, values: Mapping[str, Any] | None = None
+    ) -> tuple[BaseChatModel, str]:
         """The model a run is advanced with, and its spec: the one it was started with (V).
 
         A new run takes this runner's. A run started with another spec is resumed with a model
         rebuilt from its recorded spec and settings, unless this runner was given a spec of its
-        own (`--model`), which must then be the run's: ModelChanged otherwise."""
-        versions = (self.graph.get_state(self.config(run_id)).values or {}).get("versions")
+        own (`--model`), which must then be the run's: ModelChanged otherwise. `values`: the
+        run's state as the caller has just read it, if it has (a read less)."""
+        if values is None:
+            values = self.graph.get_state(self.config(run_id)).values or {}
+        versions = values.get("versions")
         mine = self.model_spec or ""
         if not versions or "model_spec" not in versions:
             return self.model, mine
@@ -222,10 +227,13 @@ class Runner:
         """The trusted principal of a new run (the agent's answer; may raise TaskRefused)."""
         return self.agent.principal_for(self.deps, user_id, task)
 
-    def context(self, run_id: str, fence: int) -> RunContext:
-        """The principal travels in the run's input, committed before any node runs."""
+    def context(
+        self, run_id: str, fence: int, values: Mapping[str, Any] | None = None
+    ) -> RunContext:
+        """The principal travels in the run's input, committed before any node runs. `values`:
+        the run's state as the caller has just read it, if it has (see `model_for`)."""
         agent = self.agent
-        model, spec = self.model_for(run_id)
+        model, spec = self.model_for(run_id, values)
         return RunContext(
             cancel_requested=lambda: self.leases.cancel_requested(run_id),
             cancel_requested_now=lambda: self.leases.cancel_requested(run_id),
@@ -278,10 +286,11 @@ class Runner:
         record = self.register(run_id, task, principal)
         if (record.task, record.user_id) != (task, principal.user_id):
             raise RunExists(run_id)
-        if self.graph.get_state(self.config(run_id)).values:
+        values = self.graph.get_state(self.config(run_id)).values
+        if values:
             return self.resume(run_id, on_step=on_step)
         begun = initial_state(run_id, task, principal, now=self.leases.now())
-        return self._advance(run_id, begun, on_step)
+        return self._advance(run_id, begun, on_step, values)
 
     def resume(
         self, run_id: str, value: Any = None, *, on_step: StepListener | None = None
@@ -304,7 +313,7 @@ class Runner:
             payload: Any = Command(resume=value if value is not None else {"kind": "retry"})
         else:
             payload = None
-        return self._advance(run_id, payload, on_step)
+        return self._advance(run_id, payload, on_step, snapshot.values)
 
     def decide(
         self,
@@ -453,10 +462,19 @@ class Runner:
             raise OtherAgentsRun(run_id, record.agent, self.agent.name)
         return record
 
-    def _advance(self, run_id: str, payload: Any, on_step: StepListener | None) -> RunOutcome:
+    def _advance(
+        self,
+        run_id: str,
+        payload: Any,
+        on_step: StepListener | None,
+        values: Mapping[str, Any] | None = None,
+    ) -> RunOutcome:
         """Advance the run inside one `run` span: its node, model and tool spans are children,
-        and the run spans of every process that advances this run share its trace id."""
-        self.model_for(run_id)  # a model the run was not started with: refused before anything
+        and the run spans of every process that advances this run share its trace id. `values`:
+        the run's state as the caller has just read it, if it has."""
+        # A model the run was not started with: refused before anything (and again, on the
+        # state read under the lease, by `context`).
+        self.model_for(run_id, values)
         attributes = {"loopwright.advance": advance_kind(payload), "loopwright.owner": self.owner}
         with run_span(run_id, attributes) as span:
             outcome, state = self._advance_leased(run_id, payload, on_step)
@@ -475,12 +493,14 @@ class Runner:
         self.saver.fence = Fence.of(lease)
         self.saver.watch = watch
         try:
-            if isinstance(payload, dict) and self.graph.get_state(self.config(run_id)).values:
+            # The state as of the claim: one read for the start's check and the run's model.
+            values = self.graph.get_state(self.config(run_id)).values
+            if isinstance(payload, dict) and values:
                 # A concurrent start of this run got its first step in before our claim: go on
                 # from there rather than begin again.
                 payload = None
             context = replace(
-                self.context(run_id, lease.fence),
+                self.context(run_id, lease.fence, values),
                 clock=watch.now,
                 cancel_requested=watch.cancel_requested,
             )
