@@ -1,7 +1,7 @@
 """Every performance benchmark, one after the other in this one script, with its goal.
 
     python -m benchmarks.performance [--steps 10] [--rounds 15] [--storage-steps 500]
-                                     [--kills 3] [--runs 30] [--db SERVER_URL]
+                                     [--kills 3] [--runs 150] [--db SERVER_URL]
 
 Each benchmark gets a fresh database and fresh reference services (a recovery benchmark's
 half-done runs must not feed the throughput benchmark's workers). The figures are printed as
@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timed runs per system")
     parser.add_argument("--storage-steps", type=int, default=500)
     parser.add_argument("--kills", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=30, help="runs per worker count")
+    parser.add_argument("--runs", type=int, default=throughput.RUNS, help="runs per worker count")
     parser.add_argument("--db", help="Postgres server URL (fresh databases are made, dropped)")
     args = parser.parse_args(argv)
 
