@@ -7,10 +7,11 @@ one process, over many short runs interleaved, so that load on a shared machine 
 
 Both run the reading task (one model decision and one ~1 KB read per tool step, after the same
 check that the order is the user's: two GETs) with the zero-latency scripted model, durability
-"sync", against the same orders service: on Postgres
-with LangGraph's Postgres saver (loopwright's is the fenced subclass) and on SQLite with its
-SQLite saver. A loopwright tool step is four committed nodes (compile_context, with guard's
-gate, model_step, validate, execute), the bare agent's two (agent, tools).
+"sync", against the same orders service: on Postgres with LangGraph's Postgres saver
+(loopwright's is the fenced subclass) and on SQLite with its SQLite saver. loopwright's tracing
+is off: the bare agent has none, and what tracing costs is `benchmarks.tracing_overhead`'s. A
+loopwright tool step is four committed nodes (compile_context, with guard's gate, model_step,
+validate, execute), the bare agent's two (agent, tools).
 
 Every round runs one bare run, one loopwright run (in alternating order) and a burst of raw
 commits; each figure is the median over the rounds, with its spread (interquartile range and
@@ -63,6 +64,7 @@ from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence
 from loopwright.checkpoints.leases import open_lease_store
+from loopwright.observability.tracing import TraceSettings, configure_tracing
 
 STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 2.0
@@ -370,6 +372,8 @@ def measure(
     bench: Bench, lengths: Sequence[int], rounds: int, backends: Sequence[str]
 ) -> StepFigures:
     figures = StepFigures()
+    # The bare agent traces nothing; what tracing costs is `benchmarks.tracing_overhead`'s.
+    configure_tracing(TraceSettings(enabled=False))
     with tempfile.TemporaryDirectory(prefix="lw-steps-") as tmp:
         chosen = [
             Backend("postgres", bench.database_url),
