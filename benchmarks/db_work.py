@@ -15,6 +15,7 @@ Tracing slows the client down: count in a run of its own, never in a timed one.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -101,7 +102,9 @@ def traced_connections(directory: Path) -> Iterator[Traces]:
 
     def connect(cls: type[psycopg.Connection[Any]], *args: Any, **kwargs: Any) -> Any:
         conn = original.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
-        path = directory / f"connection-{len(traces.files)}.trace"
+        # Connections open in several threads at once (the lease keeper's, the run's): each
+        # its own file, numbered by a counter whose next() no two threads share.
+        path = directory / f"connection-{next(numbers)}.trace"
         # libpq writes to a stream of its own on this descriptor, flushed when tracing stops:
         # before the connection closes, or at `collect`.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -127,6 +130,7 @@ def traced_connections(directory: Path) -> Iterator[Traces]:
         return conn
 
     open_fds: set[int] = set()
+    numbers = itertools.count()
     psycopg.Connection.connect = classmethod(connect)  # type: ignore[assignment, method-assign]
     try:
         yield traces

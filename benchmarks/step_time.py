@@ -20,8 +20,7 @@ bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x 
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
 step (Postgres, counted on the wire, see `benchmarks.db_work`) is the difference between a
-50-step and a 25-step run, divided by 25 (lease renewals, by the clock, make it vary by a few
-tenths).
+50-step and a 25-step run, divided by 25, the median of three such differences.
 Where a goal is missed the script says where loopwright's time goes (cProfile, top functions).
 """
 
@@ -72,6 +71,7 @@ LOOPWRIGHT_NODES_PER_STEP = 4
 BARE_NODES_PER_STEP = 2
 RAW_COMMITS_PER_ROUND = 30
 WORK_STEPS = 25  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
+WORK_REPEATS = 3
 
 SQLITE_THREAD_BYTES = """
 SELECT (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0)
@@ -359,9 +359,22 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
             return traces.collect(), measured.commits.puts
 
     def per_step(run: Callable[[int], Measured]) -> tuple[DbWork, float]:
-        short, short_commits = traced(run, WORK_STEPS)
-        long, long_commits = traced(run, 2 * WORK_STEPS)
-        return long - short, (long_commits - short_commits) / WORK_STEPS
+        """The median, field by field, of WORK_REPEATS differences: a trace now and then comes
+        back short (libpq's buffered trace stream), which one difference would take for less
+        work."""
+        differences = []
+        for _ in range(WORK_REPEATS):
+            short, short_commits = traced(run, WORK_STEPS)
+            long, long_commits = traced(run, 2 * WORK_STEPS)
+            differences.append((long - short, (long_commits - short_commits) / WORK_STEPS))
+        works = [work for work, _ in differences]
+        median = DbWork(
+            *(
+                int(statistics.median(getattr(w, name) for w in works))
+                for name in ("transactions", "round_trips", "statements", "bytes_sent")
+            )
+        )
+        return median, statistics.median(commits for _, commits in differences)
 
     ours, ours_commits = per_step(lambda steps: run_loopwright(bench, backend, steps))
     bare, bare_commits = per_step(lambda steps: run_bare(bench, backend, steps))
