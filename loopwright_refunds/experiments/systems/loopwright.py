@@ -16,7 +16,7 @@ wait is the deadline, whatever its length: the same mechanism, on a shorter cloc
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import timedelta
@@ -61,8 +61,10 @@ class ExperimentRunner(Runner):
 
     approval_ttl = timedelta(hours=24)
 
-    def context(self, run_id: str, fence: int) -> RunContext:
-        return replace(super().context(run_id, fence), approval_ttl=self.approval_ttl)
+    def context(
+        self, run_id: str, fence: int, values: Mapping[str, Any] | None = None
+    ) -> RunContext:
+        return replace(super().context(run_id, fence, values), approval_ttl=self.approval_ttl)
 
 
 class LoopwrightSystem:
