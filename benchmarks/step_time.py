@@ -178,6 +178,30 @@ class Backend:
         return 1000 * elapsed / repeats
 
 
+def in_commit_order(calls: Sequence[Call]) -> list[Call]:
+    """The calls with each superstep's writes before its checkpoint, as the saver commits them:
+    in the run LangGraph may hand over the checkpoint first, and the saver waits for the writes
+    (`checkpoints.fenced.WRITES_WAIT_S`), which a replay in the recorded order would never
+    send while it waits."""
+    put_at = {
+        args[0]["configurable"].get("checkpoint_id"): i
+        for i, (name, args) in enumerate(calls)
+        if name == "put"
+    }
+
+    def place(i: int, call: Call) -> tuple[int, int]:
+        name, (config, *_rest) = call
+        checkpoint = put_at.get(config["configurable"].get("checkpoint_id"))
+        if name == "put_writes" and checkpoint is not None and checkpoint < i:
+            return checkpoint, 0  # just before the checkpoint it belongs to
+        return i, 1
+
+    return [
+        call
+        for _, call in sorted(((place(i, c), c) for i, c in enumerate(calls)), key=lambda t: t[0])
+    ]
+
+
 def replayed_commit_ms(backend: Backend, calls: Sequence[Call]) -> float:
     """A loopwright run's commits again, back to back as the raw commits are, on a fresh run
     of their own (registered, leased, the saver fenced): ms per put.
@@ -192,7 +216,7 @@ def replayed_commit_ms(backend: Backend, calls: Sequence[Call]) -> float:
         leases.register(run_id, task=TASK, user_id=PRINCIPAL.user_id)
         saver.fence = Fence.of(leases.claim(run_id, "bench", ttl_s=600))
         seconds, puts = 0.0, 0
-        for name, (config, *rest) in calls:
+        for name, (config, *rest) in in_commit_order(calls):
             config = {**config, "configurable": {**config["configurable"], "thread_id": run_id}}
             started = time.perf_counter()
             getattr(saver, name)(config, *rest)

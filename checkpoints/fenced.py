@@ -17,9 +17,12 @@ before its COMMIT loses the whole superstep, which the resumed run executes agai
 previous checkpoint (as after a crash inside the node). Writes are saved at once, alone, where
 no `put` follows or where the saver cannot tell that one will: an interrupt's, an error's, a
 resume value or an update (`NULL_TASK_ID`), any durability but "sync", and a task's writes that
-arrive after the `put` of their superstep (LangGraph submits both calls to a thread pool). A
-superstep's held writes go with the first of these, so an interrupted or failed superstep keeps
-its finished tasks' writes as the stock saver would.
+arrive after the `put` of their superstep. LangGraph hands both calls to its thread pool at
+once, and for a quick node the `put` often starts first: so a checkpoint of the loop waits, at
+most `WRITES_WAIT_S`, until the writes of every channel it says its superstep updated
+(`updated_channels`) are held or saved. A superstep's held writes go with the first write saved
+alone, so an interrupted or failed superstep keeps its finished tasks' writes as the stock saver
+would.
 
 On Postgres the commit is one statement, in autocommit its own transaction, in one round trip:
 it locks and reads the run's row (shared) and writes everything, the writes, the blobs and the
@@ -94,6 +97,10 @@ DEFERRING_DURABILITY = "sync"
 # namespace) pairs, are remembered: a worker advances many runs with one saver, and runs it
 # abandoned must not grow it forever. A superstep's own tasks are never dropped.
 REMEMBERED = 256
+# How long a checkpoint waits for the writes of its superstep that have not reached the saver
+# yet (they are on their way: see `FencedSaver.put`). Past it, the checkpoint is saved and the
+# writes go alone when they come.
+WRITES_WAIT_S = 0.25
 
 WriteKey = tuple[str, str, str]  # thread id, checkpoint namespace, checkpoint id
 
@@ -219,7 +226,10 @@ class FencedSaver(BaseCheckpointSaver[str]):
         self.watch = None
         self._held: dict[WriteKey, dict[str, TaskWrites]] = {}
         self._saved_after: dict[tuple[str, str], str] = {}  # (thread, ns) -> last put's parent
+        # Channels of the writes saved alone, by the checkpoint they belong to.
+        self._saved_alone: dict[WriteKey, frozenset[str]] = {}
         self._held_lock = threading.Lock()
+        self._arrived = threading.Condition(self._held_lock)  # a task's writes were held
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return next_version(current)
@@ -234,12 +244,22 @@ class FencedSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         parent = conf.get("checkpoint_id")
+        key = (thread, ns, str(parent))
         with self._held_lock:
-            held = list(self._held.pop((thread, ns, str(parent)), {}).values())
+            if (
+                conf.get(CONFIG_KEY_DURABILITY) == DEFERRING_DURABILITY
+                and metadata.get("source") == "loop"
+            ):
+                # LangGraph hands a task's writes and the checkpoint after it to its thread
+                # pool together, and the checkpoint may come first: wait for the writes of the
+                # channels it says the superstep updated, so that they go in its commit.
+                updated = frozenset(checkpoint.get("updated_channels") or ())
+                self._arrived.wait_for(lambda: updated <= self._written(key), WRITES_WAIT_S)
+            held = list(self._held.pop(key, {}).values())
             # Held writes of another checkpoint of this namespace belong to a superstep that
             # was abandoned: they will not be saved.
-            for key in [k for k in self._held if k[:2] == (thread, ns)]:
-                del self._held[key]
+            for abandoned in [k for k in self._held if k[:2] == (thread, ns)]:
+                del self._held[abandoned]
             if parent is not None:
                 _remember(self._saved_after, (thread, ns), str(parent))
         save = Save(config, checkpoint, metadata, new_versions)
@@ -262,11 +282,22 @@ class FencedSaver(BaseCheckpointSaver[str]):
                 superstep = self._held.pop(task.key, {})
                 superstep[task_id] = task
                 _remember(self._held, task.key, superstep)
+                self._arrived.notify_all()
                 return
             held = [t for t in self._held.pop(task.key, {}).values() if t.task_id != task_id]
+            channels = frozenset(c for t in (*held, task) for c, _ in t.writes)
+            _remember(
+                self._saved_alone, task.key, self._saved_alone.get(task.key, frozenset()) | channels
+            )
         self._commit(thread, [*held, task], None)
         # The window between writes saved alone and the checkpoint that may follow them.
         crash_point(f"checkpoint:after_writes:{task.node}")
+
+    def _written(self, key: WriteKey) -> frozenset[str]:
+        """The channels written so far in the superstep after checkpoint `key`: held, or saved
+        alone (call holding `_held_lock`)."""
+        held = (c for task in self._held.get(key, {}).values() for c, _ in task.writes)
+        return self._saved_alone.get(key, frozenset()).union(held)
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
         """Write `tasks`' writes and then `save`'s checkpoint (if any), in one transaction with

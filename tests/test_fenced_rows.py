@@ -10,13 +10,16 @@ held for the checkpoint, an interrupt's writes saved alone and its resume value.
 from __future__ import annotations
 
 import operator
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.runnables import RunnableConfig
+from langgraph._internal._constants import CONFIG_KEY_DURABILITY
 from langgraph.channels import DeltaChannel
-from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_checkpoint
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
@@ -31,7 +34,7 @@ from loopwright.checkpoints.database import (
     sqlite_path,
 )
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence, next_version
+from loopwright.checkpoints.fenced import WRITES_WAIT_S, Fence, next_version
 from loopwright.checkpoints.leases import open_lease_store
 
 STEPS = 24
@@ -148,3 +151,63 @@ def test_channel_versions_sort_by_their_counter() -> None:
     assert [int(v.split(".")[0]) for v in versions] == list(range(1, len(versions) + 1))
     assert sorted(versions) == versions
     assert max(stock) < next_version(None)
+
+
+def _saver_with_a_checkpoint(
+    saver: BaseCheckpointSaver[Any],
+) -> tuple[RunnableConfig, list[Any]]:
+    """A first checkpoint on the leased run, and a log of the saver's commits after it."""
+    first = saver.put(
+        {"configurable": {"thread_id": "fenced", "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
+    )
+    commits: list[Any] = []
+    commit = saver._commit  # type: ignore[attr-defined]
+
+    def logged(thread: str, tasks: Any, save: Any) -> None:
+        commits.append((len(tasks), save is not None))
+        commit(thread, tasks, save)
+
+    saver._commit = logged  # type: ignore[attr-defined]
+    return {"configurable": {**first["configurable"], CONFIG_KEY_DURABILITY: "sync"}}, commits
+
+
+def _next(updated: list[str]) -> Checkpoint:
+    return {**empty_checkpoint(), "updated_channels": updated}
+
+
+def test_a_checkpoint_waits_for_its_superstep_s_writes(database_url: str) -> None:
+    """LangGraph may hand the saver a superstep's checkpoint before the writes that made it:
+    the checkpoint waits for them, and both go in one commit."""
+    with open_lease_store(database_url) as leases:
+        leases.register("fenced", task="notes", user_id="u-1")
+        lease = leases.claim("fenced", "worker-a", ttl_s=60)
+    with open_checkpointer(database_url, fence=Fence.of(lease)) as saver:
+        parent, commits = _saver_with_a_checkpoint(saver)
+        late = threading.Timer(0.05, saver.put_writes, (parent, [("x", "a value")], "task-1"))
+        late.start()
+        started = time.monotonic()
+        saver.put(parent, _next(["x"]), {"source": "loop", "step": 1}, {})
+        waited = time.monotonic() - started
+        late.join()
+        saved = saver.get_tuple(parent)
+    assert commits == [(1, True)], "the writes and the checkpoint in one commit"
+    assert saved is not None and [w[1:] for w in saved.pending_writes or ()] == [("x", "a value")]
+    assert 0.04 <= waited < WRITES_WAIT_S
+
+
+def test_a_checkpoint_waits_no_longer_than_its_bound(database_url: str) -> None:
+    """Writes that never come (or come very late) keep a checkpoint for WRITES_WAIT_S at most;
+    they are saved alone when they come."""
+    with open_lease_store(database_url) as leases:
+        leases.register("fenced", task="notes", user_id="u-1")
+        lease = leases.claim("fenced", "worker-a", ttl_s=60)
+    with open_checkpointer(database_url, fence=Fence.of(lease)) as saver:
+        parent, commits = _saver_with_a_checkpoint(saver)
+        started = time.monotonic()
+        saver.put(parent, _next(["y"]), {"source": "loop", "step": 1}, {})
+        waited = time.monotonic() - started
+        saver.put_writes(parent, [("y", "too late")], "task-1")
+        saved = saver.get_tuple(parent)
+    assert commits == [(0, True), (1, False)]
+    assert saved is not None and [w[1:] for w in saved.pending_writes or ()] == [("y", "too late")]
+    assert WRITES_WAIT_S <= waited < WRITES_WAIT_S + 1
