@@ -355,6 +355,7 @@ _OURS_FENCED = (
 )
 _COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
 _WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
+_BLOB_COLUMNS = ("channel", "version", "type", "blob")
 
 
 class FencedPostgresSaver(FencedSaver, PostgresSaver):
@@ -411,12 +412,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             replaces = all(channel in WRITES_IDX_MAP for channel, _ in task.writes)
             (replaced if replaces else kept).extend(row[3:] for row in rows)
             params["parent"] = task.key[2]
-        for prefix, rows in (("k", kept), ("r", replaced)):
-            columns = list(zip(*rows, strict=True)) if rows else [()] * len(_WRITE_COLUMNS)
-            params |= {
-                f"{prefix}_{name}": list(col)
-                for name, col in zip(_WRITE_COLUMNS, columns, strict=True)
-            }
+        params |= _columns("k", _WRITE_COLUMNS, kept) | _columns("r", _WRITE_COLUMNS, replaced)
         blobs: list[tuple[Any, ...]] = []
         params |= {"checkpoint": None, "metadata": None}
         if save is not None:
@@ -429,12 +425,13 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
                 "checkpoint": Jsonb({**save.checkpoint, "channel_values": inline}),
                 "metadata": Jsonb(get_serializable_checkpoint_metadata(save.config, save.metadata)),
             }
-        columns = list(zip(*blobs, strict=True)) if blobs else [()] * 4
-        params |= {
-            f"b_{name}": list(col)
-            for name, col in zip(("channel", "version", "type", "blob"), columns, strict=True)
-        }
-        return params
+        return params | _columns("b", _BLOB_COLUMNS, blobs)
+
+
+def _columns(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    """Rows as one array parameter per column, named `<prefix>_<column>` (empty for no rows)."""
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
+    return {f"{prefix}_{name}": list(col) for name, col in zip(names, columns, strict=True)}
 
 
 def _split_values(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:

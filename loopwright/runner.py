@@ -14,6 +14,7 @@ renews the lease, record where the run stands, release the lease.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -234,9 +235,10 @@ class Runner:
         the run's state as the caller has just read it, if it has (see `model_for`)."""
         agent = self.agent
         model, spec = self.model_for(run_id, values)
+        cancel_requested = functools.partial(self.leases.cancel_requested, run_id)
         return RunContext(
-            cancel_requested=lambda: self.leases.cancel_requested(run_id),
-            cancel_requested_now=lambda: self.leases.cancel_requested(run_id),
+            cancel_requested=cancel_requested,
+            cancel_requested_now=cancel_requested,
             clock=self.leases.now,
             is_approver=self.is_approver,
             model=model,

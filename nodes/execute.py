@@ -167,7 +167,7 @@ def run_call(call: PendingCall, state: RunState, context: RunContext) -> Done:
     writes = call.action_id is not None
     if context.cancel_requested_now() if writes else context.cancel_requested():
         return _cancel_unsent(call, context)
-    if call.action_id is None:  # a read: writes are journaled when they are planned
+    if not writes:  # a read: writes are journaled when they are planned
         ctx = context.tool_context(state, bounded=True)
         contract = context.tools.get(call.tool)
         try:

@@ -8,7 +8,7 @@ in place (bar, done/total, elapsed, time left, the caller's status), and elsewhe
 goes out every `interval_s` and at the end, each complete in itself, so that a log read later or
 grepped needs no earlier line:
 
-    trials 120/393 (30%), 4m10s elapsed, ~9m29s left, <status>
+    trials 120/381 (31%), 4m10s elapsed, ~9m29s left, <status>
 
 Time left is the mean time per item so far times the items left: rough while the first, slower
 or faster, items dominate, and marked "~" for that reason.
