@@ -76,6 +76,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.array import ListBinaryDumper
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
@@ -319,14 +320,14 @@ _COMMIT_SQL = """
 WITH run AS ({run}), ours AS ({ours}), kept AS (
     INSERT INTO checkpoint_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    SELECT %(thread)s::text, %(ns)s::text, %(parent)s::text, w.* FROM ours, unnest(
+    SELECT %(thread)s::text, %(ns)s::text, NULLIF(%(parent)s::text, ''), w.* FROM ours, unnest(
         %(k_task)b::text[], %(k_path)b::text[], %(k_idx)b::int[], %(k_channel)b::text[],
         %(k_type)b::text[], %(k_blob)b::bytea[]) AS w
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
 ), replaced AS (
     INSERT INTO checkpoint_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    SELECT %(thread)s::text, %(ns)s::text, %(parent)s::text, w.* FROM ours, unnest(
+    SELECT %(thread)s::text, %(ns)s::text, NULLIF(%(parent)s::text, ''), w.* FROM ours, unnest(
         %(r_task)b::text[], %(r_path)b::text[], %(r_idx)b::int[], %(r_channel)b::text[],
         %(r_type)b::text[], %(r_blob)b::bytea[]) AS w
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
@@ -339,9 +340,9 @@ WITH run AS ({run}), ours AS ({ours}), kept AS (
 ), saved AS (
     INSERT INTO checkpoints
         (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
-    SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, %(parent)s::text,
+    SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, NULLIF(%(parent)s::text, ''),
            %(checkpoint)s::jsonb, %(metadata)s::jsonb
-      FROM ours WHERE %(id)s::text IS NOT NULL
+      FROM ours WHERE %(id)s::text <> ''
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
     DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
 )
@@ -371,6 +372,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         super().__init__(conn, serde=serde)
         self._init_fencing(fence)
         self._pg = conn
+        _register_column_arrays(conn)
         lock = Database(conn).spell(lock_run_sql(run_id="%(thread)s::text"))
         self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=_OURS_FENCED)
 
@@ -400,9 +402,11 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
 
     def _rows(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> dict[str, Any]:
         """The commit's parameters: its writes, blobs and checkpoint as the stock saver lays
-        them out (`put_writes` and `put`)."""
+        them out (`put_writes` and `put`). No parameter is ever None, whose type psycopg leaves
+        unknown (see `_ColumnArray`): an absent id is '' (NULL again in the statement), an absent
+        checkpoint an empty JSON object."""
         ns = str((save.config if save else tasks[0].config)["configurable"]["checkpoint_ns"])
-        params: dict[str, Any] = {"thread": thread, "ns": ns, "parent": None, "id": None}
+        params: dict[str, Any] = {"thread": thread, "ns": ns, "parent": "", "id": ""}
         kept: list[tuple[Any, ...]] = []
         replaced: list[tuple[Any, ...]] = []
         for task in tasks:
@@ -414,13 +418,13 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             params["parent"] = task.key[2]
         params |= _columns("k", _WRITE_COLUMNS, kept) | _columns("r", _WRITE_COLUMNS, replaced)
         blobs: list[tuple[Any, ...]] = []
-        params |= {"checkpoint": None, "metadata": None}
+        params |= {"checkpoint": Jsonb({}), "metadata": Jsonb({})}
         if save is not None:
             inline, stored = _split_values(save.checkpoint)
             versions = {k: v for k, v in save.new_versions.items() if k in stored}
             blobs = [row[2:] for row in self._dump_blobs(thread, ns, stored, versions)]
             params |= {
-                "parent": save.config["configurable"].get("checkpoint_id"),
+                "parent": save.config["configurable"].get("checkpoint_id") or "",
                 "id": save.checkpoint["id"],
                 "checkpoint": Jsonb({**save.checkpoint, "channel_values": inline}),
                 "metadata": Jsonb(get_serializable_checkpoint_metadata(save.config, save.metadata)),
@@ -429,9 +433,44 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
 
 
 def _columns(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-    """Rows as one array parameter per column, named `<prefix>_<column>` (empty for no rows)."""
+    """Rows as one array parameter per column, named `<prefix>_<column>` (empty for no rows),
+    each of its column's type (see `_ColumnArray`)."""
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
-    return {f"{prefix}_{name}": list(col) for name, col in zip(names, columns, strict=True)}
+    return {
+        f"{prefix}_{name}": _COLUMN_TYPES[name](col)
+        for name, col in zip(names, columns, strict=True)
+    }
+
+
+class _ColumnArray(list[Any]):
+    """A column's values, sent as an array of the column's type whatever they are: psycopg sends
+    an empty list untyped and a list of small ints as smallint[], and each spelling of the
+    parameter types is the statement prepared anew (~1 ms on a run's connection)."""
+
+    type_name = "text"
+
+
+class _IntArray(_ColumnArray):
+    type_name = "int4"
+
+
+class _BytesArray(_ColumnArray):
+    type_name = "bytea"
+
+
+_TEXT_COLUMNS = ("task", "path", "channel", "type", "version")
+_COLUMN_TYPES: dict[str, type[_ColumnArray]] = {"idx": _IntArray, "blob": _BytesArray}
+_COLUMN_TYPES.update(dict.fromkeys(_TEXT_COLUMNS, _ColumnArray))
+
+
+def _register_column_arrays(conn: psycopg.Connection[Any]) -> None:
+    """Dump each `_ColumnArray` kind as its fixed array type, on `conn` only."""
+    for kind in (_ColumnArray, _IntArray, _BytesArray):
+        info = conn.adapters.types[kind.type_name]
+        assert info is not None
+        attributes = {"oid": info.array_oid, "element_oid": info.oid}
+        dumper = type(f"{kind.__name__}Dumper", (ListBinaryDumper,), attributes)
+        conn.adapters.register_dumper(kind, dumper)
 
 
 def _split_values(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:

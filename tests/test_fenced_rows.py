@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from typing import Annotated, Any, TypedDict
 
+import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_DURABILITY
 from langgraph.channels import DeltaChannel
@@ -34,7 +35,12 @@ from loopwright.checkpoints.database import (
     sqlite_path,
 )
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import WRITES_WAIT_S, Fence, next_version
+from loopwright.checkpoints.fenced import (
+    WRITES_WAIT_S,
+    Fence,
+    FencedPostgresSaver,
+    next_version,
+)
 from loopwright.checkpoints.leases import open_lease_store
 
 STEPS = 24
@@ -130,6 +136,24 @@ def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str) -> None:
             "start",
             *(f"note {n}" for n in range(1, STEPS + 1)),
         ]
+
+
+@pytest.mark.postgres
+def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str) -> None:
+    """Commits with and without writes, blobs, a checkpoint or a parent (the first), an
+    interrupt's writes alone and a resume value bind the same parameter types: the commit is
+    prepared once per connection, not once per spelling of its types."""
+    with open_lease_store(postgres_url) as leases:
+        leases.register("prepared", task="notes", user_id="u-1")
+        lease = leases.claim("prepared", "worker-a", ttl_s=60)
+    with open_checkpointer(postgres_url, fence=Fence.of(lease)) as fenced:
+        run_and_read(fenced, "prepared")
+        assert isinstance(fenced, FencedPostgresSaver)
+        prepared = fenced.conn.execute(
+            "SELECT count(*) AS n FROM pg_prepared_statements"
+            " WHERE ltrim(statement, E'\\n') LIKE 'WITH run AS%'"
+        ).fetchone()
+    assert prepared is not None and prepared["n"] == 1
 
 
 def test_a_stock_thread_goes_on_under_the_fenced_saver(database_url: str) -> None:
