@@ -1,22 +1,24 @@
 """The loop as a LangGraph graph: topology and routing.
 
 ```
-START -> guard -+-> compile_context -+-> model_step -+- tool calls -> validate -+-> approval -> validate
-                |        ^           |               |                          +-> execute -+-> reconcile -> compile_context
-                |        |           +-> reconcile   |                          |            +-> compile_context
-                |        |           +-> END         |                          +-> compile_context (all answered)
-                +-> reconcile (unknown outcomes)     +- final answer -> verify -+-> END (completed, verified)
-                +-> END (stopped, typed reason)                                 +-> compile_context (not verified)
+START -> compile_context -+-> model_step -+- tool calls -> validate -+-> approval -> validate
+              ^           |               |                          +-> execute -+-> reconcile -> compile_context
+              |           +-> reconcile   |                          |            +-> compile_context
+              |           +-> END         |                          +-> compile_context (all answered)
+              |                           +- final answer -> verify -+-> END (completed, verified)
+              |                                                      +-> compile_context (not verified)
+guard (next in checkpoints of earlier releases) -> compile_context, reconcile or END
 ```
 
 One node per superstep and `durability="sync"` (see `RUN_DURABILITY`): each node's update is
 committed before the next node starts. guard's gate (`nodes.guard.gate`: stop, reconcile first,
-or go on, with its book-keeping) is the guard node at a run's start and the first thing
-compile_context does on every later iteration, so it costs no superstep of its own: a tool step
-is four (compile_context, model_step, validate, execute). compile_context routes as guard does
-(`after_compile_context`); the guard node stays for the first step and for checkpoints of earlier
-releases whose next node is guard. Every INCOMPLETE end passes through the gate; the only
-COMPLETED end is verify's.
+or go on, with its book-keeping, the run's first step included) is the first thing
+compile_context does, so it costs no superstep of its own: a tool step is four (compile_context,
+model_step, validate, execute), and a run begins with compile_context. compile_context routes as
+the gate decides (`after_compile_context`). The guard node, the gate alone, is kept for the
+checkpoints of earlier releases whose next node is guard, and is the node a run's end is written
+as when its attempts keep failing (`Runner._give_up`). Every INCOMPLETE end passes through the
+gate; the only COMPLETED end is verify's.
 
 Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing
 off the wrapper only calls the node. A node that branches returns its route with its update
@@ -53,7 +55,7 @@ from loopwright.nodes.verify import verify
 from loopwright.observability.instrument import Node, traced_node
 
 RUN_DURABILITY: Literal["sync"] = "sync"
-NODES = NODE_NAMES  # the loop's nodes, one crash point at the start of each
+NODES = NODE_NAMES  # the loop's nodes
 # With handoff configured, ownership passes through these to a specialist running the same loop.
 HANDOFF_NODES = ("handoff", "specialist")
 
@@ -143,7 +145,7 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
     builder.add_node("approval", traced_node("approval", approval))
     builder.add_node("reconcile", traced_node("reconcile", reconcile))
     add("verify", verify, after_verify, ("compile_context", END))
-    builder.add_edge(START, "guard")
+    builder.add_edge(START, "compile_context")
     builder.add_edge("approval", "validate")
     builder.add_edge("reconcile", "compile_context")
     if with_handoff:

@@ -10,7 +10,8 @@ it reaches the point. `LOOPWRIGHT_CRASH_AT` may name several points, comma separ
 
 Points in the runtime (`POINTS`):
   node:<name>:start                     a node begins; with durability="sync" this is also
-                                        "after the previous node's checkpoint committed"
+                                        "after the previous node's checkpoint committed" (every
+                                        node but guard, which a new run never reaches)
   executor:after_dispatch_record        DISPATCHED is committed, the request is not sent
   executor:after_send                   the business system applied the write, the response
                                         has not been read (armed with a downstream that delays
@@ -50,7 +51,7 @@ NODE_NAMES = (
     "verify",
 )
 POINTS = (
-    *(f"node:{name}:start" for name in NODE_NAMES),
+    *(f"node:{name}:start" for name in NODE_NAMES if name != "guard"),
     "executor:after_dispatch_record",
     "executor:after_send",
     "executor:before_outcome_record",

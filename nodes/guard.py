@@ -1,6 +1,6 @@
-"""guard: the loop's gate. Every iteration passes it before the model is asked again: the guard
-node at a run's start (and for checkpoints of earlier releases whose next node is guard), then
-`gate` at the start of compile_context, so that the gate costs no superstep of its own.
+"""guard: the loop's gate. Every iteration passes it before the model is asked again, the first
+included: `gate` is the start of compile_context, so that it costs no superstep of its own. The
+guard node is the gate alone, for checkpoints of earlier releases whose next node is guard.
 
 On the first step it fixes the run's principal, versions and task message. The principal comes
 from the trusted caller only: in the run's input (the CLI writes it there, so it is committed
@@ -22,7 +22,6 @@ from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
 from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
 from loopwright.graph.progress import check_progress, error_codes, last_step, step_signature
 from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
@@ -110,7 +109,6 @@ def _after_step(state: RunState, context: RunContext) -> dict[str, Any]:
 
 
 def guard(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-    crash_point("node:guard:start")
     return gate(state, runtime.context)
 
 

@@ -74,7 +74,9 @@ def test_a_run_that_waits_is_approved_read_back_and_listed_in_json(
 
     shown = document("show", "run-j1", env=env, expect=0, schema="loopwright.run-history/1")
     assert (shown["task"], shown["user"]) == (DEMO_TASK, "u-1")
-    assert shown["steps"][:2] == ["guard", "compile_context"] and shown["steps"][-1] == "verify"
+    assert (
+        shown["steps"][:2] == ["compile_context", "model_step"] and shown["steps"][-1] == "verify"
+    )
     assert "approval" in shown["steps"]
     [history] = [a["history"] for a in shown["actions"]]
     assert [e["to"] for e in history] == ["NEEDS_APPROVAL", "APPROVED", "DISPATCHED", "SUCCEEDED"]

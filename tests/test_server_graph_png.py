@@ -19,8 +19,8 @@ def test_the_dot_source_has_every_node_and_dashed_routes() -> None:
     source = graph_dot(compile_graph().get_graph())
     for node in NODES:
         assert f'"{node}" [label="{node}"]' in source
-    assert '"__start__" -> "guard";' in source  # a plain edge
-    assert '"guard" -> "compile_context" [style=dashed];' in source  # a routed one
+    assert '"__start__" -> "compile_context";' in source  # a plain edge
+    assert '"compile_context" -> "model_step" [style=dashed];' in source  # a routed one
 
 
 @pytest.mark.skipif(
