@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -27,7 +27,7 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
-from langgraph.types import Command, StateSnapshot
+from langgraph.types import Command, Interrupt, StateSnapshot
 from pydantic import ValidationError
 
 from loopwright._agent import Agent
@@ -73,6 +73,17 @@ from loopwright.tools.contract import ToolFault
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]
 StepUpdates = dict[str, dict[str, Any] | None]
+# Where LangGraph's streamed state carries the interrupts of its superstep (documented, as in
+# `invoke`'s result).
+INTERRUPTS_KEY = "__interrupt__"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Where an attempt left the run: its state and its pending interrupts."""
+
+    values: Mapping[str, Any]
+    interrupts: Sequence[Interrupt]
 
 
 @dataclass
@@ -507,9 +518,11 @@ class Runner:
                 cancel_requested=watch.cancel_requested,
             )
             with LeaseKeeper(self.leases, lease, on_renew=watch.renewed):
-                self._stream(payload, self.config(run_id), context, on_step)
-            snapshot = self.graph.get_state(self.config(run_id))
-            outcome = self._outcome(run_id, snapshot)
+                ended = self._stream(payload, self.config(run_id), context, on_step)
+            if ended is None:  # nothing ran: where the run stands is its checkpoint's
+                snapshot = self.graph.get_state(self.config(run_id))
+                ended = Ended(snapshot.values, snapshot.interrupts)
+            outcome = self._outcome(run_id, ended.values, ended.interrupts)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
         except NOT_THE_RUNS_FAULT:
             raise  # the new owner carries on, or the database failed us: not the run's fault
@@ -524,7 +537,7 @@ class Runner:
             self.saver.fence = None
             self.saver.watch = None
             self.leases.release(lease)
-        return outcome, cast(RunState, snapshot.values)
+        return outcome, cast(RunState, ended.values)
 
     def _stream(
         self,
@@ -532,8 +545,13 @@ class Runner:
         config: RunnableConfig,
         context: RunContext,
         on_step: StepListener | None,
-    ) -> None:
-        """Run the graph, telling `on_step` of every node's step (a specialist's one by one).
+    ) -> Ended | None:
+        """Run the graph, telling `on_step` of every node's step (a specialist's one by one), and
+        say where it ended (None if no step ran): the state after its last superstep, as
+        LangGraph streams it, and the interrupts raised in that superstep, which are the run's
+        pending ones (the graph stops at the superstep that interrupts). Reading them off the
+        stream spares a read of the state from the checkpoints, which replays the whole
+        history of its delta channels.
 
         Streaming a subgraph's steps makes LangGraph run every node on its thread pool, a hop
         there and back per superstep, where it otherwise runs a lone task in this thread: asked
@@ -543,20 +561,24 @@ class Runner:
             config,
             context=context,
             durability=RUN_DURABILITY,
-            stream_mode="updates",
+            stream_mode=["values", "updates"] if on_step else ["values"],
             subgraphs=on_step is not None,
         )
-        if on_step is None:
-            for _ in stream:
-                pass
-            return
-        for namespace, chunk in cast(Iterator[tuple[tuple[str, ...], StepUpdates]], stream):
-            for node, update in chunk.items():
-                # A subgraph's own steps are reported one by one; its node in the parent only
-                # hands its final state back. Keys of LangGraph's own (__interrupt__,
-                # __metadata__) are no node's step.
-                if not node.startswith("__") and not (not namespace and node == "specialist"):
-                    on_step(node, update or {})
+        ended: Ended | None = None
+        for item in stream:
+            namespace, mode, chunk = item if on_step else ((), *item)
+            if mode == "values" and not namespace:
+                values = dict(cast(Mapping[str, Any], chunk))
+                interrupts = values.pop(INTERRUPTS_KEY, ())
+                ended = Ended(values, tuple(interrupts))
+            elif mode == "updates" and on_step is not None:
+                for node, update in cast(StepUpdates, chunk).items():
+                    # A subgraph's own steps are reported one by one; its node in the parent
+                    # only hands its final state back. Keys of LangGraph's own (__interrupt__,
+                    # __metadata__) are no node's step.
+                    if not node.startswith("__") and not (not namespace and node == "specialist"):
+                        on_step(node, update or {})
+        return ended
 
     def _give_up(self, run_id: str, lease: Lease, error: str) -> None:
         """End a run whose attempts keep failing: INCOMPLETE, needs_human, the last error in its
@@ -606,10 +628,12 @@ class Runner:
         return cast(RunState, values)
 
     def outcome(self, run_id: str) -> RunOutcome:
-        return self._outcome(run_id, self.graph.get_state(self.config(run_id)))
+        snapshot = self.graph.get_state(self.config(run_id))
+        return self._outcome(run_id, snapshot.values, snapshot.interrupts)
 
-    def _outcome(self, run_id: str, snapshot: StateSnapshot) -> RunOutcome:
-        values = snapshot.values
+    def _outcome(
+        self, run_id: str, values: Mapping[str, Any], pending: Sequence[Interrupt]
+    ) -> RunOutcome:
         if not values:
             summary = summary_of(self.leases.db, run_id)
             if summary is None:
@@ -623,7 +647,7 @@ class Runner:
                 actions=self.journal.for_run(run_id),
                 pruned=summary,
             )
-        interrupts = [i.value | {"interrupt_id": i.id} for i in snapshot.interrupts]
+        interrupts = [i.value | {"interrupt_id": i.id} for i in pending]
         phase = values.get("phase", Phase.READY)
         if any(i.get("kind") == "approval" for i in interrupts):
             phase = Phase.WAITING_APPROVAL
