@@ -299,7 +299,8 @@ class Runner:
         record = self.register(run_id, task, principal)
         if (record.task, record.user_id) != (task, principal.user_id):
             raise RunExists(run_id)
-        values = self.graph.get_state(self.config(run_id)).values
+        # A run never leased (fence 0) has no step yet: nothing writes one without a lease.
+        values = self.graph.get_state(self.config(run_id)).values if record.fence else {}
         if values:
             return self.resume(run_id, on_step=on_step)
         begun = initial_state(run_id, task, principal, now=self.leases.now())
