@@ -266,14 +266,23 @@ class LeaseStore:
         )
         return [RunRecord.model_validate(row) for row in rows]
 
-    def record(self, lease: Lease, phase: str, next_attempt_at: datetime | None = None) -> None:
+    def record(
+        self,
+        lease: Lease,
+        phase: str,
+        next_attempt_at: datetime | None = None,
+        *,
+        release: bool = False,
+    ) -> None:
         """Note where the run stands after an attempt that went through, for listings and
-        workers; its failure streak is over. Refused for a lost lease."""
+        workers; its failure streak is over. With `release`, the run is given up in the same
+        transaction (as `release` does). Refused for a lost lease."""
+        given_up = ", owner = NULL, lease_expires_at = NULL" if release else ""
         with self.db.transaction():
             self._check_held(lease)
             self.db.execute(
                 "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, failures = 0,"
-                " last_error = NULL, updated_at = now() WHERE run_id = %s",
+                f" last_error = NULL, updated_at = now(){given_up} WHERE run_id = %s",
                 (phase, self.db.timestamp(next_attempt_at), lease.run_id),
             )
 

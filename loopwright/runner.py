@@ -504,6 +504,7 @@ class Runner:
         # The attempt's clock and cancel flag, kept by the lease's renewals and the commits'
         # fence checks: its nodes read neither from the database.
         watch = RunWatch(lease)
+        released = False
         self.saver.fence = Fence.of(lease)
         self.saver.watch = watch
         try:
@@ -524,7 +525,8 @@ class Runner:
                 snapshot = self.graph.get_state(self.config(run_id))
                 ended = Ended(snapshot.values, snapshot.interrupts)
             outcome = self._outcome(run_id, ended.values, ended.interrupts)
-            self.leases.record(lease, outcome.phase, outcome.next_attempt_at)
+            self.leases.record(lease, outcome.phase, outcome.next_attempt_at, release=True)
+            released = True
         except NOT_THE_RUNS_FAULT:
             raise  # the new owner carries on, or the database failed us: not the run's fault
         except Exception as exc:
@@ -537,7 +539,8 @@ class Runner:
         finally:
             self.saver.fence = None
             self.saver.watch = None
-            self.leases.release(lease)
+            if not released:
+                self.leases.release(lease)
         return outcome, cast(RunState, ended.values)
 
     def _stream(

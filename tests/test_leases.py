@@ -91,6 +91,22 @@ def test_reclaim_after_own_expiry_bumps_the_fence(leases: LeaseStore) -> None:
     assert leases.claim(RUN, "worker-a", ttl_s=30).fence == first.fence + 1
 
 
+def test_an_attempt_s_record_can_give_the_run_up_with_it(leases: LeaseStore) -> None:
+    lease = leases.claim(RUN, "worker-a", ttl_s=30)
+    leases.record(lease, "RECONCILING", release=True)
+    run = leases.get(RUN)
+    assert run is not None and (run.phase, run.owner, run.lease_live) == (
+        "RECONCILING",
+        None,
+        False,
+    )
+    # Given up, the lease is lost: a second record is refused and changes nothing.
+    with pytest.raises(LeaseLost):
+        leases.record(lease, "COMPLETED", release=True)
+    assert leases.get(RUN).phase == "RECONCILING"  # type: ignore[union-attr]
+    assert leases.claim(RUN, "worker-b", ttl_s=30).fence == lease.fence + 1
+
+
 def test_unregistered_runs_cannot_be_claimed(leases: LeaseStore) -> None:
     with pytest.raises(RunNotFound):
         leases.claim("run-missing", "worker-a", ttl_s=30)
