@@ -61,7 +61,7 @@ from benchmarks.perf_setup import (
 )
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence
+from loopwright.checkpoints.fenced import Fence, FencedSqliteSaver
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 
@@ -72,6 +72,7 @@ BARE_NODES_PER_STEP = 2
 RAW_COMMITS_PER_ROUND = 30
 WORK_STEPS = 25  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
 WORK_REPEATS = 3
+WAL_FRAME_HEADER = 24  # bytes before each page in SQLite's WAL
 
 SQLITE_THREAD_BYTES = """
 SELECT (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0)
@@ -226,6 +227,64 @@ def replayed_commit_ms(backend: Backend, calls: Sequence[Call]) -> float:
     return 1000 * seconds / max(1, puts)
 
 
+def wal_pages(path: Path, writers: Sequence[sqlite3.Connection], write: Callable[[], int]) -> float:
+    """WAL pages SQLite wrote per commit while `write` ran on `writers` (it returns how many
+    commits it made): what an SQLite commit costs is mostly its pages (`synchronous=FULL`: all go
+    to the WAL, then one fsync), so this says why one commit takes longer than another."""
+    wal = path.with_name(path.name + "-wal")
+    for conn in writers:
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # the WAL only grows while measured
+    with closing(connect_sqlite(str(path))) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    commits = write()
+    return wal.stat().st_size / (page_size + WAL_FRAME_HEADER) / max(1, commits)
+
+
+def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int) -> WalPages:
+    """WAL pages per commit of a run's commits replayed (as `replayed_commit_ms` does) and of
+    the raw insert of as many bytes."""
+    path = Path(sqlite_path(backend.url))
+    run_id = f"lw-wal-{time.time_ns()}"
+    with open_lease_store(backend.url) as leases, open_checkpointer(backend.url) as saver:
+        assert isinstance(saver, FencedSqliteSaver)
+        leases.register(run_id, task=TASK, user_id=PRINCIPAL.user_id)
+        saver.fence = Fence.of(leases.claim(run_id, "bench", ttl_s=600))
+
+        def replay() -> int:
+            for name, (config, *rest) in in_commit_order(calls):
+                configurable = {**config["configurable"], "thread_id": run_id}
+                getattr(saver, name)({**config, "configurable": configurable}, *rest)
+            return sum(name == "put" for name, _ in calls)
+
+        writers = [saver.conn, leases.db.conn]
+        ours = wal_pages(path, [c for c in writers if isinstance(c, sqlite3.Connection)], replay)
+    payload = bytes(payload_bytes)
+    with closing(connect_sqlite(str(path))) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_wal (payload BLOB)")
+        conn.commit()
+
+        def insert() -> int:
+            for _ in range(RAW_COMMITS_PER_ROUND):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO bench_wal (payload) VALUES (?)", (payload,))
+                conn.commit()
+            return RAW_COMMITS_PER_ROUND
+
+        raw = wal_pages(path, [conn], insert)
+        conn.execute("DROP TABLE bench_wal")
+        conn.commit()
+    return WalPages(ours, raw)
+
+
+@dataclass(frozen=True)
+class WalPages:
+    """WAL pages per commit (each a page and a frame header): a node commit's, the raw insert's."""
+
+    commit: float
+    raw: float
+
+
 @dataclass(frozen=True)
 class Measured:
     seconds: float
@@ -309,6 +368,7 @@ class Length:
     replayed_ms: Spread
     commit_ratio: Spread  # replayed / raw: the commit alone against the INSERT alone
     commit_bytes: int
+    wal: WalPages | None  # SQLite only
 
     @property
     def step_goal(self) -> float | None:
@@ -370,7 +430,10 @@ def measure_length(bench: Bench, backend: Backend, steps: int, rounds: int) -> L
         raw_ms=Spread(tuple(raw)),
         replayed_ms=Spread(tuple(replayed)),
         commit_ratio=Spread(tuple(c / r for c, r in zip(replayed, raw, strict=True))),
-        commit_bytes=ours[-1].bytes_written // max(1, ours[-1].commits.puts),
+        commit_bytes=commit_bytes,
+        wal=sqlite_wal_pages(backend, ours[-1].commits.calls, commit_bytes)
+        if backend.is_sqlite
+        else None,
     )
 
 
@@ -470,6 +533,15 @@ def report(figures: StepFigures) -> list[str]:
             f"  ratio node commit / raw {length.commit_ratio.show('x')} "
             f"{_verdict(length.commit_ratio.median, COMMIT_GOAL)}",
             f"  the same commits inside the run: {length.commit_ms.show(' ms')} (wall time)",
+            *(
+                [
+                    f"  WAL pages a commit: node commit {length.wal.commit:.1f}, raw insert "
+                    f"{length.wal.raw:.1f} (the node commit's rows go to two tables of the stock "
+                    f"layout, each a table and its primary key index)"
+                ]
+                if length.wal
+                else []
+            ),
             f"  a loopwright tool step commits {LOOPWRIGHT_NODES_PER_STEP} nodes: "
             f"{LOOPWRIGHT_NODES_PER_STEP * length.commit_ms.median:.1f} ms of its "
             f"{length.loopwright_ms.median:.1f} ms; the bare agent commits {BARE_NODES_PER_STEP} "
