@@ -87,3 +87,22 @@ def test_an_unchanged_context_is_not_stored_again(
         system = runner.state("run-context")["context"]["system"]
     assert ["context" in update for update in compiled] == [True] + [False] * reads
     assert seen == [system] * (reads + 1) and "get_order" in system
+
+
+def test_a_tool_step_is_four_commits_and_a_run_two_more(open_test_runner: RunnerFactory) -> None:
+    """The card's boundaries and no more: a commit after each of compile_context (guard's gate
+    inside it), model_step, validate and execute per tool step; then the last compile_context,
+    the final model_step and verify. No guard superstep, not even at the start."""
+    reads = 3
+    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
+    model = ScriptedChatModel(policy=KeepsReading(reads=reads))
+    with open_test_runner(model=model) as runner:
+        outcome = runner.start(task, principal(task=task), run_id="run-commits")
+        assert outcome.stop_reason == "completed", outcome.stop_detail
+        history = list(runner.graph.get_state_history(runner.config("run-commits")))
+        steps = [node for node, _ in runner.steps("run-commits")]
+    per_step = ["compile_context", "model_step", "validate", "execute"]
+    assert steps == per_step * reads + ["compile_context", "model_step", "verify"]
+    # The input's checkpoint and the one that applies it (step 0), then one for every node step.
+    loop = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
+    assert len(loop) == 1 + len(steps) and len(history) == 2 + len(steps)
