@@ -89,7 +89,7 @@ def test_an_unchanged_context_is_not_stored_again(
     assert seen == [system] * (reads + 1) and "get_order" in system
 
 
-def test_a_tool_step_is_four_commits_and_a_run_two_more(open_test_runner: RunnerFactory) -> None:
+def test_a_tool_step_is_four_commits_and_a_run_three_more(open_test_runner: RunnerFactory) -> None:
     """The card's boundaries and no more: a commit after each of compile_context (guard's gate
     inside it), model_step, validate and execute per tool step; then the last compile_context,
     the final model_step and verify. No guard superstep, not even at the start."""
