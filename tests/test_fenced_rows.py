@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from typing import Annotated, Any, TypedDict
 
+import psycopg
 import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._constants import CONFIG_KEY_DURABILITY
@@ -149,6 +150,7 @@ def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str) -> N
     with open_checkpointer(postgres_url, fence=Fence.of(lease)) as fenced:
         run_and_read(fenced, "prepared")
         assert isinstance(fenced, FencedPostgresSaver)
+        assert isinstance(fenced.conn, psycopg.Connection)  # the saver's own, not a pool
         prepared = fenced.conn.execute(
             "SELECT count(*) AS n FROM pg_prepared_statements"
             " WHERE ltrim(statement, E'\\n') LIKE 'WITH run AS%'"
