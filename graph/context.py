@@ -9,12 +9,14 @@ from the context once, on the run's first step, and kept in state (P) from then 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import Runnable
 
 from loopwright.checkpoints.journal import ActionJournal
 from loopwright.graph.agents import PRIMARY, AgentProfile
@@ -22,7 +24,7 @@ from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
 from loopwright.graph.state import Action, Principal, RunState, utcnow
 from loopwright.graph.views import principal_of, started_at
-from loopwright.tools.contract import ToolContext
+from loopwright.tools.contract import ToolContext, ToolContract
 from loopwright.tools.registry import ToolRegistry
 
 
@@ -69,12 +71,27 @@ class RunContext:
     # The same question read from the database at the call: asked just before a write is
     # sent, where a request made during an earlier call of the same step must count.
     cancel_requested_now: Callable[[], bool] = field(default=lambda: False)
+    # Models with tools bound, by model and tool names (see `with_tools`).
+    _bound: dict[tuple[int, tuple[str, ...]], Runnable[LanguageModelInput, AIMessage]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def now(self) -> datetime:
         return self.clock()
 
     def agent(self, owner: str | None) -> AgentProfile | None:
         return self.agents.get(owner or PRIMARY)
+
+    def with_tools(
+        self, model: BaseChatModel, tools: Sequence[ToolContract]
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """`model` with `tools` bound, once per context (a run's attempt): binding copies and
+        converts every tool's schema, at every step otherwise. Keyed by the model's identity,
+        which the context keeps alive (its own model or an agent's), and the tools' names."""
+        key = (id(model), tuple(tool.name for tool in tools))
+        if key not in self._bound:
+            self._bound[key] = model.bind_tools([tool.openai_schema() for tool in tools])
+        return self._bound[key]
 
     @property
     def model_id(self) -> str:

@@ -74,7 +74,7 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:model_step:start")
     context = runtime.context
     compiled = state.get("context") or {}
-    allowed = [c.openai_schema() for c in context.tools if c.name in compiled.get("tools", [])]
+    allowed = [c for c in context.tools if c.name in compiled.get("tools", [])]
     agent = context.agent(state.get("owner"))
     planner = agent.planner if agent is not None and agent.planner else context.planner
     model = agent.model if agent is not None and agent.model else context.model
@@ -86,7 +86,7 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         bound = REQUEST_BOUNDS.set(bounds)
         try:
             with model_span(model, context.prompt_version) as span:
-                reply = model.bind_tools(allowed).invoke(render(state))
+                reply = context.with_tools(model, allowed).invoke(render(state))
                 note_model_reply(span, reply)
         except Exception as exc:  # the model client already retried transient faults (one layer)
             # The request was made (and may be billed) though nothing came back of it.
