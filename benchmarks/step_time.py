@@ -61,8 +61,8 @@ from benchmarks.perf_setup import (
 )
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence, FencedSqliteSaver
-from loopwright.checkpoints.leases import open_lease_store
+from loopwright.checkpoints.fenced import Fence, FencedSaver, FencedSqliteSaver
+from loopwright.checkpoints.leases import LeaseStore, open_lease_store
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 
 STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
@@ -158,15 +158,10 @@ class Backend:
         table, as the savers write (Postgres: BEGIN, INSERT, COMMIT; SQLite: BEGIN IMMEDIATE)."""
         payload = (bytes(range(256)) * (payload_bytes // 256 + 1))[:payload_bytes]
         if self.is_sqlite:
-            with closing(connect_sqlite(sqlite_path(self.url))) as sconn:
-                sconn.execute("CREATE TABLE IF NOT EXISTS bench_raw (payload BLOB)")
+            with raw_sqlite_table(self.url) as (_conn, insert):
                 started = time.perf_counter()
-                for _ in range(repeats):
-                    sconn.execute("BEGIN IMMEDIATE")
-                    sconn.execute("INSERT INTO bench_raw (payload) VALUES (?)", (payload,))
-                    sconn.commit()
+                insert(payload, repeats)
                 elapsed = time.perf_counter() - started
-                sconn.execute("DROP TABLE bench_raw")
             return 1000 * elapsed / repeats
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (id bigserial, payload bytea)")
@@ -177,6 +172,28 @@ class Backend:
             elapsed = time.perf_counter() - started
             conn.execute("DROP TABLE bench_raw")
         return 1000 * elapsed / repeats
+
+
+@contextmanager
+def raw_sqlite_table(
+    url: str,
+) -> Iterator[tuple[sqlite3.Connection, Callable[[bytes, int], None]]]:
+    """A fresh table on the SQLite file at `url` (dropped after), and how the raw commits write
+    to it: `insert(payload, n)`, n times an INSERT in a BEGIN IMMEDIATE transaction of its own,
+    as the SQLite saver writes."""
+    with closing(connect_sqlite(sqlite_path(url))) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (payload BLOB)")
+        conn.commit()
+
+        def insert(payload: bytes, repeats: int) -> None:
+            for _ in range(repeats):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO bench_raw (payload) VALUES (?)", (payload,))
+                conn.commit()
+
+        yield conn, insert
+        conn.execute("DROP TABLE bench_raw")
+        conn.commit()
 
 
 def in_commit_order(calls: Sequence[Call]) -> list[Call]:
@@ -203,25 +220,38 @@ def in_commit_order(calls: Sequence[Call]) -> list[Call]:
     ]
 
 
+@contextmanager
+def fresh_run(backend: Backend) -> Iterator[tuple[FencedSaver, LeaseStore, Callable[[Call], None]]]:
+    """A fresh run of its own (registered, leased, the saver fenced), and how a recorded saver
+    call is made again on it: `replay(call)`."""
+    run_id = f"lw-replay-{time.time_ns()}"
+    with open_lease_store(backend.url) as leases, open_checkpointer(backend.url) as saver:
+        leases.register(run_id, task=TASK, user_id=PRINCIPAL.user_id)
+        saver.fence = Fence.of(leases.claim(run_id, "bench", ttl_s=600))
+
+        def replay(call: Call) -> None:
+            name, (config, *rest) = call
+            configurable = {**config["configurable"], "thread_id": run_id}
+            getattr(saver, name)({**config, "configurable": configurable}, *rest)
+
+        yield saver, leases, replay
+
+
 def replayed_commit_ms(backend: Backend, calls: Sequence[Call]) -> float:
     """A loopwright run's commits again, back to back as the raw commits are, on a fresh run
-    of their own (registered, leased, the saver fenced): ms per put.
+    of their own: ms per put.
 
     The raw INSERTs are timed alone and back to back, so the commits are too. Inside a run the
     same commits take longer on average (printed beside): the run's other work between two
     commits leaves the caches cold (a replay with 2-4 ms of Python between commits: 0.50 ->
     0.64-0.70 ms on Postgres), and a run's first commits prepare the statement on its new
     connection (the replay's do too, on its own)."""
-    run_id = f"lw-replay-{time.time_ns()}"
-    with open_lease_store(backend.url) as leases, open_checkpointer(backend.url) as saver:
-        leases.register(run_id, task=TASK, user_id=PRINCIPAL.user_id)
-        saver.fence = Fence.of(leases.claim(run_id, "bench", ttl_s=600))
-        seconds, puts = 0.0, 0
-        for name, (config, *rest) in in_commit_order(calls):
-            config = {**config, "configurable": {**config["configurable"], "thread_id": run_id}}
+    seconds, puts = 0.0, 0
+    with fresh_run(backend) as (_saver, _leases, replay):
+        for call in in_commit_order(calls):
             started = time.perf_counter()
-            getattr(saver, name)(config, *rest)
-            if name == "put":
+            replay(call)
+            if call[0] == "put":
                 seconds += time.perf_counter() - started
                 puts += 1
     return 1000 * seconds / max(1, puts)
@@ -245,35 +275,25 @@ def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int
     """WAL pages per commit of a run's commits replayed (as `replayed_commit_ms` does) and of
     the raw insert of as many bytes."""
     path = Path(sqlite_path(backend.url))
-    run_id = f"lw-wal-{time.time_ns()}"
-    with open_lease_store(backend.url) as leases, open_checkpointer(backend.url) as saver:
-        assert isinstance(saver, FencedSqliteSaver)
-        leases.register(run_id, task=TASK, user_id=PRINCIPAL.user_id)
-        saver.fence = Fence.of(leases.claim(run_id, "bench", ttl_s=600))
+    with fresh_run(backend) as (saver, leases, replay):
 
-        def replay() -> int:
-            for name, (config, *rest) in in_commit_order(calls):
-                configurable = {**config["configurable"], "thread_id": run_id}
-                getattr(saver, name)({**config, "configurable": configurable}, *rest)
+        def replay_all() -> int:
+            for call in in_commit_order(calls):
+                replay(call)
             return sum(name == "put" for name, _ in calls)
 
+        assert isinstance(saver, FencedSqliteSaver)
         writers = [saver.conn, leases.db.conn]
-        ours = wal_pages(path, [c for c in writers if isinstance(c, sqlite3.Connection)], replay)
-    payload = bytes(payload_bytes)
-    with closing(connect_sqlite(str(path))) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_wal (payload BLOB)")
-        conn.commit()
+        ours = wal_pages(
+            path, [c for c in writers if isinstance(c, sqlite3.Connection)], replay_all
+        )
+    with raw_sqlite_table(backend.url) as (conn, insert):
 
-        def insert() -> int:
-            for _ in range(RAW_COMMITS_PER_ROUND):
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("INSERT INTO bench_wal (payload) VALUES (?)", (payload,))
-                conn.commit()
+        def insert_all() -> int:
+            insert(bytes(payload_bytes), RAW_COMMITS_PER_ROUND)
             return RAW_COMMITS_PER_ROUND
 
-        raw = wal_pages(path, [conn], insert)
-        conn.execute("DROP TABLE bench_wal")
-        conn.commit()
+        raw = wal_pages(path, [conn], insert_all)
     return WalPages(ours, raw)
 
 

@@ -75,6 +75,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
+from psycopg import postgres
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.json import Jsonb
@@ -437,7 +438,7 @@ def _columns(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]])
     each of its column's type (see `_ColumnArray`)."""
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
     return {
-        f"{prefix}_{name}": _COLUMN_TYPES[name](col)
+        f"{prefix}_{name}": _COLUMN_TYPES.get(name, _ColumnArray)(col)
         for name, col in zip(names, columns, strict=True)
     }
 
@@ -445,7 +446,8 @@ def _columns(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]])
 class _ColumnArray(list[Any]):
     """A column's values, sent as an array of the column's type whatever they are: psycopg sends
     an empty list untyped and a list of small ints as smallint[], and each spelling of the
-    parameter types is the statement prepared anew (~1 ms on a run's connection)."""
+    parameter types is the statement prepared anew (~1 ms on a run's connection). Text, unless
+    a subclass says otherwise."""
 
     type_name = "text"
 
@@ -458,18 +460,21 @@ class _BytesArray(_ColumnArray):
     type_name = "bytea"
 
 
-_TEXT_COLUMNS = ("task", "path", "channel", "type", "version")
 _COLUMN_TYPES: dict[str, type[_ColumnArray]] = {"idx": _IntArray, "blob": _BytesArray}
-_COLUMN_TYPES.update(dict.fromkeys(_TEXT_COLUMNS, _ColumnArray))
+
+
+def _array_dumper(kind: type[_ColumnArray]) -> type[ListBinaryDumper]:
+    info = postgres.types[kind.type_name]
+    attributes = {"oid": info.array_oid, "element_oid": info.oid}
+    return type(f"{kind.__name__}Dumper", (ListBinaryDumper,), attributes)
+
+
+_COLUMN_DUMPERS = {kind: _array_dumper(kind) for kind in (_ColumnArray, _IntArray, _BytesArray)}
 
 
 def _register_column_arrays(conn: psycopg.Connection[Any]) -> None:
     """Dump each `_ColumnArray` kind as its fixed array type, on `conn` only."""
-    for kind in (_ColumnArray, _IntArray, _BytesArray):
-        info = conn.adapters.types[kind.type_name]
-        assert info is not None
-        attributes = {"oid": info.array_oid, "element_oid": info.oid}
-        dumper = type(f"{kind.__name__}Dumper", (ListBinaryDumper,), attributes)
+    for kind, dumper in _COLUMN_DUMPERS.items():
         conn.adapters.register_dumper(kind, dumper)
 
 

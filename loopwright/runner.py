@@ -636,7 +636,7 @@ class Runner:
         return self._outcome(run_id, snapshot.values, snapshot.interrupts)
 
     def _outcome(
-        self, run_id: str, values: Mapping[str, Any], pending: Sequence[Interrupt]
+        self, run_id: str, values: Mapping[str, Any], raised: Sequence[Interrupt]
     ) -> RunOutcome:
         if not values:
             summary = summary_of(self.leases.db, run_id)
@@ -651,7 +651,7 @@ class Runner:
                 actions=self.journal.for_run(run_id),
                 pruned=summary,
             )
-        interrupts = [i.value | {"interrupt_id": i.id} for i in pending]
+        interrupts = [i.value | {"interrupt_id": i.id} for i in raised]
         phase = values.get("phase", Phase.READY)
         if any(i.get("kind") == "approval" for i in interrupts):
             phase = Phase.WAITING_APPROVAL
