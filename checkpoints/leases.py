@@ -23,14 +23,18 @@ from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, open_database
 from loopwright.graph.state import Phase
 
-_SELECT_RUNS = (
-    "SELECT run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
+_RUN_COLUMNS = (
+    "run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
     " cancel_requested_at, failures, last_error, agent, agent_version, created_at, updated_at,"
     " COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
-    " FROM lw_runs"
 )
+_SELECT_RUNS = "SELECT " + _RUN_COLUMNS + " FROM lw_runs"
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
 _LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at, now() AS granted_at"
+# A write under a lease changes the run's row only while it is still the lease's (owner and
+# fence), checked and changed in one statement: the UPDATE locks the row as the check's lock
+# would, and waits for a commit in flight that holds it shared, as a takeover does.
+_HELD = " WHERE run_id = %s AND owner = %s AND fence = %s"
 
 
 class Lease(BaseModel):
@@ -178,16 +182,17 @@ class LeaseStore:
     def register(
         self, run_id: str, *, task: str, user_id: str, agent: str = "", agent_version: str = ""
     ) -> RunRecord:
-        """Record a run (unowned, fence 0). Registering an existing run changes nothing."""
-        with self.db.transaction():
-            self.db.execute(
-                "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, agent,"
-                " agent_version, created_at, updated_at)"
-                " VALUES (%s, NULL, 0, %s, %s, %s, %s, %s, now(), now())"
-                " ON CONFLICT (run_id) DO NOTHING",
-                (run_id, Phase.READY.value, task, user_id, agent, agent_version),
-            )
-            return RunRecord.model_validate(self.db.execute(_SELECT_RUN, (run_id,))[0])
+        """Record a run (unowned, fence 0, created now by the database's clock); the run's row.
+        Registering an existing run changes nothing."""
+        rows = self.db.write(
+            "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, agent,"
+            " agent_version, created_at, updated_at)"
+            " VALUES (%s, NULL, 0, %s, %s, %s, %s, %s, now(), now())"
+            " ON CONFLICT (run_id) DO NOTHING RETURNING " + _RUN_COLUMNS,
+            (run_id, Phase.READY.value, task, user_id, agent, agent_version),
+        )
+        existing = None if rows else self.get(run_id)  # runs are never deleted
+        return RunRecord.model_validate(rows[0]) if rows else _present(existing, run_id)
 
     def now(self) -> datetime:
         """The database's clock: what every lease, expiry and deadline is judged on (the
@@ -226,7 +231,7 @@ class LeaseStore:
                 " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
                 (owner, 0 if extends else 1, ttl_s, run_id),
             )
-        return _lease(rows[0], ttl_s, run)
+        return _lease(rows[0], ttl_s, run.cancel_requested_at is not None)
 
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its ttl, unless the run changed hands meanwhile (`LeaseLost`).
@@ -234,16 +239,16 @@ class LeaseStore:
         A lease that expired but was not taken over can still be renewed: nobody else wrote
         under a newer fence, so continuing is safe.
         """
-        with self.db.transaction():
-            run = lock_run(self.db, lease.run_id, exclusive=True)
-            if run is None or run.fence != lease.fence or run.owner != lease.owner:
-                raise LeaseLost(lease, run)
-            rows = self.db.execute(
-                "UPDATE lw_runs SET lease_expires_at = {after_seconds}, updated_at = now()"
-                " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
-                (lease.ttl_s, lease.run_id),
-            )
-        return _lease(rows[0], lease.ttl_s, run)
+        rows = self.db.write(
+            "UPDATE lw_runs SET lease_expires_at = {after_seconds}, updated_at = now()"
+            + _HELD
+            + " RETURNING cancel_requested_at, "
+            + _LEASE_COLUMNS,
+            (lease.ttl_s, *_held(lease)),
+        )
+        if not rows:
+            raise LeaseLost(lease, self.get(lease.run_id))
+        return _lease(rows[0], lease.ttl_s, rows[0]["cancel_requested_at"] is not None)
 
     def runs(self) -> list[RunRecord]:
         """Every registered run, newest first."""
@@ -278,13 +283,13 @@ class LeaseStore:
         workers; its failure streak is over. With `release`, the run is given up in the same
         transaction (as `release` does). Refused for a lost lease."""
         given_up = ", owner = NULL, lease_expires_at = NULL" if release else ""
-        with self.db.transaction():
-            self._check_held(lease)
-            self.db.execute(
-                "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, failures = 0,"
-                f" last_error = NULL, updated_at = now(){given_up} WHERE run_id = %s",
-                (phase, self.db.timestamp(next_attempt_at), lease.run_id),
-            )
+        rows = self.db.write(
+            "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, failures = 0,"
+            f" last_error = NULL, updated_at = now(){given_up}" + _HELD + " RETURNING run_id",
+            (phase, self.db.timestamp(next_attempt_at), *_held(lease)),
+        )
+        if not rows:
+            raise LeaseLost(lease, self.get(lease.run_id))
 
     def record_failure(self, lease: Lease, error: str) -> RunRecord:
         """Note an attempt that ended in an error, and when to try again: after
@@ -326,20 +331,27 @@ class LeaseStore:
 
     def release(self, lease: Lease) -> None:
         """Give the run up now rather than at expiry. A lease already lost releases nothing."""
-        with self.db.transaction():
-            self.db.execute(
-                "UPDATE lw_runs SET owner = NULL, lease_expires_at = NULL, updated_at = now()"
-                " WHERE run_id = %s AND owner = %s AND fence = %s",
-                (lease.run_id, lease.owner, lease.fence),
-            )
+        self.db.write(
+            "UPDATE lw_runs SET owner = NULL, lease_expires_at = NULL, updated_at = now()" + _HELD,
+            _held(lease),
+        )
 
 
-def _lease(row: dict[str, object], ttl_s: float, run: RunRecord) -> Lease:
-    """The lease a claim or a renewal wrote (`row`, its RETURNING), with what the locked `run`
-    said of a cancel."""
-    return Lease.model_validate(
-        {**row, "ttl_s": ttl_s, "cancel_requested": run.cancel_requested_at is not None}
-    )
+def _lease(row: dict[str, object], ttl_s: float, cancel_requested: bool) -> Lease:
+    """The lease a claim or a renewal wrote (`row`, its RETURNING), with whether the run's row
+    said, under the same lock, that someone asked it to stop."""
+    return Lease.model_validate({**row, "ttl_s": ttl_s, "cancel_requested": cancel_requested})
+
+
+def _held(lease: Lease) -> tuple[str, str, int]:
+    """The parameters of `_HELD`."""
+    return lease.run_id, lease.owner, lease.fence
+
+
+def _present(run: RunRecord | None, run_id: str) -> RunRecord:
+    if run is None:
+        raise RunNotFound(run_id)
+    return run
 
 
 class RunWatch:

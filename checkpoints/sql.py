@@ -15,8 +15,8 @@ function, so `Database` registers one on the connection that reads the Python cl
 fixed-width ISO-8601 UTC text; fixed width keeps string comparison chronological, so expiry
 checks can stay in SQL on both backends.
 
-Writes go through `transaction()` only: one committed transaction per call, because the
-executor relies on, e.g., DISPATCHED being durable before it sends a request.
+Writes go through `transaction()` or `write()` only: one committed transaction per call, because
+the executor relies on, e.g., DISPATCHED being durable before it sends a request.
 """
 
 from __future__ import annotations
@@ -130,6 +130,16 @@ class Database:
             with self.conn.cursor(row_factory=dict_row) as pcur:
                 pcur.execute(self.spell(sql), params)
                 return pcur.fetchall() if pcur.description else []
+
+    def write(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """One statement committed on its own; its rows (RETURNING). On Postgres the connection
+        is in autocommit, so the statement is its own transaction in one round trip, where
+        `transaction()` costs two more (BEGIN, COMMIT); a statement that must check a row and
+        change it does both at once (a guarded UPDATE), so it needs no transaction around it."""
+        if self.kind is DatabaseKind.POSTGRES:
+            return self.execute(sql, params)
+        with self.transaction():
+            return self.execute(sql, params)
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         rows = self.execute(sql, params)

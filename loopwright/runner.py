@@ -303,7 +303,8 @@ class Runner:
         values = self.graph.get_state(self.config(run_id)).values if record.fence else {}
         if values:
             return self.resume(run_id, on_step=on_step)
-        begun = initial_state(run_id, task, principal, now=self.leases.now())
+        # The run began when it was registered, by the database's clock.
+        begun = initial_state(run_id, task, principal, now=record.created_at)
         return self._advance(run_id, begun, on_step, values)
 
     def resume(

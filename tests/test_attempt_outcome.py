@@ -31,6 +31,10 @@ def test_approval_wait_and_completion(open_test_runner: RunnerFactory) -> None:
     with open_test_runner() as runner:
         waiting = as_checkpoints_hold(runner, runner.start(DEMO_TASK, principal()))
         assert waiting.phase == "WAITING_APPROVAL" and len(waiting.interrupts) == 1
+        # The run began when it was registered, by the database's clock.
+        record = runner.leases.get(waiting.run_id)
+        assert record is not None
+        assert runner.state(waiting.run_id)["started_at"] == record.created_at.isoformat()
         # An answer waited for is not given: the attempt runs nothing and reports the same.
         assert as_checkpoints_hold(runner, runner.resume(waiting.run_id)) == waiting
         done = as_checkpoints_hold(runner, approve(runner, waiting))

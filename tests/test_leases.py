@@ -107,6 +107,27 @@ def test_an_attempt_s_record_can_give_the_run_up_with_it(leases: LeaseStore) -> 
     assert leases.claim(RUN, "worker-b", ttl_s=30).fence == lease.fence + 1
 
 
+def test_a_record_after_a_takeover_is_refused_and_changes_nothing(leases: LeaseStore) -> None:
+    # The check and the change are one guarded UPDATE: a stale owner's record matches no row.
+    stale = leases.claim(RUN, "worker-a", ttl_s=0.2)
+    time.sleep(0.3)
+    taken = leases.claim(RUN, "worker-b", ttl_s=30)
+    with pytest.raises(LeaseLost, match="now owner worker-b, fence 2"):
+        leases.record(stale, "COMPLETED", release=True)
+    run = leases.get(RUN)
+    assert run is not None
+    assert (run.phase, run.owner, run.fence, run.lease_live) == ("READY", "worker-b", 2, True)
+    assert leases.renew(taken).fence == 2
+
+
+def test_a_new_run_is_registered_with_the_database_s_time(leases: LeaseStore) -> None:
+    before = leases.now()
+    run = leases.register("run-2", task="refund O-43", user_id="u-1")
+    assert (run.fence, run.owner, run.phase, run.lease_live) == (0, None, "READY", False)
+    assert before <= run.created_at <= leases.now()
+    assert leases.get("run-2") == run
+
+
 def test_unregistered_runs_cannot_be_claimed(leases: LeaseStore) -> None:
     with pytest.raises(RunNotFound):
         leases.claim("run-missing", "worker-a", ttl_s=30)
