@@ -29,8 +29,8 @@ it locks and reads the run's row (shared) and writes everything, the writes, the
 checkpoint, each a multi-row INSERT over binary arrays in a data-modifying CTE guarded by the
 fence (judged on the locked row: a stale writer's statement inserts nothing, and is refused when
 the row comes back). The rows are the stock saver's (`_dump_writes`, `_dump_blobs`, the stock
-split of channel values into inline values and blobs), so every stock reader reads them; the
-statement is prepared on first use (`connect_postgres`): the hot path is bind and execute. On
+split of channel values into inline values and blobs, but a long string in a blob: see
+`INLINE_MAX_CHARS`), so every stock reader reads them; the statement is prepared on first use (`connect_postgres`): the hot path is bind and execute. On
 SQLite it is one BEGIN IMMEDIATE ... COMMIT (one fsync) of the fence check and the stock
 statements, kept from committing on their own (`cursor`).
 
@@ -103,6 +103,11 @@ REMEMBERED = 256
 # yet (they are on their way: see `FencedSaver.put`). Past it, the checkpoint is saved and the
 # writes go alone when they come.
 WRITES_WAIT_S = 0.25
+
+# A string longer than this is stored in a blob, not in the checkpoint's JSON as the stock saver
+# stores every primitive: that JSON is written again at every checkpoint, so a long task (a
+# customer's email pasted in) would be stored once per superstep; as a blob, once.
+INLINE_MAX_CHARS = 64
 
 WriteKey = tuple[str, str, str]  # thread id, checkpoint namespace, checkpoint id
 
@@ -423,6 +428,11 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         if save is not None:
             inline, stored = _split_values(save.checkpoint)
             versions = {k: v for k, v in save.new_versions.items() if k in stored}
+            # A long string's blob goes with every checkpoint that holds it, new or not: a
+            # thread written by a stock saver (or an earlier release) kept it inline under its
+            # current version, so no blob of it need exist. Where one does, the INSERT keeps it.
+            current = save.checkpoint["channel_versions"]
+            versions |= {k: current[k] for k, v in stored.items() if isinstance(v, str)}
             blobs = [row[2:] for row in self._dump_blobs(thread, ns, stored, versions)]
             params |= {
                 "parent": save.config["configurable"].get("checkpoint_id") or "",
@@ -479,14 +489,17 @@ def _register_column_arrays(conn: psycopg.Connection[Any]) -> None:
 
 
 def _split_values(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A checkpoint's channel values as the stock Postgres saver stores them: primitives inline
-    in the checkpoint's JSON, the rest in blobs (a delta channel's snapshot marked inline)."""
+    """A checkpoint's channel values as the stock Postgres saver stores them, primitives inline
+    in the checkpoint's JSON and the rest in blobs (a delta channel's snapshot marked inline),
+    except that a long string goes to a blob (`INLINE_MAX_CHARS`). Stock readers read either."""
     inline: dict[str, Any] = {}
     stored: dict[str, Any] = {}
     for channel, value in checkpoint["channel_values"].items():
         if isinstance(value, _DeltaSnapshot):
             stored[channel] = value
             inline[channel] = True
+        elif isinstance(value, str) and len(value) > INLINE_MAX_CHARS:
+            stored[channel] = value
         elif value is None or isinstance(value, (str, int, float, bool)):
             inline[channel] = value
         else:

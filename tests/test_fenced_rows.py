@@ -52,11 +52,16 @@ def extend(old: list[str], new: list[list[str]]) -> list[str]:
     return [*old, *(note for batch in new for note in batch)]
 
 
+# Set once, at the start: a string too long to be stored inline at every checkpoint.
+BRIEF = "Read every note and keep count. " * 64
+
+
 class Notebook(TypedDict):
     notes: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=SNAPSHOT_EVERY)]
     count: int
     totals: Annotated[dict[str, int], operator.or_]
     answer: str
+    brief: str
 
 
 def write(state: Notebook) -> dict[str, Any]:
@@ -91,7 +96,7 @@ def run_and_read(
     its whole history."""
     config: RunnableConfig = {"configurable": {"thread_id": thread}}
     notebook(saver).invoke(
-        {"notes": ["start"], "count": 0, "totals": {}}, config, durability="sync"
+        {"notes": ["start"], "count": 0, "totals": {}, "brief": BRIEF}, config, durability="sync"
     )
     graph = notebook(resumer or saver)
     graph.invoke(Command(resume="yes"), config, durability="sync")
@@ -137,6 +142,26 @@ def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str) -> None:
             "start",
             *(f"note {n}" for n in range(1, STEPS + 1)),
         ]
+
+
+@pytest.mark.postgres
+def test_a_long_string_is_stored_once_not_at_every_checkpoint(postgres_url: str) -> None:
+    """The stock saver keeps every string inline in the checkpoint's JSON, which is written
+    again at each checkpoint; the fenced saver stores a long one as a blob, once per version."""
+    with open_checkpointer(postgres_url) as fenced:
+        run_and_read(fenced, "long-brief")
+    with psycopg.connect(postgres_url) as conn:
+        inline, checkpoints = conn.execute(
+            "SELECT count(*) FILTER (WHERE strpos(checkpoint::text, %s) > 0), count(*)"
+            " FROM checkpoints WHERE thread_id = 'long-brief'",
+            (BRIEF[:40],),
+        ).fetchone() or (None, None)
+        blobs = conn.execute(
+            "SELECT count(*) FROM checkpoint_blobs WHERE thread_id = 'long-brief'"
+            " AND channel = 'brief'"
+        ).fetchone()
+    assert checkpoints and checkpoints > STEPS and inline == 0
+    assert blobs == (1,)
 
 
 @pytest.mark.postgres
