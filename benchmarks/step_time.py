@@ -20,7 +20,8 @@ bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x 
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
 step (Postgres, counted on the wire, see `benchmarks.db_work`) is the difference between a
-50-step and a 25-step run, divided by 25, the median of three such differences.
+50-step and a 25-step run, divided by 25, the median of three such differences; a run's work
+besides its tool steps is the 25-step run's less 25 tool steps'.
 Where a goal is missed the script says where loopwright's time goes (cProfile, top functions).
 """
 
@@ -397,12 +398,16 @@ class Length:
 
 @dataclass(frozen=True)
 class Work:
-    """Database work per tool step on Postgres, as the wire shows it."""
+    """Database work per tool step on Postgres, as the wire shows it, and a run's besides its
+    tool steps (a run of WORK_STEPS less WORK_STEPS tool steps' work: opening its connections,
+    its leases and reads, the supersteps before the first tool step and after the last)."""
 
     loopwright: DbWork
     loopwright_commits: float
     bare: DbWork
     bare_commits: float
+    loopwright_run: DbWork
+    bare_run: DbWork
 
 
 @dataclass
@@ -466,27 +471,31 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
                 measured = run(steps)
             return traces.collect(), measured.commits.puts
 
-    def per_step(run: Callable[[int], Measured]) -> tuple[DbWork, float]:
+    def per_step(run: Callable[[int], Measured]) -> tuple[DbWork, float, DbWork]:
         """The median, field by field, of WORK_REPEATS differences: a trace now and then comes
         back short (libpq's buffered trace stream), which one difference would take for less
         work."""
-        differences = []
+        differences, fixed, commits = [], [], []
         for _ in range(WORK_REPEATS):
             short, short_commits = traced(run, WORK_STEPS)
             long, long_commits = traced(run, 2 * WORK_STEPS)
-            differences.append((long - short, (long_commits - short_commits) / WORK_STEPS))
-        works = [work for work, _ in differences]
-        median = DbWork(
-            *(
-                int(statistics.median(getattr(w, name) for w in works))
-                for name in ("transactions", "round_trips", "statements", "bytes_sent")
-            )
-        )
-        return median, statistics.median(commits for _, commits in differences)
+            differences.append(long - short)
+            fixed.append(short - (long - short))
+            commits.append((long_commits - short_commits) / WORK_STEPS)
+        return _median(differences), statistics.median(commits), _median(fixed)
 
-    ours, ours_commits = per_step(lambda steps: run_loopwright(bench, backend, steps))
-    bare, bare_commits = per_step(lambda steps: run_bare(bench, backend, steps))
-    return Work(ours, ours_commits, bare, bare_commits)
+    ours, ours_commits, ours_run = per_step(lambda steps: run_loopwright(bench, backend, steps))
+    bare, bare_commits, bare_run = per_step(lambda steps: run_bare(bench, backend, steps))
+    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run)
+
+
+def _median(works: Sequence[DbWork]) -> DbWork:
+    return DbWork(
+        *(
+            int(statistics.median(getattr(w, name) for w in works))
+            for name in ("transactions", "round_trips", "statements", "bytes_sent")
+        )
+    )
 
 
 def measure(
@@ -580,6 +589,10 @@ def report(figures: StepFigures) -> list[str]:
             f"{LOOPWRIGHT_NODES_PER_STEP} nodes, one round trip each)",
             f"  bare prebuilt agent: {work.bare.per(WORK_STEPS)}, in {work.bare_commits:.1f} "
             f"node commits",
+            "a run's besides its tool steps (opening its connections, leases, state reads, the "
+            "supersteps before the first tool step and after the last):",
+            f"  loopwright: {_counts(work.loopwright_run)}",
+            f"  bare prebuilt agent: {_counts(work.bare_run)}",
         ]
     if figures.profile is not None:
         lines += [
@@ -588,6 +601,15 @@ def report(figures: StepFigures) -> list[str]:
             top_functions(figures.profile),
         ]
     return lines
+
+
+def _counts(work: DbWork) -> str:
+    """A run's fixed work without its bytes: the bare agent's bytes grow faster than its steps
+    (its whole message list in every commit), so its difference says nothing of a run's."""
+    return (
+        f"{work.transactions} transactions, {work.round_trips} round trips, "
+        f"{work.statements} statements"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
