@@ -250,11 +250,12 @@ class LeaseStore:
             raise LeaseLost(lease, self.get(lease.run_id))
         return _lease(rows[0], lease.ttl_s, rows[0]["cancel_requested_at"] is not None)
 
-    def runs(self) -> list[RunRecord]:
-        """Every registered run, newest first."""
+    def runs(self, phase: str | None = None) -> list[RunRecord]:
+        """Every registered run (in `phase`, if given), newest first."""
+        where, params = (" WHERE phase = %s", (phase,)) if phase else ("", ())
         return [
             RunRecord.model_validate(row)
-            for row in self.db.execute(_SELECT_RUNS + " ORDER BY created_at DESC", ())
+            for row in self.db.execute(_SELECT_RUNS + where + " ORDER BY created_at DESC", params)
         ]
 
     def due(self, agent: str | None = None) -> list[RunRecord]:

@@ -128,6 +128,15 @@ def test_a_new_run_is_registered_with_the_database_s_time(leases: LeaseStore) ->
     assert leases.get("run-2") == run
 
 
+def test_runs_are_listed_by_phase(leases: LeaseStore) -> None:
+    leases.register("run-2", task="refund O-43", user_id="u-1")
+    lease = leases.claim("run-2", "worker-a", ttl_s=30)
+    leases.record(lease, "WAITING_APPROVAL", release=True)
+    assert [r.run_id for r in leases.runs("WAITING_APPROVAL")] == ["run-2"]
+    assert [r.run_id for r in leases.runs("READY")] == [RUN]
+    assert {r.run_id for r in leases.runs()} == {RUN, "run-2"}
+
+
 def test_unregistered_runs_cannot_be_claimed(leases: LeaseStore) -> None:
     with pytest.raises(RunNotFound):
         leases.claim("run-missing", "worker-a", ttl_s=30)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -46,7 +47,7 @@ from rich.console import Console
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from loopwright.graph.state import ApprovalChoice, ApprovalRequest
+from loopwright.graph.state import ApprovalChoice, ApprovalRequest, Phase
 from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.decision_outcome import decision_result, taken_decision
@@ -56,7 +57,7 @@ from loopwright.server.resources import aresources
 # The graph a decision resumes a run on (what langgraph.json calls it; `loopwright serve`'s).
 ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
 PAGE = Path(__file__).with_name("inbox.html").read_text()  # read once: no file I/O per request
-MAX_THREADS = 200
+THREADS_PER_SEARCH = 200  # thread ids asked of the server in one search
 TIMELINE_WIDTH = 110  # characters per line, as a terminal would show `loopwright show`
 
 
@@ -121,9 +122,36 @@ def _listing(
     }
 
 
+async def waiting_threads(
+    client: LangGraphClient, run_ids: list[str], per_search: int = THREADS_PER_SEARCH
+) -> list[Any]:
+    """The threads of `run_ids` that are interrupted and the caller may see, asked of the
+    server `per_search` ids at a time: however many runs wait, none is left off. A run id that
+    is no UUID (a run started from the CLI on the same database) is no server thread."""
+    thread_ids = [run_id for run_id in run_ids if _is_uuid(run_id)]
+    threads: list[Any] = []
+    for start in range(0, len(thread_ids), per_search):
+        ids = thread_ids[start : start + per_search]
+        threads += await client.threads.search(ids=ids, status="interrupted", limit=len(ids))
+    return threads
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
 async def _pending(client: LangGraphClient, user: User) -> list[dict[str, Any]]:
-    threads = await client.threads.search(status="interrupted", limit=MAX_THREADS)
-    now = await asyncio.to_thread((await aresources()).leases.now)
+    """The approvals waiting for `user`. The runs that wait for one are lw_runs' (each attempt
+    records where its run stands), not a search of every interrupted thread, which stops at its
+    limit with parked reconciliations (interrupted too) and approvals alike."""
+    leases = (await aresources()).leases
+    waiting = await asyncio.to_thread(leases.runs, Phase.WAITING_APPROVAL.value)
+    threads = await waiting_threads(client, [run.run_id for run in waiting])
+    now = await asyncio.to_thread(leases.now)
     found = []
     for thread in threads:
         owner = (thread.get("metadata") or {}).get("owner")
