@@ -10,7 +10,7 @@ done, planned or unknown is not summarised at all: it comes from the journal, ev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,34 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import canonical_json
 
+# The characters of an AI message's tool calls, by the message's id: (how many calls, chars).
+# Spelling every call's arguments is what an estimate costs, and each step estimates the whole
+# history again, so a long run spelled its decisions over and over (0.83 ms a step at 400
+# steps). History only grows, and a message never changes under its id; the count of calls
+# guards against an id used again for another message. Emptied when full.
+_CALL_CHARS: dict[str, tuple[int, int]] = {}
+CALL_CHARS_KEPT = 65_536
+
 
 def estimate_tokens(message: BaseMessage) -> int:
     """About four characters a token, the same rough rule as the scripted model's usage."""
     size = len(str(message.content))
-    if isinstance(message, AIMessage):
-        size += sum(len(canonical_json(c["args"])) + len(c["name"]) for c in message.tool_calls)
+    if isinstance(message, AIMessage) and message.tool_calls:
+        size += _call_chars(message)
     return size // 4 + 1
+
+
+def _call_chars(message: AIMessage) -> int:
+    calls = len(message.tool_calls)
+    known = _CALL_CHARS.get(message.id) if message.id else None
+    if known is not None and known[0] == calls:
+        return known[1]
+    chars = sum(len(canonical_json(c["args"])) + len(c["name"]) for c in message.tool_calls)
+    if message.id:
+        if len(_CALL_CHARS) >= CALL_CHARS_KEPT:
+            _CALL_CHARS.clear()
+        _CALL_CHARS[message.id] = (calls, chars)
+    return chars
 
 
 @dataclass(frozen=True)
@@ -41,10 +62,11 @@ def exchange_starts(history: Sequence[BaseMessage]) -> list[int]:
 def choose_window(
     history: Sequence[BaseMessage],
     budget_tokens: int,
-    evidence_ids: dict[str, str],
+    evidence: Sequence[Mapping[str, Any]],
 ) -> Window:
     """The newest whole exchanges that fit `budget_tokens` (the task always shown), and a summary
-    of the rest. `evidence_ids` maps a tool call id to the evidence it produced."""
+    of the rest. `evidence`: the run's evidence records, each naming the tool call it came from
+    (`call_id`) and its id (`evidence_id`)."""
     starts = exchange_starts(history)
     if not starts:
         return Window(start=1, summary="")
@@ -56,12 +78,13 @@ def choose_window(
             break
         used += cost
         start = begin
-    return Window(start=start, summary=summarize(history[1:start], evidence_ids))
+    return Window(start=start, summary=summarize(history[1:start], evidence))
 
 
-def summarize(older: Sequence[BaseMessage], evidence_ids: dict[str, str]) -> str:
+def summarize(older: Sequence[BaseMessage], evidence: Sequence[Mapping[str, Any]]) -> str:
     if not older:
         return ""
+    evidence_ids = {e["call_id"]: e["evidence_id"] for e in evidence}
     answered: dict[str, ToolMessage] = {
         m.tool_call_id: m for m in older if isinstance(m, ToolMessage)
     }

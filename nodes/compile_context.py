@@ -129,8 +129,7 @@ def _with(state: RunState, update: dict[str, Any]) -> RunState:
 
 def _compile(state: RunState, context: RunContext) -> dict[str, Any]:
     tools = allowed_tools(state.get("owner"), context.agents, context.tools.names())
-    evidence_ids = {e["call_id"]: e["evidence_id"] for e in state["evidence"]}
-    window = choose_window(state["history"], context.budget.max_context_tokens, evidence_ids)
+    window = choose_window(state["history"], context.budget.max_context_tokens, state["evidence"])
     system = system_text(state, tools, context)
     agent = context.agent(state.get("owner"))
     if agent is not None and agent.instructions:
