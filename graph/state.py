@@ -392,6 +392,18 @@ class Verification(BaseModel):
 SNAPSHOT_EVERY = 10_000
 
 
+class _Keyed(list[Any]):
+    """A list that remembers its items' keys, and how long it was then, so that the next append
+    asks only the new items for theirs: history and evidence are appended to at every step, and
+    asking every item again made a step cost as much as the run so far (0.32 ms a step at 400
+    steps). Stored and sent as a plain list; a list changed in place since is asked again."""
+
+    __slots__ = ("item_keys", "keyed_len")
+
+    item_keys: set[str]
+    keyed_len: int
+
+
 def _append_new(
     current: list[Any], batches: Sequence[list[Any]], key: Callable[[Any], str | None]
 ) -> list[Any]:
@@ -401,8 +413,11 @@ def _append_new(
     a node that runs again after a crash, or a subgraph handing back the history it was given,
     adds nothing twice.
     """
-    out = list(current)
-    seen = {k for k in map(key, out) if k is not None}
+    out = _Keyed(current)
+    if isinstance(current, _Keyed) and current.keyed_len == len(current):
+        seen = set(current.item_keys)
+    else:
+        seen = {k for k in map(key, current) if k is not None}
     for batch in batches:
         for item in batch:
             k = key(item)
@@ -411,6 +426,7 @@ def _append_new(
             if k is not None:
                 seen.add(k)
             out.append(item)
+    out.item_keys, out.keyed_len = seen, len(out)
     return out
 
 
