@@ -30,9 +30,10 @@ checkpoint, each a multi-row INSERT over binary arrays in a data-modifying CTE g
 fence (judged on the locked row: a stale writer's statement inserts nothing, and is refused when
 the row comes back). The rows are the stock saver's (`_dump_writes`, `_dump_blobs`, the stock
 split of channel values into inline values and blobs, but a long string in a blob: see
-`INLINE_MAX_CHARS`), so every stock reader reads them; the statement is prepared on first use (`connect_postgres`): the hot path is bind and execute. On
-SQLite it is one BEGIN IMMEDIATE ... COMMIT (one fsync) of the fence check and the stock
-statements, kept from committing on their own (`cursor`).
+`INLINE_MAX_CHARS`), so every stock reader reads them; the statement is prepared on first use
+(`connect_postgres`): the hot path is bind and execute. On SQLite it is one BEGIN IMMEDIATE ...
+COMMIT (one fsync) of the fence check and the stock statements, kept from committing on their
+own (`cursor`).
 
 The crash point inside the commit (`checkpoint:commit:before_commit:<node>`, see
 `graph.crashpoints`) is after every statement, before COMMIT: armed on Postgres, the same

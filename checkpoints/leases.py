@@ -191,8 +191,12 @@ class LeaseStore:
             " ON CONFLICT (run_id) DO NOTHING RETURNING " + _RUN_COLUMNS,
             (run_id, Phase.READY.value, task, user_id, agent, agent_version),
         )
-        existing = None if rows else self.get(run_id)  # runs are never deleted
-        return RunRecord.model_validate(rows[0]) if rows else _present(existing, run_id)
+        if rows:
+            return RunRecord.model_validate(rows[0])
+        existing = self.get(run_id)  # registered before: runs are never deleted
+        if existing is None:
+            raise RunNotFound(run_id)
+        return existing
 
     def now(self) -> datetime:
         """The database's clock: what every lease, expiry and deadline is judged on (the
@@ -347,12 +351,6 @@ def _lease(row: dict[str, object], ttl_s: float, cancel_requested: bool) -> Leas
 def _held(lease: Lease) -> tuple[str, str, int]:
     """The parameters of `_HELD`."""
     return lease.run_id, lease.owner, lease.fence
-
-
-def _present(run: RunRecord | None, run_id: str) -> RunRecord:
-    if run is None:
-        raise RunNotFound(run_id)
-    return run
 
 
 class RunWatch:

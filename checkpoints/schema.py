@@ -134,10 +134,9 @@ def migrate(db: Database) -> int:
     the tables current: that is read first, without the lock (two statements, where the locked
     read is a transaction of four). A database behind, or one another process is migrating,
     is read again under the lock."""
-    if _has_table(db, "lw_schema"):
-        row = db.one("SELECT version FROM lw_schema")
-        if row is not None and int(row["version"]) >= LATEST:
-            return 0
+    current = _stored_version(db) if _has_table(db, "lw_schema") else None
+    if current is not None and current >= LATEST:
+        return 0
     applied = 0
     while True:
         with db.transaction():
@@ -161,10 +160,16 @@ def _locked_version(db: Database) -> int:
     if db.kind is DatabaseKind.POSTGRES:
         db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
     db.execute("CREATE TABLE IF NOT EXISTS lw_schema (version INTEGER NOT NULL)")
-    row = db.one("SELECT version FROM lw_schema")
-    if row is not None:
-        return int(row["version"])
+    stored = _stored_version(db)
+    if stored is not None:
+        return stored
     return 1 if _has_table(db, "lw_runs") else 0
+
+
+def _stored_version(db: Database) -> int | None:
+    """The version lw_schema holds (None: no row yet); the table must exist."""
+    row = db.one("SELECT version FROM lw_schema")
+    return None if row is None else int(row["version"])
 
 
 def _has_table(db: Database, name: str) -> bool:
