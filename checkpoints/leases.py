@@ -191,8 +191,39 @@ class LeaseStore:
             " ON CONFLICT (run_id) DO NOTHING RETURNING " + _RUN_COLUMNS,
             (run_id, Phase.READY.value, task, user_id, agent, agent_version),
         )
-        if rows:
-            return RunRecord.model_validate(rows[0])
+        return RunRecord.model_validate(rows[0]) if rows else self._registered(run_id)
+
+    def begin(
+        self,
+        run_id: str,
+        owner: str,
+        ttl_s: float,
+        *,
+        task: str,
+        user_id: str,
+        agent: str = "",
+        agent_version: str = "",
+    ) -> tuple[RunRecord, Lease | None]:
+        """Register a new run already leased to `owner` (fence 1): a `register` and the first
+        `claim` in one statement, where the two cost six round trips. Nobody can come between
+        them: the row did not exist, and lw_runs rows are never deleted, so a new one is neither
+        leased nor pruned. A run registered before is left as it is: its row, and no lease."""
+        if ttl_s <= 0:
+            raise ValueError(f"lease ttl must be positive, got {ttl_s}")
+        rows = self.db.write(
+            "INSERT INTO lw_runs (run_id, owner, fence, lease_expires_at, phase, task, user_id,"
+            " agent, agent_version, created_at, updated_at)"
+            " VALUES (%s, %s, 1, {after_seconds}, %s, %s, %s, %s, %s, now(), now())"
+            " ON CONFLICT (run_id) DO NOTHING RETURNING " + _RUN_COLUMNS + ", now() AS granted_at",
+            (run_id, owner, ttl_s, Phase.READY.value, task, user_id, agent, agent_version),
+        )
+        if not rows:
+            return self._registered(run_id), None
+        row = rows[0]
+        lease = _lease({**row, "expires_at": row["lease_expires_at"]}, ttl_s, False)
+        return RunRecord.model_validate(row), lease
+
+    def _registered(self, run_id: str) -> RunRecord:
         existing = self.get(run_id)  # registered before: runs are never deleted
         if existing is None:
             raise RunNotFound(run_id)

@@ -276,8 +276,7 @@ class Runner:
         record = self.leases.get(run_id)
         if record is None:
             raise UnknownRun(run_id)
-        if record.agent and record.agent != self.agent.name:
-            raise OtherAgentsRun(run_id, record.agent, self.agent.name)
+        self._check_agent(record)
         return record
 
     def start(
@@ -296,15 +295,27 @@ class Runner:
         existing id is refused (`RunExists`).
         """
         run_id = run_id or new_run_id()
-        record = self.register(run_id, task, principal)
+        # A new run is registered already leased to this runner: no claim, and no state to read.
+        record, lease = self.leases.begin(
+            run_id,
+            self.owner,
+            self.lease_ttl_s,
+            task=task,
+            user_id=principal.user_id,
+            agent=self.agent.name,
+            agent_version=self.agent.version,
+        )
+        # The run began when it was registered, by the database's clock.
+        begun = initial_state(run_id, task, principal, now=record.created_at)
+        if lease is not None:
+            return self._advance(run_id, begun, on_step, {}, lease=lease)
+        self._check_agent(record)
         if (record.task, record.user_id) != (task, principal.user_id):
             raise RunExists(run_id)
         # A run never leased (fence 0) has no step yet: nothing writes one without a lease.
         values = self.graph.get_state(self.config(run_id)).values if record.fence else {}
         if values:
             return self.resume(run_id, on_step=on_step)
-        # The run began when it was registered, by the database's clock.
-        begun = initial_state(run_id, task, principal, now=record.created_at)
         return self._advance(run_id, begun, on_step, values)
 
     def resume(
@@ -473,9 +484,12 @@ class Runner:
             agent=self.agent.name,
             agent_version=self.agent.version,
         )
-        if record.agent and record.agent != self.agent.name:
-            raise OtherAgentsRun(run_id, record.agent, self.agent.name)
+        self._check_agent(record)
         return record
+
+    def _check_agent(self, record: RunRecord) -> None:
+        if record.agent and record.agent != self.agent.name:
+            raise OtherAgentsRun(record.run_id, record.agent, self.agent.name)
 
     def _advance(
         self,
@@ -483,25 +497,30 @@ class Runner:
         payload: Any,
         on_step: StepListener | None,
         values: Mapping[str, Any] | None = None,
+        *,
+        lease: Lease | None = None,
     ) -> RunOutcome:
         """Advance the run inside one `run` span: its node, model and tool spans are children,
         and the run spans of every process that advances this run share its trace id. `values`:
-        the run's state as the caller has just read it, if it has."""
-        # A model the run was not started with: refused before anything (and again, on the
-        # state read under the lease, by `context`).
-        self.model_for(run_id, values)
+        the run's state as the caller has just read it, if it has; `lease`: the new run's, if
+        it was registered leased to this runner."""
         attributes = {"loopwright.advance": advance_kind(payload), "loopwright.owner": self.owner}
+        if lease is None:
+            # A model the run was not started with: refused before anything (and again, on the
+            # state read under the lease, by `context`). A new run has none yet.
+            self.model_for(run_id, values)
         with run_span(run_id, attributes) as span:
-            outcome, state = self._advance_leased(run_id, payload, on_step)
+            outcome, state = self._advance_leased(run_id, payload, on_step, lease)
             if span.is_recording():
                 note_run(span, outcome, state)
             return outcome
 
     def _advance_leased(
-        self, run_id: str, payload: Any, on_step: StepListener | None
+        self, run_id: str, payload: Any, on_step: StepListener | None, new: Lease | None
     ) -> tuple[RunOutcome, RunState]:
-        """The attempt under the run's lease: its outcome, and the state it was read from."""
-        lease = self._claim(run_id)
+        """The attempt under the run's lease (`new`, a new run's, or claimed now): its outcome,
+        and the state it was read from."""
+        lease = new or self._claim(run_id)
         # The attempt's clock and cancel flag, kept by the lease's renewals and the commits'
         # fence checks: its nodes read neither from the database.
         watch = RunWatch(lease)
@@ -509,8 +528,9 @@ class Runner:
         self.saver.fence = Fence.of(lease)
         self.saver.watch = watch
         try:
-            # The state as of the claim: one read for the start's check and the run's model.
-            values = self.graph.get_state(self.config(run_id)).values
+            # The state as of the claim: one read for the start's check and the run's model. A
+            # new run's first lease (fence 1, taken as it was registered) finds none to read.
+            values = {} if new else self.graph.get_state(self.config(run_id)).values
             if isinstance(payload, dict) and values:
                 # A concurrent start of this run got its first step in before our claim: go on
                 # from there rather than begin again.

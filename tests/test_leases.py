@@ -128,6 +128,35 @@ def test_a_new_run_is_registered_with_the_database_s_time(leases: LeaseStore) ->
     assert leases.get("run-2") == run
 
 
+def test_a_new_run_begins_leased_as_a_first_claim_would_lease_it(leases: LeaseStore) -> None:
+    before = leases.now()
+    run, lease = leases.begin("run-2", "worker-a", 30, task="refund O-43", user_id="u-1")
+    assert lease is not None and (lease.owner, lease.fence, lease.ttl_s) == ("worker-a", 1, 30)
+    assert not lease.cancel_requested
+    assert before <= run.created_at <= lease.granted_at <= leases.now()
+    assert 29 <= (lease.expires_at - lease.granted_at).total_seconds() <= 30
+    assert (run.owner, run.fence, run.lease_live, run.phase) == ("worker-a", 1, True, "READY")
+    assert leases.get("run-2") == run
+    with pytest.raises(LeaseHeld, match="worker-a"):
+        leases.claim("run-2", "worker-b", ttl_s=30)
+    assert leases.claim("run-2", "worker-a", ttl_s=30).fence == 1, "the same owner extends it"
+    leases.release(leases.renew(lease))
+    assert leases.claim("run-2", "worker-b", ttl_s=30).fence == 2, "the next holder fences it"
+
+
+def test_beginning_a_registered_run_changes_nothing_and_leases_nothing(
+    leases: LeaseStore,
+) -> None:
+    held = leases.claim(RUN, "worker-a", ttl_s=30)
+    run, lease = leases.begin(RUN, "worker-b", 30, task="other", user_id="u-2")
+    assert lease is None
+    assert (run.task, run.user_id, run.owner, run.fence) == ("refund O-42", "u-1", "worker-a", 1)
+    leases.renew(held)  # still worker-a's, under the same fence
+    with pytest.raises(ValueError, match="ttl"):
+        leases.begin("run-3", "worker-a", 0, task="t", user_id="u-1")
+    assert leases.get("run-3") is None
+
+
 def test_runs_are_listed_by_phase(leases: LeaseStore) -> None:
     leases.register("run-2", task="refund O-43", user_id="u-1")
     lease = leases.claim("run-2", "worker-a", ttl_s=30)

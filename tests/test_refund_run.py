@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
+from loopwright.checkpoints.leases import Lease
 from loopwright.graph.build import NODES
 from loopwright.graph.state import ActionStatus, ApprovalDecision
 from loopwright.runner import RunExists
@@ -113,6 +114,29 @@ def test_starting_a_run_again_resumes_it_and_never_asks_the_model_again(
     assert done.stop_reason == restarted.stop_reason == "completed"
     assert final["usage"]["model_requests"] == UNCRASHED_MODEL_CALLS
     assert len(list_refunds(services, "O-42")) == 1
+
+
+def test_a_new_run_is_advanced_under_the_lease_it_was_registered_with(
+    open_test_runner: RunnerFactory,
+) -> None:
+    """Registering a new run leases it too: there is no moment at which it is registered and
+    nobody's, and its first attempt neither claims it nor reads a state nobody could have
+    written. Every later attempt claims it."""
+    with open_test_runner() as runner:
+        claimed: list[str] = []
+        claim = runner.leases.claim
+
+        def counted(run_id: str, owner: str, ttl_s: float) -> Lease:
+            claimed.append(run_id)
+            return claim(run_id, owner, ttl_s)
+
+        runner.leases.claim = counted  # type: ignore[method-assign]
+        outcome = runner.start(DEMO_TASK, principal(), run_id="run-new")
+        record = runner.leases.get("run-new")
+        assert outcome.phase == "WAITING_APPROVAL" and claimed == []
+        assert record is not None and (record.fence, record.owner) == (1, None)
+        assert approve(runner, outcome).stop_reason == "completed"
+        assert claimed == ["run-new"]
 
 
 def test_a_run_id_is_not_reused_for_another_task(open_test_runner: RunnerFactory) -> None:
