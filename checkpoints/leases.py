@@ -26,7 +26,7 @@ from loopwright.graph.state import Phase
 _RUN_COLUMNS = (
     "run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
     " cancel_requested_at, failures, last_error, agent, agent_version, created_at, updated_at,"
-    " COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
+    " pruned_at, COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
 )
 _SELECT_RUNS = "SELECT " + _RUN_COLUMNS + " FROM lw_runs"
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
@@ -76,6 +76,8 @@ class RunRecord(BaseModel):
     agent_version: str = ""
     created_at: datetime
     updated_at: datetime
+    # When the retention job removed the run's checkpoints (None: it has them).
+    pruned_at: datetime | None = None
 
 
 class RunNotFound(LookupError):
@@ -251,22 +253,29 @@ class LeaseStore:
         """
         if ttl_s <= 0:
             raise ValueError(f"lease ttl must be positive, got {ttl_s}")
-        with self.db.transaction():
-            run = lock_run(self.db, run_id, exclusive=True)
+        while True:
+            # One guarded UPDATE: it locks the row, so it waits for a commit in flight that
+            # checked the old fence (held shared), and on Postgres its guard is judged again on
+            # the row as that commit or a prune left it.
+            rows = self.db.write(
+                "UPDATE lw_runs SET owner = %s,"
+                " fence = fence + CASE WHEN owner = %s AND lease_expires_at > now() THEN 0 ELSE 1"
+                " END, lease_expires_at = {after_seconds}, updated_at = now()"
+                " WHERE run_id = %s AND pruned_at IS NULL"
+                " AND (owner IS NULL OR owner = %s OR lease_expires_at <= now())"
+                " RETURNING cancel_requested_at, " + _LEASE_COLUMNS,
+                (owner, owner, ttl_s, run_id, owner),
+            )
+            if rows:
+                return _lease(rows[0], ttl_s, rows[0]["cancel_requested_at"] is not None)
+            run = self.get(run_id)
             if run is None:
                 raise RunNotFound(run_id)
-            if self.db.one("SELECT 1 AS x FROM lw_run_summaries WHERE run_id = %s", (run_id,)):
+            if run.pruned_at is not None:
                 raise RunPruned(run_id)
-            if run.owner is not None and run.owner != owner and run.lease_live:
+            if run.lease_live and run.owner is not None and run.owner != owner:
                 raise LeaseHeld(run.owner, run.lease_expires_at, run_id=run_id)
-            extends = run.owner == owner and run.lease_live
-            rows = self.db.execute(
-                "UPDATE lw_runs SET owner = %s, fence = fence + %s,"
-                " lease_expires_at = {after_seconds}, updated_at = now()"
-                " WHERE run_id = %s RETURNING " + _LEASE_COLUMNS,
-                (owner, 0 if extends else 1, ttl_s, run_id),
-            )
-        return _lease(rows[0], ttl_s, run.cancel_requested_at is not None)
+            # Released or expired since the UPDATE looked: claim it again.
 
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its ttl, unless the run changed hands meanwhile (`LeaseLost`).

@@ -5,10 +5,11 @@ It is the one path that deletes checkpoints of a run with journaled actions (the
 delete and rollback routes are refused, and so are the checkpointer's deletions). For each run
 it prunes, in one transaction: the run's final summary is written to `lw_run_summaries` (phase,
 stop reason and detail, the verification, the final answer, each action's final status, steps
-and usage), then every checkpoint, pending write and blob of the run's thread is deleted. The
-journal (`lw_actions`, `lw_action_events`) and the run's `lw_runs` row stay, so `loopwright
-show` and `loopwright runs` still say how it ended; a pruned run cannot be claimed again
-(`leases.RunPruned`): nothing can start it over from an empty state.
+and usage), the run's row is marked pruned, then every checkpoint, pending write and blob of
+the run's thread is deleted. The journal (`lw_actions`, `lw_action_events`) and the run's
+`lw_runs` row stay, so `loopwright show` and `loopwright runs` still say how it ended; a pruned
+run cannot be claimed again (`leases.RunPruned`): nothing can start it over from an empty
+state.
 
 A run is pruned only if it has finished: its latest checkpoint has a stop reason and its phase
 is COMPLETED or INCOMPLETE, nothing waits in it (an approval, a parked reconciliation), every
@@ -188,7 +189,7 @@ def _prune(db: Database, summary: Summary) -> bool:
     was claimed meanwhile (False)."""
     with db.transaction():
         run = lock_run(db, summary.run_id, exclusive=True)
-        if run is None or run.lease_live or summary_of(db, summary.run_id) is not None:
+        if run is None or run.lease_live or run.pruned_at is not None:
             return False
         db.execute(
             "INSERT INTO lw_run_summaries (run_id, phase, stop_reason, stop_detail, verification,"
@@ -209,6 +210,7 @@ def _prune(db: Database, summary: Summary) -> bool:
                 summary.ended_at,
             ),
         )
+        db.execute("UPDATE lw_runs SET pruned_at = now() WHERE run_id = %s", (summary.run_id,))
         for table in _TABLES[db.kind]:
             db.execute(f"DELETE FROM {table} WHERE thread_id = %s", (summary.run_id,))
     return True
@@ -230,7 +232,7 @@ def retain(url: str, older_than_days: float, *, dry_run: bool = False) -> Retent
             "SELECT run_id, owner, updated_at,"
             " (owner IS NOT NULL AND lease_expires_at > now()) AS lease_live FROM lw_runs"
             " WHERE updated_at < {after_seconds}"
-            " AND run_id NOT IN (SELECT run_id FROM lw_run_summaries) ORDER BY updated_at",
+            " AND pruned_at IS NULL ORDER BY updated_at",
             (seconds,),
         )
         for row in rows:

@@ -118,11 +118,24 @@ def _v4_run_summaries(db: Database) -> None:
     )
 
 
+def _v5_pruned_mark(db: Database) -> None:
+    """A pruned run's row says so itself: a claim is then one guarded UPDATE, whose guard sees
+    a prune that committed while the UPDATE waited for the row (Postgres re-reads the row it
+    waited for, but not another table, under the statement's older snapshot)."""
+    db.execute("ALTER TABLE lw_runs ADD COLUMN pruned_at {timestamp}")
+    db.execute(
+        "UPDATE lw_runs SET pruned_at = (SELECT s.pruned_at FROM lw_run_summaries s"
+        " WHERE s.run_id = lw_runs.run_id)"
+        " WHERE run_id IN (SELECT run_id FROM lw_run_summaries)"
+    )
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
     _v3_run_agent,
     _v4_run_summaries,
+    _v5_pruned_mark,
 )
 LATEST = len(MIGRATIONS)
 

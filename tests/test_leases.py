@@ -23,9 +23,12 @@ from loopwright.checkpoints.leases import (
     LeaseLost,
     LeaseStore,
     RunNotFound,
+    RunPruned,
     StaleWriter,
+    lock_run,
     open_lease_store,
 )
+from loopwright.checkpoints.sql import open_database
 
 RUN = "run-1"
 CONFIG: RunnableConfig = {"configurable": {"thread_id": RUN}}
@@ -278,6 +281,30 @@ def test_a_takeover_waits_for_the_write_in_flight(
         assert [w[1:] for w in saver.get_tuple(config).pending_writes] == [("x", "hold")]  # type: ignore[union-attr]
         with pytest.raises(StaleWriter):
             saver.put_writes(config, [("y", 1)], "t2")
+
+
+def test_a_claim_that_waited_for_a_prune_is_refused(database_url: str, leases: LeaseStore) -> None:
+    """A claim waits for a prune that holds the run's row, and then judges the row as the
+    prune left it: a pruned run is never claimed, whatever the claim had seen before."""
+    with open_database(database_url) as pruner:
+        refused: list[BaseException] = []
+
+        def claim() -> None:
+            try:
+                leases.claim(RUN, "worker-a", ttl_s=30)
+            except RunPruned as exc:
+                refused.append(exc)
+
+        claimer = threading.Thread(target=claim)
+        with pruner.transaction():
+            lock_run(pruner, RUN, exclusive=True)
+            pruner.execute("UPDATE lw_runs SET pruned_at = now() WHERE run_id = %s", (RUN,))
+            claimer.start()
+            claimer.join(0.5)
+            assert claimer.is_alive(), "the claim waits for the prune's transaction"
+        claimer.join(30)
+        run = leases.get(RUN)
+    assert len(refused) == 1 and run is not None and (run.owner, run.fence) == (None, 0)
 
 
 def test_an_unfenced_saver_is_the_stock_saver(database_url: str) -> None:

@@ -4,10 +4,14 @@ current shape, with their rows kept, and processes starting together migrate it 
 from __future__ import annotations
 
 import threading
+from datetime import datetime
+
+import pytest
+from pydantic import TypeAdapter
 
 from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.journal import open_journal
-from loopwright.checkpoints.leases import open_lease_store
+from loopwright.checkpoints.leases import RunPruned, open_lease_store
 from loopwright.checkpoints.schema import LATEST, MIGRATIONS, migrate, schema_version
 from loopwright.checkpoints.sql import Database, open_database
 from loopwright.graph.state import Action, ActionStatus, digest
@@ -108,3 +112,35 @@ def test_processes_starting_together_migrate_once(database_url: str) -> None:
                 " WHERE table_name = 'lw_actions' AND column_name IN ('args', 'outcome')"
             )
             assert {t["data_type"] for t in types} == {"json"}
+
+
+def test_a_run_pruned_before_version_5_is_marked_pruned_and_never_claimed(
+    database_url: str,
+) -> None:
+    with open_database(database_url) as db, db.transaction():
+        for migration in MIGRATIONS[:4]:
+            migration(db)
+        db.execute("CREATE TABLE lw_schema (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO lw_schema (version) VALUES (4)")
+        for run_id in ("run-pruned", "run-kept"):
+            db.execute(
+                "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id,"
+                " created_at, updated_at) VALUES (%s, NULL, 2, 'COMPLETED', 't', 'u-1',"
+                " now(), now())",
+                (run_id,),
+            )
+        db.execute(
+            "INSERT INTO lw_run_summaries (run_id, phase, stop_reason, stop_detail,"
+            " actions, steps, usage, checkpoints, bytes, ended_at, pruned_at) VALUES"
+            " ('run-pruned', 'COMPLETED', 'completed', '', %s, 3, %s, 9, 900, now(), now())",
+            ("{}", "{}"),
+        )
+        summary = db.one("SELECT pruned_at FROM lw_run_summaries")
+    with open_lease_store(database_url) as leases:
+        pruned, kept = leases.get("run-pruned"), leases.get("run-kept")
+        assert summary is not None and pruned is not None and kept is not None
+        assert pruned.pruned_at == TypeAdapter(datetime).validate_python(summary["pruned_at"])
+        assert kept.pruned_at is None
+        with pytest.raises(RunPruned):
+            leases.claim("run-pruned", "worker-a", ttl_s=30)
+        assert leases.claim("run-kept", "worker-a", ttl_s=30).fence == 3
