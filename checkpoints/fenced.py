@@ -106,9 +106,11 @@ REMEMBERED = 256
 WRITES_WAIT_S = 0.25
 
 # A string longer than this is stored in a blob, not in the checkpoint's JSON as the stock saver
-# stores every primitive: that JSON is written again at every checkpoint, so a long task (a
-# customer's email pasted in) would be stored once per superstep; as a blob, once.
-INLINE_MAX_CHARS = 64
+# stores every primitive: that JSON is written again at every checkpoint, so a task (a customer's
+# email pasted in), the run's id and its start time would be stored once per superstep; as a
+# blob, once a version. Short ones stay inline: a phase changes at nearly every superstep, and a
+# blob row of its own would cost more than its few characters in each checkpoint.
+INLINE_MAX_CHARS = 16
 
 WriteKey = tuple[str, str, str]  # thread id, checkpoint namespace, checkpoint id
 
