@@ -381,6 +381,9 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         super().__init__(conn, serde=serde)
         self._init_fencing(fence)
         self._pg = conn
+        # (thread, ns) -> the version of each string channel whose blob this saver's commits
+        # stored (`_rows`).
+        self._strings: dict[tuple[str, str], dict[str, str]] = {}
         _register_column_arrays(conn)
         lock = Database(conn).spell(lock_run_sql(run_id="%(thread)s::text"))
         self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=_OURS_FENCED)
@@ -389,7 +392,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         fence = self.fence
         if fence is not None:
             fence.check_thread(thread)
-        params = self._rows(thread, tasks, save)
+        params, strings = self._rows(thread, tasks, save)
         if fence is not None:
             params |= {"fence": fence.fence, "owner": fence.owner}
         statement = self._commit_fenced if fence is not None else _COMMIT_UNFENCED
@@ -408,12 +411,17 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             # Refused here, the statement inserted nothing: it was guarded by the same row.
             run = RunRecord.model_validate(row) if row else None
             self._seen(fence.check_row(thread, run))
+        if save is not None:
+            _remember(self._strings, (thread, str(params["ns"])), strings)
 
-    def _rows(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> dict[str, Any]:
+    def _rows(
+        self, thread: str, tasks: Sequence[TaskWrites], save: Save | None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         """The commit's parameters: its writes, blobs and checkpoint as the stock saver lays
-        them out (`put_writes` and `put`). No parameter is ever None, whose type psycopg leaves
-        unknown (see `_ColumnArray`): an absent id is '' (NULL again in the statement), an absent
-        checkpoint an empty JSON object."""
+        them out (`put_writes` and `put`); and the versions of the checkpoint's string blobs. No
+        parameter is ever None, whose type psycopg leaves unknown (see `_ColumnArray`): an
+        absent id is '' (NULL again in the statement), an absent checkpoint an empty JSON
+        object."""
         ns = str((save.config if save else tasks[0].config)["configurable"]["checkpoint_ns"])
         params: dict[str, Any] = {"thread": thread, "ns": ns, "parent": "", "id": ""}
         kept: list[tuple[Any, ...]] = []
@@ -427,15 +435,19 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             params["parent"] = task.key[2]
         params |= _columns("k", _WRITE_COLUMNS, kept) | _columns("r", _WRITE_COLUMNS, replaced)
         blobs: list[tuple[Any, ...]] = []
+        strings: dict[str, str] = {}
         params |= {"checkpoint": Jsonb({}), "metadata": Jsonb({})}
         if save is not None:
             inline, stored = _split_values(save.checkpoint)
             versions = {k: v for k, v in save.new_versions.items() if k in stored}
-            # A long string's blob goes with every checkpoint that holds it, new or not: a
-            # thread written by a stock saver (or an earlier release) kept it inline under its
-            # current version, so no blob of it need exist. Where one does, the INSERT keeps it.
+            # A long string's blob goes with a checkpoint that holds it, new or not, unless
+            # this saver stored it: a thread written by a stock saver (or an earlier release)
+            # kept it inline under its current version, so no blob of it need exist. Where one
+            # does, the INSERT keeps it.
             current = save.checkpoint["channel_versions"]
-            versions |= {k: current[k] for k, v in stored.items() if isinstance(v, str)}
+            strings = {k: str(current[k]) for k, v in stored.items() if isinstance(v, str)}
+            known = self._strings.get((thread, ns), {})
+            versions |= {k: v for k, v in strings.items() if known.get(k) != v}
             blobs = [row[2:] for row in self._dump_blobs(thread, ns, stored, versions)]
             params |= {
                 "parent": save.config["configurable"].get("checkpoint_id") or "",
@@ -443,7 +455,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
                 "checkpoint": Jsonb({**save.checkpoint, "channel_values": inline}),
                 "metadata": Jsonb(get_serializable_checkpoint_metadata(save.config, save.metadata)),
             }
-        return params | _columns("b", _BLOB_COLUMNS, blobs)
+        return params | _columns("b", _BLOB_COLUMNS, blobs), strings
 
 
 def _columns(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:

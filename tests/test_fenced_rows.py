@@ -165,6 +165,28 @@ def test_a_long_string_is_stored_once_not_at_every_checkpoint(postgres_url: str)
 
 
 @pytest.mark.postgres
+def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: str) -> None:
+    """A string kept unchanged is not sent again with every checkpoint by the saver that
+    stored its blob; a saver that did not store it (a thread begun by another, say) sends it
+    with its first checkpoint, in case the thread held it inline."""
+    sent: list[list[str]] = []
+    with open_checkpointer(postgres_url) as first, open_checkpointer(postgres_url) as second:
+        for saver in (first, second):
+            dump = saver._dump_blobs  # type: ignore[attr-defined]
+
+            def counted(*args: Any, dump: Any = dump) -> Any:
+                rows = dump(*args)
+                sent.append([row[2] for row in rows])
+                return rows
+
+            saver._dump_blobs = counted  # type: ignore[attr-defined]
+        history = run_and_read(first, "brief-once", resumer=second)
+    assert history[0][0]["brief"] == BRIEF and history[0][0]["count"] == STEPS
+    # Once by the first saver (up to the interrupt), once by the second, of all the commits.
+    assert sum(channels.count("brief") for channels in sent) == 2 < STEPS < len(sent)
+
+
+@pytest.mark.postgres
 def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str) -> None:
     """Commits with and without writes, blobs, a checkpoint or a parent (the first), an
     interrupt's writes alone and a resume value bind the same parameter types: the commit is
