@@ -296,20 +296,11 @@ class Runner:
         """
         run_id = run_id or new_run_id()
         # A new run is registered already leased to this runner: no claim, and no state to read.
-        record, lease = self.leases.begin(
-            run_id,
-            self.owner,
-            self.lease_ttl_s,
-            task=task,
-            user_id=principal.user_id,
-            agent=self.agent.name,
-            agent_version=self.agent.version,
-        )
+        record, lease = self.begin(run_id, task, principal, self.owner, self.lease_ttl_s)
         # The run began when it was registered, by the database's clock.
         begun = initial_state(run_id, task, principal, now=record.created_at)
         if lease is not None:
             return self._advance(run_id, begun, on_step, {}, lease=lease)
-        self._check_agent(record)
         if (record.task, record.user_id) != (task, principal.user_id):
             raise RunExists(run_id)
         # A run never leased (fence 0) has no step yet: nothing writes one without a lease.
@@ -486,6 +477,25 @@ class Runner:
         )
         self._check_agent(record)
         return record
+
+    def begin(
+        self, run_id: str, task: str, principal: Principal, owner: str, ttl_s: float
+    ) -> tuple[RunRecord, Lease | None]:
+        """Register a new run as this agent's, leased to `owner` from the start (`LeaseStore.
+        begin`); a run registered before keeps its row and gets no lease (another agent's is
+        refused)."""
+        record, lease = self.leases.begin(
+            run_id,
+            owner,
+            ttl_s,
+            task=task,
+            user_id=principal.user_id,
+            agent=self.agent.name,
+            agent_version=self.agent.version,
+        )
+        if lease is None:
+            self._check_agent(record)
+        return record, lease
 
     def _check_agent(self, record: RunRecord) -> None:
         if record.agent and record.agent != self.agent.name:

@@ -213,17 +213,20 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
     ) -> None:
         """Steps 2-4 of the module docstring, in the run's own thread."""
         owner = worker_name()
+        lease: Lease | None = None
         try:
             if isinstance(request, NewRun) and principal is not None:
                 principal = principal_for_task(res.agent, res.runner.deps, principal, request.task)
-                res.runner.register(run_id, request.task, principal)
+                # A new run is registered leased to this attempt; one registered before is
+                # claimed.
+                _, lease = res.runner.begin(run_id, request.task, principal, owner, res.lease_ttl_s)
             else:
                 res.runner.owned(run_id)
         except (TaskRefused, OtherAgentsRun) as exc:
             raise RunRefused(str(exc)) from None
         except UnknownRun:
             pass  # nothing registered: payload_for says there is no run to continue
-        lease = claim(res.leases, run_id, owner, res.lease_ttl_s)
+        lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s)
         try:
             with connect_postgres(res.database_url) as conn:
                 saver = FencedPostgresSaver(conn, fence=Fence.of(lease))
