@@ -11,7 +11,8 @@ The journal is what keeps one intent from becoming two effects. Its rules:
   action can be read back, and DISPATCHED is durable before the request it announces is sent.
 
 The journal lives in the run's database, next to the checkpoints; `SqlJournal` is the one
-implementation, for SQLite and Postgres alike (see `checkpoints.sql`).
+implementation, for SQLite and Postgres alike (see `checkpoints.sql`). On Postgres a plan or a
+move is one statement with its event, in one round trip; on SQLite a transaction of the two.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.leases import refuse_if_superseded
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
@@ -52,6 +54,36 @@ _INSERT_NEW_INTENT = (
 )
 # Creation sequence; the id breaks ties between actions planned in the same clock tick.
 _CREATED_ORDER = " ORDER BY created_at, action_id"
+_NEXT_SEQ = "(SELECT COALESCE(MAX(seq), 0) + 1 FROM lw_action_events WHERE action_id = %s)"
+_EVENT_COLUMNS = "(action_id, seq, from_status, to_status, fence, at, detail)"
+# A move by compare-and-set: the status the caller last saw, a fence not behind the action's,
+# nor the run's (a run nobody leased has no row, and is not checked).
+_MOVE = (
+    "UPDATE lw_actions SET status = %s, fence = %s, outcome = COALESCE(%s, outcome),"
+    " attempts = attempts + %s, updated_at = now()"
+    " WHERE action_id = %s AND status = %s AND fence <= %s AND NOT EXISTS ({superseded})"
+    " RETURNING " + _COLUMNS
+)
+# On Postgres a plan and a move are each one statement with their event (a data-modifying CTE),
+# their own transaction in one round trip, where a transaction of their statements costs five
+# and seven. The run's row is locked shared, as `refuse_if_superseded` locks it: a takeover
+# waits for the move, and a move that waited for a takeover reads the new fence.
+_PG_PLAN = (
+    f"WITH planned AS ({_INSERT_NEW_INTENT}), event AS (INSERT INTO lw_action_events"
+    f" {_EVENT_COLUMNS} SELECT action_id, 1, NULL, status, fence, now(), NULL FROM planned)"
+    " SELECT * FROM planned"
+)
+_PG_MOVE = (
+    "WITH run AS (SELECT r.fence FROM lw_runs r JOIN lw_actions a ON a.run_id = r.run_id"
+    " WHERE a.action_id = %s FOR SHARE OF r), moved AS ("
+    + _MOVE.format(superseded="SELECT 1 FROM run WHERE run.fence > %s")
+    + f"), event AS (INSERT INTO lw_action_events {_EVENT_COLUMNS}"
+    f" SELECT action_id, {_NEXT_SEQ}, %s, status, fence, now(), CAST(%s AS JSON) FROM moved)"
+    " SELECT * FROM moved"
+)
+_SQLITE_MOVE = _MOVE.format(
+    superseded="SELECT 1 FROM lw_runs r WHERE r.run_id = lw_actions.run_id AND r.fence > %s"
+)
 
 
 class ActionEvent(BaseModel):
@@ -166,11 +198,16 @@ class SqlJournal:
         data = action.model_dump(mode="json")
         data["args"] = self.db.to_json(data["args"])
         data["outcome"] = self.db.to_json(data["outcome"])
-        with self.db.transaction():
-            inserted = self.db.one(_INSERT_NEW_INTENT, [data[column] for column in _WRITTEN])
-            if inserted is not None:
-                self._append_event(action.action_id, None, action.status, action.fence, None)
-                return self._action(inserted)
+        values = [data[column] for column in _WRITTEN]
+        if self.db.kind is DatabaseKind.POSTGRES:
+            inserted = self.db.one(_PG_PLAN, values)
+        else:
+            with self.db.transaction():
+                inserted = self.db.one(_INSERT_NEW_INTENT, values)
+                if inserted is not None:
+                    self._append_event(action.action_id, None, action.status, action.fence, None)
+        if inserted is not None:
+            return self._action(inserted)
         existing = self.by_intent(action.intent_key)
         assert existing is not None, "an intent key that conflicted has a row"
         if existing.args_digest != action.args_digest:
@@ -197,22 +234,30 @@ class SqlJournal:
         """
         if to not in TRANSITIONS[expected]:
             raise IllegalTransition(expected, to)
-        with self.db.transaction():
-            row = self.db.one(_SELECT + " WHERE action_id = %s{for_update}", (action_id,))
-            if row is None:
-                raise ActionNotFound(action_id)
-            current = self._action(row)
-            if current.status != expected or current.fence > fence:
-                raise StaleTransition(current, expected, fence)
-            refuse_if_superseded(self.db, current.run_id, fence)
-            updated = self.db.execute(
-                "UPDATE lw_actions SET status = %s, fence = %s, outcome = COALESCE(%s, outcome),"
-                " attempts = attempts + %s, updated_at = now() WHERE action_id = %s"
-                " RETURNING " + _COLUMNS,
-                (to.value, fence, self.db.to_json(outcome), int(count_attempt), action_id),
-            )[0]
-            self._append_event(action_id, expected, to, fence, detail)
-        return self._action(updated)
+        move = (to.value, fence, self.db.to_json(outcome), int(count_attempt), action_id)
+        guard = (expected.value, fence, fence)
+        while True:
+            if self.db.kind is DatabaseKind.POSTGRES:
+                event = (action_id, expected.value, self.db.to_json(detail))
+                moved = self.db.one(_PG_MOVE, (action_id, *move, *guard, *event))
+            else:
+                with self.db.transaction():
+                    moved = self.db.one(_SQLITE_MOVE, (*move, *guard))
+                    if moved is not None:
+                        self._append_event(action_id, expected, to, fence, detail)
+            if moved is not None:
+                return self._action(moved)
+            self._refuse(action_id, expected, fence)
+
+    def _refuse(self, action_id: str, expected: ActionStatus, fence: int) -> None:
+        """Say why a move changed nothing, read after it; return if nothing says so any more
+        (the action left `expected` and came back meanwhile: move it again)."""
+        current = self.get(action_id)
+        if current is None:
+            raise ActionNotFound(action_id)
+        if current.status != expected or current.fence > fence:
+            raise StaleTransition(current, expected, fence)
+        refuse_if_superseded(self.db, current.run_id, fence)
 
     def get(self, action_id: str) -> Action | None:
         return self._first(_SELECT + " WHERE action_id = %s", action_id)
@@ -253,16 +298,12 @@ class SqlJournal:
     ) -> None:
         # Called inside the transaction that moved the action, which holds the action's row, so
         # no other writer can take the same sequence number.
-        seq = self.db.execute(
-            "SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM lw_action_events WHERE action_id = %s",
-            (action_id,),
-        )[0]["seq"]
         self.db.execute(
-            "INSERT INTO lw_action_events (action_id, seq, from_status, to_status, fence, at,"
-            " detail) VALUES (%s, %s, %s, %s, %s, now(), %s)",
+            f"INSERT INTO lw_action_events {_EVENT_COLUMNS}"
+            f" VALUES (%s, {_NEXT_SEQ}, %s, %s, %s, now(), %s)",
             (
                 action_id,
-                seq,
+                action_id,
                 from_status.value if from_status else None,
                 to_status.value,
                 fence,

@@ -20,7 +20,8 @@ from loopwright.checkpoints.journal import (
     StaleTransition,
     open_journal,
 )
-from loopwright.checkpoints.leases import StaleWriter, open_lease_store
+from loopwright.checkpoints.leases import StaleWriter, lock_run, open_lease_store
+from loopwright.checkpoints.sql import open_database
 from loopwright.graph.state import TRANSITIONS, Action, ActionStatus, digest
 
 S = ActionStatus
@@ -168,6 +169,38 @@ def test_a_writer_behind_the_runs_lease_is_refused(database_url: str) -> None:
         # Runs nobody leases are not checked against lw_runs.
         free = journal.plan(proposed("other", run_id="run-unleased", fence=0))
         journal.transition(free.action_id, S.PLANNED, S.DISPATCHED, fence=0)
+
+
+def test_a_move_that_waited_for_a_takeover_is_refused(database_url: str) -> None:
+    """A move waits for a takeover in flight (it holds the run's row), then reads the fence the
+    takeover left: the old writer's move is refused, whatever the move had seen before."""
+    with (
+        open_journal(database_url) as journal,
+        open_lease_store(database_url) as leases,
+        open_database(database_url) as taker,
+    ):
+        leases.register("run-1", task="refund O-42", user_id="u-1")
+        old = leases.claim("run-1", "worker-a", ttl_s=30)
+        action = journal.plan(proposed(fence=old.fence))
+        refused: list[BaseException] = []
+
+        def move() -> None:
+            try:
+                journal.transition(action.action_id, S.PLANNED, S.DISPATCHED, fence=old.fence)
+            except StaleWriter as exc:
+                refused.append(exc)
+
+        mover = threading.Thread(target=move)
+        with taker.transaction():
+            lock_run(taker, "run-1", exclusive=True)
+            taker.execute("UPDATE lw_runs SET fence = fence + 1 WHERE run_id = 'run-1'")
+            mover.start()
+            mover.join(0.5)
+            assert mover.is_alive(), "the move waits for the takeover's transaction"
+        mover.join(30)
+        assert len(refused) == 1
+        assert journal.get(action.action_id).status is S.PLANNED  # type: ignore[union-attr]
+        assert [e.to_status for e in journal.events(action.action_id)] == [S.PLANNED]
 
 
 def test_transition_records_outcome_attempts_and_events(journal: ActionJournal) -> None:
