@@ -9,8 +9,9 @@ in a thread of its own:
 1. the principal is the user the server authenticated (`configurable.langgraph_auth_user`),
    never the run input or the client's context, and the input is reduced to what a client may
    ask (`server.inputs`);
-2. the run's lease is claimed (one writer per run, whatever the server does: Aegra does not keep
-   one run per thread, and a re-queued run may race its first attempt);
+2. the run's lease is claimed, or taken as a new run is registered (one writer per run, whatever
+   the server does: Aegra does not keep one run per thread, and a re-queued run may race its
+   first attempt);
 3. the graph is streamed synchronously with `durability="sync"` and a saver fenced with the
    lease's token (`checkpoints.fenced`), with a `RunContext` built here, and the chunks the
    server asked for are handed back to it;
