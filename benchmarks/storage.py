@@ -56,6 +56,18 @@ SELECT 'checkpoint rows', sum(octet_length(checkpoint::text) + octet_length(meta
   FROM checkpoints WHERE thread_id = %(t)s
 ORDER BY bytes DESC
 """
+# Whole rows, keys and row headers included, as Postgres stores them (pg_column_size: after its
+# own compression of long values), beside the payload the figures above count.
+ROWS_BY_TABLE = """
+SELECT 'checkpoints' AS tab, count(*), sum(pg_column_size(t.*))
+  FROM checkpoints t WHERE thread_id = %(t)s
+UNION ALL
+SELECT 'checkpoint_blobs', count(*), sum(pg_column_size(t.*))
+  FROM checkpoint_blobs t WHERE thread_id = %(t)s
+UNION ALL
+SELECT 'checkpoint_writes', count(*), sum(pg_column_size(t.*))
+  FROM checkpoint_writes t WHERE thread_id = %(t)s
+"""
 
 
 def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str, int]:
@@ -117,6 +129,7 @@ class StorageFigures:
     bare_series: list[tuple[int, int]]
     loopwright_series: list[int]
     breakdown: list[tuple[str, int]]
+    rows: list[tuple[str, int, int]]  # table, rows, their bytes (pg_column_size)
     observation_bytes: int
 
     @property
@@ -137,6 +150,7 @@ def measure(bench: Bench, steps: int) -> StorageFigures:
     ours, run_id, observation_bytes = loopwright_sizes(bench, steps)
     with psycopg.connect(bench.database_url, autocommit=True) as conn:
         breakdown = [(str(p), int(b)) for p, b in conn.execute(BY_CHANNEL, {"t": run_id})]
+        rows = [(str(t), int(n), int(b)) for t, n, b in conn.execute(ROWS_BY_TABLE, {"t": run_id})]
     bare = bare_sizes(bench, steps)
     window = min(WINDOW, steps // 2)
     return StorageFigures(
@@ -148,6 +162,7 @@ def measure(bench: Bench, steps: int) -> StorageFigures:
         bare_series=bare,
         loopwright_series=ours,
         breakdown=breakdown,
+        rows=rows,
         observation_bytes=observation_bytes,
     )
 
@@ -178,6 +193,11 @@ def report(figures: StorageFigures) -> list[str]:
         "steps / steps):",
     ]
     lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:12] if b]
+    lines.append("whole rows per tool step, keys and headers included (pg_column_size):")
+    lines += [
+        f"  {n / figures.steps:5.1f} rows {b / figures.steps:9,.0f} B  {table}"
+        for table, n, b in figures.rows
+    ]
     return lines
 
 

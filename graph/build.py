@@ -21,7 +21,9 @@ as when its attempts keep failing (`Runner._give_up`). Every INCOMPLETE end pass
 gate; the only COMPLETED end is verify's.
 
 Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing
-off the wrapper only calls the node. A node that branches returns its route with its update
+off the wrapper only calls the node. A node's writes that would change nothing (a count still
+0, no new journal entries) are left out of its update (`loop_node`): each would cost a row in
+the node's commit. A node that branches returns its route with its update
 (`routed`: a `Command` whose goto is the `after_*` function applied to the state the update
 leaves), rather than through a conditional edge, for which LangGraph copies every channel of the
 state to read it fresh after each node.
@@ -29,8 +31,9 @@ state to read it fresh after each node.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
@@ -41,7 +44,7 @@ from langgraph.types import Command
 from loopwright.graph.agents import handoff_target
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import NODE_NAMES
-from loopwright.graph.state import CallVerdict, Phase, RunState, StopReason
+from loopwright.graph.state import CallVerdict, Phase, RunState, StopReason, changes
 from loopwright.graph.views import pending_of
 from loopwright.nodes.approval import approval
 from loopwright.nodes.compile_context import compile_context
@@ -123,6 +126,16 @@ def routed(
     return run
 
 
+def loop_node(name: str, node: Node) -> Node:
+    """`node` in its span, its update less the writes that would change nothing
+    (`graph.state.changes`): the span records what the step commits."""
+
+    def changes_only(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+        return changes(state, node(state, runtime))
+
+    return traced_node(name, functools.wraps(node)(changes_only))
+
+
 def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext]:
     """The loop. With `with_handoff`, a handoff call passes the run to the specialist subgraph:
     the same loop, run by the agent that now owns the run, on the same state (journal, budget,
@@ -136,20 +149,20 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
         to: tuple[str, ...],
         names: Mapping[str, str] | None = None,
     ) -> None:
-        builder.add_node(name, routed(traced_node(name, node), route, names), destinations=to)
+        builder.add_node(name, routed(loop_node(name, node), route, names), destinations=to)
 
     add("guard", guard, after_guard, ("compile_context", "reconcile", END))
     add("compile_context", compile_context, after_compile_context, ("model_step", "reconcile", END))
     add("model_step", model_step, after_model_step, ("validate", "verify", "compile_context"))
     add("validate", validate, after_validate, ("approval", "execute", "compile_context"))
-    builder.add_node("approval", traced_node("approval", approval))
-    builder.add_node("reconcile", traced_node("reconcile", reconcile))
+    builder.add_node("approval", loop_node("approval", approval))
+    builder.add_node("reconcile", loop_node("reconcile", reconcile))
     add("verify", verify, after_verify, ("compile_context", END))
     builder.add_edge(START, "compile_context")
     builder.add_edge("approval", "validate")
     builder.add_edge("reconcile", "compile_context")
     if with_handoff:
-        builder.add_node("handoff", traced_node("handoff", handoff))
+        builder.add_node("handoff", loop_node("handoff", handoff))
         builder.add_node("specialist", build_graph(with_handoff=False).compile(name="specialist"))
         builder.add_edge("handoff", "specialist")
         builder.add_edge("specialist", END)

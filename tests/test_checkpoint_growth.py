@@ -17,6 +17,7 @@ from tests.runtime_fixtures import RunnerFactory, principal
 
 STEPS = 200
 WINDOW = 50
+APPENDED = ("history", "evidence", "journal")  # an update's items are added to these
 
 SIZE_SQL = """
 SELECT
@@ -106,3 +107,26 @@ def test_a_tool_step_is_four_commits_and_a_run_three_more(open_test_runner: Runn
     # The input's checkpoint and the one that applies it (step 0), then one for every node step.
     loop = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
     assert len(loop) == 1 + len(steps) and len(history) == 2 + len(steps)
+
+
+def test_a_node_commits_only_writes_that_change_the_state(open_test_runner: RunnerFactory) -> None:
+    """Nodes return their whole view of the channels they own (no denial yet: 0; no new journal
+    entries: {}); a write that changes nothing is left out of the commit, so it costs no row."""
+    reads = 3
+    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
+    model = ScriptedChatModel(policy=KeepsReading(reads=reads))
+    with open_test_runner(model=model) as runner:
+        outcome = runner.start(task, principal(task=task), run_id="run-writes")
+        assert outcome.stop_reason == "completed", outcome.stop_detail
+        history = list(runner.graph.get_state_history(runner.config("run-writes")))
+    unchanged = [
+        (task.name, channel)
+        for snapshot in history
+        for task in snapshot.tasks
+        if task.name != "__start__"  # the run's input, not a node
+        for channel, value in (task.result or {}).items()
+        if (value in ([], {}) and channel in APPENDED)
+        or (channel not in APPENDED and snapshot.values.get(channel, object()) == value)
+    ]
+    written = [c for s in history for t in s.tasks for c in (t.result or {})]
+    assert len(written) >= 20 * reads and unchanged == []
