@@ -57,7 +57,10 @@ SELECT 'checkpoint rows', sum(octet_length(checkpoint::text) + octet_length(meta
 ORDER BY bytes DESC
 """
 # Whole rows, keys and row headers included, as Postgres stores them (pg_column_size: after its
-# own compression of long values), beside the payload the figures above count.
+# own compression of long values), beside the payload the figures above count. Postgres
+# compresses a row's values only once the row passes about 2 KB (TOAST_TUPLE_THRESHOLD, whatever
+# the table's toast_tuple_target): a checkpoint row under it is stored as it is, one over it
+# often smaller than one under.
 ROWS_BY_TABLE = """
 SELECT 'checkpoints' AS tab, count(*), sum(pg_column_size(t.*))
   FROM checkpoints t WHERE thread_id = %(t)s

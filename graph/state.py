@@ -529,7 +529,6 @@ def initial_state(
         evidence=[],
         phase=Phase.READY.value,
         step=0,
-        stop_reason=None,
         started_at=(now or utcnow()).isoformat(),
     )
     if principal is not None:
@@ -537,36 +536,43 @@ def initial_state(
     return state
 
 
-def _reduced_channels() -> frozenset[str]:
-    """The channels an update is merged into (appended to) rather than replacing."""
-    reduced = set()
+def _channel_kinds() -> tuple[frozenset[str], frozenset[str]]:
+    """The channels an update is merged into (appended to) rather than replacing, and those a
+    state may lack (`NotRequired`: read with a falsy default, never subscripted)."""
+    reduced, optional = set(), set()
     for name, hint in get_type_hints(RunState, include_extras=True).items():
         while get_origin(hint) in (NotRequired, Annotated):
-            if get_origin(hint) is Annotated and hint.__metadata__:
+            if get_origin(hint) is NotRequired:
+                optional.add(name)
+            elif hint.__metadata__:
                 reduced.add(name)
             hint = get_args(hint)[0]
-    return frozenset(reduced)
+    return frozenset(reduced), frozenset(optional)
 
 
-REDUCED_CHANNELS = _reduced_channels()
+REDUCED_CHANNELS, OPTIONAL_CHANNELS = _channel_kinds()
+# What an optional channel that is absent holds, as far as its readers can tell.
+EMPTY_VALUES: tuple[Any, ...] = (None, False, 0, "", [], {})
 
 
 def changes(state: RunState, update: Mapping[str, Any]) -> dict[str, Any]:
     """`update` less the writes that would leave the state as it is: a value a channel already
-    holds, an empty batch for a channel that is appended to.
+    holds, an empty value for an optional channel the state lacks, an empty batch for a channel
+    that is appended to.
 
     A write costs a row of the node's commit (and a blob, and a version in every checkpoint
     after), whatever it changes; nodes write their whole view of the channels they own (no
     denial yet: 0; no new journal entries: {}), and about a third of a tool step's writes
-    changed nothing.
+    changed nothing. An optional channel that no node set is not in the checkpoint at all:
+    each channel a checkpoint holds costs it a version, in every checkpoint after.
     """
     held: Mapping[str, Any] = state
-    return {
-        channel: value
-        for channel, value in update.items()
-        if not (
-            value in ([], {})
-            if channel in REDUCED_CHANNELS
-            else channel in held and held[channel] == value
-        )
-    }
+
+    def unchanged(channel: str, value: Any) -> bool:
+        if channel in REDUCED_CHANNELS:
+            return value in ([], {})
+        if channel in held:
+            return bool(held[channel] == value)
+        return channel in OPTIONAL_CHANNELS and value in EMPTY_VALUES
+
+    return {channel: value for channel, value in update.items() if not unchanged(channel, value)}

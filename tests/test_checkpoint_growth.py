@@ -111,7 +111,8 @@ def test_a_tool_step_is_four_commits_and_a_run_three_more(open_test_runner: Runn
 
 def test_a_node_commits_only_writes_that_change_the_state(open_test_runner: RunnerFactory) -> None:
     """Nodes return their whole view of the channels they own (no denial yet: 0; no new journal
-    entries: {}); a write that changes nothing is left out of the commit, so it costs no row."""
+    entries: {}); a write that changes nothing (an optional channel the state lacks set to its
+    empty value included) is left out of the commit, so it costs no row."""
     reads = 3
     task = "Read orders O-42, O-43 and O-44 in turn, again and again."
     model = ScriptedChatModel(policy=KeepsReading(reads=reads))
@@ -127,6 +128,7 @@ def test_a_node_commits_only_writes_that_change_the_state(open_test_runner: Runn
         for channel, value in (task.result or {}).items()
         if (value in ([], {}) and channel in APPENDED)
         or (channel not in APPENDED and snapshot.values.get(channel, object()) == value)
+        or (channel not in snapshot.values and value in (None, False, 0, "", [], {}))
     ]
     written = [c for s in history for t in s.tasks for c in (t.result or {})]
     assert len(written) >= 20 * reads and unchanged == []
