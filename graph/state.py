@@ -168,7 +168,11 @@ class Action(BaseModel):
 
 
 class Evidence(BaseModel):
-    """An observation from a tool: kept raw, cited by id, never confused with a plan."""
+    """An observation from a tool: kept raw, cited by id, never confused with a plan.
+
+    The run state holds it without its content, which the history's answer to the same call
+    holds already: `graph.views.stored_evidence` and `evidence_of`, which gives it back checked
+    against `content_hash`."""
 
     evidence_id: str
     source: str

@@ -13,15 +13,17 @@ from typing import Any
 from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright.graph.budget import Usage
-from loopwright.graph.protocol import ToolEnvelope, render_tool_content
+from loopwright.graph.protocol import ToolEnvelope, parse_tool_content, render_tool_content
 from loopwright.graph.state import (
     NOT_DONE_STATUSES,
     Action,
+    Evidence,
     PendingCall,
     Phase,
     Principal,
     RunState,
     StopReason,
+    digest,
 )
 
 
@@ -38,6 +40,42 @@ def started_at(state: RunState) -> datetime:
     for people (approvals), so a person's wait does not spend the end-to-end deadline."""
     started = datetime.fromisoformat(state["started_at"])
     return started + timedelta(seconds=float(state.get("paused_s") or 0.0))
+
+
+class EvidenceLost(RuntimeError):
+    """An observation's content is not in the run's history as its digest says it was."""
+
+
+def stored_evidence(evidence: Evidence) -> dict[str, Any]:
+    """An observation as the run state holds it: without its content, which the history's
+    answer to the same call holds already (stored once, not twice: see `evidence_of`)."""
+    return evidence.model_dump(mode="json", exclude={"content"})
+
+
+def evidence_of(state: RunState) -> list[Evidence]:
+    """The run's observations, each with its content, read back from the history's answer to
+    its call and checked against its digest. Items stored whole (by earlier releases) are
+    taken as they are."""
+    items = state["evidence"]
+    wanted = {item["call_id"] for item in items if "content" not in item}
+    answers: dict[str, list[Any]] = {}
+    for message in state["history"] if wanted else ():
+        if isinstance(message, ToolMessage) and message.tool_call_id in wanted:
+            result = parse_tool_content(str(message.content)).result
+            answers.setdefault(message.tool_call_id, []).append(result)
+    out = []
+    for item in items:
+        if "content" not in item:
+            found = [
+                r for r in answers.get(item["call_id"], ()) if digest(r) == item["content_hash"]
+            ]
+            if not found:
+                raise EvidenceLost(
+                    f"{item['evidence_id']}: no answer to {item['call_id']} holds it"
+                )
+            item = {**item, "content": found[0]}
+        out.append(Evidence.model_validate(item))
+    return out
 
 
 def pending_of(state: RunState) -> list[PendingCall]:

@@ -30,7 +30,7 @@ from loopwright.graph.state import (
     Action,
     ActionStatus,
     ApprovalRecord,
-    Evidence,
+    EvidenceNote,
     PendingCall,
     Verification,
 )
@@ -168,7 +168,7 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
                     f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
                 )
     for raw in update.get("evidence") or []:
-        evidence = Evidence.model_validate(raw)
+        evidence = EvidenceNote.model_validate(raw)
         about = [*evidence.resources]
         if evidence.version is not None:
             about.append(f"version {evidence.version}")

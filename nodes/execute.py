@@ -36,7 +36,7 @@ from loopwright.graph.state import (
     Action,
     ActionStatus,
     CallVerdict,
-    Evidence,
+    EvidenceNote,
     PendingCall,
     Phase,
     RunState,
@@ -48,6 +48,7 @@ from loopwright.graph.views import (
     pending_of,
     started_at,
     stop,
+    stored_evidence,
     tool_result,
     usage_of,
 )
@@ -82,7 +83,7 @@ def observed_versions(
     """The version of each resource as the model last saw it (the newest evidence wins)."""
     seen: dict[str, str] = {}
     for raw in evidence:
-        item = Evidence.model_validate(raw)
+        item = EvidenceNote.model_validate(raw)
         if item.version is None:
             continue
         for resource in resources.intersection(item.resources):
@@ -274,7 +275,7 @@ def execute(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
                 }
             )
             if read.evidence is not None:
-                evidence.append(read.evidence.model_dump(mode="json"))
+                evidence.append(stored_evidence(read.evidence))
             if read.exhausted:
                 unavailable.append(call.tool)
             update["poll_after_s"] = read.poll_after_s

@@ -47,7 +47,6 @@ from loopwright.graph.state import (
     ApprovalRecord,
     ApprovalRequest,
     CallVerdict,
-    Evidence,
     EvidenceNote,
     Fact,
     PendingCall,
@@ -55,7 +54,14 @@ from loopwright.graph.state import (
     RunState,
     digest,
 )
-from loopwright.graph.views import dump_actions, dump_pending, pending_of, principal_of, tool_result
+from loopwright.graph.views import (
+    dump_actions,
+    dump_pending,
+    evidence_of,
+    pending_of,
+    principal_of,
+    tool_result,
+)
 from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
 
 # An unknown tool's name is echoed back to the model this long at most (names can be huge).
@@ -234,7 +240,7 @@ def _plan_write(
         summary = contract.describe(args)
         # What the approver decides from: only what the run has committed (its task and
         # evidence), so this step, run again after a crash, asks the very same question.
-        evidence = [Evidence.model_validate(item) for item in state["evidence"]]
+        evidence = evidence_of(state)
         request = ApprovalRequest(
             approval_id=f"apr_{action.digest[:16]}",
             run_id=state["run_id"],

@@ -38,7 +38,14 @@ from loopwright.graph.state import (
     StopReason,
     Verification,
 )
-from loopwright.graph.views import latest_per_intent, messages_of, not_done, stop, why_not
+from loopwright.graph.views import (
+    evidence_of,
+    latest_per_intent,
+    messages_of,
+    not_done,
+    stop,
+    why_not,
+)
 from loopwright.tools.contract import Effect
 
 # An identifier quoted back in a problem is cut to this length (a model can invent huge ones).
@@ -49,7 +56,7 @@ MAX_REFUSED_ANSWERS = 2
 
 def _observed_text(state: RunState) -> str:
     """Everything the run was told as data: the task and every observation, as one text."""
-    contents = [json.dumps(e.get("content"), default=str) for e in state["evidence"]]
+    contents = [json.dumps(e.content, default=str) for e in evidence_of(state)]
     return "\n".join([state["task"], *contents])
 
 
