@@ -23,6 +23,7 @@ import pytest
 from langgraph_sdk import get_client, get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
+from loopwright.checkpoints.retention import retain
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.app import waiting_threads
 from loopwright.server.launch import server_env, start_server
@@ -467,3 +468,30 @@ def test_an_approver_of_another_tenant_sees_and_decides_nothing_of_this_one(
     assert status_of(decide) in (403, 404)
     [(status,)] = served.sql("SELECT status FROM lw_actions WHERE run_id = %s", thread_id)
     assert status == "NEEDS_APPROVAL"
+
+
+def test_a_pruned_run_is_never_started_over_through_the_api(served: Served) -> None:
+    """The retention job prunes a served run like any other: its summary and journal stay, its
+    checkpoints go. The thread then reads as empty (not a server error), and a new run on it is
+    refused with RunPruned: it would start the run over from an empty state."""
+    create_order(served.services, "O-808", "u-1", "80.00")
+    ada, ann = served.client("t-u1"), served.client("t-a1")
+    task = "Check whether order O-808 can be refunded and refund it."
+    thread_id, waiting = start_run(ada, task)
+    ann.runs.wait(
+        thread_id,
+        GRAPH,
+        command={"resume": decision_for(waiting["interrupts"][0], "approve", "a-1")},
+    )
+    run_id = values_of(ada, thread_id)["run_id"]
+    assert run_id in [run.run_id for run in retain(served.database_url, 0).pruned]
+
+    assert ada.threads.get_state(thread_id)["values"] == {}
+    with pytest.raises(Exception, match="RunPruned"):
+        ada.runs.wait(thread_id, GRAPH, input={"task": task})
+    assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
+    assert served.sql("SELECT stop_reason FROM lw_run_summaries WHERE run_id = %s", run_id) == [
+        ("completed",)
+    ]
+    assert served.sql("SELECT status FROM lw_actions WHERE run_id = %s", run_id) == [("SUCCEEDED",)]
+    assert [r["amount"] for r in list_refunds(served.services, "O-808")] == ["80.00"]
