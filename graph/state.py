@@ -533,7 +533,7 @@ def initial_state(
         evidence=[],
         phase=Phase.READY.value,
         step=0,
-        stop_reason=None,  # the run's status, there for every reader (the server's state) from the start
+        stop_reason=None,  # the run's status: there for every reader from the start
         started_at=(now or utcnow()).isoformat(),
     )
     if principal is not None:
