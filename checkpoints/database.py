@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from enum import StrEnum
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -30,6 +31,7 @@ DEFAULT_HOME = "./.loopwright"
 DEFAULT_SQLITE_FILE = "loopwright.sqlite3"
 CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+SQLITE_WAL_RETRY_S = 0.01  # between tries to switch a new database to WAL (`_use_wal`)
 
 
 class DatabaseKind(StrEnum):
@@ -180,9 +182,28 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
     """
     try:
         conn = sqlite3.connect(path, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        _use_wal(conn)
     except sqlite3.Error as e:
         url = f"{SQLITE_PREFIX}{path}"
         raise DatabaseUnavailable(url, _one_line(e, url)) from None
     return conn
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode, waiting (up to the busy timeout) for others doing the same.
+
+    Switching a new file to WAL takes its exclusive lock after reading its header; a connection
+    that read the header too and then asks is told "database is locked" at once, not after the
+    busy handler (SQLite's way out of two readers each waiting for the other): processes that
+    open one new database together would fail one of them at random.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(SQLITE_WAL_RETRY_S)
