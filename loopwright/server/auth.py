@@ -19,7 +19,9 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
   that), and never on a run they started themselves; every filter names the caller's tenant,
   so nobody reads, lists, cancels or decides anything of another tenant's;
 * nobody writes a thread's state or metadata through the API, and assistants, crons and the
-  store are read-only or closed: a run changes only by running.
+  store are read-only or closed: a run changes only by running;
+* nothing runs on a thread whose run the retention job pruned (410): it would start the run
+  over from an empty state (the served graph refuses it too, with RunPruned).
 """
 
 from __future__ import annotations
@@ -299,7 +301,8 @@ async def on_run_create(
 ) -> Auth.types.FilterType | None:
     """Starting a run: a customer, their thread, a task the agent takes for them. Deciding: an
     approver, not on their own run, at once and without interrupting what is in flight. Other
-    runs on a thread: its run's own user, unless an approval waits.
+    runs on a thread: its run's own user, unless an approval waits. Nothing on a thread whose
+    run was pruned (410).
     The run's metadata names the thread's owner and tenant (a new thread's come from it)."""
     user = _user(ctx)
     # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
@@ -313,6 +316,11 @@ async def on_run_create(
     strategy = kwargs.get("multitask_strategy") or value.get("multitask_strategy")
     if strategy == "rollback":
         raise _forbidden("multitask_strategy rollback would erase a run's record: use reject")
+    if run is not None and run.pruned_at is not None:
+        # Its checkpoints are gone: any run on the thread would start it over from nothing.
+        raise Auth.exceptions.HTTPException(
+            status_code=410, detail=f"run {run.run_id} was pruned by the retention job: it ended"
+        )
     if carries_decision(command.get("resume")):
         if not user.is_approver:
             raise _forbidden("only approvers decide approvals")
