@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -12,6 +14,7 @@ from loopwright.graph.budget import Budget
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes import model_step
 from loopwright.nodes.compile_context import render
+from loopwright.runner import Runner
 from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal
 
@@ -90,16 +93,23 @@ def test_an_unchanged_context_is_not_stored_again(
     assert seen == [system] * (reads + 1) and "get_order" in system
 
 
+@contextmanager
+def reading_run(open_test_runner: RunnerFactory, run_id: str, reads: int) -> Iterator[Runner]:
+    """A runner after a reading run of `reads` tool steps, `run_id`, that completed."""
+    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
+    model = ScriptedChatModel(policy=KeepsReading(reads=reads))
+    with open_test_runner(model=model) as runner:
+        outcome = runner.start(task, principal(task=task), run_id=run_id)
+        assert outcome.stop_reason == "completed", outcome.stop_detail
+        yield runner
+
+
 def test_a_tool_step_is_four_commits_and_a_run_three_more(open_test_runner: RunnerFactory) -> None:
     """The card's boundaries and no more: a commit after each of compile_context (guard's gate
     inside it), model_step, validate and execute per tool step; then the last compile_context,
     the final model_step and verify. No guard superstep, not even at the start."""
     reads = 3
-    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
-    model = ScriptedChatModel(policy=KeepsReading(reads=reads))
-    with open_test_runner(model=model) as runner:
-        outcome = runner.start(task, principal(task=task), run_id="run-commits")
-        assert outcome.stop_reason == "completed", outcome.stop_detail
+    with reading_run(open_test_runner, "run-commits", reads) as runner:
         history = list(runner.graph.get_state_history(runner.config("run-commits")))
         steps = [node for node, _ in runner.steps("run-commits")]
     per_step = ["compile_context", "model_step", "validate", "execute"]
@@ -114,11 +124,7 @@ def test_a_node_commits_only_writes_that_change_the_state(open_test_runner: Runn
     entries: {}); a write that changes nothing (an optional channel the state lacks set to its
     empty value included) is left out of the commit, so it costs no row."""
     reads = 3
-    task = "Read orders O-42, O-43 and O-44 in turn, again and again."
-    model = ScriptedChatModel(policy=KeepsReading(reads=reads))
-    with open_test_runner(model=model) as runner:
-        outcome = runner.start(task, principal(task=task), run_id="run-writes")
-        assert outcome.stop_reason == "completed", outcome.stop_detail
+    with reading_run(open_test_runner, "run-writes", reads) as runner:
         history = list(runner.graph.get_state_history(runner.config("run-writes")))
     unchanged = [
         (task.name, channel)

@@ -4,6 +4,7 @@ current shape, with their rows kept, and processes starting together migrate it 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -83,6 +84,15 @@ def test_a_database_from_before_versions_is_migrated_keeping_its_rows(database_u
         assert schema_version(leases.db) == LATEST
 
 
+def run_threads(count: int, target: Callable[[], None], timeout: float) -> None:
+    """`target` in `count` threads at once, each waited for (at most `timeout` seconds)."""
+    threads = [threading.Thread(target=target) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+
+
 def test_processes_starting_together_migrate_once(database_url: str) -> None:
     errors: list[BaseException] = []
     applied: list[int] = []
@@ -96,11 +106,7 @@ def test_processes_starting_together_migrate_once(database_url: str) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=start_up) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_threads(4, start_up, 60)
     assert errors == []
     assert sum(applied) == LATEST  # each migration ran once, in whichever process got to it
     with open_database(database_url) as db:
@@ -167,9 +173,5 @@ def test_connections_opening_one_new_sqlite_database_together_all_open_it(
             except BaseException as exc:
                 failures.append(exc)
 
-        threads = [threading.Thread(target=open_it) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        run_threads(8, open_it, 30)
     assert failures == []
