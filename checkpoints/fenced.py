@@ -448,7 +448,12 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             strings = {k: str(current[k]) for k, v in stored.items() if isinstance(v, str)}
             known = self._strings.get((thread, ns), {})
             versions |= {k: v for k, v in strings.items() if known.get(k) != v}
-            blobs = [row[2:] for row in self._dump_blobs(thread, ns, stored, versions)]
+            # A version may be an int (ChannelVersions allows it; the stock saver's own statement
+            # lets Postgres cast it): the blob's version column is text, sent as a text array.
+            blobs = [
+                (channel, str(version), *rest)
+                for _, _, channel, version, *rest in self._dump_blobs(thread, ns, stored, versions)
+            ]
             params |= {
                 "parent": save.config["configurable"].get("checkpoint_id") or "",
                 "id": save.checkpoint["id"],
