@@ -6,14 +6,16 @@ The suite drives a saver through its async methods. The sync savers have none (o
 write path bypasses the fence), so they are driven through `AsyncOverSync`, which calls the
 sync method in a worker thread, as LangGraph's own loop calls a sync saver. The suite's writes
 carry no durability, so the sync savers save them at once, each in its own commit; the commit
-that holds a superstep's writes for its checkpoint is covered by `test_fenced_rows`. Unfenced:
-the suite's threads are random ids that no run lease names (the fence is
-`test_leases`'s)."""
+that holds a superstep's writes for its checkpoint is covered by `test_fenced_rows`. The sync
+savers run the suite twice: unfenced, and fenced (every write checked against a lease on its
+thread, as a worker's writes are: on Postgres the fenced statement is not the unfenced one)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import functools
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -33,10 +35,13 @@ from langgraph.checkpoint.conformance.capabilities import (
 from langgraph.checkpoint.conformance.report import CapabilityReport
 
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import FencedSaver
+from loopwright.checkpoints.fenced import Fence, FencedSaver
+from loopwright.checkpoints.leases import LeaseStore, open_lease_store
 from loopwright.server.checkpointer import checkpointer as server_checkpointer
 
 pytestmark = pytest.mark.timeout(120)
+
+LEASE_TTL_S = 600.0  # outlives the suite: no write of it may meet an expired lease
 
 # What each saver must pass beyond the base capabilities: the sync Postgres saver prunes (the
 # retention job's route), the server's saver also deletes runs' checkpoints (a rollback) and
@@ -49,11 +54,31 @@ EXTENDED = {
 
 
 class AsyncOverSync(BaseCheckpointSaver[str]):
-    """A sync saver's methods as the async ones the suite calls, each run in a worker thread."""
+    """A sync saver's methods as the async ones the suite calls, each run in a worker thread.
 
-    def __init__(self, saver: FencedSaver) -> None:
+    With `leases`, every write is fenced, as a worker's are: the first write to a thread
+    registers a run of that id leased to this adapter, and each write goes with that lease's
+    fence (the statement that checks it under the run row's lock is then the one that writes)."""
+
+    def __init__(self, saver: FencedSaver, leases: LeaseStore | None = None) -> None:
         super().__init__(serde=saver.serde)
         self.saver = saver
+        self.leases = leases
+        self._fences: dict[str, Fence] = {}
+        self._writing = threading.Lock()  # a write and the fence it goes with
+
+    def _write[R](self, config: RunnableConfig, write: Callable[[], R]) -> R:
+        with self._writing:
+            if self.leases is not None:
+                thread = str(config["configurable"]["thread_id"])
+                if thread not in self._fences:
+                    _, lease = self.leases.begin(
+                        thread, "conformance", LEASE_TTL_S, task="suite", user_id="suite"
+                    )
+                    assert lease is not None, f"{thread} was registered before"
+                    self._fences[thread] = Fence.of(lease)
+                self.saver.fence = self._fences[thread]
+            return write()
 
     async def aput(
         self,
@@ -62,7 +87,8 @@ class AsyncOverSync(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self.saver.put, config, checkpoint, metadata, new_versions)
+        put = functools.partial(self.saver.put, config, checkpoint, metadata, new_versions)
+        return await asyncio.to_thread(self._write, config, put)
 
     async def aput_writes(
         self,
@@ -71,7 +97,8 @@ class AsyncOverSync(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self.saver.put_writes, config, writes, task_id, task_path)
+        put = functools.partial(self.saver.put_writes, config, writes, task_id, task_path)
+        await asyncio.to_thread(self._write, config, put)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await asyncio.to_thread(self.saver.get_tuple, config)
@@ -130,13 +157,14 @@ def assert_conforms(report: CapabilityReport, expected: set[Capability]) -> None
     assert report.passed_all_base()
 
 
-@pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
 def test_the_run_savers_pass_langgraphs_checkpoint_conformance_suite(
-    database_url: str, request: pytest.FixtureRequest
+    database_url: str, fenced: bool, request: pytest.FixtureRequest
 ) -> None:
-    backend = request.node.callspec.id
-    with open_checkpointer(database_url) as saver:
-        report = asyncio.run(conformance(f"loopwright {backend}", AsyncOverSync(saver)))
+    backend = "postgres" if database_url.startswith("postgres") else "sqlite"
+    with open_lease_store(database_url) as leases, open_checkpointer(database_url) as saver:
+        adapter = AsyncOverSync(saver, leases if fenced else None)
+        report = asyncio.run(conformance(f"loopwright {backend}", adapter))
     assert_conforms(report, EXTENDED[backend])
 
 
