@@ -511,15 +511,16 @@ def _register_column_arrays(conn: psycopg.Connection[Any]) -> None:
 def _split_values(checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
     """A checkpoint's channel values as the stock Postgres saver stores them, primitives inline
     in the checkpoint's JSON and the rest in blobs (a delta channel's snapshot marked inline),
-    except that a long string goes to a blob (`INLINE_MAX_CHARS`). Stock readers read either."""
+    except that a long string goes to a blob (`INLINE_MAX_CHARS`), as does one holding a NUL
+    character, which JSONB cannot hold. Stock readers read either."""
     inline: dict[str, Any] = {}
     stored: dict[str, Any] = {}
     for channel, value in checkpoint["channel_values"].items():
         if isinstance(value, _DeltaSnapshot):
             stored[channel] = value
             inline[channel] = True
-        elif isinstance(value, str) and len(value) > INLINE_MAX_CHARS:
-            stored[channel] = value
+        elif isinstance(value, str) and (len(value) > INLINE_MAX_CHARS or "\x00" in value):
+            stored[channel] = value  # long, or holding a NUL, which JSONB cannot
         elif value is None or isinstance(value, (str, int, float, bool)):
             inline[channel] = value
         else:

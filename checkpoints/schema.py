@@ -130,12 +130,31 @@ def _v5_pruned_mark(db: Database) -> None:
     )
 
 
+def _v6_summary_text_as_json(db: Database) -> None:
+    """A pruned run's detail and answer as JSON strings: they are the model's and the business
+    systems' text, which may hold a NUL character, and a Postgres TEXT column cannot (the run's
+    checkpoints, now gone, kept it). Existing rows are converted, on SQLite too, where the
+    column stays TEXT and now holds the JSON spelling."""
+    if db.kind is DatabaseKind.POSTGRES:
+        db.execute(
+            "ALTER TABLE lw_run_summaries"
+            " ALTER COLUMN stop_detail TYPE JSON USING to_json(stop_detail),"
+            " ALTER COLUMN answer TYPE JSON USING to_json(answer)"
+        )
+    else:
+        db.execute(
+            "UPDATE lw_run_summaries SET stop_detail = json_quote(stop_detail),"
+            " answer = CASE WHEN answer IS NULL THEN NULL ELSE json_quote(answer) END"
+        )
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
     _v3_run_agent,
     _v4_run_summaries,
     _v5_pruned_mark,
+    _v6_summary_text_as_json,
 )
 LATEST = len(MIGRATIONS)
 

@@ -31,6 +31,7 @@ _HOMES = {
     "Agent": "loopwright._agent",
     "Demo": "loopwright._agent",
     "TaskRefused": "loopwright._agent",
+    "InvalidText": "loopwright.graph.text",
     "load_agent": "loopwright._loading",
     "AgentProfile": "loopwright.graph.agents",
     "ToolContext": "loopwright.tools.contract",
@@ -95,6 +96,7 @@ __all__ = [
     "Evidence",
     "Fact",
     "Guarantee",
+    "InvalidText",
     "McpSession",
     "OutcomeUnknown",
     "PermissionDenied",
@@ -176,6 +178,7 @@ if TYPE_CHECKING:
         RunState,
         StopReason,
     )
+    from loopwright.graph.text import InvalidText
     from loopwright.models.scripted import Decision, ScriptedChatModel
     from loopwright.runner import Runner, RunOutcome, open_runner
     from loopwright.tools.contract import (

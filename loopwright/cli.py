@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -1004,6 +1004,9 @@ def _raise_keyboard_interrupt(*_: object) -> None:
 def main() -> None:
     command = typer.main.get_command(app)
     plain_help(command)
+    if (problem := undecodable_argument(sys.argv[1:])) is not None:
+        errors.print(f"loopwright: error: {problem}", markup=False)
+        raise SystemExit(2)
     try:
         code = command.main(prog_name="loopwright", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
@@ -1018,6 +1021,20 @@ def main() -> None:
         raise SystemExit(2) from None
     # A command's own exit code (typer.Exit): how the run it advanced stands (EXIT_CODES).
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def undecodable_argument(args: Sequence[str]) -> str | None:
+    """What is wrong with the first argument that is not UTF-8 (Python hands its bytes over as
+    unpaired surrogates, which no run, database or service takes), or None. Checked before any
+    command runs, so that no command meets it half-way (a run registered, a service asked)."""
+    for position, arg in enumerate(args, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            given = arg.encode("utf-8", "surrogateescape")
+            shown = repr(given) if len(given) <= 60 else f"{given[:57]!r}..."
+            return f"argument {position} is not UTF-8 text: {shown}"
+    return None
 
 
 def plain_help(command: Any) -> None:
@@ -1045,6 +1062,7 @@ def user_error(exc: Exception) -> str | None:
     )
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
+    from loopwright.graph.text import InvalidText
     from loopwright.runner import (
         DecisionNotTaken,
         ModelChanged,
@@ -1058,6 +1076,7 @@ def user_error(exc: Exception) -> str | None:
         UsageError,
         DepsUnavailable,
         TaskRefused,
+        InvalidText,
         UnknownRun,
         OtherAgentsRun,
         ModelChanged,

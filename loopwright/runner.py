@@ -63,6 +63,7 @@ from loopwright.graph.state import (
     initial_state,
     separation_of_duties,
 )
+from loopwright.graph.text import MAX_TASK_CHARS, checked_text, storable
 from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
 from loopwright.nodes.approval import editors_of
@@ -124,6 +125,14 @@ def finished(snapshot: StateSnapshot) -> bool:
     """Whether a run's graph has ended. Not `not snapshot.next`: `next` leaves out a task whose
     writes were saved before its process died, though the run still has to apply them and go on."""
     return not snapshot.tasks and not snapshot.next
+
+
+def check_new_run(run_id: str, task: str, principal: Principal) -> None:
+    """Refuse a new run whose text no run could keep (`InvalidText`), before anything of it is
+    written: its id, its task, its user's id."""
+    checked_text("the run id", run_id)
+    checked_text("the task", task, max_chars=MAX_TASK_CHARS)
+    checked_text("the user id", principal.user_id)
 
 
 def new_run_id() -> str:
@@ -236,7 +245,10 @@ class Runner:
         return self.agent.is_approver(self.deps, user_id)
 
     def principal_for(self, user_id: str, task: str) -> Principal:
-        """The trusted principal of a new run (the agent's answer; may raise TaskRefused)."""
+        """The trusted principal of a new run (the agent's answer; may raise TaskRefused, or
+        InvalidText before the agent is asked)."""
+        checked_text("the user id", user_id)
+        checked_text("the task", task, max_chars=MAX_TASK_CHARS)
         return self.agent.principal_for(self.deps, user_id, task)
 
     def context(
@@ -458,6 +470,7 @@ class Runner:
     def submit(self, task: str, principal: Principal, *, run_id: str | None = None) -> str:
         """Create a run without advancing it: any worker may pick it up."""
         run_id = run_id or new_run_id()
+        check_new_run(run_id, task, principal)
         self.graph.update_state(
             self.config(run_id),
             initial_state(run_id, task, principal, now=self.leases.now()),
@@ -484,6 +497,7 @@ class Runner:
         """Register a new run as this agent's, leased to `owner` from the start (`LeaseStore.
         begin`); a run registered before keeps its row and gets no lease (another agent's is
         refused)."""
+        check_new_run(run_id, task, principal)
         record, lease = self.leases.begin(
             run_id,
             owner,
@@ -563,7 +577,7 @@ class Runner:
         except Exception as exc:
             # An attempt that cannot go on (a bug, a graph that does not end): noted on the run,
             # so that workers retry it later and later, and after `max_failures` it ends typed.
-            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            error = storable(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
             if self.leases.record_failure(lease, error).failures >= self.max_failures:
                 self._give_up(run_id, lease, error)
             raise

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 from loopwright.checkpoints.database import DatabaseKind, connect_sqlite
 from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import RunPruned, open_lease_store
+from loopwright.checkpoints.retention import summary_of
 from loopwright.checkpoints.schema import LATEST, MIGRATIONS, migrate, schema_version
 from loopwright.checkpoints.sql import Database, open_database
 from loopwright.graph.state import Action, ActionStatus, digest
@@ -175,3 +176,32 @@ def test_connections_opening_one_new_sqlite_database_together_all_open_it(
 
         run_threads(8, open_it, 30)
     assert failures == []
+
+
+def test_a_summary_kept_before_version_6_reads_back_as_it_was(database_url: str) -> None:
+    """Version 6 keeps a pruned run's detail and answer as JSON strings (a NUL character fits
+    there, not in a Postgres TEXT column); the text of summaries kept before is converted."""
+    detail, answer = 'ended: "needs_human" after 8 attempts', "Refunded 40.00\nto O-802."
+    with open_database(database_url) as db, db.transaction():
+        for migration in MIGRATIONS[:5]:
+            migration(db)
+        db.execute("CREATE TABLE lw_schema (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO lw_schema (version) VALUES (5)")
+        for run_id in ("run-answered", "run-silent"):
+            db.execute(
+                "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id,"
+                " created_at, updated_at, pruned_at) VALUES (%s, NULL, 2, 'COMPLETED', 't',"
+                " 'u-1', now(), now(), now())",
+                (run_id,),
+            )
+            db.execute(
+                "INSERT INTO lw_run_summaries (run_id, phase, stop_reason, stop_detail, answer,"
+                " actions, steps, usage, checkpoints, bytes, ended_at, pruned_at) VALUES"
+                " (%s, 'COMPLETED', 'completed', %s, %s, %s, 3, %s, 9, 900, now(), now())",
+                (run_id, detail, answer if run_id == "run-answered" else None, "{}", "{}"),
+            )
+    with open_database(database_url) as db:
+        assert migrate(db) == 1
+        answered, silent = summary_of(db, "run-answered"), summary_of(db, "run-silent")
+    assert answered is not None and (answered.stop_detail, answered.answer) == (detail, answer)
+    assert silent is not None and (silent.stop_detail, silent.answer) == (detail, None)

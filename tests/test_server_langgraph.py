@@ -317,6 +317,8 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
         invalid = post("edit", interrupt["id"], amount=bad)
         assert invalid.status_code == 422, invalid.text
         assert "the approval still waits" in invalid.json()["detail"]
+    held = post("edit", interrupt["id"], amount="4\u00000.00")  # no run could keep it
+    assert held.status_code == 422 and "holds a NUL character" in held.json()["detail"], held.text
     listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
     assert [a["interrupt_id"] for a in listed["approvals"] if a["thread_id"] == thread_id] == [
         interrupt["id"]
@@ -502,3 +504,33 @@ def test_a_pruned_run_is_never_started_over_through_the_api(served: Served) -> N
     ]
     assert served.sql("SELECT status FROM lw_actions WHERE run_id = %s", run_id) == [("SUCCEEDED",)]
     assert [r["amount"] for r in list_refunds(served.services, "O-808")] == ["80.00"]
+
+
+def test_text_no_run_could_keep_is_a_422_and_starts_nothing(served: Served) -> None:
+    """A task that is blank, too long, or holds what no store keeps (a NUL character; half a
+    character, which the JSON body may spell as a lone surrogate escape), and metadata that
+    holds a NUL (it goes into every checkpoint), are refused when the run is created."""
+    ada = served.client("t-u1")
+    thread_id = ada.threads.create()["thread_id"]
+    refused: list[tuple[dict[str, Any], dict[str, Any] | None]] = [
+        ({"task": "Check order O-42\u0000 and refund it."}, None),
+        ({"task": "  "}, None),
+        ({"task": "Check order O-42. " + "x" * 2000}, None),
+        ({"task": TASK_O42}, {"note": "from \u0000 the app"}),
+    ]
+    for run_input, metadata in refused:
+        create = functools.partial(
+            ada.runs.create, thread_id, GRAPH, input=run_input, metadata=metadata
+        )
+        assert status_of(create) == 422, run_input
+    # The SDK cannot spell half a character; a client writing its own JSON can.
+    body = b'{"assistant_id": "loopwright", "input": {"task": "Check order O-42 \\ud800."}}'
+    raw = httpx.post(
+        f"{served.url}/threads/{thread_id}/runs",
+        content=body,
+        headers={"Authorization": "Bearer t-u1", "Content-Type": "application/json"},
+    )
+    assert 400 <= raw.status_code < 500, raw.text
+    assert served.sql("SELECT count(*) FROM lw_runs WHERE run_id = %s", thread_id) == [(0,)]
+    assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
+    assert status_of(lambda: ada.runs.wait(thread_id, GRAPH, input={"task": TASK_O42})) == 200

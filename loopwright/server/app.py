@@ -42,12 +42,13 @@ import httpx
 from fastapi import FastAPI
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest, Phase
+from loopwright.graph.text import unstorable_in
 from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.decision_outcome import decision_result, taken_decision
@@ -73,6 +74,13 @@ class DecisionRequest(BaseModel):
     changes: dict[str, str] = Field(default_factory=dict, max_length=20)
     # The approver's second click, for a request that asks for one (`ApprovalRequest.confirm`).
     confirmed: bool = False
+
+    @model_validator(mode="after")
+    def _storable(self) -> DecisionRequest:
+        """Refused here, with the approval still pending, rather than by the run's create."""
+        if (problem := unstorable_in(self.model_dump(), "the decision")) is not None:
+            raise ValueError(problem)
+        return self
 
 
 class InboxError(Exception):

@@ -14,7 +14,9 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 * a request without a known token gets 401;
 * customers see and start runs on their own threads only, on tasks the hosted agent takes for
   them (its `boundary`: e.g. the reference agent refuses a target that is not the user's);
-  asking for another customer's thread gets 403;
+  asking for another customer's thread gets 403; a task no run could keep (blank, over 2,000
+  characters) gets 422 before any run starts, as does a run whose input, resume value or
+  metadata holds text no store keeps (a NUL character, text that is not UTF-8);
 * only approvers list or decide approvals (they may read every thread of their tenant for
   that), and never on a run they started themselves; every filter names the caller's tenant,
   so nobody reads, lists, cancels or decides anything of another tenant's;
@@ -41,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import Phase, Principal
+from loopwright.graph.text import MAX_TASK_CHARS, InvalidText, checked_text, unstorable_in
 from loopwright.server.inputs import APPROVER_ROLE, principal_for_task, principal_of_user
 from loopwright.server.resources import aresources
 
@@ -307,6 +310,12 @@ async def on_run_create(
     user = _user(ctx)
     # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
     kwargs: Mapping[str, Any] = value.get("kwargs") or cast(Mapping[str, Any], value)
+    # Its metadata goes into every checkpoint, its input and resume values into the run.
+    problem = unstorable_in(value.get("metadata"), "the run's metadata") or unstorable_in(
+        kwargs, "the run"
+    )
+    if problem is not None:
+        raise Auth.exceptions.HTTPException(status_code=422, detail=problem)
     command = kwargs.get("command") or {}
     run = await run_record(value.get("thread_id"))
     if command.get("update") is not None or command.get("goto"):
@@ -346,8 +355,13 @@ async def on_run_create(
     task = run_input.get("task") if isinstance(run_input, Mapping) else None
     if isinstance(run_input, dict):
         run_input.pop("principal", None)  # never trusted anyway: the served graph ignores it
-    if isinstance(task, str) and (refusal := await task_refusal(user, task)) is not None:
-        raise _forbidden(refusal)
+    if task is not None:
+        try:
+            checked_text("the task", task, max_chars=MAX_TASK_CHARS)
+        except InvalidText as exc:  # refused now, not in the run it would start
+            raise Auth.exceptions.HTTPException(status_code=422, detail=str(exc)) from None
+        if (refusal := await task_refusal(user, task)) is not None:
+            raise _forbidden(refusal)
     stamp_owner(value, kwargs, user.user_id, user.tenant)
     return {"owner": user.user_id, "tenant": user.tenant}
 

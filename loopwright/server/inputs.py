@@ -32,8 +32,8 @@ from langgraph.types import Command, StateSnapshot
 
 from loopwright._agent import Agent
 from loopwright.graph.state import Principal, RunState, initial_state
+from loopwright.graph.text import MAX_TASK_CHARS, InvalidText, checked_text
 
-MAX_TASK_CHARS = 2_000
 APPROVER_ROLE = "approver"
 
 
@@ -90,10 +90,12 @@ def parse_request(raw: Any, principal: Principal | None) -> RunRequest:
         return Resume(Command(resume=_stamp_decisions(raw.resume, principal)))
     if isinstance(raw, Mapping):
         task = raw.get("task")
-        if not isinstance(task, str) or not task.strip():
+        if task is None:
             raise RunRefused('a new run takes {"task": "<what to do>"}')
-        if len(task) > MAX_TASK_CHARS:
-            raise RunRefused(f"a task is at most {MAX_TASK_CHARS} characters")
+        try:
+            checked_text("the task", task, max_chars=MAX_TASK_CHARS)
+        except InvalidText as exc:
+            raise RunRefused(str(exc)) from None
         if principal is None:
             raise RunRefused("a run needs an authenticated principal")
         return NewRun(task=task.strip())

@@ -1,0 +1,76 @@
+"""Text a caller hands the runtime (a task, a user's or a run's id), checked before anything is
+asked of the agent or written: refused in one line if a run could not keep it as given.
+
+Postgres stores no NUL character in a text column or a JSONB value, and no store takes an
+unpaired surrogate, which is not UTF-8 at all (it is what Python makes of the bytes of a command
+line that are not UTF-8). Such text would otherwise fail a run half-way in, at its first
+write, with a database's error; the same text is refused on every backend, so a run does not
+depend on where it is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+# A task is an instruction, not a document: the model sees it at every step.
+MAX_TASK_CHARS = 2_000
+
+
+class InvalidText(ValueError):
+    """Text a run cannot take as given (a blank or over-long task; a NUL character or half a
+    character in a task, a user's or a run's id), refused before anything is written. Entry
+    points report it in one line: exit 2, or a 4xx."""
+
+
+def checked_text(what: str, value: object, *, max_chars: int | None = None) -> str:
+    """`value` if it is text a run can keep, non-blank and at most `max_chars` long; else
+    InvalidText naming `what` and the first character at fault."""
+    if not isinstance(value, str):
+        raise InvalidText(f"{what} must be text, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidText(f"{what} is empty")
+    if max_chars is not None and len(value) > max_chars:
+        raise InvalidText(f"{what} is {len(value)} characters long: at most {max_chars}")
+    if (problem := unstorable(value)) is not None:
+        raise InvalidText(f"{what} {problem}")
+    return value
+
+
+def unstorable(text: str) -> str | None:
+    """Why no store keeps `text` as given ("holds ...", "is not ..."), or None if one can."""
+    if (nul := text.find("\x00")) >= 0:
+        return f"holds a NUL character (at {nul}), which no run can store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"is not UTF-8 text: {text[exc.start]!r} at {exc.start} is half a character"
+            " (bytes that are not UTF-8, on a command line)"
+        )
+    return None
+
+
+def unstorable_in(value: object, path: str = "the request") -> str | None:
+    """The first text in a JSON-like `value` (keys included) that no store keeps, named by its
+    path, and why; or None."""
+    if isinstance(value, str):
+        problem = unstorable(value)
+        return None if problem is None else f"{path} {problem}"
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[object, object]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = unstorable_in(key, f"a key of {path}") or unstorable_in(item, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def storable(text: str) -> str:
+    """`text` as every store keeps it, for text of the runtime's own making that quotes someone
+    else's (an error's line): a NUL character written `\\x00`, half a character as its escape
+    (`\\udcff`). The odd character is spelled out rather than the whole line lost."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
