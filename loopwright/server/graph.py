@@ -58,6 +58,7 @@ from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseSt
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
+from loopwright.graph.text import InvalidText
 from loopwright.runner import OtherAgentsRun, UnknownRun, worker_name
 from loopwright.server.inputs import (
     APPROVER_ROLE,
@@ -223,7 +224,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 _, lease = res.runner.begin(run_id, request.task, principal, owner, res.lease_ttl_s)
             else:
                 res.runner.owned(run_id)
-        except (TaskRefused, OtherAgentsRun) as exc:
+        except (TaskRefused, InvalidText, OtherAgentsRun) as exc:
             raise RunRefused(str(exc)) from None
         except UnknownRun:
             pass  # nothing registered: payload_for says there is no run to continue
