@@ -37,6 +37,9 @@ SETTLED = frozenset(
     {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.REJECTED, ActionStatus.CANCELLED}
 )
 ENDED = frozenset({Phase.COMPLETED.value, Phase.INCOMPLETE.value})
+# The furthest cutoff a database's date arithmetic is asked for (a thousand years): a longer
+# one prunes the same runs, none, and would overflow its timestamps.
+FURTHEST_CUTOFF_DAYS = 365_000.0
 
 # LangGraph's checkpoint tables per backend (the savers' own), and the bytes a row takes.
 _TABLES: dict[DatabaseKind, dict[str, str]] = {
@@ -219,9 +222,9 @@ def _prune(db: Database, summary: Summary) -> bool:
 def retain(url: str, older_than_days: float, *, dry_run: bool = False) -> RetentionReport:
     """Prune every finished run in the database at `url` that ended more than
     `older_than_days` ago (or, with `dry_run`, say which it would prune, changing nothing)."""
-    if older_than_days < 0:
+    if not older_than_days >= 0:  # NaN too
         raise ValueError(f"--older-than must be 0 or more days, got {older_than_days}")
-    seconds = -older_than_days * 86_400
+    seconds = -min(older_than_days, FURTHEST_CUTOFF_DAYS) * 86_400
     with open_database(url) as db, open_checkpointer(url) as saver:
         migrate(db)
         cutoff_row = db.one("SELECT {after_seconds} AS cutoff", (seconds,))

@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 # The agent a command hosts when none is named: the reference agent (the demo's).
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
+# Bounds of the numeric options: a value past them is a usage error (one line, exit 2), not a
+# traceback from where it would first overflow (a timer, a date, a socket).
+MAX_RETENTION_DAYS = 36_500.0
+MIN_POLL_S, MAX_POLL_S = 0.01, 3_600.0
 
 # Help texts are Markdown: `code` stays literal, and a `[table]` is text, not Rich markup.
 app = typer.Typer(
@@ -575,7 +579,11 @@ def retention(
     older_than: Annotated[
         float,
         typer.Option(
-            "--older-than", metavar="DAYS", min=0, help="Prune runs that ended this long ago."
+            "--older-than",
+            metavar="DAYS",
+            min=0,
+            max=MAX_RETENTION_DAYS,
+            help="Prune runs that ended this long ago.",
         ),
     ],
     db: DbOption = None,
@@ -829,7 +837,14 @@ def worker(
     agent: AgentOption = None,
     model: ModelOption = None,
     poll: Annotated[
-        float, typer.Option("--poll", metavar="SECONDS", help="Seconds between looks for due runs.")
+        float,
+        typer.Option(
+            "--poll",
+            metavar="SECONDS",
+            min=MIN_POLL_S,
+            max=MAX_POLL_S,
+            help="Seconds between looks for due runs.",
+        ),
     ] = 0.5,
 ) -> None:
     """Claim and advance the agent's runs that need it (expired leases, due reconciliations)
@@ -944,7 +959,10 @@ def graph_dot(drawable: Any) -> str:
 def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[
-        int, typer.Option("--port", help="Port to listen on; refused if a server holds it.")
+        int,
+        typer.Option(
+            "--port", min=1, max=65_535, help="Port to listen on; refused if a server holds it."
+        ),
     ] = 2024,
     db: Annotated[
         str | None,

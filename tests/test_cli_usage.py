@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
+from typer.core import TyperOption
 
 from loopwright import __version__
 from loopwright.cli import app
@@ -148,3 +150,40 @@ def test_shell_completion_completes_commands_and_options() -> None:
     assert complete("loopwright ap") == ["approvals"]
     assert complete("loopwright approvals ") == ["list", "approve", "reject", "edit"]
     assert "--comment" in complete("loopwright approvals reject apr_1 --c")
+
+
+def numeric_options() -> list[tuple[tuple[str, ...], str]]:
+    """(command path, option) for every option of every command that takes a number."""
+    group = typer.main.get_command(app)
+    found = []
+    for path in command_paths()[1:]:
+        command = group
+        for name in path:
+            command = command.commands[name]  # type: ignore[attr-defined]
+        for param in command.params:
+            if isinstance(param, TyperOption) and param.type_descriptor.annotation in (int, float):
+                found.append((path, max(param.opts, key=len)))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("path", "option"), numeric_options(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else v
+)
+@pytest.mark.parametrize("value", ["nan", "inf", "-1e300", "99999999999999999999"])
+def test_a_number_out_of_an_options_range_is_one_line_and_the_usage(
+    path: tuple[str, ...], option: str, value: str, tmp_path: Path
+) -> None:
+    """Not a traceback from wherever it would first overflow (a timer, a date, a socket)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "loopwright", *path, f"{option}={value}"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env={**os.environ, "LOOPWRIGHT_HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith(f"loopwright: error: Invalid value for '{option}'"), lines
+    assert len(lines) == 2 and lines[1].startswith("usage: loopwright")
