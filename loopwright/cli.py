@@ -198,6 +198,7 @@ def session(
     try:
         if model:
             agent.chat_model(model)  # a bad spec is the user's to fix, before anything opens
+        lease_ttl_s = lease_ttl_from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     url = resolve_database_url(db)
@@ -216,7 +217,7 @@ def session(
                 agent,
                 deps=opened,
                 model_spec=model or None,
-                lease_wait_s=lease_ttl_from_env() + 1,
+                lease_wait_s=lease_ttl_s + 1,
             )
         )
         runner.on_lease_wait = say_lease_wait

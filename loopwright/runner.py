@@ -15,6 +15,7 @@ renews the lease, record where the run stands, release the lease.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import time
@@ -157,8 +158,25 @@ DEFAULT_LEASE_TTL_S = 30.0
 LEASE_TTL_ENV = "LOOPWRIGHT_LEASE_TTL_S"
 
 
+MAX_LEASE_TTL_S = 86_400.0  # a day: longer, a crashed worker's run would wait that long
+
+
 def lease_ttl_from_env() -> float:
-    return float(os.environ.get(LEASE_TTL_ENV) or DEFAULT_LEASE_TTL_S)
+    """LOOPWRIGHT_LEASE_TTL_S, or the default; ValueError naming the variable for a value that
+    is not a number of seconds above 0 and up to a day."""
+    raw = os.environ.get(LEASE_TTL_ENV) or ""
+    if not raw.strip():
+        return DEFAULT_LEASE_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = math.nan
+    if not 0 < ttl <= MAX_LEASE_TTL_S:  # NaN too
+        raise ValueError(
+            f"{LEASE_TTL_ENV}={raw!r}: a lease's time to live is seconds above 0, at most"
+            f" {MAX_LEASE_TTL_S:g}"
+        )
+    return ttl
 
 
 class Runner:

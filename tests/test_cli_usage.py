@@ -187,3 +187,25 @@ def test_a_number_out_of_an_options_range_is_one_line_and_the_usage(
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"loopwright: error: Invalid value for '{option}'"), lines
     assert len(lines) == 2 and lines[1].startswith("usage: loopwright")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e300"])
+def test_a_lease_time_to_live_that_is_no_number_of_seconds_is_one_line(
+    value: str, tmp_path: Path
+) -> None:
+    """LOOPWRIGHT_LEASE_TTL_S is read before anything opens, and named when it is wrong."""
+    result = subprocess.run(
+        [sys.executable, "-m", "loopwright", "run", "Read order O-42.", "--user", "u-1"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env={**os.environ, "LOOPWRIGHT_HOME": str(tmp_path), "LOOPWRIGHT_LEASE_TTL_S": value},
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"loopwright: error: LOOPWRIGHT_LEASE_TTL_S={value!r}: a lease's time to live is seconds"
+        " above 0, at most 86400\n"
+    )
+    assert not (tmp_path / "loopwright.sqlite3").exists()  # nothing opened

@@ -31,7 +31,7 @@ from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
 from loopwright.checkpoints.leases import LeaseStore
-from loopwright.runner import Runner, open_runner
+from loopwright.runner import Runner, lease_ttl_from_env, open_runner
 
 DATABASE_ENV = "DATABASE_URL"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
@@ -110,6 +110,7 @@ def resources() -> ServerResources:
                 agent.check()
                 spec = os.environ.get(MODEL_ENV) or None
                 agent.chat_model(spec)  # a bad spec stops the server here, in one line
+                lease_ttl_from_env()  # and so does a bad lease time to live
             except (AgentNotFound, ValueError, TypeError) as exc:
                 raise ServerMisconfigured(str(exc)) from exc
             runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
