@@ -51,7 +51,7 @@ from loopwright.tools.define import (
 from loopwright.tools.langchain import langchain_read, langchain_write
 from loopwright.tools.registry import ToolRegistry
 
-AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+AGENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # the whole name: `fullmatch`
 # A model: a chat model, a spec ("openai:gpt-5-mini"), or a function that makes one (called
 # once per process, so importing an agent never connects to anything).
 ModelSource = BaseChatModel | str | Callable[[], BaseChatModel]
@@ -126,7 +126,7 @@ class Agent[DepsT]:
         specialists: Sequence[AgentProfile] = (),
         demo: Demo | None = None,
     ) -> None:
-        if not AGENT_NAME.match(name):
+        if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
         if not instructions.strip():
             raise ToolDefinitionError(f"agent {name}: give it instructions=...")

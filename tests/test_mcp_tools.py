@@ -12,11 +12,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain_core.messages import BaseMessage
 from mcp import StdioServerParameters
+from mcp.types import Tool
 from pydantic import ValidationError
 
 from loopwright import Agent
@@ -24,7 +25,7 @@ from loopwright.graph.state import ActionStatus, Principal
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.runner import open_runner
 from loopwright.tools.contract import Effect, Guarantee
-from loopwright.tools.mcp import McpSession, mcp_contracts
+from loopwright.tools.mcp import McpSession, mcp_contract, mcp_contracts
 from loopwright_refunds.procedure import Transcript
 from tests.runtime_fixtures import approve, tool_errors
 
@@ -154,3 +155,12 @@ def test_mcp_read_and_write_run_through_validate_journal_and_approval(
     assert action.outcome == {"customer_id": "c-7", "note_id": 1}
     [write] = outcome.verification["facts"]["writes"]  # type: ignore[index]
     assert write["verified_by"] == "server acknowledgement"
+
+
+@pytest.mark.parametrize("name", ["get_customer\n", "get customer", "x" * 65])
+def test_a_server_tool_name_no_model_may_call_is_refused(name: str) -> None:
+    """A name the server offers is checked whole (a trailing newline would pass a `$`), before
+    anything else: a model provider refuses the whole request for one bad function name."""
+    offered = Tool(name=name, inputSchema={"type": "object"})
+    with pytest.raises(ValueError, match="is not a valid function name"):
+        mcp_contract(cast(McpSession, None), offered, read=True)

@@ -271,3 +271,22 @@ def test_the_readme_write_your_own_agent_section_runs(
     monkeypatch.setitem(sys.modules, module.__name__, module)
     for block in blocks:
         exec(compile(block, "README.md", "exec"), module.__dict__)
+
+
+@pytest.mark.parametrize("name", ["desk\n", "Desk", "desk desk", ""])
+def test_an_agent_name_is_the_whole_name(name: str) -> None:
+    """Checked with fullmatch: `$` in a pattern lets a trailing newline through."""
+    with pytest.raises(ToolDefinitionError, match="lowercase letters, digits, _ and -"):
+        Agent(name, instructions="Book slots.")
+
+
+@pytest.mark.parametrize("name", ["book\n", "book slot", "b" * 65])
+def test_a_tool_name_is_what_a_model_may_call_a_function(name: str) -> None:
+    declared: dict[str, Any] = {
+        "intent": lambda run_id, a: f"book:{run_id}:{a.slot}",
+        "guarantee": Guarantee.IDEMPOTENT_BY_KEY,
+        "reconcile": asked,
+    }
+    with pytest.raises(ToolDefinitionError, match="is not a valid function name"):
+        write_tool(book, name=name, **declared)
+    assert write_tool(book, name="book_slot", **declared).name == "book_slot"

@@ -37,7 +37,9 @@ from loopwright.tools.contract import (
 )
 from loopwright.tools.json_schema import JsonSchemaModel
 
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# What a model may call a function (OpenAI's rule), the whole name (`fullmatch`: a `$` would
+# let a trailing newline through).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A pydantic `pattern` anchors with ^ and $; finding an id in text needs it unanchored.
 _ANCHORS = re.compile(r"^\^|\$$")
 
@@ -100,7 +102,7 @@ def _description(fn: Callable[..., Any], given: str | None, name: str) -> str:
 
 def _name(fn: Callable[..., Any], given: str | None) -> str:
     name = given or fn.__name__
-    if not TOOL_NAME.match(name):
+    if not TOOL_NAME.fullmatch(name):
         raise ToolDefinitionError(f"tool name {name!r} is not a valid function name")
     return name
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import re
 import threading
 from collections.abc import Callable, Collection, Coroutine
 from types import TracebackType
@@ -44,10 +43,9 @@ from loopwright.tools.contract import (
     ToolFault,
     VerifyResult,
 )
+from loopwright.tools.define import TOOL_NAME
 from loopwright.tools.json_schema import schema_model
 
-# What a model may call a function (OpenAI's rule); other names are refused at startup.
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CONNECT_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
 
@@ -194,7 +192,7 @@ def mcp_contract(
     session: McpSession, tool: Tool, *, read: bool, timeout_s: float = 10.0
 ) -> ToolContract:
     """The contract of one MCP tool; `read` comes from the operator, never from the server."""
-    if not TOOL_NAME.match(tool.name):
+    if not TOOL_NAME.fullmatch(tool.name):  # other names are refused at startup
         raise ValueError(f"MCP tool name {tool.name!r} is not a valid function name")
     server = session.server_name
     effect = Effect.READ if read else Effect.WRITE
