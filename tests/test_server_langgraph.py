@@ -534,3 +534,24 @@ def test_text_no_run_could_keep_is_a_422_and_starts_nothing(served: Served) -> N
     assert served.sql("SELECT count(*) FROM lw_runs WHERE run_id = %s", thread_id) == [(0,)]
     assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
     assert status_of(lambda: ada.runs.wait(thread_id, GRAPH, input={"task": TASK_O42})) == 200
+
+
+def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Served) -> None:
+    """LangGraph copies a run's metadata and configurable strings into every checkpoint's
+    metadata: 8 KB of them made each of a one-step run's 13 checkpoints carry 8.7 KB."""
+    ada = served.client("t-u1")
+    task = {"task": "Read order O-42 and tell me its status."}
+    thread_id = ada.threads.create()["thread_id"]
+    for extra in (
+        {"metadata": {"mine": "y" * 1_100}},
+        {"config": {"configurable": {"big": "x" * 1_100}}},
+        {"metadata": {"a": "y" * 600}, "config": {"configurable": {"b": "x" * 600}}},
+    ):
+        create = functools.partial(ada.runs.create, thread_id, GRAPH, input=task, **extra)
+        assert status_of(create) == 422, extra
+    assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
+    ada.runs.wait(thread_id, GRAPH, input=task, metadata={"source_app": "crm"})
+    kept = served.sql(
+        "SELECT DISTINCT metadata->>'source_app' FROM checkpoints WHERE thread_id = %s", thread_id
+    )
+    assert kept == [("crm",)]

@@ -16,7 +16,8 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
   them (its `boundary`: e.g. the reference agent refuses a target that is not the user's);
   asking for another customer's thread gets 403; a task no run could keep (blank, over 2,000
   characters) gets 422 before any run starts, as does a run whose input, resume value or
-  metadata holds text no store keeps (a NUL character, text that is not UTF-8);
+  metadata holds text no store keeps (a NUL character, text that is not UTF-8), or whose
+  metadata and configurable values (copied into every checkpoint) pass 1 KB;
 * only approvers list or decide approvals (they may read every thread of their tenant for
   that), and never on a run they started themselves; every filter names the caller's tenant,
   so nobody reads, lists, cancels or decides anything of another tenant's;
@@ -50,6 +51,9 @@ from loopwright.server.resources import aresources
 TOKENS_ENV = "LOOPWRIGHT_TOKENS"
 TOKENS_FILE_ENV = "LOOPWRIGHT_TOKENS_FILE"
 CUSTOMER_ROLE = "customer"
+# What a client may have copied into every checkpoint of its run (`copied_into_checkpoints`):
+# past it, one request would make every step of the run store as much again.
+MAX_COPIED_BYTES = 1_024
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,22 @@ async def task_refusal(user: User, task: str) -> str | None:
     except TaskRefused as exc:
         return str(exc)
     return None
+
+
+def copied_into_checkpoints(value: Mapping[str, Any], kwargs: Mapping[str, Any]) -> int:
+    """The bytes of a client's run metadata and configurable values that LangGraph copies into
+    every checkpoint's metadata (`get_checkpoint_metadata`: their strings and numbers), the
+    server's own (`langgraph_...`, `__...__`) left out."""
+    config = kwargs.get("config") or {}
+    copied = {
+        key: item
+        for source in (value.get("metadata"), config.get("metadata"), config.get("configurable"))
+        if isinstance(source, Mapping)
+        for key, item in source.items()
+        if isinstance(item, str | int | float | bool)
+        and not str(key).startswith(("langgraph_", "__"))
+    }
+    return len(json.dumps(copied, default=str).encode())
 
 
 def carries_decision(resume: Any) -> bool:
@@ -316,6 +336,12 @@ async def on_run_create(
     )
     if problem is not None:
         raise Auth.exceptions.HTTPException(status_code=422, detail=problem)
+    if (copied := copied_into_checkpoints(value, kwargs)) > MAX_COPIED_BYTES:
+        raise Auth.exceptions.HTTPException(
+            status_code=422,
+            detail=f"the run's metadata and configurable values go into every checkpoint of the"
+            f" run: {copied} bytes of them, at most {MAX_COPIED_BYTES}",
+        )
     command = kwargs.get("command") or {}
     run = await run_record(value.get("thread_id"))
     if command.get("update") is not None or command.get("goto"):
