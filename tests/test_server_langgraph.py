@@ -538,7 +538,8 @@ def test_text_no_run_could_keep_is_a_422_and_starts_nothing(served: Served) -> N
 
 def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Served) -> None:
     """LangGraph copies a run's metadata and configurable strings into every checkpoint's
-    metadata: 8 KB of them made each of a one-step run's 13 checkpoints carry 8.7 KB."""
+    metadata: 8 KB of them made each of a one-step run's 13 checkpoints carry 8.7 KB. An input
+    or a resume value is kept whole (a resume value as a write): each is bounded too."""
     ada = served.client("t-u1")
     task = {"task": "Read order O-42 and tell me its status."}
     thread_id = ada.threads.create()["thread_id"]
@@ -549,8 +550,13 @@ def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Serve
     ):
         create = functools.partial(ada.runs.create, thread_id, GRAPH, input=task, **extra)
         assert status_of(create) == 422, extra
+    for big in ({"input": {**task, "notes": "z" * 17_000}}, {"command": {"resume": "z" * 17_000}}):
+        create = functools.partial(ada.runs.create, thread_id, GRAPH, **big)
+        assert status_of(create) == 422
     assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
-    ada.runs.wait(thread_id, GRAPH, input=task, metadata={"source_app": "crm"})
+    # A task of 2,000 characters fits, whatever they are.
+    wide = {"task": "Read order O-42 and tell me its status. " + "\U0001f600" * 1_900}
+    ada.runs.wait(thread_id, GRAPH, input=wide, metadata={"source_app": "crm"})
     kept = served.sql(
         "SELECT DISTINCT metadata->>'source_app' FROM checkpoints WHERE thread_id = %s", thread_id
     )

@@ -17,7 +17,8 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
   asking for another customer's thread gets 403; a task no run could keep (blank, over 2,000
   characters) gets 422 before any run starts, as does a run whose input, resume value or
   metadata holds text no store keeps (a NUL character, text that is not UTF-8), or whose
-  metadata and configurable values (copied into every checkpoint) pass 1 KB;
+  metadata and configurable values (copied into every checkpoint) pass 1 KB, or whose input
+  or resume value passes 16 KB;
 * only approvers list or decide approvals (they may read every thread of their tenant for
   that), and never on a run they started themselves; every filter names the caller's tenant,
   so nobody reads, lists, cancels or decides anything of another tenant's;
@@ -54,6 +55,10 @@ CUSTOMER_ROLE = "customer"
 # What a client may have copied into every checkpoint of its run (`copied_into_checkpoints`):
 # past it, one request would make every step of the run store as much again.
 MAX_COPIED_BYTES = 1_024
+# A run's input (a task of at most 2,000 characters) and a resume value (a decision: its comment
+# at most 500, at most 20 changes) fit in this many bytes of JSON; the server keeps either whole
+# (a resume value as a write of the run).
+MAX_INPUT_BYTES = 16_384
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,12 @@ def copied_into_checkpoints(value: Mapping[str, Any], kwargs: Mapping[str, Any])
         if isinstance(item, str | int | float | bool)
         and not str(key).startswith(("langgraph_", "__"))
     }
-    return len(json.dumps(copied, default=str).encode())
+    return _json_bytes(copied)
+
+
+def _json_bytes(value: Any) -> int:
+    """The bytes of `value` as UTF-8 JSON (its text already checked storable)."""
+    return len(json.dumps(value, ensure_ascii=False, default=str).encode())
 
 
 def carries_decision(resume: Any) -> bool:
@@ -336,6 +346,12 @@ async def on_run_create(
     )
     if problem is not None:
         raise Auth.exceptions.HTTPException(status_code=422, detail=problem)
+    for part in ("input", "command"):  # a task, or a decision: small; kept whole as given
+        if (size := _json_bytes(kwargs.get(part))) > MAX_INPUT_BYTES:
+            raise Auth.exceptions.HTTPException(
+                status_code=422,
+                detail=f"the run's {part} is {size} bytes: at most {MAX_INPUT_BYTES}",
+            )
     if (copied := copied_into_checkpoints(value, kwargs)) > MAX_COPIED_BYTES:
         raise Auth.exceptions.HTTPException(
             status_code=422,
