@@ -542,7 +542,9 @@ def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Serve
     or a resume value is kept whole (a resume value as a write): each is bounded too."""
     ada = served.client("t-u1")
     task = {"task": "Read order O-42 and tell me its status."}
-    thread_id = ada.threads.create()["thread_id"]
+    big_thread = functools.partial(ada.threads.create, metadata={"mine": "y" * 1_100})
+    assert status_of(big_thread) == 422  # a thread's metadata is copied into its checkpoints too
+    thread_id = ada.threads.create(metadata={"team": "support"})["thread_id"]
     for extra in (
         {"metadata": {"mine": "y" * 1_100}},
         {"config": {"configurable": {"big": "x" * 1_100}}},

@@ -18,7 +18,7 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
   characters) gets 422 before any run starts, as does a run whose input, resume value or
   metadata holds text no store keeps (a NUL character, text that is not UTF-8), or whose
   metadata and configurable values (copied into every checkpoint) pass 1 KB, or whose input
-  or resume value passes 16 KB;
+  or resume value passes 16 KB; a thread's metadata is bounded as a run's;
 * only approvers list or decide approvals (they may read every thread of their tenant for
   that), and never on a run they started themselves; every filter names the caller's tenant,
   so nobody reads, lists, cancels or decides anything of another tenant's;
@@ -171,6 +171,22 @@ async def task_refusal(user: User, task: str) -> str | None:
     return None
 
 
+def refuse_copied(value: Mapping[str, Any], kwargs: Mapping[str, Any], what: str) -> None:
+    """422 for a thread or run whose metadata (and, for a run, arguments) hold text no store
+    keeps, or whose values copied into every checkpoint pass MAX_COPIED_BYTES."""
+    problem = unstorable_in(value.get("metadata"), f"the {what}'s metadata") or unstorable_in(
+        kwargs, f"the {what}"
+    )
+    if problem is not None:
+        raise Auth.exceptions.HTTPException(status_code=422, detail=problem)
+    if (copied := copied_into_checkpoints(value, kwargs)) > MAX_COPIED_BYTES:
+        raise Auth.exceptions.HTTPException(
+            status_code=422,
+            detail=f"the {what}'s metadata and configurable values go into every checkpoint of"
+            f" its runs: {copied} bytes of them, at most {MAX_COPIED_BYTES}",
+        )
+
+
 def copied_into_checkpoints(value: Mapping[str, Any], kwargs: Mapping[str, Any]) -> int:
     """The bytes of a client's run metadata and configurable values that LangGraph copies into
     every checkpoint's metadata (`get_checkpoint_metadata`: their strings and numbers), the
@@ -234,10 +250,12 @@ async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict
 async def on_thread_create(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsCreate
 ) -> Auth.types.FilterType:
-    """A new thread belongs to whoever creates it, in their tenant."""
+    """A new thread belongs to whoever creates it, in their tenant. Its metadata goes into every
+    checkpoint of its runs, as a run's does: bounded the same way."""
     user = _user(ctx)
     if value.get("metadata") is None:
         value["metadata"] = {}
+    refuse_copied(value, {}, "thread")
     # In place: the server keeps this dict. Whatever the client sent under these keys is gone.
     value["metadata"]["owner"] = user.user_id
     value["metadata"]["tenant"] = user.tenant
@@ -341,23 +359,13 @@ async def on_run_create(
     # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
     kwargs: Mapping[str, Any] = value.get("kwargs") or cast(Mapping[str, Any], value)
     # Its metadata goes into every checkpoint, its input and resume values into the run.
-    problem = unstorable_in(value.get("metadata"), "the run's metadata") or unstorable_in(
-        kwargs, "the run"
-    )
-    if problem is not None:
-        raise Auth.exceptions.HTTPException(status_code=422, detail=problem)
+    refuse_copied(value, kwargs, "run")
     for part in ("input", "command"):  # a task, or a decision: small; kept whole as given
         if (size := _json_bytes(kwargs.get(part))) > MAX_INPUT_BYTES:
             raise Auth.exceptions.HTTPException(
                 status_code=422,
                 detail=f"the run's {part} is {size} bytes: at most {MAX_INPUT_BYTES}",
             )
-    if (copied := copied_into_checkpoints(value, kwargs)) > MAX_COPIED_BYTES:
-        raise Auth.exceptions.HTTPException(
-            status_code=422,
-            detail=f"the run's metadata and configurable values go into every checkpoint of the"
-            f" run: {copied} bytes of them, at most {MAX_COPIED_BYTES}",
-        )
     command = kwargs.get("command") or {}
     run = await run_record(value.get("thread_id"))
     if command.get("update") is not None or command.get("goto"):
