@@ -34,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print("\n== checkpoint storage", flush=True)
     with bench_environment(args.db) as bench:
-        grown = storage.measure(bench, args.storage_steps)
-    print("\n".join(storage.report(grown)), flush=True)
+        grown = storage.measure_all(bench, args.storage_steps, ["postgres", "sqlite"])
+    print("\n".join(line for figures in grown for line in storage.report(figures)), flush=True)
 
     print("\n== recovery after kill -9", flush=True)
     with bench_environment(args.db) as bench:

@@ -1,11 +1,13 @@
 """Checkpoint storage per step, up to 500 steps with ~1 KB observations, against the bare agent.
 
-    python -m benchmarks.storage [--steps 500] [--db SERVER_URL]
+    python -m benchmarks.storage [--steps 500] [--backend postgres sqlite] [--db SERVER_URL]
 
-Runs the reading task for N tool steps on loopwright (fenced Postgres saver, durability "sync")
-and on the bare prebuilt agent (stock Postgres saver, durability "sync"), and reads the bytes
-each thread holds in LangGraph's tables (checkpoints, blobs, writes; logical sizes, before
-Postgres's own compression) after every step. loopwright's history and evidence are delta
+Runs the reading task for N tool steps on loopwright (the fenced saver, durability "sync") and
+on the bare prebuilt agent (the stock saver, durability "sync"), on Postgres and on SQLite (the
+embedded default), and reads the bytes each thread holds in LangGraph's tables (Postgres:
+checkpoints, blobs, writes, logical sizes before Postgres's own compression; SQLite: its
+checkpoints, which hold every channel's value but the delta channels', and writes) after every
+step. loopwright's history and evidence are delta
 channels, so a step should add about the same bytes at step 500 as at step 1; the bare agent
 stores its whole message list again at every step. Goals: bytes/step over the last 100 steps
 within 1.2x of the first 100 (linear); loopwright's total at N steps <= 0.1x the bare agent's;
@@ -16,16 +18,19 @@ script prints loopwright's bytes per tool step by table and channel.
 from __future__ import annotations
 
 import argparse
+import sqlite3
+import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.postgres import PostgresSaver
 
 from benchmarks.perf_setup import (
     PRINCIPAL,
@@ -36,8 +41,9 @@ from benchmarks.perf_setup import (
     bench_environment,
     open_reading_runner,
     reading_model,
-    thread_bytes,
 )
+from benchmarks.step_time import Backend
+from loopwright.checkpoints.database import sqlite_path
 
 WINDOW = 100
 LINEAR_GOAL = 1.2
@@ -73,19 +79,32 @@ SELECT 'checkpoint_writes', count(*), sum(pg_column_size(t.*))
 """
 
 
-def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str, int]:
+SQLITE_BY_CHANNEL = """
+SELECT 'write ' || channel AS part, sum(length(value)) AS bytes
+  FROM writes WHERE thread_id = :t GROUP BY channel
+UNION ALL
+SELECT 'checkpoint rows', sum(length(checkpoint) + length(metadata))
+  FROM checkpoints WHERE thread_id = :t
+ORDER BY bytes DESC
+"""
+SQLITE_ROWS_BY_TABLE = """
+SELECT 'checkpoints' AS tab, count(*), coalesce(sum(length(checkpoint) + length(metadata)), 0)
+  FROM checkpoints WHERE thread_id = :t
+UNION ALL
+SELECT 'writes', count(*), coalesce(sum(length(value)), 0) FROM writes WHERE thread_id = :t
+"""
+
+
+def loopwright_sizes(bench: Bench, backend: Backend, steps: int) -> tuple[list[int], str, int]:
     """Thread bytes after each model decision (index k: after k tool steps), the thread, and
     the median observation's bytes (a tool result as the model sees it)."""
     run_id = f"lw-storage-{time.time_ns()}"
     sizes: list[int] = []
-    with (
-        psycopg.connect(bench.database_url, autocommit=True) as conn,
-        open_reading_runner(bench.database_url, bench.endpoints, steps) as runner,
-    ):
+    with open_reading_runner(backend.url, bench.endpoints, steps) as runner:
 
         def measure(node: str, _update: dict[str, Any]) -> None:
             if node == "model_step":
-                sizes.append(thread_bytes(conn, run_id))
+                sizes.append(backend.thread_bytes(run_id))
 
         outcome = runner.start(TASK, PRINCIPAL, run_id=run_id, on_step=measure)
         assert outcome.stop_reason == "completed", outcome.stop_detail
@@ -97,17 +116,12 @@ def loopwright_sizes(bench: Bench, steps: int) -> tuple[list[int], str, int]:
     return sizes, run_id, sorted(observations)[len(observations) // 2]
 
 
-def bare_sizes(bench: Bench, steps: int) -> list[tuple[int, int]]:
+def bare_sizes(bench: Bench, backend: Backend, steps: int) -> list[tuple[int, int]]:
     """(tool steps done, thread bytes), every BARE_SAMPLE_EVERY steps and at the end."""
     thread = f"bare-storage-{time.time_ns()}"
     config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 10**6}
     sizes: list[tuple[int, int]] = []
-    with (
-        psycopg.connect(bench.database_url, autocommit=True) as conn,
-        PostgresSaver.from_conn_string(bench.database_url) as saver,
-        httpx.Client() as client,
-    ):
-        saver.setup()
+    with backend.bare_saver() as saver, httpx.Client() as client:
         agent = bare_agent(reading_model(steps), bare_tools(bench.endpoints, client), saver)
         decisions = 0
         stream = agent.stream(
@@ -117,13 +131,14 @@ def bare_sizes(bench: Bench, steps: int) -> list[tuple[int, int]]:
             if "agent" in update:
                 decisions += 1
                 if (decisions - 1) % BARE_SAMPLE_EVERY == 0:
-                    sizes.append((decisions - 1, thread_bytes(conn, thread)))
-        sizes.append((steps, thread_bytes(conn, thread)))
+                    sizes.append((decisions - 1, backend.thread_bytes(thread)))
+        sizes.append((steps, backend.thread_bytes(thread)))
     return sizes
 
 
 @dataclass(frozen=True)
 class StorageFigures:
+    backend: str
     steps: int
     first_per_step: float
     last_per_step: float
@@ -149,14 +164,14 @@ class StorageFigures:
         return self.loopwright_total / self.bare_total
 
 
-def measure(bench: Bench, steps: int) -> StorageFigures:
-    ours, run_id, observation_bytes = loopwright_sizes(bench, steps)
-    with psycopg.connect(bench.database_url, autocommit=True) as conn:
-        breakdown = [(str(p), int(b)) for p, b in conn.execute(BY_CHANNEL, {"t": run_id})]
-        rows = [(str(t), int(n), int(b)) for t, n, b in conn.execute(ROWS_BY_TABLE, {"t": run_id})]
-    bare = bare_sizes(bench, steps)
+def measure(bench: Bench, backend: Backend, steps: int) -> StorageFigures:
+    ours, run_id, observation_bytes = loopwright_sizes(bench, backend, steps)
+    breakdown = [(str(p), int(b or 0)) for p, b in backend_rows(backend, BY_CHANNEL, run_id)]
+    rows = [(str(t), int(n), int(b)) for t, n, b in backend_rows(backend, ROWS_BY_TABLE, run_id)]
+    bare = bare_sizes(bench, backend, steps)
     window = min(WINDOW, steps // 2)
     return StorageFigures(
+        backend=backend.name,
         steps=steps,
         first_per_step=(ours[window] - ours[0]) / window,
         last_per_step=(ours[steps] - ours[steps - window]) / window,
@@ -170,12 +185,22 @@ def measure(bench: Bench, steps: int) -> StorageFigures:
     )
 
 
+def backend_rows(backend: Backend, postgres_query: str, thread: str) -> list[tuple[Any, ...]]:
+    """`postgres_query` on the bench's Postgres database, or its SQLite counterpart on the file."""
+    if backend.is_sqlite:
+        sqlite_query = {BY_CHANNEL: SQLITE_BY_CHANNEL, ROWS_BY_TABLE: SQLITE_ROWS_BY_TABLE}
+        with closing(sqlite3.connect(sqlite_path(backend.url))) as conn:
+            return list(conn.execute(sqlite_query[postgres_query], {"t": thread}))
+    with psycopg.connect(backend.url, autocommit=True) as conn:
+        return list(conn.execute(postgres_query, {"t": thread}))
+
+
 def report(figures: StorageFigures) -> list[str]:
     window = min(WINDOW, figures.steps // 2)
     linear_ok = figures.linearity <= LINEAR_GOAL
     bare_ok = figures.to_bare <= BARE_GOAL
     lines = [
-        f"checkpoint bytes per tool step (~1 KB observations): first {window} steps "
+        f"{figures.backend}: checkpoint bytes per tool step (~1 KB observations): first {window} steps "
         f"{figures.first_per_step:,.0f} B, last {window} steps {figures.last_per_step:,.0f} B: "
         f"ratio {figures.linearity:.2f} (goal <= {LINEAR_GOAL}) {'met' if linear_ok else 'MISSED'}",
         f"total at {figures.steps} steps: loopwright {figures.loopwright_total / 1e6:,.1f} MB, "
@@ -196,7 +221,15 @@ def report(figures: StorageFigures) -> list[str]:
         "steps / steps):",
     ]
     lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:12] if b]
-    lines.append("whole rows per tool step, keys and headers included (pg_column_size):")
+    lines.append(
+        "rows per tool step and their bytes"
+        + (
+            " (SQLite: payload)"
+            if figures.backend == "sqlite"
+            else ", keys and headers included (pg_column_size)"
+        )
+        + ":"
+    )
     lines += [
         f"  {n / figures.steps:5.1f} rows {b / figures.steps:9,.0f} B  {table}"
         for table, n, b in figures.rows
@@ -207,11 +240,21 @@ def report(figures: StorageFigures) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.storage", description=__doc__)
     parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument(
+        "--backend", nargs="+", choices=["postgres", "sqlite"], default=["postgres", "sqlite"]
+    )
     parser.add_argument("--db", help="Postgres server URL (a fresh database is made and dropped)")
     args = parser.parse_args(argv)
     with bench_environment(args.db) as bench:
-        figures = measure(bench, args.steps)
-    print("\n".join(report(figures)))
+        for figures in measure_all(bench, args.steps, args.backend):
+            print("\n".join(report(figures)), flush=True)
+
+
+def measure_all(bench: Bench, steps: int, backends: Sequence[str]) -> list[StorageFigures]:
+    """`measure` on each backend: the bench's Postgres database, or a new SQLite file."""
+    with tempfile.TemporaryDirectory(prefix="lw-storage-") as tmp:
+        urls = {"postgres": bench.database_url, "sqlite": f"sqlite:///{Path(tmp) / 's.sqlite3'}"}
+        return [measure(bench, Backend(name, urls[name]), steps) for name in backends]
 
 
 if __name__ == "__main__":
