@@ -18,6 +18,7 @@ script prints loopwright's bytes per tool step by table and channel.
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import tempfile
 import time
@@ -41,9 +42,11 @@ from benchmarks.perf_setup import (
     bench_environment,
     open_reading_runner,
     reading_model,
+    thread_bytes,
 )
 from benchmarks.step_time import Backend
 from loopwright.checkpoints.database import sqlite_path
+from loopwright.graph.state import REDUCED_CHANNELS
 
 WINDOW = 100
 LINEAR_GOAL = 1.2
@@ -149,6 +152,9 @@ class StorageFigures:
     breakdown: list[tuple[str, int]]
     rows: list[tuple[str, int, int]]  # table, rows, their bytes (pg_column_size)
     observation_bytes: int
+    # Postgres: the run's bytes in layouts of loopwright's own, worked out from its rows.
+    delta_versions_total: int | None = None
+    without_replaced_writes_total: int | None = None
 
     @property
     def to_payload(self) -> float:
@@ -182,7 +188,47 @@ def measure(bench: Bench, backend: Backend, steps: int) -> StorageFigures:
         breakdown=breakdown,
         rows=rows,
         observation_bytes=observation_bytes,
+        **({} if backend.is_sqlite else layouts_of_our_own(backend.url, run_id)),
     )
+
+
+# The writes of channels whose value the next checkpoint holds (blobs or inline): all but the
+# delta channels' (their values are their writes) and LangGraph's own (routes, interrupts).
+REPLACED_WRITE_BYTES = """
+SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes WHERE thread_id = %(t)s
+   AND channel <> ALL(%(delta)s) AND channel NOT LIKE 'branch:%%' AND channel NOT LIKE '\\_\\_%%'
+"""
+
+
+def layouts_of_our_own(url: str, thread: str) -> dict[str, int]:
+    """The thread's bytes (as `thread_bytes` counts them) if each checkpoint kept only the channel
+    versions and versions seen that changed since its parent (reconstructed on read), and then
+    also without the writes of replaced channels: what a layout that stock readers cannot read
+    would save, for the decision to write one."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        saved = conn.execute(
+            "SELECT checkpoint, octet_length(checkpoint::text) + octet_length(metadata::text)"
+            " FROM checkpoints WHERE thread_id = %(t)s ORDER BY checkpoint_id",
+            {"t": thread},
+        ).fetchall()
+        replaced = conn.execute(
+            REPLACED_WRITE_BYTES, {"t": thread, "delta": sorted(REDUCED_CHANNELS)}
+        ).fetchone()
+        total = thread_bytes(conn, thread)
+    assert replaced is not None
+    spared, parent = 0, None
+    for checkpoint, _size in saved:
+        if parent is not None:
+            for part in ("channel_versions", "versions_seen"):
+                same = {k: v for k, v in checkpoint[part].items() if parent[part].get(k) == v}
+                # Each unchanged entry, its key, value and separators, as the JSON text spells it.
+                spared += sum(len(json.dumps({k: v})) - 1 for k, v in same.items())
+        parent = checkpoint
+    delta = total - spared
+    return {
+        "delta_versions_total": delta,
+        "without_replaced_writes_total": delta - int(replaced[0]),
+    }
 
 
 def backend_rows(backend: Backend, postgres_query: str, thread: str) -> list[tuple[Any, ...]]:
@@ -221,6 +267,14 @@ def report(figures: StorageFigures) -> list[str]:
         "steps / steps):",
     ]
     lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:12] if b]
+    if figures.delta_versions_total is not None and figures.without_replaced_writes_total:
+        per_step = figures.observation_bytes * figures.steps
+        lines.append(
+            "in a layout of loopwright's own (stock readers could not read it), the whole run's"
+            " bytes per tool step / the observation: only changed channel versions and versions seen"
+            f" {figures.delta_versions_total / per_step:.1f}x, and no writes of replaced channels"
+            f" {figures.without_replaced_writes_total / per_step:.1f}x"
+        )
     lines.append(
         "rows per tool step and their bytes"
         + (
