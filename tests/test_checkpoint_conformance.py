@@ -159,7 +159,7 @@ def assert_conforms(report: CapabilityReport, expected: set[Capability]) -> None
 
 @pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
 def test_the_run_savers_pass_langgraphs_checkpoint_conformance_suite(
-    database_url: str, fenced: bool, request: pytest.FixtureRequest
+    database_url: str, fenced: bool
 ) -> None:
     backend = "postgres" if database_url.startswith("postgres") else "sqlite"
     with open_lease_store(database_url) as leases, open_checkpointer(database_url) as saver:
