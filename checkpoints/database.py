@@ -28,6 +28,7 @@ from psycopg.rows import DictRow, dict_row
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 DEFAULT_HOME = "./.loopwright"
+HOME_ENV = "LOOPWRIGHT_HOME"
 DEFAULT_SQLITE_FILE = "loopwright.sqlite3"
 CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 5_000
@@ -41,6 +42,10 @@ class DatabaseKind(StrEnum):
 
 class DatabaseUrlError(ValueError):
     """The URL names no database loopwright can use."""
+
+
+class HomeUnusable(RuntimeError):
+    """LOOPWRIGHT_HOME (or ./.loopwright) is not, and cannot become, a directory."""
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -76,9 +81,15 @@ def resolve_database_url(explicit: str | None = None, *, create: bool = True) ->
 def loopwright_home(*, create: bool = True) -> Path:
     """Where loopwright keeps local files: LOOPWRIGHT_HOME, else ./.loopwright (created here,
     unless not `create`)."""
-    home = Path(os.environ.get("LOOPWRIGHT_HOME") or DEFAULT_HOME).resolve()
+    home = Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).resolve()
     if create:
-        home.mkdir(parents=True, exist_ok=True)
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            named = f"{HOME_ENV}={home}" if os.environ.get(HOME_ENV) else str(home)
+            raise HomeUnusable(
+                f"{named} cannot be the directory of loopwright's files: {exc.strerror or exc}"
+            ) from None
     return home
 
 

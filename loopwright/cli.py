@@ -1078,6 +1078,7 @@ def user_error(exc: Exception) -> str | None:
         DATABASE_FAULTS,
         DatabaseUnavailable,
         DatabaseUrlError,
+        HomeUnusable,
     )
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
@@ -1108,6 +1109,7 @@ def user_error(exc: Exception) -> str | None:
         StaleTransition,
         DatabaseUrlError,
         DatabaseUnavailable,
+        HomeUnusable,
         ServerFailedToStart,
     )
     if isinstance(exc, refused):

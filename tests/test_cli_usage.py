@@ -209,3 +209,27 @@ def test_a_lease_time_to_live_that_is_no_number_of_seconds_is_one_line(
         " above 0, at most 86400\n"
     )
     assert not (tmp_path / "loopwright.sqlite3").exists()  # nothing opened
+
+
+@pytest.mark.parametrize("command", [("run", "Read order O-42.", "--user", "u-1"), ("worker",)])
+def test_a_home_that_cannot_be_a_directory_is_one_line(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    """LOOPWRIGHT_HOME naming a file (or a path no directory can be made at) is named in one
+    line, not a FileExistsError's traceback."""
+    home = tmp_path / "a-file"
+    home.write_text("not a directory")
+    result = subprocess.run(
+        [sys.executable, "-m", "loopwright", *command],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env={**os.environ, "LOOPWRIGHT_HOME": str(home)},
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"loopwright: error: LOOPWRIGHT_HOME={home} cannot be the directory of loopwright's"
+        " files: File exists\n"
+    )
