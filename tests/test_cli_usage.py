@@ -31,13 +31,15 @@ def command_paths() -> list[tuple[str, ...]]:
     return paths
 
 
-def loopwright(*args: str) -> subprocess.CompletedProcess[str]:
+def loopwright(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`loopwright ARGS` in a new process, with `env` set besides the environment."""
     return subprocess.run(
         [sys.executable, "-m", "loopwright", *args],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         timeout=60,
     )
 
@@ -174,15 +176,7 @@ def test_a_number_out_of_an_options_range_is_one_line_and_the_usage(
     path: tuple[str, ...], option: str, value: str, tmp_path: Path
 ) -> None:
     """Not a traceback from wherever it would first overflow (a timer, a date, a socket)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "loopwright", *path, f"{option}={value}"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env={**os.environ, "LOOPWRIGHT_HOME": str(tmp_path)},
-        timeout=60,
-    )
+    result = loopwright(*path, f"{option}={value}", env={"LOOPWRIGHT_HOME": str(tmp_path)})
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"loopwright: error: Invalid value for '{option}'"), lines
@@ -194,14 +188,12 @@ def test_a_lease_time_to_live_that_is_no_number_of_seconds_is_one_line(
     value: str, tmp_path: Path
 ) -> None:
     """LOOPWRIGHT_LEASE_TTL_S is read before anything opens, and named when it is wrong."""
-    result = subprocess.run(
-        [sys.executable, "-m", "loopwright", "run", "Read order O-42.", "--user", "u-1"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env={**os.environ, "LOOPWRIGHT_HOME": str(tmp_path), "LOOPWRIGHT_LEASE_TTL_S": value},
-        timeout=60,
+    result = loopwright(
+        "run",
+        "Read order O-42.",
+        "--user",
+        "u-1",
+        env={"LOOPWRIGHT_HOME": str(tmp_path), "LOOPWRIGHT_LEASE_TTL_S": value},
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
@@ -219,15 +211,7 @@ def test_a_home_that_cannot_be_a_directory_is_one_line(
     line, not a FileExistsError's traceback."""
     home = tmp_path / "a-file"
     home.write_text("not a directory")
-    result = subprocess.run(
-        [sys.executable, "-m", "loopwright", *command],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env={**os.environ, "LOOPWRIGHT_HOME": str(home)},
-        timeout=60,
-    )
+    result = loopwright(*command, env={"LOOPWRIGHT_HOME": str(home)})
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"loopwright: error: LOOPWRIGHT_HOME={home} cannot be the directory of loopwright's"

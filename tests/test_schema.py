@@ -122,14 +122,19 @@ def test_processes_starting_together_migrate_once(database_url: str) -> None:
             assert {t["data_type"] for t in types} == {"json"}
 
 
+def at_version(db: Database, version: int) -> None:
+    """Bring a new database to `version` of loopwright's tables, as a release of then left it."""
+    for migration in MIGRATIONS[:version]:
+        migration(db)
+    db.execute("CREATE TABLE lw_schema (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO lw_schema (version) VALUES (%s)", (version,))
+
+
 def test_a_run_pruned_before_version_5_is_marked_pruned_and_never_claimed(
     database_url: str,
 ) -> None:
     with open_database(database_url) as db, db.transaction():
-        for migration in MIGRATIONS[:4]:
-            migration(db)
-        db.execute("CREATE TABLE lw_schema (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO lw_schema (version) VALUES (4)")
+        at_version(db, 4)
         for run_id in ("run-pruned", "run-kept"):
             db.execute(
                 "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id,"
@@ -183,10 +188,7 @@ def test_a_summary_kept_before_version_6_reads_back_as_it_was(database_url: str)
     there, not in a Postgres TEXT column); the text of summaries kept before is converted."""
     detail, answer = 'ended: "needs_human" after 8 attempts', "Refunded 40.00\nto O-802."
     with open_database(database_url) as db, db.transaction():
-        for migration in MIGRATIONS[:5]:
-            migration(db)
-        db.execute("CREATE TABLE lw_schema (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO lw_schema (version) VALUES (5)")
+        at_version(db, 5)
         for run_id in ("run-answered", "run-silent"):
             db.execute(
                 "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id,"

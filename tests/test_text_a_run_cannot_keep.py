@@ -24,9 +24,9 @@ from loopwright.checkpoints.retention import retain, summary_of
 from loopwright.graph.state import Principal
 from loopwright.graph.text import MAX_TASK_CHARS, InvalidText
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
+from loopwright.tools.contract import Effect, ToolContext, ToolContract
 from tests.runtime_fixtures import REPO, RunnerFactory, principal
-from tests.test_worker_failures import Nothing
+from tests.test_worker_failures import NoArgs, Nothing
 
 TASK = "Read order O-42 and tell me its status."
 FOREIGN = "status: shipped \x00 (as the ledger spelled it)"
@@ -108,10 +108,6 @@ def test_a_models_answer_with_a_nul_is_kept_through_retention(
     assert summary is not None and summary.answer == FOREIGN
     assert summary.verification is not None
     assert summary.verification["facts"]["answer"] == FOREIGN
-
-
-class NoArgs(ToolArgs):
-    pass
 
 
 def raises_foreign_text(_ctx: ToolContext[Any], _args: NoArgs, _key: str | None) -> Any:
