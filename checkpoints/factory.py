@@ -1,7 +1,9 @@
 """Checkpointers by URL: the embedded SQLite default or Postgres, set up and ready to use.
 
 `open_checkpointer` is what the CLI and the workers use: a sync saver that can be fenced to a
-run's lease (see `checkpoints.fenced`). `open_async_checkpointer` is for the LangGraph server,
+run's lease (see `checkpoints.fenced`), writing new threads in the compact layout
+(`checkpoints.compact`) and threads begun in LangGraph's own layout in that one. The stock
+tables are set up too, for those. `open_async_checkpointer` is for the LangGraph server,
 which drives graphs with `ainvoke`; it is the stock async saver, unfenced: the server keeps one
 writer per run itself, and the runtime's own workers go through the sync saver.
 """
@@ -23,20 +25,25 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSaver, FencedSqliteSaver
+from loopwright.checkpoints.compact import CompactSaver
+from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSqliteSaver
 
 
 @contextmanager
-def open_checkpointer(url: str, *, fence: Fence | None = None) -> Iterator[FencedSaver]:
+def open_checkpointer(url: str, *, fence: Fence | None = None) -> Iterator[CompactSaver]:
     """A set-up saver on its own connection to the database at `url`, closed on exit."""
     if database_kind(url) is DatabaseKind.POSTGRES:
         with connect_postgres(url) as conn:
-            saver = FencedPostgresSaver(conn, fence=fence)
+            legacy = FencedPostgresSaver(conn)
+            legacy.setup()
+            saver = CompactSaver(legacy, conn, fence=fence)
             saver.setup()
             yield saver
     else:
         with closing(connect_sqlite(sqlite_path(url))) as sconn:
-            yield FencedSqliteSaver(sconn, fence=fence)
+            saver = CompactSaver(FencedSqliteSaver(sconn), sconn, fence=fence)
+            saver.setup()
+            yield saver
 
 
 @asynccontextmanager

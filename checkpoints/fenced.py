@@ -193,7 +193,8 @@ def next_version(current: str | int | None) -> str:
     return f"{number + 1:010}.{random.getrandbits(32):08x}"
 
 
-def _remember[K, V](memory: dict[K, V], key: K, value: V) -> None:
+def remember[K, V](memory: dict[K, V], key: K, value: V) -> None:
+    """Keep `value` under `key` as the newest entry, forgetting the oldest past REMEMBERED."""
     memory.pop(key, None)
     memory[key] = value
     while len(memory) > REMEMBERED:
@@ -229,7 +230,9 @@ class FencedSaver(BaseCheckpointSaver[str]):
     # Told what each commit's fence check read of a cancel (the attempt's `RunWatch`, set and
     # cleared with `fence`): the run's row is read under lock anyway, so the nodes need not.
     watch: RunWatch | None
-    lock: threading.Lock  # the stock saver's lock on its connection
+    # The stock saver's lock on its connection, re-entrant: the stock statements take it again
+    # inside a commit, and the compact saver (`checkpoints.compact`) shares it.
+    lock: threading.Lock
 
     def _init_fencing(self, fence: Fence | None) -> None:
         self.fence = fence
@@ -271,7 +274,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
             for abandoned in [k for k in self._held if k[:2] == (thread, ns)]:
                 del self._held[abandoned]
             if parent is not None:
-                _remember(self._saved_after, (thread, ns), str(parent))
+                remember(self._saved_after, (thread, ns), str(parent))
         save = Save(config, checkpoint, metadata, new_versions)
         self._commit(thread, held, save)
         return save.next_config
@@ -291,12 +294,12 @@ class FencedSaver(BaseCheckpointSaver[str]):
                 # A task's later writes replace its earlier ones, as in LangGraph's loop.
                 superstep = self._held.pop(task.key, {})
                 superstep[task_id] = task
-                _remember(self._held, task.key, superstep)
+                remember(self._held, task.key, superstep)
                 self._arrived.notify_all()
                 return
             held = [t for t in self._held.pop(task.key, {}).values() if t.task_id != task_id]
             channels = frozenset(c for t in (*held, task) for c, _ in t.writes)
-            _remember(
+            remember(
                 self._saved_alone, task.key, self._saved_alone.get(task.key, frozenset()) | channels
             )
         self._commit(thread, [*held, task], None)
@@ -360,11 +363,11 @@ SELECT * FROM run
 # Fenced, the run's row is locked shared (a takeover waits for the commit) and the rows are ours
 # while it names this writer at its fence with a live lease. Unfenced, there is no row to read
 # (the database may have no lw_runs table) and the rows are always ours.
-_OURS_FENCED = (
+OURS_FENCED = (
     "SELECT 1 FROM run WHERE fence = %(fence)s::bigint AND owner = %(owner)s::text AND lease_live"
 )
 _COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
-_WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
+WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
 _BLOB_COLUMNS = ("channel", "version", "type", "blob")
 
 
@@ -379,14 +382,15 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
+        self.lock = threading.RLock()  # type: ignore[assignment]  # the Lock interface, re-entrant
         self._init_fencing(fence)
         self._pg = conn
         # (thread, ns) -> the version of each string channel whose blob this saver's commits
         # stored (`_rows`).
         self._strings: dict[tuple[str, str], dict[str, str]] = {}
-        _register_column_arrays(conn)
+        register_column_arrays(conn)
         lock = Database(conn).spell(lock_run_sql(run_id="%(thread)s::text"))
-        self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=_OURS_FENCED)
+        self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=OURS_FENCED)
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
         fence = self.fence
@@ -412,7 +416,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             run = RunRecord.model_validate(row) if row else None
             self._seen(fence.check_row(thread, run))
         if save is not None:
-            _remember(self._strings, (thread, str(params["ns"])), strings)
+            remember(self._strings, (thread, str(params["ns"])), strings)
 
     def _rows(
         self, thread: str, tasks: Sequence[TaskWrites], save: Save | None
@@ -433,7 +437,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             replaces = all(channel in WRITES_IDX_MAP for channel, _ in task.writes)
             (replaced if replaces else kept).extend(row[3:] for row in rows)
             params["parent"] = task.key[2]
-        params |= _columns("k", _WRITE_COLUMNS, kept) | _columns("r", _WRITE_COLUMNS, replaced)
+        params |= column_arrays("k", WRITE_COLUMNS, kept) | column_arrays("r", WRITE_COLUMNS, replaced)
         blobs: list[tuple[Any, ...]] = []
         strings: dict[str, str] = {}
         params |= {"checkpoint": Jsonb({}), "metadata": Jsonb({})}
@@ -460,10 +464,10 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
                 "checkpoint": Jsonb({**save.checkpoint, "channel_values": inline}),
                 "metadata": Jsonb(get_serializable_checkpoint_metadata(save.config, save.metadata)),
             }
-        return params | _columns("b", _BLOB_COLUMNS, blobs), strings
+        return params | column_arrays("b", _BLOB_COLUMNS, blobs), strings
 
 
-def _columns(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+def column_arrays(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
     """Rows as one array parameter per column, named `<prefix>_<column>` (empty for no rows),
     each of its column's type (see `_ColumnArray`)."""
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
@@ -502,7 +506,7 @@ def _array_dumper(kind: type[_ColumnArray]) -> type[ListBinaryDumper]:
 _COLUMN_DUMPERS = {kind: _array_dumper(kind) for kind in (_ColumnArray, _IntArray, _BytesArray)}
 
 
-def _register_column_arrays(conn: psycopg.Connection[Any]) -> None:
+def register_column_arrays(conn: psycopg.Connection[Any]) -> None:
     """Dump each `_ColumnArray` kind as its fixed array type, on `conn` only."""
     for kind, dumper in _COLUMN_DUMPERS.items():
         conn.adapters.register_dumper(kind, dumper)

@@ -148,6 +148,39 @@ def _v6_summary_text_as_json(db: Database) -> None:
         )
 
 
+def _v7_compact_checkpoints(db: Database) -> None:
+    """The runtime's checkpoints in the compact layout (`checkpoints.frames`): a row per
+    checkpoint, holding what changed since its parent and the writes of the superstep that made
+    it; and the writes saved without a checkpoint after them (an interrupt's, an error's, a
+    resume value). Threads LangGraph's own savers wrote stay in LangGraph's tables, where the
+    runtime's saver still reads and writes them (`checkpoints.compact`)."""
+    db.execute(
+        """CREATE TABLE IF NOT EXISTS lw_checkpoints (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    parent_id TEXT,
+    keyframe BOOLEAN NOT NULL,
+    body {blob} NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+)"""
+    )
+    db.execute(
+        """CREATE TABLE IF NOT EXISTS lw_checkpoint_writes (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_path TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    channel TEXT NOT NULL,
+    type TEXT NOT NULL,
+    blob {blob} NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+)"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
@@ -155,6 +188,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v4_run_summaries,
     _v5_pruned_mark,
     _v6_summary_text_as_json,
+    _v7_compact_checkpoints,
 )
 LATEST = len(MIGRATIONS)
 

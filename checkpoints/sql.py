@@ -8,6 +8,7 @@ fragments where the two dialects differ; `Database.spell` turns it into the back
     {json} {timestamp}         column types: JSON / TIMESTAMPTZ, or TEXT in SQLite. JSON, not
                                JSONB: it keeps the text as sent, NUL characters (\\u0000) included,
                                which a business system may return and JSONB cannot hold
+    {blob}                     bytes: BYTEA / BLOB
     {after_seconds}            "now + %s seconds", for lease expiry
 
 `now()` is the database clock in Postgres (the start of the transaction). SQLite has no such
@@ -49,6 +50,7 @@ _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
         "for_share": " FOR SHARE",
         "json": "JSON",
         "timestamp": "TIMESTAMPTZ",
+        "blob": "BYTEA",
         "after_seconds": "now() + make_interval(secs => %s)",
     },
     DatabaseKind.SQLITE: {
@@ -56,6 +58,7 @@ _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
         "for_share": "",
         "json": "TEXT",
         "timestamp": "TEXT",
+        "blob": "BLOB",
         "after_seconds": "now_plus(%s)",
     },
 }

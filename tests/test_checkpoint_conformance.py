@@ -43,12 +43,12 @@ pytestmark = pytest.mark.timeout(120)
 
 LEASE_TTL_S = 600.0  # outlives the suite: no write of it may meet an expired lease
 
-# What each saver must pass beyond the base capabilities: the sync Postgres saver prunes (the
-# retention job's route), the server's saver also deletes runs' checkpoints (a rollback) and
-# copies threads. The SQLite saver has none of them.
+# What each saver must pass beyond the base capabilities: the run savers prune (on both
+# backends: the compact layout's own), the server's saver also deletes runs' checkpoints (a
+# rollback) and copies threads.
 EXTENDED = {
     "postgres": {Capability.PRUNE},
-    "sqlite": set[Capability](),
+    "sqlite": {Capability.PRUNE},
     "server": {Capability.PRUNE, Capability.DELETE_FOR_RUNS, Capability.COPY_THREAD},
 }
 

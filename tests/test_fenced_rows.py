@@ -1,10 +1,12 @@
-"""The fenced savers write what the stock savers write: a graph run on each reads back the same.
+"""The run savers write what the stock savers write: a graph run on each reads back the same.
 
-The Postgres saver writes its rows with statements of its own (one per commit, see
-`checkpoints.fenced`); stock readers (LangGraph's loop, `get_state_history`, the server's async
-saver, DeltaChannel replay) must find them as if the stock saver had written them. The graph
-covers every kind of row: inline and blob values, a DeltaChannel across its snapshot, writes
-held for the checkpoint, an interrupt's writes saved alone and its resume value.
+Two layouts (`checkpoints.compact`, `checkpoints.fenced`): the compact one, in which the runtime
+writes its runs, and LangGraph's own, in which the server's runs are written (its stock readers
+read them) with statements of loopwright's own. Either must read back as if the stock saver had
+written the run (LangGraph's loop, `get_state_history`, DeltaChannel replay); LangGraph's
+layout must also be read by the stock savers themselves. The graph covers every kind of row:
+inline and blob values, a DeltaChannel across its snapshot, writes held for the checkpoint, an
+interrupt's writes saved alone and its resume value.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
+from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import (
     WRITES_WAIT_S,
     Fence,
     FencedPostgresSaver,
+    FencedSaver,
+    FencedSqliteSaver,
     next_version,
 )
 from loopwright.checkpoints.leases import open_lease_store
@@ -125,30 +130,47 @@ def stock_saver(url: str) -> Iterator[BaseCheckpointSaver[Any]]:
             yield SqliteSaver(sconn)
 
 
-def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str) -> None:
+@contextmanager
+def stock_layout_saver(url: str, fence: Fence | None = None) -> Iterator[FencedSaver]:
+    """The fenced saver of LangGraph's own layout (the served runs' saver, on Postgres)."""
+    if database_kind(url) is DatabaseKind.POSTGRES:
+        with connect_postgres(url) as conn:
+            saver: FencedSaver = FencedPostgresSaver(conn, fence=fence)
+            saver.setup()
+            yield saver
+    else:
+        with closing(connect_sqlite(sqlite_path(url))) as sconn:
+            yield FencedSqliteSaver(sconn, fence=fence)
+
+
+LAYOUTS = {"compact": open_checkpointer, "stock": stock_layout_saver}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str, layout: str) -> None:
     with open_lease_store(database_url) as leases:
         leases.register("fenced", task="notes", user_id="u-1")
         lease = leases.claim("fenced", "worker-a", ttl_s=60)
-    with open_checkpointer(database_url, fence=Fence.of(lease)) as fenced:
+    with LAYOUTS[layout](database_url, fence=Fence.of(lease)) as fenced:
         ours = run_and_read(fenced, "fenced")
     with stock_saver(database_url) as stock:
         theirs = run_and_read(stock, "stock")
     assert len(ours) > STEPS
     assert ours == theirs
-    # And the stock saver reads the fenced run as the fenced saver does.
-    with stock_saver(database_url) as stock:
-        config: RunnableConfig = {"configurable": {"thread_id": "fenced"}}
-        assert notebook(stock).get_state(config).values["notes"] == [
-            "start",
-            *(f"note {n}" for n in range(1, STEPS + 1)),
-        ]
+    if layout == "stock":  # and the stock saver reads the fenced run as the fenced saver does
+        with stock_saver(database_url) as stock:
+            config: RunnableConfig = {"configurable": {"thread_id": "fenced"}}
+            assert notebook(stock).get_state(config).values["notes"] == [
+                "start",
+                *(f"note {n}" for n in range(1, STEPS + 1)),
+            ]
 
 
 @pytest.mark.postgres
 def test_a_long_string_is_stored_once_not_at_every_checkpoint(postgres_url: str) -> None:
     """The stock saver keeps every string inline in the checkpoint's JSON, which is written
     again at each checkpoint; the fenced saver stores a long one as a blob, once per version."""
-    with open_checkpointer(postgres_url) as fenced:
+    with stock_layout_saver(postgres_url) as fenced:
         run_and_read(fenced, "long-brief")
     with psycopg.connect(postgres_url) as conn:
         inline, checkpoints = conn.execute(
@@ -170,7 +192,7 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
     stored its blob; a saver that did not store it (a thread begun by another, say) sends it
     with its first checkpoint, in case the thread held it inline."""
     sent: list[list[str]] = []
-    with open_checkpointer(postgres_url) as first, open_checkpointer(postgres_url) as second:
+    with stock_layout_saver(postgres_url) as first, stock_layout_saver(postgres_url) as second:
         for saver in (first, second):
             dump = saver._dump_blobs  # type: ignore[attr-defined]
 
@@ -187,18 +209,19 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
 
 
 @pytest.mark.postgres
-def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layout: str) -> None:
     """Commits with and without writes, blobs, a checkpoint or a parent (the first), an
     interrupt's writes alone and a resume value bind the same parameter types: the commit is
     prepared once per connection, not once per spelling of its types."""
     with open_lease_store(postgres_url) as leases:
         leases.register("prepared", task="notes", user_id="u-1")
         lease = leases.claim("prepared", "worker-a", ttl_s=60)
-    with open_checkpointer(postgres_url, fence=Fence.of(lease)) as fenced:
+    with LAYOUTS[layout](postgres_url, fence=Fence.of(lease)) as fenced:
         run_and_read(fenced, "prepared")
-        assert isinstance(fenced, FencedPostgresSaver)
-        assert isinstance(fenced.conn, psycopg.Connection)  # the saver's own, not a pool
-        prepared = fenced.conn.execute(
+        conn = fenced.legacy.conn if isinstance(fenced, CompactSaver) else fenced.conn
+        assert isinstance(conn, psycopg.Connection)  # the saver's own, not a pool
+        prepared = conn.execute(
             "SELECT count(*) AS n FROM pg_prepared_statements"
             " WHERE ltrim(statement, E'\\n') LIKE 'WITH run AS%'"
         ).fetchone()
@@ -206,8 +229,9 @@ def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str) -> N
 
 
 def test_a_stock_thread_goes_on_under_the_fenced_saver(database_url: str) -> None:
-    """The fenced saver's shorter channel versions sort after the stock ones: a run begun by a
-    stock saver (an older loopwright, the server's stock paths) resumes correctly."""
+    """A run begun by a stock saver (an older loopwright, the server's stock paths) resumes
+    correctly under the runtime's saver, in LangGraph's layout; the fenced savers' shorter
+    channel versions sort after the stock ones."""
     with open_checkpointer(database_url) as fenced, stock_saver(database_url) as stock:
         mixed = run_and_read(stock, "begun-stock", resumer=fenced)
         theirs = run_and_read(stock, "all-stock")

@@ -1,0 +1,712 @@
+"""The runtime's checkpointer: LangGraph's saver interface over the compact layout.
+
+A checkpoint is one row of `lw_checkpoints` (`checkpoints.frames`: what changed since its
+parent, and the writes of the superstep that made it), so a node's commit is one row, written
+with the fence check in one statement on Postgres and one BEGIN IMMEDIATE transaction on SQLite:
+the holding of a superstep's writes until its checkpoint, the fence and the crash point inside
+the commit are `checkpoints.fenced`'s, as for LangGraph's own layout. Writes that are saved
+without a checkpoint after them (an interrupt's, an error's, a resume value) go to
+`lw_checkpoint_writes`, as LangGraph's savers keep them.
+
+Reading a checkpoint rebuilds it from its nearest keyframe on: one recursive query walks the
+parent links back to it (at most `frames.KEY_EVERY` rows). A checkpoint's pending writes are
+those saved alone at it and those its children's rows carry. A DeltaChannel's history (the
+writes of every ancestor since its last snapshot) is read from the rows back to the root.
+
+A writer remembers the last checkpoint of each thread it wrote or read (`Frame`): the next
+row is a delta on it. A parent it does not remember (another process wrote it, or a history
+was forked from an older checkpoint that was not read first) gets a keyframe, which needs none.
+
+Threads that LangGraph's own layout holds (the server's runs, which its stock readers read;
+runs begun before this layout) are read and written in that layout, by `legacy`, the fenced
+stock saver on the same connection: a thread is in one layout for all its life.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sqlite3
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, cast
+
+import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from psycopg.rows import dict_row
+
+from loopwright.checkpoints.fenced import (
+    OURS_FENCED,
+    WRITE_COLUMNS,
+    Fence,
+    FencedSaver,
+    Save,
+    TaskWrites,
+    column_arrays,
+    register_column_arrays,
+    remember,
+)
+from loopwright.checkpoints.frames import KEY_EVERY, Frame, Row, Write, encode, task_writes
+from loopwright.checkpoints.leases import RunRecord, RunWatch, lock_run_sql
+from loopwright.checkpoints.schema import migrate
+from loopwright.checkpoints.sql import Database
+from loopwright.graph.crashpoints import armed, crash_point
+
+TABLES = ("lw_checkpoints", "lw_checkpoint_writes")
+
+# A chain of rows, newest first, from a checkpoint (by id, or the thread's latest) back to its
+# keyframe (`NOT chain.keyframe`) or to the root (`chain.depth >= 0`).
+_CHAIN = """
+WITH RECURSIVE chain AS (
+    SELECT checkpoint_id, parent_id, keyframe, body, 0 AS depth FROM lw_checkpoints
+     WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = {anchor}
+  UNION ALL
+    SELECT c.checkpoint_id, c.parent_id, c.keyframe, c.body, chain.depth + 1
+      FROM chain JOIN lw_checkpoints c
+        ON c.thread_id = %s AND c.checkpoint_ns = %s AND c.checkpoint_id = chain.parent_id
+     WHERE {more}
+)
+SELECT checkpoint_id, parent_id, keyframe, body FROM chain ORDER BY depth
+"""
+_BY_ID, _LATEST = (
+    "%s",
+    ("(SELECT max(checkpoint_id) FROM lw_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s)"),
+)
+_TO_KEYFRAME, _TO_ROOT = "NOT chain.keyframe", "chain.depth >= 0"
+# Children have later ids (LangGraph's ids are time-ordered, as its "latest" assumes).
+_CHILDREN = (
+    "SELECT checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
+    " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id > %s AND parent_id = %s"
+    " ORDER BY checkpoint_id"
+)
+_ALONE = (
+    "SELECT checkpoint_id, task_id, task_path, idx, channel, type, blob FROM lw_checkpoint_writes"
+    " WHERE thread_id = %s AND checkpoint_ns = %s"
+)
+_ROWS = (
+    "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
+)
+_HAS_ROWS = "SELECT 1 AS found FROM lw_checkpoints WHERE thread_id = %s LIMIT 1"
+
+# A commit on Postgres: the run's row locked and read, and (if it is still this writer's, or
+# the saver is unfenced) the checkpoint's row or the writes saved alone. Ordinary writes keep
+# the first value saved for a (task, idx), special ones (all of a task's writes interrupts,
+# errors, resume values) replace it, as LangGraph's savers do.
+_COMMIT_SQL = """
+WITH run AS ({run}), ours AS ({ours}), saved AS (
+    INSERT INTO lw_checkpoints
+        (thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body)
+    SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, NULLIF(%(parent)s::text, ''),
+           %(keyframe)s::boolean, %(body)b::bytea
+      FROM ours WHERE %(id)s::text <> ''
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_id = EXCLUDED.parent_id, keyframe = EXCLUDED.keyframe, body = EXCLUDED.body
+), kept AS (
+    INSERT INTO lw_checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(thread)s::text, %(ns)s::text, %(at)s::text, w.* FROM ours, unnest(
+        %(k_task)b::text[], %(k_path)b::text[], %(k_idx)b::int[], %(k_channel)b::text[],
+        %(k_type)b::text[], %(k_blob)b::bytea[]) AS w
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
+), replaced AS (
+    INSERT INTO lw_checkpoint_writes
+        (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(thread)s::text, %(ns)s::text, %(at)s::text, w.* FROM ours, unnest(
+        %(r_task)b::text[], %(r_path)b::text[], %(r_idx)b::int[], %(r_channel)b::text[],
+        %(r_type)b::text[], %(r_blob)b::bytea[]) AS w
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob
+)
+SELECT * FROM run
+"""
+_COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
+
+_SQLITE_SAVE = (
+    "INSERT INTO lw_checkpoints"
+    " (thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)"
+    " DO UPDATE SET parent_id = excluded.parent_id, keyframe = excluded.keyframe,"
+    " body = excluded.body"
+)
+_SQLITE_WRITE = (
+    "INSERT INTO lw_checkpoint_writes"
+    " (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
+    " (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO {action}"
+)
+_SQLITE_KEEP = _SQLITE_WRITE.format(action="NOTHING")
+_SQLITE_REPLACE = _SQLITE_WRITE.format(
+    action="UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob"
+)
+
+
+class Layout(StrEnum):
+    """Where a thread's checkpoints live."""
+
+    COMPACT = "compact"  # lw_checkpoints
+    STOCK = "stock"  # LangGraph's own tables
+
+
+def _row(record: Mapping[str, Any]) -> Row:
+    return Row(
+        record["checkpoint_id"], record["parent_id"], bool(record["keyframe"]), record["body"]
+    )
+
+
+def _alone(record: Mapping[str, Any]) -> Write:
+    return Write(
+        record["task_id"],
+        record["task_path"],
+        int(record["idx"]),
+        record["channel"],
+        (record["type"], bytes(record["blob"])),
+    )
+
+
+def _write_row(write: Write) -> tuple[Any, ...]:
+    return (write.task_id, write.task_path, write.idx, write.channel, *write.value)
+
+
+def rebuild(rows: Sequence[Row]) -> list[Frame]:
+    """The frames of a chain of rows given newest first, ending at a keyframe: oldest first."""
+    frames: list[Frame] = []
+    for row in reversed(rows):
+        frames.append(Frame.apply(frames[-1] if frames else None, row))
+    return frames
+
+
+def merged_writes(alone: Sequence[Write], children: Sequence[Sequence[Write]]) -> list[Write]:
+    """A checkpoint's pending writes: saved alone at it, and carried by its children's rows
+    (where two carry one write, the first saved is kept, as LangGraph's savers keep it), in
+    LangGraph's replay order (`writes_sort_key`)."""
+    kept: dict[tuple[str, int], Write] = {}
+    for write in [*alone, *(w for child in children for w in child)]:
+        kept.setdefault((write.task_id, write.idx), write)
+    return sorted(kept.values(), key=lambda w: w.sort_key)
+
+
+@dataclass
+class _Namespace:
+    """The rows of one thread's namespace, rebuilt on demand (`list`)."""
+
+    rows: dict[str, Row] = field(default_factory=dict)
+    children: dict[str, list[Row]] = field(default_factory=lambda: defaultdict(list))
+    alone: dict[str, list[Write]] = field(default_factory=lambda: defaultdict(list))
+    frames: dict[str, Frame] = field(default_factory=dict)
+
+    def add(self, row: Row) -> None:
+        self.rows[row.checkpoint_id] = row
+        if row.parent_id is not None:
+            self.children[row.parent_id].append(row)
+
+    def frame(self, checkpoint_id: str) -> Frame | None:
+        """A row's frame, rebuilt from the nearest keyframe or frame already rebuilt (each met
+        on the way is kept); None if the chain breaks before a keyframe."""
+        chain: list[Row] = []
+        at: str | None = checkpoint_id
+        base: Frame | None = None
+        while at is not None:
+            if at in self.frames:
+                base = self.frames[at]
+                break
+            row = self.rows.get(at)
+            if row is None:
+                return None
+            chain.append(row)
+            if row.key:
+                break
+            at = row.parent_id
+        else:
+            return None  # a root that is no keyframe
+        for row in reversed(chain):
+            base = self.frames[row.checkpoint_id] = Frame.apply(base, row)
+        return base
+
+    def pending(self, checkpoint_id: str) -> list[Write]:
+        children = sorted(self.children.get(checkpoint_id, []), key=lambda r: r.checkpoint_id)
+        carried = [f.writes for row in children if (f := self.frame(row.checkpoint_id))]
+        return merged_writes(self.alone.get(checkpoint_id, []), carried)
+
+
+class CompactSaver(FencedSaver):
+    """The runtime's fenced saver (see the module's docstring), on Postgres or SQLite;
+    `legacy` is the fenced saver of LangGraph's layout on the same connection."""
+
+    def __init__(
+        self,
+        legacy: FencedSaver,
+        conn: psycopg.Connection[Any] | sqlite3.Connection,
+        *,
+        fence: Fence | None = None,
+    ) -> None:
+        super().__init__(serde=legacy.serde)
+        self.legacy = legacy
+        # One lock for the connection, which both layouts' statements take (re-entrant).
+        self.lock = legacy.lock
+        self.db = Database(conn, lock=cast(threading.RLock, legacy.lock))
+        self._init_fencing(fence)
+        self._layouts: dict[str, Layout] = {}
+        self._frames: dict[tuple[str, str], Frame] = {}  # each namespace's last checkpoint
+        self._chains = {
+            (latest, to_root): self.db.spell(
+                _CHAIN.format(
+                    anchor=_LATEST if latest else _BY_ID,
+                    more=_TO_ROOT if to_root else _TO_KEYFRAME,
+                )
+            )
+            for latest in (False, True)
+            for to_root in (False, True)
+        }
+        self._pg = conn if isinstance(conn, psycopg.Connection) else None
+        if self._pg is not None:
+            register_column_arrays(self._pg)
+            lock = self.db.spell(lock_run_sql(run_id="%(thread)s::text"))
+            self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=OURS_FENCED)
+
+    # The fence and the attempt's watch are the legacy saver's too: one writer, two layouts.
+    @property
+    def fence(self) -> Fence | None:
+        return self.legacy.fence
+
+    @fence.setter
+    def fence(self, fence: Fence | None) -> None:
+        self.legacy.fence = fence
+
+    @property
+    def watch(self) -> RunWatch | None:
+        return self.legacy.watch
+
+    @watch.setter
+    def watch(self, watch: RunWatch | None) -> None:
+        self.legacy.watch = watch
+
+    def setup(self) -> None:
+        """The compact tables (loopwright's schema, `checkpoints.schema`)."""
+        migrate(self.db)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread, ns = _thread_ns(config)
+        if self._layouts.get(thread) is Layout.STOCK:
+            return self.legacy.get_tuple(config)
+        with self.lock:
+            found = self._compact_tuple(thread, ns, get_checkpoint_id(config))
+        if found is not None or self._is_compact(thread):
+            return found
+        stock = self.legacy.get_tuple(config)
+        if stock is not None:
+            remember(self._layouts, thread, Layout.STOCK)
+        return stock
+
+    def _chain(
+        self, thread: str, ns: str, checkpoint_id: str | None, *, to_root: bool
+    ) -> builtins.list[Row]:
+        """The rows from a checkpoint (the latest if None) back to its keyframe or the root,
+        newest first."""
+        anchor = (thread, ns) if checkpoint_id is None else (checkpoint_id,)
+        params = (thread, ns, *anchor, thread, ns)
+        return [
+            _row(r) for r in self.db.execute(self._chains[(checkpoint_id is None, to_root)], params)
+        ]
+
+    def _compact_tuple(
+        self, thread: str, ns: str, checkpoint_id: str | None
+    ) -> CheckpointTuple | None:
+        rows = self._chain(thread, ns, checkpoint_id, to_root=False)
+        if not rows:
+            return None
+        frame = rebuild(rows)[-1]
+        alone = [
+            _alone(r)
+            for r in self.db.execute(
+                _ALONE + " AND checkpoint_id = %s", (thread, ns, frame.checkpoint_id)
+            )
+        ]
+        carried: builtins.list[builtins.list[Write]] = []
+        if checkpoint_id is not None:  # the latest has no children
+            for record in self.db.execute(_CHILDREN, (thread, ns, checkpoint_id, checkpoint_id)):
+                child = _row(record)
+                carried.append(Frame.apply(None if child.key else frame, child).writes)
+        remember(self._layouts, thread, Layout.COMPACT)
+        remember(self._frames, (thread, ns), replace(frame, writes=[]))
+        return self._tuple(thread, ns, frame, merged_writes(alone, carried))
+
+    def _tuple(
+        self, thread: str, ns: str, frame: Frame, pending: builtins.list[Write]
+    ) -> CheckpointTuple:
+        def config(checkpoint_id: str) -> RunnableConfig:
+            ids = {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+            return {"configurable": ids}
+
+        return CheckpointTuple(
+            config(frame.checkpoint_id),
+            frame.checkpoint(self.serde),
+            cast(CheckpointMetadata, _plain_copy(frame.metadata)),
+            config(frame.parent_id) if frame.parent_id else None,
+            [w.pending(self.serde) for w in pending],
+        )
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        thread = str(config["configurable"]["thread_id"]) if config else None
+        stock = self.legacy.list(config, filter=filter, before=before, limit=limit)
+        if thread is not None and self._layouts.get(thread) is Layout.STOCK:
+            yield from stock
+            return
+        found = self._compact_list(config, filter, before)[:limit]
+        yield from found
+        if thread is None:  # every thread: then those of LangGraph's layout
+            left = None if limit is None else limit - len(found)
+            if left is None or left > 0:
+                yield from self.legacy.list(config, filter=filter, before=before, limit=left)
+        elif not found and not self._is_compact(thread):
+            yield from stock
+
+    def _compact_list(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+    ) -> builtins.list[CheckpointTuple]:
+        """The matching checkpoints, newest first (by id, as LangGraph's savers order them)."""
+        conf = config["configurable"] if config else {}
+        where, params = [], []
+        for column in ("thread_id", "checkpoint_ns", "checkpoint_id"):
+            if conf.get(column) is not None:
+                where.append(f"{column} = %s")
+                params.append(str(conf[column]))
+        sql = _ROWS + (" WHERE " + " AND ".join(where[:2]) if where[:2] else "")
+        only = conf.get("checkpoint_id")
+        below = get_checkpoint_id(before) if before else None
+        spaces: dict[tuple[str, str], _Namespace] = defaultdict(_Namespace)
+        with self.lock:
+            for record in self.db.execute(sql, params[: len(where[:2])]):
+                spaces[(record["thread_id"], record["checkpoint_ns"])].add(_row(record))
+            for (thread, ns), space in spaces.items():
+                for w in self.db.execute(_ALONE, (thread, ns)):
+                    space.alone[w["checkpoint_id"]].append(_alone(w))
+        found: builtins.list[CheckpointTuple] = []
+        for (thread, ns), space in spaces.items():
+            for checkpoint_id in space.rows:
+                if (only and checkpoint_id != only) or (below and checkpoint_id >= below):
+                    continue
+                frame = space.frame(checkpoint_id)
+                if frame is None or (filter and not _contains(frame.metadata, filter)):
+                    continue
+                found.append(self._tuple(thread, ns, frame, space.pending(checkpoint_id)))
+        found.sort(key=lambda t: t.config["configurable"]["checkpoint_id"], reverse=True)
+        return found
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Each channel's writes since its last stored value, oldest first, along the target's
+        ancestors (the target's own pending writes are the next superstep's), and that value
+        (`seed`) if an ancestor stores one."""
+        if not channels:
+            return {}
+        thread, ns = _thread_ns(config)
+        if self._layouts.get(thread) is Layout.STOCK:
+            return self.legacy.get_delta_channel_history(config=config, channels=channels)
+        with self.lock:
+            rows = self._chain(thread, ns, get_checkpoint_id(config), to_root=True)
+            alone: dict[str, builtins.list[Write]] = defaultdict(list)
+            if rows:
+                for w in self.db.execute(_ALONE, (thread, ns)):
+                    alone[w["checkpoint_id"]].append(_alone(w))
+        if not rows:
+            if self._is_compact(thread):
+                return {channel: {"writes": []} for channel in channels}
+            return self.legacy.get_delta_channel_history(config=config, channels=channels)
+        frames = rebuild(rows)
+        remaining = set(channels)
+        batches: dict[str, builtins.list[builtins.list[Write]]] = {
+            channel: [] for channel in channels
+        }
+        seeds: dict[str, Any] = {}
+        # The ancestors, newest first, each with its child on the path to the target.
+        for ancestor, child in zip(reversed(frames[:-1]), reversed(frames[1:]), strict=True):
+            if not remaining:
+                break
+            pending = merged_writes(alone.get(ancestor.checkpoint_id, []), [child.writes])
+            for channel in list(remaining):
+                batches[channel].append([w for w in pending if w.channel == channel])
+                if channel in ancestor.values:
+                    seeds[channel] = self.serde.loads_typed(ancestor.values[channel])
+                    remaining.discard(channel)
+        result: dict[str, DeltaChannelHistory] = {}
+        for channel in channels:
+            ordered = [w for batch in reversed(batches[channel]) for w in batch]
+            entry: DeltaChannelHistory = {"writes": [w.pending(self.serde) for w in ordered]}
+            if channel in seeds:
+                entry["seed"] = seeds[channel]
+            result[channel] = entry
+        return result
+
+    def _is_compact(self, thread: str) -> bool:
+        """Whether the thread's checkpoints are in the compact layout (asked once a thread)."""
+        if thread not in self._layouts and self.db.execute(_HAS_ROWS, (thread,)):
+            remember(self._layouts, thread, Layout.COMPACT)
+        return self._layouts.get(thread) is Layout.COMPACT
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
+        if self._layouts.get(thread) is Layout.STOCK:
+            self.legacy._commit(thread, tasks, save)
+            return
+        fence = self.fence
+        if fence is not None:
+            fence.check_thread(thread)
+        ns = str((save.config if save else tasks[0].config)["configurable"]["checkpoint_ns"])
+        node = tasks[0].node if tasks else ""
+        # A task's writes replace those saved before for it if they are all special ones
+        # (errors, interrupts, resume values), as LangGraph's savers treat them.
+        kept: builtins.list[Write] = []
+        replaced: builtins.list[Write] = []
+        for task in tasks:
+            writes = task_writes(task.task_id, task.task_path, task.writes, self.serde)
+            special = all(channel in WRITES_IDX_MAP for channel, _ in task.writes)
+            (replaced if special else kept).extend(writes)
+        with self.lock:
+            row: Row | None = None
+            frame: Frame | None = None
+            at = "" if save is not None else tasks[0].key[2]
+            if save is not None:  # the superstep's writes go in the checkpoint's row
+                row, frame = self._encode(thread, ns, save, [*kept, *replaced])
+                kept, replaced = [], []
+            commit = self._commit_postgres if self._pg is not None else self._commit_sqlite
+            run = commit(thread, ns, row, at, kept, replaced, node)
+            if fence is not None:
+                self._seen(fence.check_row(thread, run))
+            if frame is not None:
+                remember(self._frames, (thread, ns), replace(frame, writes=[]))
+        remember(self._layouts, thread, Layout.COMPACT)
+
+    def _encode(
+        self, thread: str, ns: str, save: Save, writes: builtins.list[Write]
+    ) -> tuple[Row, Frame]:
+        """The checkpoint's row: a delta on its parent if this saver knows the parent's frame
+        and the chain's keyframe is recent enough, else a keyframe."""
+        parent_id = save.config["configurable"].get("checkpoint_id")
+        known = self._frames.get((thread, ns))
+        delta = (
+            known is not None
+            and parent_id is not None
+            and known.checkpoint_id == parent_id
+            and known.since_key + 1 < KEY_EVERY
+        )
+        return encode(
+            known if delta else None,
+            str(save.checkpoint["id"]),
+            str(parent_id) if parent_id else None,
+            save.checkpoint,
+            get_serializable_checkpoint_metadata(save.config, save.metadata),
+            save.new_versions,
+            writes,
+            self.serde,
+        )
+
+    def _commit_postgres(
+        self,
+        thread: str,
+        ns: str,
+        row: Row | None,
+        at: str,
+        kept: Sequence[Write],
+        replaced: Sequence[Write],
+        node: str,
+    ) -> RunRecord | None:
+        """One statement, its own transaction (autocommit), in one round trip."""
+        assert self._pg is not None
+        params: dict[str, Any] = {
+            "thread": thread,
+            "ns": ns,
+            "id": row.checkpoint_id if row else "",
+            "parent": (row.parent_id or "") if row else "",
+            "keyframe": bool(row and row.key),
+            "body": row.body if row else b"",
+            "at": at,
+        }
+        params |= column_arrays("k", WRITE_COLUMNS, [_write_row(w) for w in kept])
+        params |= column_arrays("r", WRITE_COLUMNS, [_write_row(w) for w in replaced])
+        fence = self.fence
+        if fence is not None:
+            params |= {"fence": fence.fence, "owner": fence.owner}
+        statement = self._commit_fenced if fence is not None else _COMMIT_UNFENCED
+        point = f"checkpoint:commit:before_commit:{node}"
+        with self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
+            if point in armed():
+                # The statement in an explicit transaction, held open where a crash test's
+                # process dies: what a crash at any moment of the commit leaves.
+                with self._pg.transaction():
+                    cursor.execute(statement, params)
+                    crash_point(point)
+            else:
+                cursor.execute(statement, params)
+            record = cursor.fetchone()
+        return RunRecord.model_validate(record) if record else None
+
+    def _commit_sqlite(
+        self,
+        thread: str,
+        ns: str,
+        row: Row | None,
+        at: str,
+        kept: Sequence[Write],
+        replaced: Sequence[Write],
+        node: str,
+    ) -> RunRecord | None:
+        """One BEGIN IMMEDIATE transaction: the fence check and the rows, one fsync."""
+        conn = self.db.conn
+        assert isinstance(conn, sqlite3.Connection)
+        run: RunRecord | None = None
+        with self.db.transaction():
+            fence = self.fence
+            if fence is not None:
+                run = fence.check(self.db, thread)
+            with closing(conn.cursor()) as cursor:
+                if row is not None:
+                    values = (thread, ns, row.checkpoint_id, row.parent_id, row.key, row.body)
+                    cursor.execute(_SQLITE_SAVE, values)
+                for statement, writes in ((_SQLITE_KEEP, kept), (_SQLITE_REPLACE, replaced)):
+                    cursor.executemany(
+                        statement, [(thread, ns, at, *_write_row(w)) for w in writes]
+                    )
+            crash_point(f"checkpoint:commit:before_commit:{node}")
+        return run
+
+    # -- removing --------------------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        thread = str(thread_id)
+        with self.db.transaction():
+            for table in TABLES:
+                self.db.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread,))
+        self.legacy.delete_thread(thread)
+        self._forget(thread)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """`"delete"` removes the threads' checkpoints and writes; `"keep_latest"` keeps each
+        namespace's latest checkpoint (rewritten as a keyframe with no parent) and the writes
+        saved alone at it, and refuses, before pruning any, a thread whose state has a
+        DeltaChannel (whose value is the writes of the checkpoints it would remove), as
+        LangGraph's savers do."""
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"Unknown prune strategy: {strategy!r}")
+        threads = [str(t) for t in thread_ids]
+        compact = [t for t in threads if self._is_compact(t)]
+        stock = [
+            t
+            for t in threads
+            if t not in compact
+            and next(self.legacy.list({"configurable": {"thread_id": t}}, limit=1), None)
+        ]
+        if strategy == "delete":
+            for thread in compact:
+                self.delete_thread(thread)
+        else:
+            latest = {thread: self._latest_frames(thread) for thread in compact}
+            if any(
+                "counters_since_delta_snapshot" in frame.metadata
+                for frames in latest.values()
+                for _, frame in frames
+            ):
+                raise NotImplementedError(
+                    "keep_latest cannot prune a thread whose state has a DeltaChannel"
+                )
+            for thread, frames in latest.items():
+                self._keep_only(thread, frames)
+        if stock:
+            self.legacy.prune(stock, strategy=strategy)
+
+    def _latest_frames(self, thread: str) -> builtins.list[tuple[str, Frame]]:
+        """Each namespace of the thread and its latest checkpoint."""
+        with self.lock:
+            namespaces = self.db.execute(
+                "SELECT DISTINCT checkpoint_ns FROM lw_checkpoints WHERE thread_id = %s",
+                (thread,),
+            )
+            return [
+                (
+                    r["checkpoint_ns"],
+                    rebuild(self._chain(thread, r["checkpoint_ns"], None, to_root=False))[-1],
+                )
+                for r in namespaces
+            ]
+
+    def _keep_only(self, thread: str, frames: Sequence[tuple[str, Frame]]) -> None:
+        with self.db.transaction():
+            for ns, frame in frames:
+                row, _ = encode(
+                    None,
+                    frame.checkpoint_id,
+                    None,
+                    frame.checkpoint(self.serde),
+                    frame.metadata,
+                    {},
+                    [],
+                    self.serde,
+                )
+                where = " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id"
+                ids = (thread, ns, frame.checkpoint_id)
+                for table in TABLES:
+                    self.db.execute(f"DELETE FROM {table}{where} <> %s", ids)
+                self.db.execute(
+                    f"UPDATE lw_checkpoints SET parent_id = NULL, keyframe = %s, body = %s{where} = %s",
+                    (True, row.body, *ids),
+                )
+        self._forget(thread)
+
+    def _forget(self, thread: str) -> None:
+        self._layouts.pop(thread, None)
+        for key in [k for k in self._frames if k[0] == thread]:
+            del self._frames[key]
+
+
+def _thread_ns(config: RunnableConfig) -> tuple[str, str]:
+    conf = config["configurable"]
+    return str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+
+
+def _plain_copy(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy a caller may change without changing the frame a saver remembers."""
+    return {
+        k: _plain_copy(v) if isinstance(v, Mapping) else (list(v) if isinstance(v, list) else v)
+        for k, v in metadata.items()
+    }
+
+
+def _contains(metadata: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:
+    """Whether `metadata` holds every key of `filter` with its value (a dict within a dict),
+    as LangGraph's Postgres saver matches a filter (`@>`)."""
+    for key, wanted in filter.items():
+        if key not in metadata:
+            return False
+        value = metadata[key]
+        if isinstance(wanted, Mapping) and isinstance(value, Mapping):
+            if not _contains(value, wanted):
+                return False
+        elif value != wanted:
+            return False
+    return True
