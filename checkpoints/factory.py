@@ -17,6 +17,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import (
     DatabaseKind,
     aconnect_postgres,
@@ -25,7 +26,6 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSqliteSaver
 
 

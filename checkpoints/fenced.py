@@ -437,7 +437,9 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             replaces = all(channel in WRITES_IDX_MAP for channel, _ in task.writes)
             (replaced if replaces else kept).extend(row[3:] for row in rows)
             params["parent"] = task.key[2]
-        params |= column_arrays("k", WRITE_COLUMNS, kept) | column_arrays("r", WRITE_COLUMNS, replaced)
+        params |= column_arrays("k", WRITE_COLUMNS, kept) | column_arrays(
+            "r", WRITE_COLUMNS, replaced
+        )
         blobs: list[tuple[Any, ...]] = []
         strings: dict[str, str] = {}
         params |= {"checkpoint": Jsonb({}), "metadata": Jsonb({})}
@@ -467,7 +469,9 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         return params | column_arrays("b", _BLOB_COLUMNS, blobs), strings
 
 
-def column_arrays(prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+def column_arrays(
+    prefix: str, names: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> dict[str, Any]:
     """Rows as one array parameter per column, named `<prefix>_<column>` (empty for no rows),
     each of its column's type (see `_ColumnArray`)."""
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, closing, contextmanager
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -30,6 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
+from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import (
     DatabaseKind,
     connect_postgres,
@@ -37,7 +38,6 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import (
     WRITES_WAIT_S,
@@ -135,7 +135,7 @@ def stock_layout_saver(url: str, fence: Fence | None = None) -> Iterator[FencedS
     """The fenced saver of LangGraph's own layout (the served runs' saver, on Postgres)."""
     if database_kind(url) is DatabaseKind.POSTGRES:
         with connect_postgres(url) as conn:
-            saver: FencedSaver = FencedPostgresSaver(conn, fence=fence)
+            saver = FencedPostgresSaver(conn, fence=fence)
             saver.setup()
             yield saver
     else:
@@ -143,7 +143,10 @@ def stock_layout_saver(url: str, fence: Fence | None = None) -> Iterator[FencedS
             yield FencedSqliteSaver(sconn, fence=fence)
 
 
-LAYOUTS = {"compact": open_checkpointer, "stock": stock_layout_saver}
+LAYOUTS: dict[str, Callable[..., AbstractContextManager[FencedSaver]]] = {
+    "compact": open_checkpointer,
+    "stock": stock_layout_saver,
+}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -219,7 +222,9 @@ def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layo
         lease = leases.claim("prepared", "worker-a", ttl_s=60)
     with LAYOUTS[layout](postgres_url, fence=Fence.of(lease)) as fenced:
         run_and_read(fenced, "prepared")
-        conn = fenced.legacy.conn if isinstance(fenced, CompactSaver) else fenced.conn
+        stock = fenced.legacy if isinstance(fenced, CompactSaver) else fenced
+        assert isinstance(stock, FencedPostgresSaver)
+        conn = stock.conn
         assert isinstance(conn, psycopg.Connection)  # the saver's own, not a pool
         prepared = conn.execute(
             "SELECT count(*) AS n FROM pg_prepared_statements"
