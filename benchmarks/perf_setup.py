@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -30,11 +29,17 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
+from loopwright.checkpoints.compact import Layout
+from loopwright.checkpoints.database import DatabaseKind
+from loopwright.checkpoints.factory import open_checkpointer
+from loopwright.checkpoints.journal import open_journal
+from loopwright.checkpoints.leases import open_lease_store
 from loopwright.checkpoints.scratch import fresh_database, server_url
+from loopwright.checkpoints.sql import Database
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import Principal
 from loopwright.models.scripted import ScriptedChatModel
-from loopwright.runner import Runner, open_runner
+from loopwright.runner import Runner
 from loopwright.tools.contract import ToolContext, ToolContract
 from loopwright_refunds.agent import Order, RefundServices, connect, fetch_order, task_scope
 from loopwright_refunds.agent import agent as refunds
@@ -46,14 +51,29 @@ TASK = "Read orders O-42, O-43 and O-44 in turn, again and again."
 PRINCIPAL = Principal(user_id="u-1", scope=task_scope(TASK))
 NOTE_CHARS = 700  # pads an order (~300 bytes of JSON) to ~1 KB
 
-# Bytes a thread holds in LangGraph's Postgres tables: checkpoints, channel blobs, pending writes.
-THREAD_BYTES = """
+# The payload bytes a thread holds in both layouts' tables (a thread is in one of them): in
+# LangGraph's, each checkpoint's JSON and metadata, channel blobs and pending writes; in the
+# compact layout (`checkpoints.compact`), each checkpoint's row body and the writes saved alone.
+# Keys and row headers are not counted (see `benchmarks.storage` for whole rows).
+THREAD_BYTES = {
+    DatabaseKind.POSTGRES: """
 SELECT
   (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)), 0)
-     FROM checkpoints WHERE thread_id = %(t)s)
-+ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_blobs WHERE thread_id = %(t)s)
-+ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes WHERE thread_id = %(t)s)
-"""
+     FROM checkpoints WHERE thread_id = %s)
++ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_blobs WHERE thread_id = %s)
++ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes WHERE thread_id = %s)
++ (SELECT coalesce(sum(octet_length(body)), 0) FROM lw_checkpoints WHERE thread_id = %s)
++ (SELECT coalesce(sum(octet_length(blob)), 0) FROM lw_checkpoint_writes WHERE thread_id = %s)
+  AS bytes""",
+    DatabaseKind.SQLITE: """
+SELECT
+  (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0)
+     FROM checkpoints WHERE thread_id = %s)
++ (SELECT coalesce(sum(length(value)), 0) FROM writes WHERE thread_id = %s)
++ (SELECT coalesce(sum(length(body)), 0) FROM lw_checkpoints WHERE thread_id = %s)
++ (SELECT coalesce(sum(length(blob)), 0) FROM lw_checkpoint_writes WHERE thread_id = %s)
+  AS bytes""",
+}
 
 
 def note(order_id: str) -> str:
@@ -126,20 +146,26 @@ def reading_budget(steps: int) -> Budget:
 
 @contextmanager
 def open_reading_runner(
-    database_url: str, endpoints: ServiceEndpoints, steps: int
+    database_url: str, endpoints: ServiceEndpoints, steps: int, layout: Layout = Layout.COMPACT
 ) -> Iterator[Runner]:
-    """A runner of the reading agent on the services at `endpoints`, for a run of `steps` reads."""
+    """A runner of the reading agent on the services at `endpoints`, for a run of `steps` reads,
+    writing its checkpoints in `layout` (LangGraph's own: as the server's runs, and the runtime's
+    before the compact layout)."""
     with (
         connect(endpoints) as deps,
-        open_runner(
-            database_url,
-            READING_AGENT,
+        open_checkpointer(database_url, layout=layout) as saver,
+        open_journal(database_url) as journal,
+        open_lease_store(database_url) as leases,
+    ):
+        yield Runner(
+            saver=saver,
+            journal=journal,
+            leases=leases,
+            agent=READING_AGENT,
             deps=deps,
             model=reading_model(steps),
             budget=reading_budget(steps),
-        ) as runner,
-    ):
-        yield runner
+        )
 
 
 def bare_agent(
@@ -152,10 +178,12 @@ def bare_agent(
         return create_react_agent(model, tools, checkpointer=saver)
 
 
-def thread_bytes(conn: psycopg.Connection[Any], thread_id: str) -> int:
-    row = conn.execute(THREAD_BYTES, {"t": thread_id}).fetchone()
+def thread_bytes(db: Database, thread_id: str) -> int:
+    """The payload bytes `thread_id` holds (`THREAD_BYTES`)."""
+    sql = THREAD_BYTES[db.kind]
+    row = db.one(sql, (thread_id,) * sql.count("%s"))
     assert row is not None
-    return int(row[0])
+    return int(row["bytes"])
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,12 @@ from benchmarks.perf_setup import (
     reading_model,
     thread_bytes,
 )
+from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence, FencedSaver, FencedSqliteSaver
+from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import LeaseStore, open_lease_store
+from loopwright.checkpoints.sql import open_database
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 
 STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
@@ -74,13 +76,6 @@ RAW_COMMITS_PER_ROUND = 30
 WORK_STEPS = 25  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
 WORK_REPEATS = 3
 WAL_FRAME_HEADER = 24  # bytes before each page in SQLite's WAL
-
-SQLITE_THREAD_BYTES = """
-SELECT (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0)
-          FROM checkpoints WHERE thread_id = :t)
-     + (SELECT coalesce(sum(length(value)), 0) FROM writes WHERE thread_id = :t)
-"""
-
 
 Call = tuple[str, tuple[Any, ...]]  # a saver method's name and its arguments
 
@@ -148,11 +143,8 @@ class Backend:
                 yield saver
 
     def thread_bytes(self, thread: str) -> int:
-        if self.is_sqlite:
-            with closing(sqlite3.connect(sqlite_path(self.url))) as conn:
-                return int(conn.execute(SQLITE_THREAD_BYTES, {"t": thread}).fetchone()[0])
-        with psycopg.connect(self.url) as conn:
-            return thread_bytes(conn, thread)
+        with open_database(self.url) as db:
+            return thread_bytes(db, thread)
 
     def raw_commit_ms(self, payload_bytes: int, repeats: int = RAW_COMMITS_PER_ROUND) -> float:
         """One INSERT of `payload_bytes` and its COMMIT, in an explicit transaction on a fresh
@@ -283,8 +275,8 @@ def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int
                 replay(call)
             return sum(name == "put" for name, _ in calls)
 
-        assert isinstance(saver, FencedSqliteSaver)
-        writers = [saver.conn, leases.db.conn]
+        assert isinstance(saver, CompactSaver)
+        writers = [saver.db.conn, leases.db.conn]
         ours = wal_pages(
             path, [c for c in writers if isinstance(c, sqlite3.Connection)], replay_all
         )

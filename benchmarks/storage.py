@@ -2,34 +2,33 @@
 
     python -m benchmarks.storage [--steps 500] [--backend postgres sqlite] [--db SERVER_URL]
 
-Runs the reading task for N tool steps on loopwright (the fenced saver, durability "sync") and
-on the bare prebuilt agent (the stock saver, durability "sync"), on Postgres and on SQLite (the
-embedded default), and reads the bytes each thread holds in LangGraph's tables (Postgres:
-checkpoints, blobs, writes, logical sizes before Postgres's own compression; SQLite: its
-checkpoints, which hold every channel's value but the delta channels', and writes) after every
-step. loopwright's history and evidence are delta
-channels, so a step should add about the same bytes at step 500 as at step 1; the bare agent
-stores its whole message list again at every step. Goals: bytes/step over the last 100 steps
-within 1.2x of the first 100 (linear); loopwright's total at N steps <= 0.1x the bare agent's;
-bytes per tool step <= 4x the observation's (the read's answer as the model sees it). The
-script prints loopwright's bytes per tool step by table and channel.
+Runs the reading task for N tool steps on loopwright (the fenced saver, durability "sync") in
+its compact layout (`checkpoints.compact`) and, side by side, in LangGraph's own layout (the
+server's runs are written in it, and the runtime's were before), and on the bare prebuilt agent
+(the stock saver, durability "sync"), on Postgres and on SQLite (the embedded default). After
+every step it reads the payload bytes each thread holds (`perf_setup.THREAD_BYTES`: LangGraph's
+checkpoints, blobs and writes, or the compact rows' bodies and the writes saved alone; keys and
+row headers not counted; Postgres: logical sizes, before its own compression). loopwright's
+history and evidence are delta channels, so a step should add about the same bytes at step 500
+as at step 1; the bare agent stores its whole message list again at every step. Goals:
+bytes/step over the last 100 steps within 1.2x of the first 100 (linear); loopwright's total at
+N steps <= 0.1x the bare agent's; bytes per tool step <= 4x the observation's (the read's answer
+as the model sees it). The script prints where a tool step's bytes go (each write by channel,
+the keyframes, the rows' bookkeeping) and whole rows per table, keys and headers included.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sqlite3
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 
@@ -42,11 +41,12 @@ from benchmarks.perf_setup import (
     bench_environment,
     open_reading_runner,
     reading_model,
-    thread_bytes,
 )
 from benchmarks.step_time import Backend
-from loopwright.checkpoints.database import sqlite_path
-from loopwright.graph.state import REDUCED_CHANNELS
+from loopwright.checkpoints.compact import Layout, rebuild
+from loopwright.checkpoints.database import DatabaseKind
+from loopwright.checkpoints.frames import Row
+from loopwright.checkpoints.sql import open_database
 
 WINDOW = 100
 LINEAR_GOAL = 1.2
@@ -54,56 +54,58 @@ BARE_GOAL = 0.1
 PAYLOAD_GOAL = 4.0
 BARE_SAMPLE_EVERY = 10  # the bare agent's size is read every 10 steps (its reads are slow)
 
-BY_CHANNEL = """
-SELECT 'blob ' || channel AS part, sum(octet_length(blob)) AS bytes
-  FROM checkpoint_blobs WHERE thread_id = %(t)s GROUP BY channel
+# Whole rows per table, keys and row headers included: Postgres's own size of each (after its
+# compression of long values, which starts once a row passes about 2 KB); SQLite's payload and
+# keys (it has no per-row size to ask for).
+ROWS_BY_TABLE = {
+    DatabaseKind.POSTGRES: """
+SELECT 'lw_checkpoints' AS tab, count(*) AS n, coalesce(sum(pg_column_size(t.*)), 0) AS bytes
+  FROM lw_checkpoints t WHERE thread_id = %s
 UNION ALL
-SELECT 'write ' || channel, sum(octet_length(blob))
-  FROM checkpoint_writes WHERE thread_id = %(t)s GROUP BY channel
+SELECT 'lw_checkpoint_writes', count(*), coalesce(sum(pg_column_size(t.*)), 0)
+  FROM lw_checkpoint_writes t WHERE thread_id = %s
 UNION ALL
-SELECT 'checkpoint rows', sum(octet_length(checkpoint::text) + octet_length(metadata::text))
-  FROM checkpoints WHERE thread_id = %(t)s
-ORDER BY bytes DESC
-"""
-# Whole rows, keys and row headers included, as Postgres stores them (pg_column_size: after its
-# own compression of long values), beside the payload the figures above count. Postgres
-# compresses a row's values only once the row passes about 2 KB (TOAST_TUPLE_THRESHOLD, whatever
-# the table's toast_tuple_target): a checkpoint row under it is stored as it is, one over it
-# often smaller than one under.
-ROWS_BY_TABLE = """
-SELECT 'checkpoints' AS tab, count(*), sum(pg_column_size(t.*))
-  FROM checkpoints t WHERE thread_id = %(t)s
+SELECT 'checkpoints', count(*), coalesce(sum(pg_column_size(t.*)), 0)
+  FROM checkpoints t WHERE thread_id = %s
 UNION ALL
-SELECT 'checkpoint_blobs', count(*), sum(pg_column_size(t.*))
-  FROM checkpoint_blobs t WHERE thread_id = %(t)s
+SELECT 'checkpoint_blobs', count(*), coalesce(sum(pg_column_size(t.*)), 0)
+  FROM checkpoint_blobs t WHERE thread_id = %s
 UNION ALL
-SELECT 'checkpoint_writes', count(*), sum(pg_column_size(t.*))
-  FROM checkpoint_writes t WHERE thread_id = %(t)s
-"""
+SELECT 'checkpoint_writes', count(*), coalesce(sum(pg_column_size(t.*)), 0)
+  FROM checkpoint_writes t WHERE thread_id = %s
+""",
+    DatabaseKind.SQLITE: """
+SELECT 'lw_checkpoints' AS tab, count(*) AS n, coalesce(sum(length(body)
+       + length(thread_id) + length(checkpoint_ns) + length(checkpoint_id)
+       + coalesce(length(parent_id), 0) + 1), 0) AS bytes
+  FROM lw_checkpoints WHERE thread_id = %s
+UNION ALL
+SELECT 'lw_checkpoint_writes', count(*), coalesce(sum(length(blob) + length(thread_id)
+       + length(checkpoint_ns) + length(checkpoint_id) + length(task_id) + length(task_path)
+       + length(channel) + length(type) + 4), 0)
+  FROM lw_checkpoint_writes WHERE thread_id = %s
+UNION ALL
+SELECT 'checkpoints', count(*), coalesce(sum(length(checkpoint) + length(metadata)
+       + length(thread_id) + length(checkpoint_ns) + length(checkpoint_id)
+       + coalesce(length(parent_checkpoint_id), 0)), 0)
+  FROM checkpoints WHERE thread_id = %s
+UNION ALL
+SELECT 'writes', count(*), coalesce(sum(length(value) + length(thread_id)
+       + length(checkpoint_ns) + length(checkpoint_id) + length(task_id) + length(channel)
+       + length(type) + 4), 0)
+  FROM writes WHERE thread_id = %s
+""",
+}
 
 
-SQLITE_BY_CHANNEL = """
-SELECT 'write ' || channel AS part, sum(length(value)) AS bytes
-  FROM writes WHERE thread_id = :t GROUP BY channel
-UNION ALL
-SELECT 'checkpoint rows', sum(length(checkpoint) + length(metadata))
-  FROM checkpoints WHERE thread_id = :t
-ORDER BY bytes DESC
-"""
-SQLITE_ROWS_BY_TABLE = """
-SELECT 'checkpoints' AS tab, count(*), coalesce(sum(length(checkpoint) + length(metadata)), 0)
-  FROM checkpoints WHERE thread_id = :t
-UNION ALL
-SELECT 'writes', count(*), coalesce(sum(length(value)), 0) FROM writes WHERE thread_id = :t
-"""
-
-
-def loopwright_sizes(bench: Bench, backend: Backend, steps: int) -> tuple[list[int], str, int]:
+def loopwright_sizes(
+    bench: Bench, backend: Backend, steps: int, layout: Layout
+) -> tuple[list[int], str, int]:
     """Thread bytes after each model decision (index k: after k tool steps), the thread, and
     the median observation's bytes (a tool result as the model sees it)."""
-    run_id = f"lw-storage-{time.time_ns()}"
+    run_id = f"lw-storage-{layout}-{time.time_ns()}"
     sizes: list[int] = []
-    with open_reading_runner(backend.url, bench.endpoints, steps) as runner:
+    with open_reading_runner(backend.url, bench.endpoints, steps, layout) as runner:
 
         def measure(node: str, _update: dict[str, Any]) -> None:
             if node == "model_step":
@@ -146,15 +148,13 @@ class StorageFigures:
     first_per_step: float
     last_per_step: float
     loopwright_total: int
+    stock_layout_per_step: float  # the same run in LangGraph's layout, its last window
     bare_total: int
     bare_series: list[tuple[int, int]]
     loopwright_series: list[int]
-    breakdown: list[tuple[str, int]]
-    rows: list[tuple[str, int, int]]  # table, rows, their bytes (pg_column_size)
+    breakdown: list[tuple[str, int]]  # part, bytes over the whole run
+    rows: list[tuple[str, int, int]]  # table, rows, their bytes (keys and headers included)
     observation_bytes: int
-    # Postgres: the run's bytes in layouts of loopwright's own, worked out from its rows.
-    delta_versions_total: int | None = None
-    without_replaced_writes_total: int | None = None
 
     @property
     def to_payload(self) -> float:
@@ -169,82 +169,79 @@ class StorageFigures:
     def to_bare(self) -> float:
         return self.loopwright_total / self.bare_total
 
+    @property
+    def whole_rows_per_step(self) -> float:
+        return sum(b for _, _, b in self.rows) / self.steps
+
+
+def per_step(sizes: Sequence[int], steps: int) -> tuple[float, float]:
+    """Bytes per tool step over the first and the last window of a run."""
+    window = min(WINDOW, steps // 2)
+    return (sizes[window] - sizes[0]) / window, (sizes[steps] - sizes[steps - window]) / window
+
 
 def measure(bench: Bench, backend: Backend, steps: int) -> StorageFigures:
-    ours, run_id, observation_bytes = loopwright_sizes(bench, backend, steps)
-    breakdown = [(str(p), int(b or 0)) for p, b in backend_rows(backend, BY_CHANNEL, run_id)]
-    rows = [(str(t), int(n), int(b)) for t, n, b in backend_rows(backend, ROWS_BY_TABLE, run_id)]
+    ours, run_id, observation_bytes = loopwright_sizes(bench, backend, steps, Layout.COMPACT)
+    stock, _, _ = loopwright_sizes(bench, backend, steps, Layout.STOCK)
+    with open_database(backend.url) as db:
+        breakdown = compact_breakdown(db.execute, run_id)
+        sql = ROWS_BY_TABLE[db.kind]
+        rows = [
+            (str(r["tab"]), int(r["n"]), int(r["bytes"]))
+            for r in db.execute(sql, (run_id,) * sql.count("%s"))
+            if r["n"]
+        ]
     bare = bare_sizes(bench, backend, steps)
-    window = min(WINDOW, steps // 2)
+    first, last = per_step(ours, steps)
     return StorageFigures(
         backend=backend.name,
         steps=steps,
-        first_per_step=(ours[window] - ours[0]) / window,
-        last_per_step=(ours[steps] - ours[steps - window]) / window,
+        first_per_step=first,
+        last_per_step=last,
         loopwright_total=ours[-1],
+        stock_layout_per_step=per_step(stock, steps)[1],
         bare_total=bare[-1][1],
         bare_series=bare,
         loopwright_series=ours,
         breakdown=breakdown,
         rows=rows,
         observation_bytes=observation_bytes,
-        **({} if backend.is_sqlite else layouts_of_our_own(backend.url, run_id)),
     )
 
 
-# The writes of channels whose value the next checkpoint holds (blobs or inline): all but the
-# delta channels' (their values are their writes) and LangGraph's own (routes, interrupts).
-REPLACED_WRITE_BYTES = """
-SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes WHERE thread_id = %(t)s
-   AND channel <> ALL(%(delta)s) AND channel NOT LIKE 'branch:%%' AND channel NOT LIKE '\\_\\_%%'
-"""
-
-
-def layouts_of_our_own(url: str, thread: str) -> dict[str, int]:
-    """The thread's bytes (as `thread_bytes` counts them) if each checkpoint kept only the channel
-    versions and versions seen that changed since its parent (reconstructed on read), and then
-    also without the writes of replaced channels: what a layout that stock readers cannot read
-    would save, for the decision to write one."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        saved = conn.execute(
-            "SELECT checkpoint, octet_length(checkpoint::text) + octet_length(metadata::text)"
-            " FROM checkpoints WHERE thread_id = %(t)s ORDER BY checkpoint_id",
-            {"t": thread},
-        ).fetchall()
-        replaced = conn.execute(
-            REPLACED_WRITE_BYTES, {"t": thread, "delta": sorted(REDUCED_CHANNELS)}
-        ).fetchone()
-        total = thread_bytes(conn, thread)
-    assert replaced is not None
-    spared, parent = 0, None
-    for checkpoint, _size in saved:
-        if parent is not None:
-            for part in ("channel_versions", "versions_seen"):
-                same = {k: v for k, v in checkpoint[part].items() if parent[part].get(k) == v}
-                # Each unchanged entry, its key, value and separators, as the JSON text spells it.
-                spared += sum(len(json.dumps({k: v})) - 1 for k, v in same.items())
-        parent = checkpoint
-    delta = total - spared
-    return {
-        "delta_versions_total": delta,
-        "without_replaced_writes_total": delta - int(replaced[0]),
-    }
-
-
-def backend_rows(backend: Backend, postgres_query: str, thread: str) -> list[tuple[Any, ...]]:
-    """`postgres_query` on the bench's Postgres database, or its SQLite counterpart on the file."""
-    if backend.is_sqlite:
-        sqlite_query = {BY_CHANNEL: SQLITE_BY_CHANNEL, ROWS_BY_TABLE: SQLITE_ROWS_BY_TABLE}
-        with closing(sqlite3.connect(sqlite_path(backend.url))) as conn:
-            return list(conn.execute(sqlite_query[postgres_query], {"t": thread}))
-    with psycopg.connect(backend.url, autocommit=True) as conn:
-        return list(conn.execute(postgres_query, {"t": thread}))
+def compact_breakdown(execute: Any, thread: str) -> list[tuple[str, int]]:
+    """Where the compact rows' bytes go: each write's value by channel, the keyframes (whole
+    states), and the rest of the rows (versions, seen versions, metadata that differs from its
+    prediction, task ids, values that are no write), largest first."""
+    parts: Counter[str] = Counter()
+    records = execute(
+        "SELECT checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
+        " WHERE thread_id = %s ORDER BY checkpoint_id DESC",
+        (thread,),
+    )
+    chain = [
+        Row(r["checkpoint_id"], r["parent_id"], bool(r["keyframe"]), r["body"]) for r in records
+    ]
+    for row, frame in zip(reversed(chain), rebuild(chain), strict=True):
+        written = 0
+        for write in frame.writes:
+            parts[f"write {write.channel}"] += len(write.value[1])
+            written += len(write.value[1])
+        rest = "keyframes, but their writes" if row.key else "bookkeeping of the other rows"
+        parts[rest] += len(row.body) - written
+    for record in execute(
+        "SELECT channel, blob FROM lw_checkpoint_writes WHERE thread_id = %s", (thread,)
+    ):
+        parts[f"write saved alone {record['channel']}"] += len(record["blob"])
+    return parts.most_common()
 
 
 def report(figures: StorageFigures) -> list[str]:
     window = min(WINDOW, figures.steps // 2)
     linear_ok = figures.linearity <= LINEAR_GOAL
     bare_ok = figures.to_bare <= BARE_GOAL
+    payload_ok = figures.to_payload <= PAYLOAD_GOAL
+    whole = figures.whole_rows_per_step
     lines = [
         f"{figures.backend}: checkpoint bytes per tool step (~1 KB observations): first {window} steps "
         f"{figures.first_per_step:,.0f} B, last {window} steps {figures.last_per_step:,.0f} B: "
@@ -257,31 +254,20 @@ def report(figures: StorageFigures) -> list[str]:
             f"{n}: {b / 1e6:.1f}"
             for n, b in figures.bare_series[:: max(1, len(figures.bare_series) // 6)]
         ),
-    ]
-    payload_ok = figures.to_payload <= PAYLOAD_GOAL
-    lines += [
         f"bytes per tool step (last {window} steps) / the observation's "
         f"{figures.observation_bytes:,} B: {figures.to_payload:.1f}x (goal <= {PAYLOAD_GOAL}x) "
-        f"{'met' if payload_ok else 'MISSED'}",
-        f"loopwright's bytes per tool step by table and channel (totals over {figures.steps} "
-        "steps / steps):",
+        f"{'met' if payload_ok else 'MISSED'}; whole rows {whole:,.0f} B, "
+        f"{whole / figures.observation_bytes:.1f}x",
+        f"  the same run in LangGraph's layout (the server's runs'): "
+        f"{figures.stock_layout_per_step:,.0f} B a tool step, "
+        f"{figures.stock_layout_per_step / figures.observation_bytes:.1f}x; compact / LangGraph's "
+        f"{figures.last_per_step / figures.stock_layout_per_step:.2f}",
+        f"where a tool step's bytes go (over {figures.steps} steps, per step):",
     ]
-    lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:12] if b]
-    if figures.delta_versions_total is not None and figures.without_replaced_writes_total:
-        per_step = figures.observation_bytes * figures.steps
-        lines.append(
-            "in a layout of loopwright's own (stock readers could not read it), the whole run's"
-            " bytes per tool step / the observation: only changed channel versions and versions seen"
-            f" {figures.delta_versions_total / per_step:.1f}x, and no writes of replaced channels"
-            f" {figures.without_replaced_writes_total / per_step:.1f}x"
-        )
+    lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:14] if b]
     lines.append(
-        "rows per tool step and their bytes"
-        + (
-            " (SQLite: payload)"
-            if figures.backend == "sqlite"
-            else ", keys and headers included (pg_column_size)"
-        )
+        "rows per tool step and their bytes, keys and headers included"
+        + (" (SQLite: payload and keys)" if figures.backend == "sqlite" else " (pg_column_size)")
         + ":"
     )
     lines += [

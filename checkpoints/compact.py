@@ -84,7 +84,7 @@ _BY_ID, _LATEST = (
     ("(SELECT max(checkpoint_id) FROM lw_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s)"),
 )
 _TO_KEYFRAME, _TO_ROOT = "NOT chain.keyframe", "chain.depth >= 0"
-# Children have later ids (LangGraph's ids are time-ordered, as its "latest" assumes).
+# Children have later ids (LangGraph's ids grow with time, as its "latest" assumes).
 _CHILDREN = (
     "SELECT checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
     " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id > %s AND parent_id = %s"
@@ -189,7 +189,7 @@ def rebuild(rows: Sequence[Row]) -> list[Frame]:
 def merged_writes(alone: Sequence[Write], children: Sequence[Sequence[Write]]) -> list[Write]:
     """A checkpoint's pending writes: saved alone at it, and carried by its children's rows
     (where two carry one write, the first saved is kept, as LangGraph's savers keep it), in
-    LangGraph's replay order (`writes_sort_key`)."""
+    the sequence LangGraph replays them in (`writes_sort_key`)."""
     kept: dict[tuple[str, int], Write] = {}
     for write in [*alone, *(w for child in children for w in child)]:
         kept.setdefault((write.task_id, write.idx), write)
@@ -386,7 +386,7 @@ class CompactSaver(FencedSaver):
         filter: dict[str, Any] | None,
         before: RunnableConfig | None,
     ) -> builtins.list[CheckpointTuple]:
-        """The matching checkpoints, newest first (by id, as LangGraph's savers order them)."""
+        """The matching checkpoints, newest first (by id, as LangGraph's savers list them)."""
         conf = config["configurable"] if config else {}
         where, params = [], []
         for column in ("thread_id", "checkpoint_ns", "checkpoint_id"):
@@ -454,8 +454,8 @@ class CompactSaver(FencedSaver):
                     remaining.discard(channel)
         result: dict[str, DeltaChannelHistory] = {}
         for channel in channels:
-            ordered = [w for batch in reversed(batches[channel]) for w in batch]
-            entry: DeltaChannelHistory = {"writes": [w.pending(self.serde) for w in ordered]}
+            oldest_first = [w for batch in reversed(batches[channel]) for w in batch]
+            entry: DeltaChannelHistory = {"writes": [w.pending(self.serde) for w in oldest_first]}
             if channel in seeds:
                 entry["seed"] = seeds[channel]
             result[channel] = entry
@@ -588,9 +588,9 @@ class CompactSaver(FencedSaver):
                     values = (thread, ns, row.checkpoint_id, row.parent_id, row.key, row.body)
                     cursor.execute(_SQLITE_SAVE, values)
                 for statement, writes in ((_SQLITE_KEEP, kept), (_SQLITE_REPLACE, replaced)):
-                    cursor.executemany(
-                        statement, [(thread, ns, at, *_write_row(w)) for w in writes]
-                    )
+                    if writes:
+                        rows = [(thread, ns, at, *_write_row(w)) for w in writes]
+                        cursor.executemany(statement, rows)
             crash_point(f"checkpoint:commit:before_commit:{node}")
         return run
 

@@ -10,14 +10,17 @@ writer per run itself, and the runtime's own workers go through the sync saver.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, closing, contextmanager
+from typing import Any
 
+import psycopg
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from loopwright.checkpoints.compact import CompactSaver
+from loopwright.checkpoints.compact import CompactSaver, Layout
 from loopwright.checkpoints.database import (
     DatabaseKind,
     aconnect_postgres,
@@ -26,24 +29,34 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSqliteSaver
+from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSaver, FencedSqliteSaver
 
 
 @contextmanager
-def open_checkpointer(url: str, *, fence: Fence | None = None) -> Iterator[CompactSaver]:
-    """A set-up saver on its own connection to the database at `url`, closed on exit."""
+def open_checkpointer(
+    url: str, *, fence: Fence | None = None, layout: Layout = Layout.COMPACT
+) -> Iterator[FencedSaver]:
+    """A set-up saver on its own connection to the database at `url`, closed on exit: the
+    runtime's (`Layout.COMPACT`), or the fenced saver of LangGraph's layout alone, which the
+    server's runs are written with (`Layout.STOCK`)."""
     if database_kind(url) is DatabaseKind.POSTGRES:
         with connect_postgres(url) as conn:
-            legacy = FencedPostgresSaver(conn)
+            legacy = FencedPostgresSaver(conn, fence=fence)
             legacy.setup()
-            saver = CompactSaver(legacy, conn, fence=fence)
-            saver.setup()
-            yield saver
+            yield _in_layout(legacy, conn, layout)
     else:
         with closing(connect_sqlite(sqlite_path(url))) as sconn:
-            saver = CompactSaver(FencedSqliteSaver(sconn), sconn, fence=fence)
-            saver.setup()
-            yield saver
+            yield _in_layout(FencedSqliteSaver(sconn, fence=fence), sconn, layout)
+
+
+def _in_layout(
+    legacy: FencedSaver, conn: psycopg.Connection[Any] | sqlite3.Connection, layout: Layout
+) -> FencedSaver:
+    if layout is Layout.STOCK:
+        return legacy
+    saver = CompactSaver(legacy, conn, fence=legacy.fence)
+    saver.setup()
+    return saver
 
 
 @asynccontextmanager

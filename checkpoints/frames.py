@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import ormsgpack
 from langgraph.checkpoint.base import (
@@ -182,7 +182,7 @@ def encode(
         values={},
         seen={node: dict(seen) for node, seen in checkpoint["versions_seen"].items()},
         updated=_updated(checkpoint),
-        metadata=cast(dict[str, Any], _plain(dict(metadata))),
+        metadata=_plain(metadata),
         since_key=0 if parent is None else parent.since_key + 1,
         writes=_by_task(writes),
     )
@@ -190,7 +190,7 @@ def encode(
 
 
 def _by_task(writes: Sequence[Write]) -> list[Write]:
-    """The writes with each task's together, tasks in the order they first appear (W's)."""
+    """The writes with each task's together, each task where it first appears (as in W)."""
     tasks: dict[tuple[str, str], list[Write]] = {}
     for write in writes:
         tasks.setdefault((write.task_id, write.task_path), []).append(write)
@@ -202,14 +202,11 @@ def _updated(checkpoint: Checkpoint) -> list[str] | None:
     return None if updated is None else list(updated)
 
 
-def _plain(value: Any) -> Any:
-    """`value` as a JSON store gives it back (a tuple as a list): metadata is compared with its
+def _plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`metadata` as a JSON store gives it back (a tuple as a list): it is compared with its
     parent's and read back as the stock savers read it."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    plain: dict[str, Any] = ormsgpack.unpackb(ormsgpack.packb(metadata))
+    return plain
 
 
 def predicted_metadata(parent: Mapping[str, Any], updated: Iterable[str] | None) -> dict[str, Any]:
@@ -230,16 +227,20 @@ def predicted_metadata(parent: Mapping[str, Any], updated: Iterable[str] | None)
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal and of the same types throughout: 1, 1.0 and True are equal in Python, and a row
-    that left one out as unchanged would give back its parent's."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+def _same(a: Version, b: Version) -> bool:
+    """The same version, of the same type: 1, 1.0 and True are equal in Python, and a row that
+    left one out as unchanged would give back its parent's."""
+    return a == b and type(a) is type(b)
+
+
+def _same_versions(a: Mapping[str, Version], b: Mapping[str, Version]) -> bool:
+    return a == b and all(type(v) is type(b[k]) for k, v in a.items())
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """The same metadata value: its encoding tells 1, 1.0 and True apart (and a dict with its
+    keys in another sequence apart, which only costs the row those few bytes)."""
+    return a is b or ormsgpack.packb(a) == ormsgpack.packb(b)
 
 
 def _is_pair(value: Any) -> bool:
@@ -293,7 +294,7 @@ class _Writer:
     version, value], R the channels removed, U the updated channels, S the nodes whose seen
     versions changed, M and D the metadata (keys that differ from the prediction, keys it
     lacks), W the writes [task, path, [[channel, type, bytes, (idx)]]]. A value is None (none
-    stored at that version), the index of the write it is (in W's order), or [type, bytes]."""
+    stored at that version), the index of the write it is (counted through W), or [type, bytes]."""
 
     def __init__(
         self,
@@ -338,16 +339,20 @@ class _Writer:
 
     def _set_channels(self) -> list[str]:
         """The channels whose version and value this row sets: every one in a keyframe, else
-        the new ones and those whose version changed."""
+        the new ones, those whose version changed, and those whose value came or went under
+        the same version. (A value that changed under the same version keeps its parent's, as
+        a blob keyed by its version does in LangGraph's layout: LangGraph moves the version.)"""
         versions, parent = self.frame.versions, self.parent
         if parent is None:
             return list(versions)
+        had, has = parent.values, self.values
         return [
             c
             for c, v in versions.items()
             if c in self.new_versions
             or c not in parent.versions
             or not _same(parent.versions[c], v)
+            or (c in had) != (c in has)
         ]
 
     def _set(self, name: str) -> list[Any]:
@@ -395,7 +400,7 @@ class _Writer:
         out: list[Any] = [
             [self._node(node), [self._seen_entry(c, v) for c, v in seen.items()]]
             for node, seen in frame.seen.items()
-            if node not in old or not _same(old[node], seen)
+            if node not in old or not _same_versions(old[node], seen)
         ]
         out.extend([self._node(node), None] for node in old if node not in frame.seen)
         return out
@@ -420,14 +425,14 @@ class _Writer:
         expected = predicted_metadata(parent.metadata, frame.updated) if parent else {}
         actual = frame.metadata
         if changed := {
-            k: v for k, v in actual.items() if k not in expected or not _same(expected[k], v)
+            k: v for k, v in actual.items() if k not in expected or not _same_value(expected[k], v)
         }:
             body["M"] = changed
         if removed := [k for k in expected if k not in actual]:
             body["D"] = removed
 
     def _writes(self) -> list[Any]:
-        """W: the writes grouped by task, in the frame's order (`encode` groups them)."""
+        """W: the writes grouped by task, as the frame lists them (`encode` groups them)."""
         tasks: dict[tuple[str, str], list[Any]] = {}
         for write in self.frame.writes:
             entries = tasks.setdefault((write.task_id, write.task_path), [])

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 import pytest
 from langchain_core.messages import BaseMessage
 
+from benchmarks.perf_setup import thread_bytes
+from loopwright.checkpoints.sql import open_database
 from loopwright.graph.budget import Budget
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes import model_step
@@ -22,14 +23,6 @@ STEPS = 200
 WINDOW = 50
 APPENDED = ("history", "evidence", "journal")  # an update's items are added to these
 
-SIZE_SQL = """
-SELECT
-  (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)), 0)
-     FROM checkpoints WHERE thread_id = %(t)s)
-+ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_blobs WHERE thread_id = %(t)s)
-+ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes WHERE thread_id = %(t)s)
-"""
-
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
@@ -40,7 +33,7 @@ def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
     model = ScriptedChatModel(policy=KeepsReading(reads=STEPS))
     sizes: list[int] = []
     with (
-        psycopg.connect(database_url, autocommit=True) as conn,
+        open_database(database_url) as db,
         open_test_runner(
             model=model,
             budget=Budget(max_steps=STEPS + 5, max_tool_attempts=STEPS * 3, max_input_tokens=10**9),
@@ -50,9 +43,7 @@ def test_checkpoint_bytes_per_step_stay_flat_over_200_steps(
 
         def measure(node: str, _update: dict[str, Any]) -> None:
             if node == "model_step":
-                row = conn.execute(SIZE_SQL, {"t": run_id}).fetchone()
-                assert row is not None
-                sizes.append(int(row[0]))
+                sizes.append(thread_bytes(db, run_id))
 
         outcome = runner.start(task, principal(task=task), run_id=run_id, on_step=measure)
         assert outcome.stop_reason == "completed", outcome.stop_detail

@@ -14,8 +14,8 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, closing, contextmanager
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -30,7 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
-from loopwright.checkpoints.compact import CompactSaver
+from loopwright.checkpoints.compact import CompactSaver, Layout
 from loopwright.checkpoints.database import (
     DatabaseKind,
     connect_postgres,
@@ -43,8 +43,6 @@ from loopwright.checkpoints.fenced import (
     WRITES_WAIT_S,
     Fence,
     FencedPostgresSaver,
-    FencedSaver,
-    FencedSqliteSaver,
     next_version,
 )
 from loopwright.checkpoints.leases import open_lease_store
@@ -130,37 +128,18 @@ def stock_saver(url: str) -> Iterator[BaseCheckpointSaver[Any]]:
             yield SqliteSaver(sconn)
 
 
-@contextmanager
-def stock_layout_saver(url: str, fence: Fence | None = None) -> Iterator[FencedSaver]:
-    """The fenced saver of LangGraph's own layout (the served runs' saver, on Postgres)."""
-    if database_kind(url) is DatabaseKind.POSTGRES:
-        with connect_postgres(url) as conn:
-            saver = FencedPostgresSaver(conn, fence=fence)
-            saver.setup()
-            yield saver
-    else:
-        with closing(connect_sqlite(sqlite_path(url))) as sconn:
-            yield FencedSqliteSaver(sconn, fence=fence)
-
-
-LAYOUTS: dict[str, Callable[..., AbstractContextManager[FencedSaver]]] = {
-    "compact": open_checkpointer,
-    "stock": stock_layout_saver,
-}
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str, layout: str) -> None:
+@pytest.mark.parametrize("layout", list(Layout))
+def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str, layout: Layout) -> None:
     with open_lease_store(database_url) as leases:
         leases.register("fenced", task="notes", user_id="u-1")
         lease = leases.claim("fenced", "worker-a", ttl_s=60)
-    with LAYOUTS[layout](database_url, fence=Fence.of(lease)) as fenced:
+    with open_checkpointer(database_url, fence=Fence.of(lease), layout=layout) as fenced:
         ours = run_and_read(fenced, "fenced")
     with stock_saver(database_url) as stock:
         theirs = run_and_read(stock, "stock")
     assert len(ours) > STEPS
     assert ours == theirs
-    if layout == "stock":  # and the stock saver reads the fenced run as the fenced saver does
+    if layout is Layout.STOCK:  # and the stock saver reads the fenced run as the fenced saver does
         with stock_saver(database_url) as stock:
             config: RunnableConfig = {"configurable": {"thread_id": "fenced"}}
             assert notebook(stock).get_state(config).values["notes"] == [
@@ -173,7 +152,7 @@ def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str, layout: str) 
 def test_a_long_string_is_stored_once_not_at_every_checkpoint(postgres_url: str) -> None:
     """The stock saver keeps every string inline in the checkpoint's JSON, which is written
     again at each checkpoint; the fenced saver stores a long one as a blob, once per version."""
-    with stock_layout_saver(postgres_url) as fenced:
+    with open_checkpointer(postgres_url, layout=Layout.STOCK) as fenced:
         run_and_read(fenced, "long-brief")
     with psycopg.connect(postgres_url) as conn:
         inline, checkpoints = conn.execute(
@@ -195,7 +174,10 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
     stored its blob; a saver that did not store it (a thread begun by another, say) sends it
     with its first checkpoint, in case the thread held it inline."""
     sent: list[list[str]] = []
-    with stock_layout_saver(postgres_url) as first, stock_layout_saver(postgres_url) as second:
+    with (
+        open_checkpointer(postgres_url, layout=Layout.STOCK) as first,
+        open_checkpointer(postgres_url, layout=Layout.STOCK) as second,
+    ):
         for saver in (first, second):
             dump = saver._dump_blobs  # type: ignore[attr-defined]
 
@@ -212,15 +194,15 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layout: str) -> None:
+@pytest.mark.parametrize("layout", list(Layout))
+def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layout: Layout) -> None:
     """Commits with and without writes, blobs, a checkpoint or a parent (the first), an
     interrupt's writes alone and a resume value bind the same parameter types: the commit is
     prepared once per connection, not once per spelling of its types."""
     with open_lease_store(postgres_url) as leases:
         leases.register("prepared", task="notes", user_id="u-1")
         lease = leases.claim("prepared", "worker-a", ttl_s=60)
-    with LAYOUTS[layout](postgres_url, fence=Fence.of(lease)) as fenced:
+    with open_checkpointer(postgres_url, fence=Fence.of(lease), layout=layout) as fenced:
         run_and_read(fenced, "prepared")
         stock = fenced.legacy if isinstance(fenced, CompactSaver) else fenced
         assert isinstance(stock, FencedPostgresSaver)

@@ -15,7 +15,8 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from loopwright.checkpoints import fenced
+from loopwright.checkpoints import compact, fenced
+from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import (
@@ -251,18 +252,23 @@ class CommitGate:
             assert self.release.wait(60)
 
 
+@pytest.mark.parametrize("layout", list(Layout))
 def test_a_takeover_waits_for_the_write_in_flight(
-    database_url: str, leases: LeaseStore, monkeypatch: pytest.MonkeyPatch
+    database_url: str, leases: LeaseStore, monkeypatch: pytest.MonkeyPatch, layout: Layout
 ) -> None:
     gate = CommitGate()
-    with open_checkpointer(database_url) as saver, open_lease_store(database_url) as other:
+    committer = compact if layout is Layout.COMPACT else fenced
+    with (
+        open_checkpointer(database_url, layout=layout) as saver,
+        open_lease_store(database_url) as other,
+    ):
         lease_a = leases.claim(RUN, "worker-a", ttl_s=0.3)
         saver.fence = Fence.of(lease_a)
         config = saver.put(
             {"configurable": {"thread_id": RUN, "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
         )
-        monkeypatch.setattr(fenced, "crash_point", gate)
-        monkeypatch.setattr(fenced, "armed", lambda: frozenset({CommitGate.POINT}))
+        monkeypatch.setattr(committer, "crash_point", gate)
+        monkeypatch.setattr(committer, "armed", lambda: frozenset({CommitGate.POINT}))
         writer = threading.Thread(target=saver.put_writes, args=(config, [("x", "hold")], "t1"))
         writer.start()
         assert gate.inside.wait(30), "the write is in flight, its fence already checked"
