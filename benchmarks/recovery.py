@@ -42,6 +42,7 @@ from benchmarks.perf_setup import (
     bench_environment,
     open_reading_runner,
 )
+from loopwright.checkpoints.frames import stored_at
 from loopwright.checkpoints.leases import Lease, LeaseStore, open_lease_store
 from loopwright.runner import LEASE_TTL_ENV, Runner
 from loopwright.worker import work
@@ -55,11 +56,8 @@ POLL_S = 0.05
 GOAL_S = TTL_S + 1.0
 REPO = Path(__file__).resolve().parent.parent
 LOG = Path(tempfile.gettempdir()) / "loopwright-recovery-bench.log"  # the children's stderr
-CHECKPOINTS = "SELECT count(*) FROM checkpoints WHERE thread_id = %s"
-FIRST_AFTER = (
-    "SELECT min((checkpoint->>'ts')::timestamptz) FROM checkpoints"
-    " WHERE thread_id = %s AND (checkpoint->>'ts')::timestamptz > %s"
-)
+CHECKPOINTS = "SELECT count(*) FROM lw_checkpoints WHERE thread_id = %s"
+BODIES = "SELECT body FROM lw_checkpoints WHERE thread_id = %s"
 LEASE = "SELECT lease_expires_at FROM lw_runs WHERE run_id = %s"
 FINISHED = (
     "SELECT 1 FROM lw_runs WHERE run_id = %s AND owner IS NULL"
@@ -181,9 +179,11 @@ def one_kill(
     first: list[datetime] = []
 
     def resumed() -> bool:
-        found = conn.execute(FIRST_AFTER, (run_id, killed)).fetchone()
-        if found and isinstance(found[0], datetime):
-            first.append(found[0])
+        after = [
+            t for (body,) in conn.execute(BODIES, (run_id,)) if (t := stored_at(body)) > killed
+        ]
+        if after:
+            first.append(min(after))
         return bool(first)
 
     _wait(resumed)

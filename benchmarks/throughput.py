@@ -54,6 +54,7 @@ import psycopg
 
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.worker_time import Sampler, Window
+from loopwright.checkpoints.frames import stored_at
 from loopwright.checkpoints.scratch import with_application_name
 from loopwright.graph.state import Principal
 from loopwright.runner import open_runner
@@ -85,11 +86,9 @@ BACKENDS = (
 )
 # Node commits so far, and the bytes of all of them (as benchmarks.perf_setup counts a thread's).
 COMMITS = """
-SELECT (SELECT count(*) FROM checkpoints) AS commits,
-  (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)), 0)
-     FROM checkpoints)
-+ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_blobs)
-+ (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes) AS bytes
+SELECT (SELECT count(*) FROM lw_checkpoints) AS commits,
+  (SELECT coalesce(sum(octet_length(body)), 0) FROM lw_checkpoints)
++ (SELECT coalesce(sum(octet_length(blob)), 0) FROM lw_checkpoint_writes) AS bytes
 """
 # A worker's log line for each attempt that returned an outcome (see `loopwright worker`).
 ATTEMPT = re.compile(r"^run-\S+: ", re.MULTILINE)
@@ -252,13 +251,10 @@ def _hold(url: str, run_ids: list[str], held: bool) -> None:
 
 def _commits_between(url: str, run_ids: list[str], start: float, end: float) -> int:
     with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM checkpoints WHERE thread_id = ANY(%s)"
-            " AND (checkpoint->>'ts')::timestamptz BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
-            (run_ids, start, end),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+        bodies = conn.execute(
+            "SELECT body FROM lw_checkpoints WHERE thread_id = ANY(%s)", (run_ids,)
+        ).fetchall()
+    return sum(start <= stored_at(body).timestamp() <= end for (body,) in bodies)
 
 
 def _submit(bench: Bench, orders: list[str]) -> list[str]:

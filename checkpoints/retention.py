@@ -41,18 +41,24 @@ ENDED = frozenset({Phase.COMPLETED.value, Phase.INCOMPLETE.value})
 # one prunes the same runs, none, and would overflow its timestamps.
 FURTHEST_CUTOFF_DAYS = 365_000.0
 
-# LangGraph's checkpoint tables per backend (the savers' own), and the bytes a row takes.
+# The checkpoint tables per backend, both layouts' (a run's are in one of them: the compact
+# layout's, or LangGraph's own for the server's runs), and the bytes a row takes.
 _TABLES: dict[DatabaseKind, dict[str, str]] = {
     DatabaseKind.POSTGRES: {
+        "lw_checkpoints": "pg_column_size(t.*)",
+        "lw_checkpoint_writes": "pg_column_size(t.*)",
         "checkpoints": "pg_column_size(t.*)",
         "checkpoint_writes": "pg_column_size(t.*)",
         "checkpoint_blobs": "pg_column_size(t.*)",
     },
     DatabaseKind.SQLITE: {
+        "lw_checkpoints": "length(t.body)",
+        "lw_checkpoint_writes": "length(t.blob)",
         "checkpoints": "length(t.checkpoint) + length(t.metadata)",
         "writes": "length(t.value)",
     },
 }
+_CHECKPOINT_TABLES = ("lw_checkpoints", "checkpoints")  # a row of either is one checkpoint
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,8 @@ def checkpoint_bytes(db: Database, run_id: str | None = None) -> tuple[int, int]
         )
         assert row is not None
         size += int(row["size"])
-        if table == "checkpoints":
-            count = int(row["n"])
+        if table in _CHECKPOINT_TABLES:
+            count += int(row["n"])
     return count, size
 
 

@@ -208,10 +208,10 @@ def test_a_home_that_cannot_be_a_directory_is_one_line(
     command: tuple[str, ...], tmp_path: Path
 ) -> None:
     """LOOPWRIGHT_HOME naming a file (or a path no directory can be made at) is named in one
-    line, not a FileExistsError's traceback."""
+    line, not a FileExistsError's traceback. (The embedded default's home: no DATABASE_URL.)"""
     home = tmp_path / "a-file"
     home.write_text("not a directory")
-    result = loopwright(*command, env={"LOOPWRIGHT_HOME": str(home)})
+    result = loopwright(*command, env={"LOOPWRIGHT_HOME": str(home), "DATABASE_URL": ""})
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"loopwright: error: LOOPWRIGHT_HOME={home} cannot be the directory of loopwright's"
