@@ -153,7 +153,7 @@ def open_reading_runner(
     before the compact layout)."""
     with (
         connect(endpoints) as deps,
-        open_checkpointer(database_url, layout=layout) as saver,
+        open_checkpointer(database_url, new_threads=layout) as saver,
         open_journal(database_url) as journal,
         open_lease_store(database_url) as leases,
     ):

@@ -249,9 +249,11 @@ class CompactSaver(FencedSaver):
         conn: psycopg.Connection[Any] | sqlite3.Connection,
         *,
         fence: Fence | None = None,
+        new_threads: Layout = Layout.COMPACT,
     ) -> None:
         super().__init__(serde=legacy.serde)
         self.legacy = legacy
+        self.new_threads = new_threads
         # One lock for the connection, which both layouts' statements take (re-entrant).
         self.lock = legacy.lock
         self.db = Database(conn, lock=cast(threading.RLock, legacy.lock))
@@ -308,6 +310,8 @@ class CompactSaver(FencedSaver):
         stock = self.legacy.get_tuple(config)
         if stock is not None:
             remember(self._layouts, thread, Layout.STOCK)
+        # Found nowhere, the thread is new, and which layout it begins in is its first
+        # writer's: another saver (the server's graph, say) may write it first.
         return stock
 
     def _chain(
@@ -470,7 +474,14 @@ class CompactSaver(FencedSaver):
     # -- writing ---------------------------------------------------------------------------
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
-        if self._layouts.get(thread) is Layout.STOCK:
+        # A thread's layout is known once it was read (LangGraph reads a thread before it
+        # writes it) or written; else it is new, and begins in `new_threads`' layout unless it
+        # has compact rows (asked once: the compact layout is the one that needs no asking).
+        layout = self._layouts.get(thread)
+        if layout is None and self.new_threads is Layout.STOCK and not self._is_compact(thread):
+            layout = Layout.STOCK
+        if layout is Layout.STOCK:
+            remember(self._layouts, thread, Layout.STOCK)
             self.legacy._commit(thread, tasks, save)
             return
         fence = self.fence

@@ -34,29 +34,39 @@ from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSave
 
 @contextmanager
 def open_checkpointer(
-    url: str, *, fence: Fence | None = None, layout: Layout = Layout.COMPACT
-) -> Iterator[FencedSaver]:
-    """A set-up saver on its own connection to the database at `url`, closed on exit: the
-    runtime's (`Layout.COMPACT`), or the fenced saver of LangGraph's layout alone, which the
-    server's runs are written with (`Layout.STOCK`)."""
+    url: str, *, fence: Fence | None = None, new_threads: Layout = Layout.COMPACT
+) -> Iterator[CompactSaver]:
+    """A set-up saver on its own connection to the database at `url`, closed on exit, that
+    writes a new thread in `new_threads`' layout (the runtime's, `Layout.COMPACT`, or
+    LangGraph's own, in which the server writes its runs) and a thread in the layout it began
+    in."""
     if database_kind(url) is DatabaseKind.POSTGRES:
         with connect_postgres(url) as conn:
-            legacy = FencedPostgresSaver(conn, fence=fence)
-            legacy.setup()
-            yield _in_layout(legacy, conn, layout)
+            saver = fenced_saver(conn, fence=fence, new_threads=new_threads)
+            assert isinstance(saver.legacy, FencedPostgresSaver)
+            saver.legacy.setup()
+            saver.setup()
+            yield saver
     else:
         with closing(connect_sqlite(sqlite_path(url))) as sconn:
-            yield _in_layout(FencedSqliteSaver(sconn, fence=fence), sconn, layout)
+            saver = fenced_saver(sconn, fence=fence, new_threads=new_threads)
+            saver.setup()
+            yield saver
 
 
-def _in_layout(
-    legacy: FencedSaver, conn: psycopg.Connection[Any] | sqlite3.Connection, layout: Layout
-) -> FencedSaver:
-    if layout is Layout.STOCK:
-        return legacy
-    saver = CompactSaver(legacy, conn, fence=legacy.fence)
-    saver.setup()
-    return saver
+def fenced_saver(
+    conn: psycopg.Connection[Any] | sqlite3.Connection,
+    *,
+    fence: Fence | None = None,
+    new_threads: Layout = Layout.COMPACT,
+) -> CompactSaver:
+    """The fenced saver on `conn`, over both layouts (its tables set up elsewhere)."""
+    legacy: FencedSaver = (
+        FencedPostgresSaver(conn, fence=fence)
+        if isinstance(conn, psycopg.Connection)
+        else FencedSqliteSaver(conn, fence=fence)
+    )
+    return CompactSaver(legacy, conn, fence=fence, new_threads=new_threads)
 
 
 @asynccontextmanager

@@ -30,7 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
-from loopwright.checkpoints.compact import CompactSaver, Layout
+from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import (
     DatabaseKind,
     connect_postgres,
@@ -133,7 +133,7 @@ def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str, layout: Layou
     with open_lease_store(database_url) as leases:
         leases.register("fenced", task="notes", user_id="u-1")
         lease = leases.claim("fenced", "worker-a", ttl_s=60)
-    with open_checkpointer(database_url, fence=Fence.of(lease), layout=layout) as fenced:
+    with open_checkpointer(database_url, fence=Fence.of(lease), new_threads=layout) as fenced:
         ours = run_and_read(fenced, "fenced")
     with stock_saver(database_url) as stock:
         theirs = run_and_read(stock, "stock")
@@ -152,7 +152,7 @@ def test_a_fenced_run_reads_back_as_a_stock_run(database_url: str, layout: Layou
 def test_a_long_string_is_stored_once_not_at_every_checkpoint(postgres_url: str) -> None:
     """The stock saver keeps every string inline in the checkpoint's JSON, which is written
     again at each checkpoint; the fenced saver stores a long one as a blob, once per version."""
-    with open_checkpointer(postgres_url, layout=Layout.STOCK) as fenced:
+    with open_checkpointer(postgres_url, new_threads=Layout.STOCK) as fenced:
         run_and_read(fenced, "long-brief")
     with psycopg.connect(postgres_url) as conn:
         inline, checkpoints = conn.execute(
@@ -175,10 +175,10 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
     with its first checkpoint, in case the thread held it inline."""
     sent: list[list[str]] = []
     with (
-        open_checkpointer(postgres_url, layout=Layout.STOCK) as first,
-        open_checkpointer(postgres_url, layout=Layout.STOCK) as second,
+        open_checkpointer(postgres_url, new_threads=Layout.STOCK) as first,
+        open_checkpointer(postgres_url, new_threads=Layout.STOCK) as second,
     ):
-        for saver in (first, second):
+        for saver in (first.legacy, second.legacy):
             dump = saver._dump_blobs  # type: ignore[attr-defined]
 
             def counted(*args: Any, dump: Any = dump) -> Any:
@@ -202,9 +202,9 @@ def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layo
     with open_lease_store(postgres_url) as leases:
         leases.register("prepared", task="notes", user_id="u-1")
         lease = leases.claim("prepared", "worker-a", ttl_s=60)
-    with open_checkpointer(postgres_url, fence=Fence.of(lease), layout=layout) as fenced:
+    with open_checkpointer(postgres_url, fence=Fence.of(lease), new_threads=layout) as fenced:
         run_and_read(fenced, "prepared")
-        stock = fenced.legacy if isinstance(fenced, CompactSaver) else fenced
+        stock = fenced.legacy
         assert isinstance(stock, FencedPostgresSaver)
         conn = stock.conn
         assert isinstance(conn, psycopg.Connection)  # the saver's own, not a pool

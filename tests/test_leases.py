@@ -259,7 +259,7 @@ def test_a_takeover_waits_for_the_write_in_flight(
     gate = CommitGate()
     committer = compact if layout is Layout.COMPACT else fenced
     with (
-        open_checkpointer(database_url, layout=layout) as saver,
+        open_checkpointer(database_url, new_threads=layout) as saver,
         open_lease_store(database_url) as other,
     ):
         lease_a = leases.claim(RUN, "worker-a", ttl_s=0.3)

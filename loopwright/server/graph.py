@@ -13,8 +13,9 @@ in a thread of its own:
    the server does: Aegra does not keep one run per thread, and a re-queued run may race its
    first attempt);
 3. the graph is streamed synchronously with `durability="sync"` and a saver fenced with the
-   lease's token (`checkpoints.fenced`), with a `RunContext` built here, and the chunks the
-   server asked for are handed back to it;
+   lease's token (`checkpoints.fenced`; a new thread in LangGraph's own layout, which the
+   server's stock readers read, see `checkpoints.compact`), with a `RunContext` built here,
+   and the chunks the server asked for are handed back to it;
 4. where the run stands is recorded in lw_runs and the lease released.
 
 Running the sync stream in a thread (rather than the server's async stream) is what makes a
@@ -52,8 +53,10 @@ from langgraph.types import StateSnapshot
 from pydantic import BaseModel, create_model
 
 from loopwright._agent import TaskRefused
+from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import connect_postgres
-from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver
+from loopwright.checkpoints.factory import fenced_saver
+from loopwright.checkpoints.fenced import Fence
 from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, RunWatch
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
@@ -231,7 +234,9 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s)
         try:
             with connect_postgres(res.database_url) as conn:
-                saver = FencedPostgresSaver(conn, fence=Fence.of(lease))
+                # A new thread in LangGraph's layout: the server's own reads (its API,
+                # Studio) and Aegra's are the stock saver's.
+                saver = fenced_saver(conn, fence=Fence.of(lease), new_threads=Layout.STOCK)
                 # The attempt's clock and cancel flag, as the runner's: kept by the lease's
                 # renewals and the commits' fence checks, not read by every node.
                 watch = saver.watch = RunWatch(lease)
