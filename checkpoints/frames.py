@@ -151,14 +151,85 @@ class Frame:
     @classmethod
     def apply(cls, parent: Frame | None, row: Row) -> Frame:
         """The checkpoint `row` stores, given the one its parent stores (None for a keyframe)."""
-        if row.body[:1] != bytes((FORMAT,)):
-            raise ValueError(f"checkpoint {row.checkpoint_id}: unknown row format {row.body[:1]!r}")
-        body: dict[str, Any] = ormsgpack.unpackb(row.body[1:])
-        if row.key or parent is None:
-            if not row.key:
-                raise ValueError(f"checkpoint {row.checkpoint_id}: its parent row is missing")
+        body = _body(row)
+        if row.key:
             return _Reader(None, body).frame(row)
+        if parent is None:
+            raise ValueError(f"checkpoint {row.checkpoint_id}: its parent row is missing")
         return _Reader(parent, body).frame(row)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a row says of the superstep that made it, read with nothing but the names of the
+    channels before it: its writes, the channels it set (with the value stored at their new
+    version, None for none) and those it removed. What a DeltaChannel's history needs (the
+    writes since a stored value), without rebuilding every checkpoint of a chain."""
+
+    row: Row
+    writes: list[Write]
+    set: dict[str, Stored | None]
+    removed: frozenset[str]
+
+
+def steps(rows: Iterable[Row]) -> list[Step]:
+    """The steps of a chain of rows given oldest first, from a keyframe."""
+    names: list[str] = []  # the channels before the row, sorted: what its indexes refer to
+    out: list[Step] = []
+    for row in rows:
+        body = _body(row)
+        if not row.key and not out:
+            raise ValueError(f"checkpoint {row.checkpoint_id}: its parent row is missing")
+        before = names
+
+        def name(ref: int | str, before: list[str] = before) -> str:
+            return ref if isinstance(ref, str) else before[ref]
+
+        set_here = [name(ref) for ref, _, _ in body["C"]]
+        writes = _writes(body, set_here)
+        stored = {
+            channel: _stored(value, writes)
+            for channel, (_, _, value) in zip(set_here, body["C"], strict=True)
+        }
+        removed = frozenset(name(ref) for ref in body.get("R", ()))
+        channels = set(set_here) if row.key else (set(before) - removed) | set(set_here)
+        names = sorted(channels)
+        out.append(Step(row, writes, stored, removed))
+    return out
+
+
+def _body(row: Row) -> dict[str, Any]:
+    if row.body[:1] != bytes((FORMAT,)):
+        raise ValueError(f"checkpoint {row.checkpoint_id}: unknown row format {row.body[:1]!r}")
+    body: dict[str, Any] = ormsgpack.unpackb(row.body[1:])
+    return body
+
+
+def _writes(body: Mapping[str, Any], set_here: list[str]) -> list[Write]:
+    """W's writes; a channel is named by its index in C (`set_here`) where C has it."""
+    out: list[Write] = []
+    for task, path, entries in body.get("W", ()):
+        task_id = _task_text(task)
+        for position, (channel, code, data, *idx) in enumerate(entries):
+            out.append(
+                Write(
+                    task_id,
+                    path,
+                    idx[0] if idx else position,
+                    channel if isinstance(channel, str) else set_here[channel],
+                    (_type_name(code), data),
+                )
+            )
+    return out
+
+
+def _stored(code: Any, writes: Sequence[Write]) -> Stored | None:
+    """A value of C: none, the write it is, or its own [type, bytes]."""
+    if code is None:
+        return None
+    if isinstance(code, int):
+        return writes[code].value
+    return (_type_name(code[0]), code[1])
 
 
 def stored_at(body: bytes) -> datetime:
@@ -461,7 +532,7 @@ class _Reader:
     def frame(self, row: Row) -> Frame:
         body, parent = self.body, self.parent
         set_here = [self._name(ref) for ref, _, _ in body["C"]]
-        writes = self._writes(set_here)
+        writes = _writes(body, set_here)
         versions = dict(parent.versions) if parent else {}
         values = dict(parent.values) if parent else {}
         for ref in body.get("R", ()):
@@ -470,12 +541,11 @@ class _Reader:
             values.pop(name, None)
         for name, (_, version, value) in zip(set_here, body["C"], strict=True):
             versions[name] = self.versions[version]
-            if value is None:
+            stored = _stored(value, writes)
+            if stored is None:
                 values.pop(name, None)
-            elif isinstance(value, int):
-                values[name] = writes[value].value
             else:
-                values[name] = (_type_name(value[0]), value[1])
+                values[name] = stored
         updated = body.get("U")
         if updated is not None:
             updated = [set_here[u] if isinstance(u, int) else u for u in updated]
@@ -527,20 +597,3 @@ class _Reader:
             assert self.parent is not None, "a keyframe writes its versions out"
             return self.parent.versions[channel]
         return self.versions[version]
-
-    def _writes(self, set_here: list[str]) -> list[Write]:
-        """W's writes; a channel is named by its index in C (`set_here`) where C has it."""
-        out: list[Write] = []
-        for task, path, entries in self.body.get("W", ()):
-            task_id = _task_text(task)
-            for position, (channel, code, data, *idx) in enumerate(entries):
-                out.append(
-                    Write(
-                        task_id,
-                        path,
-                        idx[0] if idx else position,
-                        channel if isinstance(channel, str) else set_here[channel],
-                        (_type_name(code), data),
-                    )
-                )
-        return out

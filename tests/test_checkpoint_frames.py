@@ -19,7 +19,15 @@ from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
-from loopwright.checkpoints.frames import Frame, Write, encode, predicted_metadata, task_writes
+from loopwright.checkpoints.frames import (
+    Frame,
+    Row,
+    Write,
+    encode,
+    predicted_metadata,
+    steps,
+    task_writes,
+)
 
 SERDE = maybe_add_typed_methods(JsonPlusSerializer())
 CHANNELS = ["a", "b", "history", "branch:to:x", "__start__", "k" * 40]
@@ -129,6 +137,8 @@ def typed(value: Any) -> Any:
 def test_a_chain_of_rows_rebuilds_every_checkpoint_written(chain: list[dict[str, Any]]) -> None:
     written: Frame | None = None  # what the writer remembers
     read: Frame | None = None  # what a reader rebuilds from the rows
+    rows: list[Row] = []
+    frames: list[Frame] = []
     for i, item in enumerate(chain):
         checkpoint: Checkpoint = item["checkpoint"]
         parent = None if item["key"] or i == 0 else written
@@ -144,6 +154,8 @@ def test_a_chain_of_rows_rebuilds_every_checkpoint_written(chain: list[dict[str,
         )
         assert row.key == (parent is None)
         read = Frame.apply(None if row.key else read, row)
+        rows.append(row)
+        frames.append(read)
         assert read.checkpoint_id == checkpoint["id"]
         rebuilt = read.checkpoint(SERDE)
         assert typed(rebuilt["channel_versions"]) == typed(checkpoint["channel_versions"])
@@ -155,6 +167,16 @@ def test_a_chain_of_rows_rebuilds_every_checkpoint_written(chain: list[dict[str,
         assert [(w.task_id, w.task_path, w.idx, w.channel, w.value) for w in read.writes] == [
             (w.task_id, w.task_path, w.idx, w.channel, w.value) for w in written.writes
         ]
+    # Read without the checkpoints (a DeltaChannel's history), the rows say the same.
+    for i, step in enumerate(steps(rows)):
+        frame = frames[i]
+        assert step.writes == frame.writes
+        assert {c: v for c, v in step.set.items() if v is not None} == {
+            c: frame.values[c] for c in step.set if c in frame.values
+        }
+        before = set() if rows[i].key else set(frames[i - 1].versions)
+        assert step.removed <= before - set(frame.versions)
+        assert before - set(frame.versions) - set(step.set) <= step.removed
 
 
 def test_a_row_of_an_unknown_format_is_refused() -> None:
