@@ -166,6 +166,25 @@ _SQLITE_REPLACE = _SQLITE_WRITE.format(
 )
 
 
+@dataclass(frozen=True)
+class _Commit:
+    """What one commit writes: a checkpoint's row (with its superstep's writes in it), or the
+    writes of a checkpoint (`at`) saved alone, ordinary ones (`kept`: the first saved stays)
+    and special ones (`replaced`)."""
+
+    thread: str
+    ns: str
+    row: Row | None
+    at: str
+    kept: Sequence[Write]
+    replaced: Sequence[Write]
+    node: str
+
+    @property
+    def crash_point(self) -> str:
+        return f"checkpoint:commit:before_commit:{self.node}"
+
+
 class Layout(StrEnum):
     """Where a thread's checkpoints live."""
 
@@ -514,8 +533,8 @@ class CompactSaver(FencedSaver):
             if save is not None:  # the superstep's writes go in the checkpoint's row
                 row, frame = self._encode(thread, ns, save, [*kept, *replaced])
                 kept, replaced = [], []
-            commit = self._commit_postgres if self._pg is not None else self._commit_sqlite
-            run = commit(thread, ns, row, at, kept, replaced, node)
+            write = self._commit_postgres if self._pg is not None else self._commit_sqlite
+            run = write(_Commit(thread, ns, row, at, kept, replaced, node))
             if fence is not None:
                 self._seen(fence.check_row(thread, run))
             if frame is not None:
@@ -547,34 +566,26 @@ class CompactSaver(FencedSaver):
             self.serde,
         )
 
-    def _commit_postgres(
-        self,
-        thread: str,
-        ns: str,
-        row: Row | None,
-        at: str,
-        kept: Sequence[Write],
-        replaced: Sequence[Write],
-        node: str,
-    ) -> RunRecord | None:
+    def _commit_postgres(self, commit: _Commit) -> RunRecord | None:
         """One statement, its own transaction (autocommit), in one round trip."""
         assert self._pg is not None
+        row = commit.row
         params: dict[str, Any] = {
-            "thread": thread,
-            "ns": ns,
+            "thread": commit.thread,
+            "ns": commit.ns,
             "id": row.checkpoint_id if row else "",
             "parent": (row.parent_id or "") if row else "",
             "keyframe": bool(row and row.key),
             "body": row.body if row else b"",
-            "at": at,
+            "at": commit.at,
         }
-        params |= column_arrays("k", WRITE_COLUMNS, [_write_row(w) for w in kept])
-        params |= column_arrays("r", WRITE_COLUMNS, [_write_row(w) for w in replaced])
+        params |= column_arrays("k", WRITE_COLUMNS, [_write_row(w) for w in commit.kept])
+        params |= column_arrays("r", WRITE_COLUMNS, [_write_row(w) for w in commit.replaced])
         fence = self.fence
         if fence is not None:
             params |= {"fence": fence.fence, "owner": fence.owner}
         statement = self._commit_fenced if fence is not None else _COMMIT_UNFENCED
-        point = f"checkpoint:commit:before_commit:{node}"
+        point = commit.crash_point
         with self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
             if point in armed():
                 # The statement in an explicit transaction, held open where a crash test's
@@ -587,20 +598,12 @@ class CompactSaver(FencedSaver):
             record = cursor.fetchone()
         return RunRecord.model_validate(record) if record else None
 
-    def _commit_sqlite(
-        self,
-        thread: str,
-        ns: str,
-        row: Row | None,
-        at: str,
-        kept: Sequence[Write],
-        replaced: Sequence[Write],
-        node: str,
-    ) -> RunRecord | None:
+    def _commit_sqlite(self, commit: _Commit) -> RunRecord | None:
         """One BEGIN IMMEDIATE transaction: the fence check and the rows, one fsync."""
         conn = self.db.conn
         assert isinstance(conn, sqlite3.Connection)
         run: RunRecord | None = None
+        thread, ns, row = commit.thread, commit.ns, commit.row
         with self.db.transaction():
             fence = self.fence
             if fence is not None:
@@ -609,11 +612,14 @@ class CompactSaver(FencedSaver):
                 if row is not None:
                     values = (thread, ns, row.checkpoint_id, row.parent_id, row.key, row.body)
                     cursor.execute(_SQLITE_SAVE, values)
-                for statement, writes in ((_SQLITE_KEEP, kept), (_SQLITE_REPLACE, replaced)):
+                for statement, writes in (
+                    (_SQLITE_KEEP, commit.kept),
+                    (_SQLITE_REPLACE, commit.replaced),
+                ):
                     if writes:
-                        rows = [(thread, ns, at, *_write_row(w)) for w in writes]
+                        rows = [(thread, ns, commit.at, *_write_row(w)) for w in writes]
                         cursor.executemany(statement, rows)
-            crash_point(f"checkpoint:commit:before_commit:{node}")
+            crash_point(commit.crash_point)
         return run
 
     # -- removing --------------------------------------------------------------------------

@@ -22,8 +22,9 @@ Points in the runtime (`POINTS`):
                                         resumed step finds nothing unresolved in the journal
                                         and must still bring the state's projection up to date)
   checkpoint:commit:before_commit:<node> inside the transaction that commits a node's writes
-                                        and the checkpoint after them (`checkpoints.fenced`),
-                                        every statement executed, the run's row locked: the
+                                        and the checkpoint after them (`checkpoints.compact`,
+                                        `checkpoints.fenced`), every statement executed, the
+                                        run's row locked: the
                                         resumed run finds none of the node's commit and runs
                                         the node again
   checkpoint:after_writes:<node>        writes saved alone (an interrupt's, an error's), the
