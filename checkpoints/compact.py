@@ -30,7 +30,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
 
@@ -65,16 +65,26 @@ from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.crashpoints import armed, crash_point
 
+
+class Layout(StrEnum):
+    """Where a thread's checkpoints live."""
+
+    COMPACT = "compact"  # lw_checkpoints
+    STOCK = "stock"  # LangGraph's own tables
+
+
 TABLES = ("lw_checkpoints", "lw_checkpoint_writes")
 # Chains read back to their roots that a saver keeps (a run's rows, some 1 KB each): a run's
 # history asks for one chain over and over; a worker moves on to other runs.
 KEPT_CHAINS = 4
 
 # A chain of rows, newest first, from a checkpoint (by id, or the thread's latest) back to its
-# keyframe (`NOT chain.keyframe`) or to the root (`chain.depth >= 0`). Each step looks up the
-# parent by its key: on Postgres through a LATERAL subquery kept from being flattened (LIMIT 1;
-# flattened, a table with no statistics yet was planned as a scan of the thread's rows at every
-# step, 0.2 s for 800 rows), on SQLite (which has no LATERAL) by a plain join, which it plans so.
+# keyframe (`NOT chain.keyframe`) or to the root (`chain.depth >= 0`), and in the same statement
+# the writes saved alone at its first checkpoint or, for a walk to the root, at any (depth -1).
+# Each step looks up the parent by its key: on Postgres through a LATERAL subquery kept from
+# being flattened (LIMIT 1; flattened, a table with no statistics yet was planned as a scan of
+# the thread's rows at every step, 0.2 s for 800 rows), on SQLite (which has no LATERAL) by a
+# plain join, which it plans so.
 _CHAIN = """
 WITH RECURSIVE chain AS (
     SELECT checkpoint_id, parent_id, keyframe, body, 0 AS depth FROM lw_checkpoints
@@ -84,8 +94,27 @@ WITH RECURSIVE chain AS (
       FROM chain {parent}
      WHERE {more}
 )
-SELECT checkpoint_id, parent_id, keyframe, body FROM chain ORDER BY depth
+SELECT checkpoint_id, parent_id, keyframe, body, NULL AS task_id, NULL AS task_path,
+       NULL AS idx, NULL AS channel, NULL AS type, depth
+  FROM chain
+UNION ALL
+SELECT w.checkpoint_id, NULL, NULL, w.blob, w.task_id, w.task_path, w.idx, w.channel, w.type, -1
+  FROM lw_checkpoint_writes w
+ WHERE w.thread_id = %s AND w.checkpoint_ns = %s {alone_at}
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {probe}
+ WHERE NOT EXISTS (SELECT 1 FROM chain)
+ORDER BY depth
 """
+_AT_FIRST = "AND w.checkpoint_id = (SELECT checkpoint_id FROM chain WHERE depth = 0)"
+# Found nowhere, where the thread's checkpoints are (`_layout`): -2 compact rows (another
+# namespace), -3 LangGraph's layout, -4 none. Asked in the same statement, so that a new run's
+# first read is one round trip.
+_PROBE_DEPTH = """CASE
+    WHEN EXISTS (SELECT 1 FROM lw_checkpoints WHERE thread_id = %s) THEN -2
+    WHEN EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) THEN -3
+    ELSE -4 END"""
+_FOUND_IN = {-2: Layout.COMPACT, -3: Layout.STOCK}
 _PARENT = {
     DatabaseKind.POSTGRES: """CROSS JOIN LATERAL (
         SELECT checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints
@@ -107,12 +136,16 @@ _CHILDREN = (
 )
 _ALONE = (
     "SELECT checkpoint_id, task_id, task_path, idx, channel, type, blob FROM lw_checkpoint_writes"
-    " WHERE thread_id = %s AND checkpoint_ns = %s"
+    " WHERE thread_id = %s"
 )
 _ROWS = (
     "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
 )
-_HAS_ROWS = "SELECT 1 AS found FROM lw_checkpoints WHERE thread_id = %s LIMIT 1"
+# Where a thread's checkpoints are, asked once a thread (unless a read found out on the way).
+_PROBE = (
+    "SELECT EXISTS (SELECT 1 FROM lw_checkpoints WHERE thread_id = %s) AS compact,"
+    " EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS stock"
+)
 
 # A commit on Postgres: the run's row locked and read, and (if it is still this writer's, or
 # the saver is unfenced) the checkpoint's row or the writes saved alone. Ordinary writes keep
@@ -185,26 +218,20 @@ class _Commit:
         return f"checkpoint:commit:before_commit:{self.node}"
 
 
-class Layout(StrEnum):
-    """Where a thread's checkpoints live."""
-
-    COMPACT = "compact"  # lw_checkpoints
-    STOCK = "stock"  # LangGraph's own tables
-
-
 def _row(record: Mapping[str, Any]) -> Row:
     return Row(
         record["checkpoint_id"], record["parent_id"], bool(record["keyframe"]), record["body"]
     )
 
 
-def _alone(record: Mapping[str, Any]) -> Write:
+def _alone(record: Mapping[str, Any], value: str = "blob") -> Write:
+    """A write saved alone, read from its table (or from a chain's query: `value="body"`)."""
     return Write(
         record["task_id"],
         record["task_path"],
         int(record["idx"]),
         record["channel"],
-        (record["type"], bytes(record["blob"])),
+        (record["type"], bytes(record[value])),
     )
 
 
@@ -292,6 +319,8 @@ class CompactSaver(FencedSaver):
                     anchor=_LATEST if latest else _BY_ID,
                     parent=_PARENT[self.db.kind],
                     more=_TO_ROOT if to_root else _TO_KEYFRAME,
+                    alone_at="" if to_root else _AT_FIRST,
+                    probe=_PROBE_DEPTH,
                 )
             )
             for latest in (False, True)
@@ -331,48 +360,51 @@ class CompactSaver(FencedSaver):
         if self._layouts.get(thread) is Layout.STOCK:
             return self.legacy.get_tuple(config)
         with self.lock:
-            found = self._compact_tuple(thread, ns, get_checkpoint_id(config))
-        if found is not None or self._is_compact(thread):
-            return found
-        stock = self.legacy.get_tuple(config)
-        if stock is not None:
-            remember(self._layouts, thread, Layout.STOCK)
+            found, where = self._compact_tuple(thread, ns, get_checkpoint_id(config))
+        if where is Layout.STOCK:
+            return self.legacy.get_tuple(config)
         # Found nowhere, the thread is new, and which layout it begins in is its first
         # writer's: another saver (the server's graph, say) may write it first.
-        return stock
+        return found
 
     def _chain(
         self, thread: str, ns: str, checkpoint_id: str | None, *, to_root: bool
-    ) -> builtins.list[Row]:
+    ) -> tuple[builtins.list[Row], dict[str, builtins.list[Write]], Layout | None]:
         """The rows from a checkpoint (the latest if None) back to its keyframe or the root,
-        newest first."""
+        newest first; the writes saved alone at the first, or at any (to the root), by
+        checkpoint; and where the thread's checkpoints are (None: nowhere)."""
         anchor = (thread, ns) if checkpoint_id is None else (checkpoint_id,)
-        params = (thread, ns, *anchor, thread, ns)
-        return [
-            _row(r) for r in self.db.execute(self._chains[(checkpoint_id is None, to_root)], params)
-        ]
+        params = (thread, ns, *anchor, thread, ns, thread, ns, thread, thread)
+        rows: builtins.list[Row] = []
+        alone: dict[str, builtins.list[Write]] = defaultdict(list)
+        for record in self.db.execute(self._chains[(checkpoint_id is None, to_root)], params):
+            depth = record["depth"]
+            if depth >= 0:
+                rows.append(_row(record))
+            elif depth == -1:
+                alone[record["checkpoint_id"]].append(_alone(record, "body"))
+            elif depth in _FOUND_IN:
+                remember(self._layouts, thread, _FOUND_IN[depth])
+        if rows:
+            remember(self._layouts, thread, Layout.COMPACT)
+        return rows, alone, self._layouts.get(thread)
 
     def _compact_tuple(
         self, thread: str, ns: str, checkpoint_id: str | None
-    ) -> CheckpointTuple | None:
-        rows = self._chain(thread, ns, checkpoint_id, to_root=False)
+    ) -> tuple[CheckpointTuple | None, Layout | None]:
+        """The checkpoint, if the compact layout has it; and where the thread is."""
+        rows, alone_at, where = self._chain(thread, ns, checkpoint_id, to_root=False)
         if not rows:
-            return None
+            return None, where
         frame = rebuild(rows)[-1]
-        alone = [
-            _alone(r)
-            for r in self.db.execute(
-                _ALONE + " AND checkpoint_id = %s", (thread, ns, frame.checkpoint_id)
-            )
-        ]
+        alone = alone_at.get(frame.checkpoint_id, [])
         carried: builtins.list[builtins.list[Write]] = []
         if checkpoint_id is not None:  # the latest has no children
             for record in self.db.execute(_CHILDREN, (thread, ns, checkpoint_id, checkpoint_id)):
                 child = _row(record)
                 carried.append(Frame.apply(None if child.key else frame, child).writes)
-        remember(self._layouts, thread, Layout.COMPACT)
-        remember(self._frames, (thread, ns), replace(frame, writes=[]))
-        return self._tuple(thread, ns, frame, merged_writes(alone, carried))
+        remember(self._frames, (thread, ns), frame.as_parent())
+        return self._tuple(thread, ns, frame, merged_writes(alone, carried)), Layout.COMPACT
 
     def _tuple(
         self, thread: str, ns: str, frame: Frame, pending: builtins.list[Write]
@@ -408,7 +440,7 @@ class CompactSaver(FencedSaver):
             left = None if limit is None else limit - len(found)
             if left is None or left > 0:
                 yield from self.legacy.list(config, filter=filter, before=before, limit=left)
-        elif not found and not self._is_compact(thread):
+        elif not found and self._layout(thread) is Layout.STOCK:
             yield from stock
 
     def _compact_list(
@@ -432,7 +464,7 @@ class CompactSaver(FencedSaver):
             for record in self.db.execute(sql, params[: len(where[:2])]):
                 spaces[(record["thread_id"], record["checkpoint_ns"])].add(_row(record))
             for (thread, ns), space in spaces.items():
-                for w in self.db.execute(_ALONE, (thread, ns)):
+                for w in self.db.execute(_ALONE + " AND checkpoint_ns = %s", (thread, ns)):
                     space.alone[w["checkpoint_id"]].append(_alone(w))
         found: builtins.list[CheckpointTuple] = []
         for (thread, ns), space in spaces.items():
@@ -463,9 +495,9 @@ class CompactSaver(FencedSaver):
             if chain is None or checkpoint_id not in chain.position:
                 chain = self._chain_history(thread, ns, checkpoint_id)
         if chain is None:
-            if self._is_compact(thread):
-                return {channel: {"writes": []} for channel in channels}
-            return self.legacy.get_delta_channel_history(config=config, channels=channels)
+            if self._layout(thread) is Layout.STOCK:
+                return self.legacy.get_delta_channel_history(config=config, channels=channels)
+            return {channel: {"writes": []} for channel in channels}
         target = checkpoint_id or chain.steps[-1].row.checkpoint_id
         result: dict[str, DeltaChannelHistory] = {}
         for channel in channels:
@@ -481,12 +513,9 @@ class CompactSaver(FencedSaver):
     ) -> ChainHistory | None:
         """The chain from a checkpoint (the latest if None) back to its root, kept for the next
         call (a run's history asks for every checkpoint of it, newest first)."""
-        rows = self._chain(thread, ns, checkpoint_id, to_root=True)
+        rows, alone, _ = self._chain(thread, ns, checkpoint_id, to_root=True)
         if not rows:
             return None
-        alone: dict[str, builtins.list[Write]] = defaultdict(list)
-        for w in self.db.execute(_ALONE, (thread, ns)):
-            alone[w["checkpoint_id"]].append(_alone(w))
         chain = ChainHistory(rows, alone)
         self._histories.pop((thread, ns), None)
         self._histories[(thread, ns)] = chain
@@ -494,11 +523,15 @@ class CompactSaver(FencedSaver):
             self._histories.pop(next(iter(self._histories)))
         return chain
 
-    def _is_compact(self, thread: str) -> bool:
-        """Whether the thread's checkpoints are in the compact layout (asked once a thread)."""
-        if thread not in self._layouts and self.db.execute(_HAS_ROWS, (thread,)):
-            remember(self._layouts, thread, Layout.COMPACT)
-        return self._layouts.get(thread) is Layout.COMPACT
+    def _layout(self, thread: str) -> Layout | None:
+        """Where the thread's checkpoints are (None: nowhere yet), asked once a thread."""
+        if thread not in self._layouts:
+            found = self.db.one(_PROBE, (thread, thread))
+            if found and found["compact"]:
+                remember(self._layouts, thread, Layout.COMPACT)
+            elif found and found["stock"]:
+                remember(self._layouts, thread, Layout.STOCK)
+        return self._layouts.get(thread)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -507,8 +540,8 @@ class CompactSaver(FencedSaver):
         # writes it) or written; else it is new, and begins in `new_threads`' layout unless it
         # has compact rows (asked once: the compact layout is the one that needs no asking).
         layout = self._layouts.get(thread)
-        if layout is None and self.new_threads is Layout.STOCK and not self._is_compact(thread):
-            layout = Layout.STOCK
+        if layout is None and self.new_threads is Layout.STOCK:
+            layout = self._layout(thread) or Layout.STOCK
         if layout is Layout.STOCK:
             remember(self._layouts, thread, Layout.STOCK)
             self.legacy._commit(thread, tasks, save)
@@ -538,7 +571,7 @@ class CompactSaver(FencedSaver):
             if fence is not None:
                 self._seen(fence.check_row(thread, run))
             if frame is not None:
-                remember(self._frames, (thread, ns), replace(frame, writes=[]))
+                remember(self._frames, (thread, ns), frame.as_parent())
             self._histories.pop((thread, ns), None)  # writes saved alone may have joined it
         remember(self._layouts, thread, Layout.COMPACT)
 
@@ -643,13 +676,8 @@ class CompactSaver(FencedSaver):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"Unknown prune strategy: {strategy!r}")
         threads = [str(t) for t in thread_ids]
-        compact = [t for t in threads if self._is_compact(t)]
-        stock = [
-            t
-            for t in threads
-            if t not in compact
-            and next(self.legacy.list({"configurable": {"thread_id": t}}, limit=1), None)
-        ]
+        compact = [t for t in threads if self._layout(t) is Layout.COMPACT]
+        stock = [t for t in threads if self._layout(t) is Layout.STOCK]
         if strategy == "delete":
             for thread in compact:
                 self.delete_thread(thread)
@@ -678,7 +706,7 @@ class CompactSaver(FencedSaver):
             return [
                 (
                     r["checkpoint_ns"],
-                    rebuild(self._chain(thread, r["checkpoint_ns"], None, to_root=False))[-1],
+                    rebuild(self._chain(thread, r["checkpoint_ns"], None, to_root=False)[0])[-1],
                 )
                 for r in namespaces
             ]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -54,6 +54,8 @@ Stored = tuple[str, bytes]  # a value as the serde's dumps_typed makes it
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The serde's type names, written as their index (any other name is written out).
 _TYPES = ("msgpack", "null", "empty", "bytes", "json", "pickle", "bytearray")
+# A value a parent frame has, its bytes not kept (`Frame.as_parent`).
+_KEPT_ELSEWHERE: Stored = ("", b"")
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,12 @@ class Frame:
         if self._nodes is None:
             self._nodes = sorted(self.seen)
         return self._nodes
+
+    def as_parent(self) -> Frame:
+        """What a writer keeps of it for its child's row: its values' bytes and its writes
+        let go (the child needs to know which channels have a value, not the value: an agent's
+        state may be large, and a worker remembers the last checkpoint of many runs)."""
+        return replace(self, values=dict.fromkeys(self.values, _KEPT_ELSEWHERE), writes=[])
 
     def checkpoint(self, serde: SerializerProtocol) -> Checkpoint:
         """The checkpoint, its values decoded."""

@@ -12,7 +12,10 @@ checkpoint tables are the savers' own business (their `setup`), not versioned he
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
+
+import psycopg
 
 from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.sql import Database
@@ -196,11 +199,11 @@ LATEST = len(MIGRATIONS)
 def migrate(db: Database) -> int:
     """Bring loopwright's tables to the current version; returns how many migrations ran.
 
-    Every process that opens the journal or the lease store calls it, and nearly always finds
-    the tables current: that is read first, without the lock (two statements, where the locked
-    read is a transaction of four). A database behind, or one another process is migrating,
-    is read again under the lock."""
-    current = _stored_version(db) if _has_table(db, "lw_schema") else None
+    Every process that opens the journal, the lease store or the checkpointer calls it, and
+    nearly always finds the tables current: that is read first, without the lock (one
+    statement, where the locked read is a transaction of four). A database behind, or one
+    another process is migrating, is read again under the lock."""
+    current = _version_if_kept(db)
     if current is not None and current >= LATEST:
         return 0
     applied = 0
@@ -230,6 +233,17 @@ def _locked_version(db: Database) -> int:
     if stored is not None:
         return stored
     return 1 if _has_table(db, "lw_runs") else 0
+
+
+def _version_if_kept(db: Database) -> int | None:
+    """The version lw_schema holds, or None if there is no lw_schema yet or no row in it (read
+    outside any transaction: a failed statement on Postgres would end one)."""
+    try:
+        return _stored_version(db)
+    except (psycopg.errors.UndefinedTable, sqlite3.OperationalError) as e:
+        if isinstance(e, sqlite3.OperationalError) and "no such table" not in str(e):
+            raise
+        return None
 
 
 def _stored_version(db: Database) -> int | None:

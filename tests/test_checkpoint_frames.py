@@ -142,7 +142,8 @@ def test_a_chain_of_rows_rebuilds_every_checkpoint_written(chain: list[dict[str,
     frames: list[Frame] = []
     for i, item in enumerate(chain):
         checkpoint: Checkpoint = item["checkpoint"]
-        parent = None if item["key"] or i == 0 else written
+        # The writer's parent is what a saver keeps of the last row it wrote.
+        parent = None if item["key"] or i == 0 or written is None else written.as_parent()
         row, written = encode(
             parent,
             checkpoint["id"],
