@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from langgraph.checkpoint.base import Checkpoint
+from langgraph.checkpoint.base import ChannelVersions, Checkpoint
 from langgraph.checkpoint.serde.base import maybe_add_typed_methods
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
@@ -181,7 +181,7 @@ def test_a_chain_of_rows_rebuilds_every_checkpoint_written(chain: list[dict[str,
         assert before - set(frame.versions) - set(step.set) <= step.removed
 
 
-def checkpoint_of(values: dict[str, Any], versions: dict[str, str]) -> Checkpoint:
+def checkpoint_of(values: dict[str, Any], versions: ChannelVersions) -> Checkpoint:
     return Checkpoint(
         v=4,
         id="c-1",
