@@ -30,6 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
+from loopwright.checkpoints import compact
 from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import (
     DatabaseKind,
@@ -213,6 +214,26 @@ def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layo
             " WHERE ltrim(statement, E'\\n') LIKE 'WITH run AS%'"
         ).fetchone()
     assert prepared is not None and prepared["n"] == 1
+
+
+def test_a_compact_run_reads_back_the_same_across_keyframes(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyframe every third row (every 64th in use): the run's history, its DeltaChannel
+    across the snapshots and the interrupt read back as the stock saver's, the rows rebuilt
+    from one keyframe or another."""
+    monkeypatch.setattr(compact, "KEY_EVERY", 3)
+    with open_checkpointer(database_url) as saver:
+        ours = run_and_read(saver, "keyframed")
+        [rows] = saver.db.execute(
+            "SELECT count(*) AS n, sum(CASE WHEN keyframe THEN 1 ELSE 0 END) AS keyframes"
+            " FROM lw_checkpoints WHERE thread_id = %s",
+            ("keyframed",),
+        )
+    with stock_saver(database_url) as stock:
+        theirs = run_and_read(stock, "stock")
+    assert ours == theirs
+    assert rows["n"] > STEPS and rows["keyframes"] >= rows["n"] // 3
 
 
 def test_a_stock_thread_goes_on_under_the_fenced_saver(database_url: str) -> None:
