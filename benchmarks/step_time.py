@@ -7,9 +7,10 @@ one process, over many short runs interleaved, so that load on a shared machine 
 
 Both run the reading task (one model decision and one ~1 KB read per tool step, after the same
 check that the order is the user's: two GETs) with the zero-latency scripted model, durability
-"sync", against the same orders service: on Postgres with LangGraph's Postgres saver
-(loopwright's is the fenced subclass) and on SQLite with its SQLite saver. loopwright's tracing
-is off: the bare agent has none, and what tracing costs is `benchmarks.tracing_overhead`'s. A
+"sync", against the same orders service: on Postgres with LangGraph's Postgres saver (for
+the bare agent) and loopwright's own in its compact layout, and on SQLite with LangGraph's SQLite
+saver and loopwright's. loopwright's tracing is off: the bare agent has none, and what tracing
+costs is `benchmarks.tracing_overhead`'s. A
 loopwright tool step is four committed nodes (compile_context, with guard's gate, model_step,
 validate, execute), the bare agent's two (agent, tools).
 
@@ -557,8 +558,8 @@ def report(figures: StepFigures) -> list[str]:
             *(
                 [
                     f"  WAL pages a commit: node commit {length.wal.commit:.1f}, raw insert "
-                    f"{length.wal.raw:.1f} (the node commit's rows go to two tables of the stock "
-                    f"layout, each a table and its primary key index)"
+                    f"{length.wal.raw:.1f} (a node commit's row goes to a table and its "
+                    f"primary key's index, the raw insert's to a table alone)"
                 ]
                 if length.wal
                 else []
