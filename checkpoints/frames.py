@@ -124,6 +124,8 @@ class Frame:
     writes: list[Write] = field(default_factory=list)  # of the superstep that made it
     _channels: list[str] | None = field(default=None, repr=False)
     _nodes: list[str] | None = field(default=None, repr=False)
+    _channel_at: dict[str, int] | None = field(default=None, repr=False)
+    _node_at: dict[str, int] | None = field(default=None, repr=False)
 
     @property
     def channels(self) -> list[str]:
@@ -137,6 +139,17 @@ class Frame:
         if self._nodes is None:
             self._nodes = sorted(self.seen)
         return self._nodes
+
+    def channel_at(self, channel: str) -> int:
+        """The index of one of its channels in `channels`."""
+        if self._channel_at is None:
+            self._channel_at = {name: i for i, name in enumerate(self.channels)}
+        return self._channel_at[channel]
+
+    def node_at(self, node: str) -> int:
+        if self._node_at is None:
+            self._node_at = {name: i for i, name in enumerate(self.nodes)}
+        return self._node_at[node]
 
     def as_parent(self) -> Frame:
         """What a writer keeps of it for its child's row: its values' bytes and its writes
@@ -323,9 +336,14 @@ def _same_versions(a: Mapping[str, Version], b: Mapping[str, Version]) -> bool:
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    """The same metadata value: its encoding tells 1, 1.0 and True apart (and a dict with its
-    keys in another sequence apart, which only costs the row those few bytes)."""
-    return a is b or ormsgpack.packb(a) == ormsgpack.packb(b)
+    """The same metadata value: its encoding tells 1, 1.0 and True apart, in a list or dict too
+    (where it also tells a dict with its keys in another sequence apart, which only costs the
+    row those few bytes)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (dict, list)):
+        return a is b or ormsgpack.packb(a) == ormsgpack.packb(b)
+    return bool(a == b)
 
 
 def _is_pair(value: Any) -> bool:
@@ -396,6 +414,9 @@ class _Writer:
         self.serde = serde
         self.versions: list[Version] = []
         self.set_here: dict[str, int] = {}  # channel -> its index in C
+        self.writes_to: dict[str, list[int]] = {}  # channel -> the indexes of its writes
+        for i, write in enumerate(frame.writes):
+            self.writes_to.setdefault(write.channel, []).append(i)
 
     def row(self) -> Row:
         frame, parent = self.frame, self.parent
@@ -455,7 +476,7 @@ class _Writer:
         """`value`, stored as the write it is if one of the row's writes to `name` is it (a
         channel that keeps the last value written), else as its own bytes."""
         writes = self.frame.writes
-        candidates = [i for i, w in enumerate(writes) if w.channel == name]
+        candidates = self.writes_to.get(name, ())
         for i in candidates:
             if writes[i].source is value:
                 return writes[i].value, i
@@ -469,7 +490,7 @@ class _Writer:
         """A channel's name, as its index among the parent's channels where it has it."""
         parent = self.parent
         if parent is not None and channel in parent.versions:
-            return parent.channels.index(channel)
+            return parent.channel_at(channel)
         return channel
 
     def _version(self, version: Version) -> int:
@@ -493,7 +514,7 @@ class _Writer:
     def _node(self, node: str) -> int | str:
         parent = self.parent
         if parent is not None and node in parent.seen:
-            return parent.nodes.index(node)
+            return parent.node_at(node)
         return node
 
     def _seen_entry(self, channel: str, version: Version) -> list[Any]:
@@ -502,7 +523,7 @@ class _Writer:
         parent = self.parent
         if parent is not None and channel in parent.versions:
             same = _same(parent.versions[channel], version)
-            return [parent.channels.index(channel), True if same else self._version(version)]
+            return [parent.channel_at(channel), True if same else self._version(version)]
         return [channel, self._version(version)]
 
     def _metadata(self, body: dict[str, Any]) -> None:
