@@ -13,13 +13,16 @@ parent links back to it (at most `frames.KEY_EVERY` rows). A checkpoint's pendin
 those saved alone at it and those its children's rows carry. A DeltaChannel's history (the
 writes of every ancestor since its last snapshot) is read from the rows back to the root.
 
-A writer remembers the last checkpoint of each thread it wrote or read (`Frame`): the next
-row is a delta on it. A parent it does not remember (another process wrote it, or a history
-was forked from an older checkpoint that was not read first) gets a keyframe, which needs none.
+A writer remembers the last checkpoint of each thread it wrote or read (`Frame.as_parent`): the
+next row is a delta on it. A parent it does not remember (another process wrote it, or a
+history was forked from an older checkpoint that was not read first) gets a keyframe, which
+needs none. It also keeps the last few chains it read back to their roots (`KEPT_CHAINS`):
+rows never change once written, and a run's history asks for every checkpoint of one chain.
 
 Threads that LangGraph's own layout holds (the server's runs, which its stock readers read;
 runs begun before this layout) are read and written in that layout, by `legacy`, the fenced
-stock saver on the same connection: a thread is in one layout for all its life.
+stock saver on the same connection: a thread is in one layout for all its life, and a new one
+begins in the saver's `new_threads` (the server's graph: LangGraph's; the runtime's: compact).
 """
 
 from __future__ import annotations
@@ -142,10 +145,7 @@ _ROWS = (
     "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
 )
 # Where a thread's checkpoints are, asked once a thread (unless a read found out on the way).
-_PROBE = (
-    "SELECT EXISTS (SELECT 1 FROM lw_checkpoints WHERE thread_id = %s) AS compact,"
-    " EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s) AS stock"
-)
+_PROBE = f"SELECT {_PROBE_DEPTH} AS depth"
 
 # A commit on Postgres: the run's row locked and read, and (if it is still this writer's, or
 # the saver is unfenced) the checkpoint's row or the writes saved alone. Ordinary writes keep
@@ -527,10 +527,8 @@ class CompactSaver(FencedSaver):
         """Where the thread's checkpoints are (None: nowhere yet), asked once a thread."""
         if thread not in self._layouts:
             found = self.db.one(_PROBE, (thread, thread))
-            if found and found["compact"]:
-                remember(self._layouts, thread, Layout.COMPACT)
-            elif found and found["stock"]:
-                remember(self._layouts, thread, Layout.STOCK)
+            if found and found["depth"] in _FOUND_IN:
+                remember(self._layouts, thread, _FOUND_IN[found["depth"]])
         return self._layouts.get(thread)
 
     # -- writing ---------------------------------------------------------------------------
