@@ -148,6 +148,14 @@ def test_refund_with_an_approval_through_the_sdk(served: Served) -> None:
         "SELECT phase, owner FROM lw_runs WHERE run_id = %s", final["run_id"]
     )
     assert (phase, owner) == ("COMPLETED", None)
+    # The server's runs are in LangGraph's layout, which its own readers and Aegra's read.
+    [(stock, compact)] = served.sql(
+        "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id = %s),"
+        " (SELECT count(*) FROM lw_checkpoints WHERE thread_id = %s)",
+        thread_id,
+        thread_id,
+    )
+    assert stock > 10 and compact == 0
 
 
 def test_cancel_in_the_middle_of_a_refund_and_a_busy_thread(served: Served) -> None:
