@@ -63,7 +63,7 @@ from loopwright.checkpoints.fenced import (
     remember,
 )
 from loopwright.checkpoints.frames import KEY_EVERY, Frame, Row, Write, encode, task_writes
-from loopwright.checkpoints.leases import RunRecord, RunWatch, lock_run_sql
+from loopwright.checkpoints.leases import FenceRow, RunWatch, lock_fence_sql
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.crashpoints import armed, crash_point
@@ -329,7 +329,7 @@ class CompactSaver(FencedSaver):
         self._pg = conn if isinstance(conn, psycopg.Connection) else None
         if self._pg is not None:
             register_column_arrays(self._pg)
-            lock = self.db.spell(lock_run_sql(run_id="%(thread)s::text"))
+            lock = self.db.spell(lock_fence_sql(run_id="%(thread)s::text"))
             self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=OURS_FENCED)
 
     # The fence and the attempt's watch are the legacy saver's too: one writer, two layouts.
@@ -597,7 +597,7 @@ class CompactSaver(FencedSaver):
             self.serde,
         )
 
-    def _commit_postgres(self, commit: _Commit) -> RunRecord | None:
+    def _commit_postgres(self, commit: _Commit) -> FenceRow | None:
         """One statement, its own transaction (autocommit), in one round trip."""
         assert self._pg is not None
         row = commit.row
@@ -627,13 +627,13 @@ class CompactSaver(FencedSaver):
             else:
                 cursor.execute(statement, params)
             record = cursor.fetchone()
-        return RunRecord.model_validate(record) if record else None
+        return FenceRow.of(record) if record else None
 
-    def _commit_sqlite(self, commit: _Commit) -> RunRecord | None:
+    def _commit_sqlite(self, commit: _Commit) -> FenceRow | None:
         """One BEGIN IMMEDIATE transaction: the fence check and the rows, one fsync."""
         conn = self.db.conn
         assert isinstance(conn, sqlite3.Connection)
-        run: RunRecord | None = None
+        run: FenceRow | None = None
         thread, ns, row = commit.thread, commit.ns, commit.row
         with self.db.transaction():
             fence = self.fence

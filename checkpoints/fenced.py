@@ -83,12 +83,12 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.leases import (
+    FenceRow,
     Lease,
-    RunRecord,
     RunWatch,
     StaleWriter,
-    lock_run,
-    lock_run_sql,
+    lock_fence,
+    lock_fence_sql,
 )
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.crashpoints import armed, crash_point
@@ -128,19 +128,19 @@ class Fence(BaseModel):
     def of(cls, lease: Lease) -> Fence:
         return cls(run_id=lease.run_id, owner=lease.owner, fence=lease.fence)
 
-    def check(self, db: Database, run_id: str) -> RunRecord:
+    def check(self, db: Database, run_id: str) -> FenceRow:
         """Refuse unless the run is still ours at this fence and the lease is live; the row.
 
         Call inside the writing transaction: the run's row stays locked until it commits.
         """
         self.check_thread(run_id)
-        return self.check_row(run_id, lock_run(db, run_id))
+        return self.check_row(run_id, lock_fence(db, run_id))
 
     def check_thread(self, run_id: str) -> None:
         if run_id != self.run_id:
             raise StaleWriter(run_id, self.fence, None, f"the saver is fenced for {self.run_id}")
 
-    def check_row(self, run_id: str, run: RunRecord | None) -> RunRecord:
+    def check_row(self, run_id: str, run: FenceRow | None) -> FenceRow:
         """Refuse unless `run`, the run's row as locked by the writing transaction, is ours."""
         if run is None:
             raise StaleWriter(run_id, self.fence, None, "the run is not registered")
@@ -317,10 +317,10 @@ class FencedSaver(BaseCheckpointSaver[str]):
         the fence check."""
         raise NotImplementedError
 
-    def _seen(self, run: RunRecord) -> None:
+    def _seen(self, run: FenceRow) -> None:
         watch = self.watch
         if watch is not None:
-            watch.seen(run.cancel_requested_at is not None)
+            watch.seen(run.cancel_requested)
 
 
 # A commit's statement: the run's row locked and read, and the rows of the commit, each table's
@@ -389,7 +389,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         # stored (`_rows`).
         self._strings: dict[tuple[str, str], dict[str, str]] = {}
         register_column_arrays(conn)
-        lock = Database(conn).spell(lock_run_sql(run_id="%(thread)s::text"))
+        lock = Database(conn).spell(lock_fence_sql(run_id="%(thread)s::text"))
         self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=OURS_FENCED)
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
@@ -413,8 +413,7 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             row = cursor.fetchone()
         if fence is not None:
             # Refused here, the statement inserted nothing: it was guarded by the same row.
-            run = RunRecord.model_validate(row) if row else None
-            self._seen(fence.check_row(thread, run))
+            self._seen(fence.check_row(thread, FenceRow.of(row) if row else None))
         if save is not None:
             remember(self._strings, (thread, str(params["ns"])), strings)
 

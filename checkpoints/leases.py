@@ -16,11 +16,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.schema import migrate
-from loopwright.checkpoints.sql import Database, open_database
+from loopwright.checkpoints.sql import Database, Row, open_database
 from loopwright.graph.state import Phase
 
 _RUN_COLUMNS = (
@@ -150,6 +151,39 @@ def lock_run_sql(*, exclusive: bool = False, run_id: str = "%s") -> str:
     placeholder of the run's id."""
     lock = "{for_update}" if exclusive else "{for_share}"
     return _SELECT_RUNS + f" WHERE run_id = {run_id}" + lock
+
+
+class FenceRow(NamedTuple):
+    """What a fenced write reads of its run's row, under the row's lock (`lock_fence_sql`):
+    whose it is, at which fence, whether the lease is live, whether a cancel was asked for. A
+    commit reads it every time, so it is these four values, not the whole row."""
+
+    owner: str | None
+    fence: int
+    lease_live: bool
+    cancel_requested: bool
+
+    @classmethod
+    def of(cls, row: Row) -> FenceRow:
+        return cls(
+            row["owner"], int(row["fence"]), bool(row["lease_live"]), bool(row["cancel_requested"])
+        )
+
+
+def lock_fence_sql(*, run_id: str = "%s") -> str:
+    """The statement that locks a run's row shared and reads its `FenceRow`; `run_id` is the
+    placeholder of the run's id."""
+    return (
+        "SELECT owner, fence, COALESCE(lease_expires_at > now(), FALSE) AS lease_live,"
+        " cancel_requested_at IS NOT NULL AS cancel_requested"
+        f" FROM lw_runs WHERE run_id = {run_id}{{for_share}}"
+    )
+
+
+def lock_fence(db: Database, run_id: str) -> FenceRow | None:
+    """A run's `FenceRow`, its row locked until the transaction ends (call inside one)."""
+    row = db.one(lock_fence_sql(), (run_id,))
+    return FenceRow.of(row) if row else None
 
 
 def refuse_if_superseded(db: Database, run_id: str, fence: int) -> None:
