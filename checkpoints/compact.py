@@ -451,17 +451,19 @@ class CompactSaver(FencedSaver):
     ) -> builtins.list[CheckpointTuple]:
         """The matching checkpoints, newest first (by id, as LangGraph's savers list them)."""
         conf = config["configurable"] if config else {}
+        # The rows of the thread's namespaces (or every thread's): a checkpoint asked for by id
+        # is rebuilt from the rows before it, and is picked out after.
         where, params = [], []
-        for column in ("thread_id", "checkpoint_ns", "checkpoint_id"):
+        for column in ("thread_id", "checkpoint_ns"):
             if conf.get(column) is not None:
                 where.append(f"{column} = %s")
                 params.append(str(conf[column]))
-        sql = _ROWS + (" WHERE " + " AND ".join(where[:2]) if where[:2] else "")
+        sql = _ROWS + (" WHERE " + " AND ".join(where) if where else "")
         only = conf.get("checkpoint_id")
         below = get_checkpoint_id(before) if before else None
         spaces: dict[tuple[str, str], _Namespace] = defaultdict(_Namespace)
         with self.lock:
-            for record in self.db.execute(sql, params[: len(where[:2])]):
+            for record in self.db.execute(sql, params):
                 spaces[(record["thread_id"], record["checkpoint_ns"])].add(_row(record))
             for (thread, ns), space in spaces.items():
                 for w in self.db.execute(_ALONE + " AND checkpoint_ns = %s", (thread, ns)):
@@ -525,11 +527,12 @@ class CompactSaver(FencedSaver):
 
     def _layout(self, thread: str) -> Layout | None:
         """Where the thread's checkpoints are (None: nowhere yet), asked once a thread."""
-        if thread not in self._layouts:
-            found = self.db.one(_PROBE, (thread, thread))
-            if found and found["depth"] in _FOUND_IN:
-                remember(self._layouts, thread, _FOUND_IN[found["depth"]])
-        return self._layouts.get(thread)
+        with self.lock:
+            if thread not in self._layouts:
+                found = self.db.one(_PROBE, (thread, thread))
+                if found and found["depth"] in _FOUND_IN:
+                    remember(self._layouts, thread, _FOUND_IN[found["depth"]])
+            return self._layouts.get(thread)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -541,7 +544,8 @@ class CompactSaver(FencedSaver):
         if layout is None and self.new_threads is Layout.STOCK:
             layout = self._layout(thread) or Layout.STOCK
         if layout is Layout.STOCK:
-            remember(self._layouts, thread, Layout.STOCK)
+            with self.lock:
+                remember(self._layouts, thread, Layout.STOCK)
             self.legacy._commit(thread, tasks, save)
             return
         fence = self.fence
@@ -571,7 +575,7 @@ class CompactSaver(FencedSaver):
             if frame is not None:
                 remember(self._frames, (thread, ns), frame.as_parent())
             self._histories.pop((thread, ns), None)  # writes saved alone may have joined it
-        remember(self._layouts, thread, Layout.COMPACT)
+            remember(self._layouts, thread, Layout.COMPACT)
 
     def _encode(
         self, thread: str, ns: str, save: Save, writes: builtins.list[Write]
@@ -733,10 +737,12 @@ class CompactSaver(FencedSaver):
         self._forget(thread)
 
     def _forget(self, thread: str) -> None:
-        self._layouts.pop(thread, None)
-        for memory in (self._frames, self._histories):
-            for key in [k for k in memory if k[0] == thread]:
-                del memory[key]
+        """What this saver remembers of a thread whose rows it removed (or rewrote)."""
+        with self.lock:
+            self._layouts.pop(thread, None)
+            for memory in (self._frames, self._histories):
+                for key in [k for k in memory if k[0] == thread]:
+                    del memory[key]
 
 
 def _thread_ns(config: RunnableConfig) -> tuple[str, str]:

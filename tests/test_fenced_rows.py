@@ -316,3 +316,18 @@ def test_a_checkpoint_waits_no_longer_than_its_bound(database_url: str) -> None:
     assert commits == [(0, True), (1, False)]
     assert saved is not None and [w[1:] for w in saved.pending_writes or ()] == [("y", "too late")]
     assert WRITES_WAIT_S <= waited < WRITES_WAIT_S + 1
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_listing_one_checkpoint_by_id_finds_it(database_url: str, layout: Layout) -> None:
+    """A checkpoint named by id (with or without its namespace) is listed, whatever row of a
+    chain it is: LangGraph's `get_state_history` and time travel list by id."""
+    with open_checkpointer(database_url, new_threads=layout) as saver:
+        history = run_and_read(saver, "listed")
+        config: RunnableConfig = {"configurable": {"thread_id": "listed"}}
+        ids = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config)]
+        for checkpoint_id in ids:
+            for conf in ({"thread_id": "listed"}, {"thread_id": "listed", "checkpoint_ns": ""}):
+                found = list(saver.list({"configurable": {**conf, "checkpoint_id": checkpoint_id}}))
+                assert [t.checkpoint["id"] for t in found] == [checkpoint_id]
+    assert len(ids) == len(history) > STEPS
