@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.factory import open_checkpointer
+from loopwright.checkpoints.scratch import fresh_database
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]  # hypothesis's data.draw
 CHANNELS = ["a", "b", "messages", "branch:to:x"]
@@ -45,12 +47,23 @@ values = st.one_of(
 metadata_values = st.one_of(st.integers(0, 99), st.text(max_size=6), st.booleans(), st.none())
 
 
-@pytest.fixture(scope="module")
-def savers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SqliteSaver, CompactSaver]]:
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def savers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SqliteSaver, CompactSaver]]:
+    """LangGraph's SQLite saver (the reference), and the compact saver on each backend."""
     folder = tmp_path_factory.mktemp("layouts")
     stock = SqliteSaver(sqlite3.connect(str(folder / "stock.sqlite3"), check_same_thread=False))
     stock.setup()
-    with open_checkpointer(f"sqlite:///{Path(folder) / 'compact.sqlite3'}") as compact:
+    with ExitStack() as stack:
+        if request.param == "postgres":
+            server = request.getfixturevalue("postgres_server_url")
+            url = stack.enter_context(fresh_database(server, prefix="lw_test"))
+        else:
+            url = f"sqlite:///{Path(folder) / 'compact.sqlite3'}"
+        compact = stack.enter_context(open_checkpointer(url))
         assert isinstance(compact, CompactSaver)
         yield stock, compact
 
