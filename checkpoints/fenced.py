@@ -1,6 +1,11 @@
 """Checkpointers that refuse a stale worker's writes, in the transaction that writes, and commit
 a node's writes and the checkpoint after them in one transaction.
 
+`FencedSaver` is what both layouts share: the fence, and the holding of a superstep's writes
+until its checkpoint. The savers of LangGraph's own layout are here (`FencedPostgresSaver`,
+`FencedSqliteSaver`: the server's runs, and runs begun before the compact layout); the runtime's
+compact layout is `checkpoints.compact`, which routes a thread of LangGraph's layout to them.
+
 A fencing check in a separate transaction would leave a gap: the lease could change hands
 between the check and the write, and the stale worker's checkpoint would fork the run. So every
 durable write of a fenced saver is one transaction on the saver's connection that locks the
@@ -43,8 +48,8 @@ Channel versions are shorter than the stock savers' (`next_version`: 19 characte
 version is written some 40 times a checkpoint, in its channel versions, versions seen and blob
 keys. The server's saver (`loopwright.server.checkpointer`) writes the same form.
 
-Everything else (reads, `get_delta_channel_history` for `DeltaChannel` state, pruning) is the
-stock saver's, untouched. The worker sets `saver.fence = Fence.of(lease)` after it claims a run;
+Everything else of LangGraph's layout (reads, `get_delta_channel_history` for `DeltaChannel`
+state, pruning) is the stock saver's, untouched. The worker sets `saver.fence = Fence.of(lease)` after it claims a run;
 the graph's thread id is the run id. With `fence=None` nothing is checked.
 
 Only the sync savers are fenced: their async methods are not implemented by langgraph, so no
