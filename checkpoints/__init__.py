@@ -5,5 +5,10 @@
 * `factory`: LangGraph checkpointers by URL (sync, fenceable; async for the LangGraph server).
 * `journal`: the action journal, one row per business intent, moved by compare-and-set.
 * `leases`: run leases with fencing tokens, so that a run has one writer.
-* `fenced`: checkpointers that refuse a stale worker's write in the transaction that writes.
+* `fenced`: checkpointers that refuse a stale worker's write in the transaction that writes
+  (and those of LangGraph's own layout, for the server's runs).
+* `compact`: the runtime's checkpointer, a row per checkpoint (`frames`: the row format;
+  `delta_history`: a DeltaChannel's history read from the rows).
+* `schema`, `retention`, `scratch`: loopwright's tables and their migrations, the job that
+  prunes finished runs, throwaway databases for tests and benchmarks.
 """
