@@ -43,9 +43,9 @@ from benchmarks.perf_setup import (
     reading_model,
 )
 from benchmarks.step_time import Backend
-from loopwright.checkpoints.compact import Layout, rebuild
+from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import DatabaseKind
-from loopwright.checkpoints.frames import Row
+from loopwright.checkpoints.frames import Row, rebuild
 from loopwright.checkpoints.sql import open_database
 
 WINDOW = 100

@@ -55,14 +55,25 @@ from loopwright.checkpoints.fenced import (
     OURS_FENCED,
     WRITE_COLUMNS,
     Fence,
+    FencedPostgresSaver,
     FencedSaver,
+    FencedSqliteSaver,
     Save,
     TaskWrites,
     column_arrays,
     register_column_arrays,
     remember,
 )
-from loopwright.checkpoints.frames import KEY_EVERY, Frame, Row, Write, encode, task_writes
+from loopwright.checkpoints.frames import (
+    KEY_EVERY,
+    Frame,
+    Row,
+    Write,
+    encode,
+    plain_metadata,
+    rebuild,
+    task_writes,
+)
 from loopwright.checkpoints.leases import FenceRow, RunWatch, lock_fence_sql
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database
@@ -138,8 +149,8 @@ _CHILDREN = (
     " ORDER BY checkpoint_id"
 )
 _ALONE = (
-    "SELECT checkpoint_id, task_id, task_path, idx, channel, type, blob FROM lw_checkpoint_writes"
-    " WHERE thread_id = %s"
+    "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob"
+    " FROM lw_checkpoint_writes"
 )
 _ROWS = (
     "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
@@ -239,14 +250,6 @@ def _write_row(write: Write) -> tuple[Any, ...]:
     return (write.task_id, write.task_path, write.idx, write.channel, *write.value)
 
 
-def rebuild(rows: Sequence[Row]) -> list[Frame]:
-    """The frames of a chain of rows given newest first, ending at a keyframe: oldest first."""
-    frames: list[Frame] = []
-    for row in reversed(rows):
-        frames.append(Frame.apply(frames[-1] if frames else None, row))
-    return frames
-
-
 @dataclass
 class _Namespace:
     """The rows of one thread's namespace, rebuilt on demand (`list`)."""
@@ -296,7 +299,7 @@ class CompactSaver(FencedSaver):
 
     def __init__(
         self,
-        legacy: FencedSaver,
+        legacy: FencedPostgresSaver | FencedSqliteSaver,
         conn: psycopg.Connection[Any] | sqlite3.Connection,
         *,
         fence: Fence | None = None,
@@ -350,7 +353,9 @@ class CompactSaver(FencedSaver):
         self.legacy.watch = watch
 
     def setup(self) -> None:
-        """The compact tables (loopwright's schema, `checkpoints.schema`)."""
+        """Both layouts' tables: LangGraph's (its saver's own `setup`), the compact ones
+        (loopwright's schema, `checkpoints.schema`)."""
+        self.legacy.setup()
         migrate(self.db)
 
     # -- reading ---------------------------------------------------------------------------
@@ -416,7 +421,7 @@ class CompactSaver(FencedSaver):
         return CheckpointTuple(
             config(frame.checkpoint_id),
             frame.checkpoint(self.serde),
-            cast(CheckpointMetadata, _plain_copy(frame.metadata)),
+            cast(CheckpointMetadata, plain_metadata(frame.metadata)),
             config(frame.parent_id) if frame.parent_id else None,
             [w.pending(self.serde) for w in pending],
         )
@@ -430,18 +435,16 @@ class CompactSaver(FencedSaver):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         thread = str(config["configurable"]["thread_id"]) if config else None
-        stock = self.legacy.list(config, filter=filter, before=before, limit=limit)
-        if thread is not None and self._layouts.get(thread) is Layout.STOCK:
-            yield from stock
-            return
-        found = self._compact_list(config, filter, before)[:limit]
-        yield from found
-        if thread is None:  # every thread: then those of LangGraph's layout
-            left = None if limit is None else limit - len(found)
-            if left is None or left > 0:
-                yield from self.legacy.list(config, filter=filter, before=before, limit=left)
-        elif not found and self._layout(thread) is Layout.STOCK:
-            yield from stock
+        found: builtins.list[CheckpointTuple] = []
+        if thread is None or self._layouts.get(thread) is not Layout.STOCK:
+            found = self._compact_list(config, filter, before)[:limit]
+            yield from found
+            if thread is not None and (found or self._layout(thread) is not Layout.STOCK):
+                return
+        # A thread of LangGraph's layout, or (every thread) those of it after the compact ones.
+        left = None if limit is None else limit - len(found)
+        if left is None or left > 0:
+            yield from self.legacy.list(config, filter=filter, before=before, limit=left)
 
     def _compact_list(
         self,
@@ -458,15 +461,15 @@ class CompactSaver(FencedSaver):
             if conf.get(column) is not None:
                 where.append(f"{column} = %s")
                 params.append(str(conf[column]))
-        sql = _ROWS + (" WHERE " + " AND ".join(where) if where else "")
+        filters = " WHERE " + " AND ".join(where) if where else ""
         only = conf.get("checkpoint_id")
         below = get_checkpoint_id(before) if before else None
         spaces: dict[tuple[str, str], _Namespace] = defaultdict(_Namespace)
         with self.lock:
-            for record in self.db.execute(sql, params):
+            for record in self.db.execute(_ROWS + filters, params):
                 spaces[(record["thread_id"], record["checkpoint_ns"])].add(_row(record))
-            for (thread, ns), space in spaces.items():
-                for w in self.db.execute(_ALONE + " AND checkpoint_ns = %s", (thread, ns)):
+            for w in self.db.execute(_ALONE + filters, params):
+                if (space := spaces.get((w["thread_id"], w["checkpoint_ns"]))) is not None:
                     space.alone[w["checkpoint_id"]].append(_alone(w))
         found: builtins.list[CheckpointTuple] = []
         for (thread, ns), space in spaces.items():
@@ -519,10 +522,7 @@ class CompactSaver(FencedSaver):
         if not rows:
             return None
         chain = ChainHistory(rows, alone)
-        self._histories.pop((thread, ns), None)
-        self._histories[(thread, ns)] = chain
-        while len(self._histories) > KEPT_CHAINS:
-            self._histories.pop(next(iter(self._histories)))
+        remember(self._histories, (thread, ns), chain, keep=KEPT_CHAINS)
         return chain
 
     def _layout(self, thread: str) -> Layout | None:
@@ -748,14 +748,6 @@ class CompactSaver(FencedSaver):
 def _thread_ns(config: RunnableConfig) -> tuple[str, str]:
     conf = config["configurable"]
     return str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
-
-
-def _plain_copy(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy a caller may change without changing the frame a saver remembers."""
-    return {
-        k: _plain_copy(v) if isinstance(v, Mapping) else (list(v) if isinstance(v, list) else v)
-        for k, v in metadata.items()
-    }
 
 
 def _contains(metadata: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:

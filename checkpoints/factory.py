@@ -29,7 +29,7 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSaver, FencedSqliteSaver
+from loopwright.checkpoints.fenced import Fence, FencedPostgresSaver, FencedSqliteSaver
 
 
 @contextmanager
@@ -43,8 +43,6 @@ def open_checkpointer(
     if database_kind(url) is DatabaseKind.POSTGRES:
         with connect_postgres(url) as conn:
             saver = fenced_saver(conn, fence=fence, new_threads=new_threads)
-            assert isinstance(saver.legacy, FencedPostgresSaver)
-            saver.legacy.setup()
             saver.setup()
             yield saver
     else:
@@ -61,7 +59,7 @@ def fenced_saver(
     new_threads: Layout = Layout.COMPACT,
 ) -> CompactSaver:
     """The fenced saver on `conn`, over both layouts (its tables set up elsewhere)."""
-    legacy: FencedSaver = (
+    legacy: FencedPostgresSaver | FencedSqliteSaver = (
         FencedPostgresSaver(conn, fence=fence)
         if isinstance(conn, psycopg.Connection)
         else FencedSqliteSaver(conn, fence=fence)

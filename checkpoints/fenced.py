@@ -49,8 +49,9 @@ version is written some 40 times a checkpoint, in its channel versions, versions
 keys. The server's saver (`loopwright.server.checkpointer`) writes the same form.
 
 Everything else of LangGraph's layout (reads, `get_delta_channel_history` for `DeltaChannel`
-state, pruning) is the stock saver's, untouched. The worker sets `saver.fence = Fence.of(lease)` after it claims a run;
-the graph's thread id is the run id. With `fence=None` nothing is checked.
+state, pruning) is the stock saver's, untouched. The worker sets `saver.fence =
+Fence.of(lease)` after it claims a run; the graph's thread id is the run id. With `fence=None`
+nothing is checked.
 
 Only the sync savers are fenced: their async methods are not implemented by langgraph, so no
 write path bypasses the check.
@@ -198,11 +199,11 @@ def next_version(current: str | int | None) -> str:
     return f"{number + 1:010}.{random.getrandbits(32):08x}"
 
 
-def remember[K, V](memory: dict[K, V], key: K, value: V) -> None:
-    """Keep `value` under `key` as the newest entry, forgetting the oldest past REMEMBERED."""
+def remember[K, V](memory: dict[K, V], key: K, value: V, keep: int = REMEMBERED) -> None:
+    """Keep `value` under `key` as the newest entry, forgetting the oldest past `keep`."""
     memory.pop(key, None)
     memory[key] = value
-    while len(memory) > REMEMBERED:
+    while len(memory) > keep:
         memory.pop(next(iter(memory)))
 
 

@@ -180,6 +180,14 @@ class Frame:
         return _Reader(parent, body).frame(row)
 
 
+def rebuild(rows: Sequence[Row]) -> list[Frame]:
+    """The frames of a chain of rows given newest first, ending at a keyframe: oldest first."""
+    frames: list[Frame] = []
+    for row in reversed(rows):
+        frames.append(Frame.apply(frames[-1] if frames else None, row))
+    return frames
+
+
 @dataclass(frozen=True)
 class Step:
     """What a row says of the superstep that made it, read with nothing but the names of the
@@ -280,7 +288,7 @@ def encode(
         values={},
         seen={node: dict(seen) for node, seen in checkpoint["versions_seen"].items()},
         updated=_updated(checkpoint),
-        metadata=_plain(metadata),
+        metadata=plain_metadata(metadata),
         since_key=0 if parent is None else parent.since_key + 1,
         writes=_by_task(writes),
     )
@@ -300,9 +308,10 @@ def _updated(checkpoint: Checkpoint) -> list[str] | None:
     return None if updated is None else list(updated)
 
 
-def _plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """`metadata` as a JSON store gives it back (a tuple as a list): it is compared with its
-    parent's and read back as the stock savers read it."""
+def plain_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`metadata` as a JSON store gives it back (a tuple as a list), a copy of its own: it is
+    compared with its parent's, read back as the stock savers read it, and handed to a caller
+    who may change it without changing the frame a saver remembers."""
     plain: dict[str, Any] = ormsgpack.unpackb(ormsgpack.packb(metadata))
     return plain
 

@@ -24,10 +24,11 @@ from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
 from loopwright.graph.state import Phase
 
+_LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock
 _RUN_COLUMNS = (
     "run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
     " cancel_requested_at, failures, last_error, agent, agent_version, created_at, updated_at,"
-    " pruned_at, COALESCE(lease_expires_at > now(), FALSE) AS lease_live"
+    " pruned_at, " + _LEASE_LIVE
 )
 _SELECT_RUNS = "SELECT " + _RUN_COLUMNS + " FROM lw_runs"
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
@@ -174,7 +175,7 @@ def lock_fence_sql(*, run_id: str = "%s") -> str:
     """The statement that locks a run's row shared and reads its `FenceRow`; `run_id` is the
     placeholder of the run's id."""
     return (
-        "SELECT owner, fence, COALESCE(lease_expires_at > now(), FALSE) AS lease_live,"
+        f"SELECT owner, fence, {_LEASE_LIVE},"
         " cancel_requested_at IS NOT NULL AS cancel_requested"
         f" FROM lw_runs WHERE run_id = {run_id}{{for_share}}"
     )

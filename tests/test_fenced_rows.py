@@ -180,14 +180,15 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
         open_checkpointer(postgres_url, new_threads=Layout.STOCK) as second,
     ):
         for saver in (first.legacy, second.legacy):
-            dump = saver._dump_blobs  # type: ignore[attr-defined]
+            assert isinstance(saver, FencedPostgresSaver)
+            dump = saver._dump_blobs
 
             def counted(*args: Any, dump: Any = dump) -> Any:
                 rows = dump(*args)
                 sent.append([row[2] for row in rows])
                 return rows
 
-            saver._dump_blobs = counted  # type: ignore[attr-defined]
+            saver._dump_blobs = counted  # type: ignore[method-assign, assignment]
         history = run_and_read(first, "brief-once", resumer=second)
     assert history[0][0]["brief"] == BRIEF and history[0][0]["count"] == STEPS
     # Once by the first saver (up to the interrupt), once by the second, of all the commits.
