@@ -410,11 +410,16 @@ class StepFigures:
     profile: cProfile.Profile | None = None
 
     @property
-    def missed(self) -> bool:
-        return any(
-            (length.step_goal is not None and length.step_ratio.median > length.step_goal)
-            or length.commit_ratio.median > COMMIT_GOAL
-            for length in self.lengths
+    def first_missed(self) -> Length | None:
+        """The first backend and length that missed a goal, if any did."""
+        return next(
+            (
+                length
+                for length in self.lengths
+                if (length.step_goal is not None and length.step_ratio.median > length.step_goal)
+                or length.commit_ratio.median > COMMIT_GOAL
+            ),
+            None,
         )
 
 
@@ -507,10 +512,13 @@ def measure(
                 figures.lengths.append(measure_length(bench, backend, steps, rounds))
             if not backend.is_sqlite:
                 figures.work = measure_work(bench, backend)
-        if figures.missed:
-            # The profiler slows the run down: a run of its own, after the timed ones.
+        missed = figures.first_missed
+        if missed is not None:
+            # The profiler slows the run down: a run of its own, after the timed ones, on the
+            # backend and at the length that missed.
             figures.profile = cProfile.Profile()
-            run_loopwright(bench, chosen[0], max(lengths), figures.profile)
+            backend = next(b for b in chosen if b.name == missed.backend)
+            run_loopwright(bench, backend, missed.steps, figures.profile)
     return figures
 
 
@@ -587,10 +595,11 @@ def report(figures: StepFigures) -> list[str]:
             f"  loopwright: {_counts(work.loopwright_run)}",
             f"  bare prebuilt agent: {_counts(work.bare_run)}",
         ]
-    if figures.profile is not None:
+    missed = figures.first_missed
+    if figures.profile is not None and missed is not None:
         lines += [
-            "where loopwright's time goes (cProfile over every thread, own time, a thread's wait "
-            "for another left out):",
+            f"where loopwright's time goes ({missed.backend}, {missed.steps} steps; cProfile "
+            "over every thread, own time, a thread's wait for another left out):",
             top_functions(figures.profile),
         ]
     return lines
