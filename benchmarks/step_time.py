@@ -2,8 +2,8 @@
 INSERT + COMMIT of the same bytes; the database work of a tool step. All side by side in this
 one process, over many short runs interleaved, so that load on a shared machine falls on both.
 
-    python -m benchmarks.step_time [--steps 10 100] [--rounds 15] [--backend postgres sqlite]
-                                   [--db SERVER_URL]
+    python -m benchmarks.step_time [--steps 10 100] [--rounds 15] [--max-rounds 60]
+                                   [--backend postgres sqlite] [--db SERVER_URL]
 
 Both run the reading task (one model decision and one ~1 KB read per tool step, after the same
 check that the order is the user's: two GETs) with the zero-latency scripted model, durability
@@ -15,21 +15,26 @@ loopwright tool step is four committed nodes (compile_context, with guard's gate
 validate, execute), the bare agent's two (agent, tools).
 
 Every round runs one bare run, one loopwright run (in alternating order) and a burst of raw
-commits; each figure is the median over the rounds, with its spread (interquartile range and
-extremes), so that one slow moment on the machine does not decide a ratio. Goals: loopwright /
+commits; each figure is the median over the rounds, with its spread (the median's 95% interval,
+the interquartile range and the extremes), so that one slow moment on the machine does not
+decide a ratio. Rounds go on past --rounds, up to --max-rounds, until the step ratio's median is
+known to within 0.05 (its interval's width); a goal is met when the whole interval is within
+it, missed when the whole interval is beyond it, and else "at the goal". Goals: loopwright /
 bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x a raw INSERT +
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
 step (Postgres, counted on the wire, see `benchmarks.db_work`) is the difference between a
 50-step and a 25-step run, divided by 25, the median of three such differences; a run's work
 besides its tool steps is the 25-step run's less 25 tool steps'.
-Where a goal is missed the script says where loopwright's time goes (cProfile, top functions).
+Where a goal is not met the script says where loopwright's time goes (cProfile, top functions).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import enum
+import math
 import pstats
 import sqlite3
 import statistics
@@ -71,6 +76,11 @@ from loopwright.observability.tracing import TraceSettings, configure_tracing
 
 STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 2.0
+MEDIAN_CONFIDENCE = 0.95
+# Rounds go on past --rounds while the step ratio's median is known to less than this (the
+# width of its 95% interval), up to --max-rounds.
+SPREAD_GOAL = 0.05
+MAX_ROUNDS_FACTOR = 4
 LOOPWRIGHT_NODES_PER_STEP = 4
 BARE_NODES_PER_STEP = 2
 RAW_COMMITS_PER_ROUND = 30
@@ -349,7 +359,7 @@ def run_bare(bench: Bench, backend: Backend, steps: int) -> Measured:
 
 @dataclass(frozen=True)
 class Spread:
-    """A figure over the rounds: its median, quartiles and extremes."""
+    """A figure over the rounds: its median, the median's 95% interval, quartiles, extremes."""
 
     values: tuple[float, ...]
 
@@ -357,14 +367,47 @@ class Spread:
     def median(self) -> float:
         return statistics.median(self.values)
 
+    @property
+    def interval(self) -> tuple[float, float]:
+        """Where the median lies, 95% sure: the order statistics x(j) and x(n+1-j) with the
+        largest j for which P(Binomial(n, 1/2) < j) <= 2.5% (distribution-free: the rounds'
+        times are skewed by the machine's slow moments, not normal). With fewer than six rounds
+        no j qualifies, and it is all of them."""
+        ordered = sorted(self.values)
+        n = len(ordered)
+        j = 1
+        while j < n // 2 and 2 * _binomial_cdf(n, j) <= 1 - MEDIAN_CONFIDENCE:
+            j += 1
+        return ordered[j - 1], ordered[n - j]
+
     def show(self, unit: str = "", digits: int = 2) -> str:
         q = statistics.quantiles(self.values, n=4) if len(self.values) > 1 else [self.median] * 3
+        low, high = self.interval
         f = f"{{:.{digits}f}}"
         return (
-            f"{f.format(self.median)}{unit} (middle half {f.format(q[0])}-{f.format(q[2])}, "
+            f"{f.format(self.median)}{unit} (95% sure of the median within "
+            f"{f.format(low)}-{f.format(high)}; middle half {f.format(q[0])}-{f.format(q[2])}, "
             f"all {f.format(min(self.values))}-{f.format(max(self.values))}, "
             f"{len(self.values)} rounds)"
         )
+
+
+def _binomial_cdf(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) <= k)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+
+
+class Verdict(enum.Enum):
+    """A ratio against its goal, judged on the interval of its median, not the median alone."""
+
+    MET = "met"
+    MISSED = "MISSED"
+    AT_THE_GOAL = "at the goal: the median's interval holds it, more rounds may tell"
+
+    @classmethod
+    def of(cls, spread: Spread, goal: float) -> Verdict:
+        low, high = spread.interval
+        return cls.MET if high <= goal else cls.MISSED if low > goal else cls.AT_THE_GOAL
 
 
 @dataclass(frozen=True)
@@ -387,6 +430,12 @@ class Length:
     @property
     def step_goal(self) -> float | None:
         return STEP_GOALS.get(self.steps)
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        goal = self.step_goal
+        step = [Verdict.of(self.step_ratio, goal)] if goal is not None else []
+        return [*step, Verdict.of(self.commit_ratio, COMMIT_GOAL)]
 
 
 @dataclass(frozen=True)
@@ -411,26 +460,35 @@ class StepFigures:
 
     @property
     def first_missed(self) -> Length | None:
-        """The first backend and length that missed a goal, if any did."""
+        """The first backend and length that did not meet a goal for sure, if any."""
         return next(
             (
                 length
                 for length in self.lengths
-                if (length.step_goal is not None and length.step_ratio.median > length.step_goal)
-                or length.commit_ratio.median > COMMIT_GOAL
+                if any(v is not Verdict.MET for v in length.verdicts)
             ),
             None,
         )
 
 
-def measure_length(bench: Bench, backend: Backend, steps: int, rounds: int) -> Length:
+def measure_length(
+    bench: Bench, backend: Backend, steps: int, rounds: int, max_rounds: int
+) -> Length:
+    """At least `rounds` rounds, and more (up to `max_rounds`) while the step ratio's median is
+    known to less than SPREAD_GOAL (the width of its 95% interval)."""
     run_loopwright(bench, backend, min(steps, 5))  # warm: imports, connections, caches
     run_bare(bench, backend, min(steps, 5))
     ours: list[Measured] = []
     bare: list[Measured] = []
     raw: list[float] = []
     replayed: list[float] = []
-    for n in range(rounds):
+
+    def spread_too_wide() -> bool:
+        low, high = Spread(tuple(_ratios(ours, bare))).interval
+        return high - low > SPREAD_GOAL
+
+    n = 0
+    while n < rounds or (n < max_rounds and spread_too_wide()):
         if n % 2:
             ours.append(run_loopwright(bench, backend, steps))
             bare.append(run_bare(bench, backend, steps))
@@ -440,14 +498,13 @@ def measure_length(bench: Bench, backend: Backend, steps: int, rounds: int) -> L
         commit_bytes = ours[-1].bytes_written // max(1, ours[-1].commits.puts)
         raw.append(backend.raw_commit_ms(commit_bytes))
         replayed.append(replayed_commit_ms(backend, ours[-1].commits.calls))
+        n += 1
     return Length(
         backend=backend.name,
         steps=steps,
         loopwright_ms=Spread(tuple(m.per_step_ms for m in ours)),
         bare_ms=Spread(tuple(m.per_step_ms for m in bare)),
-        step_ratio=Spread(
-            tuple(o.per_step_ms / b.per_step_ms for o, b in zip(ours, bare, strict=True))
-        ),
+        step_ratio=Spread(tuple(_ratios(ours, bare))),
         commit_ms=Spread(tuple(m.commits.per_put_ms for m in ours)),
         bare_commit_ms=Spread(tuple(m.commits.per_put_ms for m in bare)),
         raw_ms=Spread(tuple(raw)),
@@ -458,6 +515,11 @@ def measure_length(bench: Bench, backend: Backend, steps: int, rounds: int) -> L
         if backend.is_sqlite
         else None,
     )
+
+
+def _ratios(ours: Sequence[Measured], bare: Sequence[Measured]) -> list[float]:
+    """Each round's loopwright / bare per tool step."""
+    return [o.per_step_ms / b.per_step_ms for o, b in zip(ours, bare, strict=True)]
 
 
 def measure_work(bench: Bench, backend: Backend) -> Work:
@@ -497,9 +559,16 @@ def _median(works: Sequence[DbWork]) -> DbWork:
 
 
 def measure(
-    bench: Bench, lengths: Sequence[int], rounds: int, backends: Sequence[str]
+    bench: Bench,
+    lengths: Sequence[int],
+    rounds: int,
+    backends: Sequence[str],
+    max_rounds: int | None = None,
 ) -> StepFigures:
+    """Every length on every backend: `rounds` rounds at least, `max_rounds` (by default four
+    times as many) at most."""
     figures = StepFigures()
+    most = max(rounds, max_rounds if max_rounds is not None else MAX_ROUNDS_FACTOR * rounds)
     # The bare agent traces nothing; what tracing costs is `benchmarks.tracing_overhead`'s.
     configure_tracing(TraceSettings(enabled=False))
     with tempfile.TemporaryDirectory(prefix="lw-steps-") as tmp:
@@ -509,13 +578,13 @@ def measure(
         ]
         for backend in [b for b in chosen if b.name in backends]:
             for steps in lengths:
-                figures.lengths.append(measure_length(bench, backend, steps, rounds))
+                figures.lengths.append(measure_length(bench, backend, steps, rounds, most))
             if not backend.is_sqlite:
                 figures.work = measure_work(bench, backend)
         missed = figures.first_missed
         if missed is not None:
             # The profiler slows the run down: a run of its own, after the timed ones, on the
-            # backend and at the length that missed.
+            # backend and at the length that did not meet its goal.
             figures.profile = cProfile.Profile()
             backend = next(b for b in chosen if b.name == missed.backend)
             run_loopwright(bench, backend, missed.steps, figures.profile)
@@ -541,10 +610,10 @@ def top_functions(profile: cProfile.Profile, limit: int = 15) -> str:
     )
 
 
-def _verdict(value: float, goal: float | None) -> str:
+def _verdict(spread: Spread, goal: float | None) -> str:
     if goal is None:
         return "(no goal at this length)"
-    return f"(goal <= {goal}x) {'met' if value <= goal else 'MISSED'}"
+    return f"(goal <= {goal}x) {Verdict.of(spread, goal).value}"
 
 
 def report(figures: StepFigures) -> list[str]:
@@ -555,13 +624,13 @@ def report(figures: StepFigures) -> list[str]:
             f"{length.loopwright_ms.show(' ms', 1)}, bare prebuilt agent "
             f"{length.bare_ms.show(' ms', 1)}",
             f"  ratio loopwright / bare {length.step_ratio.show('x')} "
-            f"{_verdict(length.step_ratio.median, length.step_goal)}",
+            f"{_verdict(length.step_ratio, length.step_goal)}",
             f"  node commit (one transaction: the node's writes, the checkpoint, the fence check) "
             f"of {length.commit_bytes} bytes, the run's commits replayed back to back "
             f"{length.replayed_ms.show(' ms')}; raw INSERT + COMMIT of as many bytes "
             f"{length.raw_ms.show(' ms')}",
             f"  ratio node commit / raw {length.commit_ratio.show('x')} "
-            f"{_verdict(length.commit_ratio.median, COMMIT_GOAL)}",
+            f"{_verdict(length.commit_ratio, COMMIT_GOAL)}",
             f"  the same commits inside the run: {length.commit_ms.show(' ms')} (wall time)",
             *(
                 [
@@ -617,14 +686,22 @@ def _counts(work: DbWork) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__)
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved runs per length")
+    parser.add_argument(
+        "--rounds", type=int, default=15, help="interleaved rounds per length, at least"
+    )
+    parser.add_argument(
+        "--max-rounds",
+        type=int,
+        help="rounds per length at most, while the step ratio's 95%% interval is wider than "
+        f"{SPREAD_GOAL} (default: {MAX_ROUNDS_FACTOR} times --rounds)",
+    )
     parser.add_argument(
         "--backend", nargs="+", choices=["postgres", "sqlite"], default=["postgres", "sqlite"]
     )
     parser.add_argument("--db", help="Postgres server URL (a fresh database is made and dropped)")
     args = parser.parse_args(argv)
     with bench_environment(args.db) as bench:
-        figures = measure(bench, args.steps, args.rounds, args.backend)
+        figures = measure(bench, args.steps, args.rounds, args.backend, args.max_rounds)
     print("\n".join(report(figures)))
 
 
