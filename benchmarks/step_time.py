@@ -459,7 +459,7 @@ class StepFigures:
     profile: cProfile.Profile | None = None
 
     @property
-    def first_missed(self) -> Length | None:
+    def first_unmet(self) -> Length | None:
         """The first backend and length that did not meet a goal for sure, if any."""
         return next(
             (
@@ -581,13 +581,13 @@ def measure(
                 figures.lengths.append(measure_length(bench, backend, steps, rounds, most))
             if not backend.is_sqlite:
                 figures.work = measure_work(bench, backend)
-        missed = figures.first_missed
-        if missed is not None:
+        unmet = figures.first_unmet
+        if unmet is not None:
             # The profiler slows the run down: a run of its own, after the timed ones, on the
             # backend and at the length that did not meet its goal.
             figures.profile = cProfile.Profile()
-            backend = next(b for b in chosen if b.name == missed.backend)
-            run_loopwright(bench, backend, missed.steps, figures.profile)
+            backend = next(b for b in chosen if b.name == unmet.backend)
+            run_loopwright(bench, backend, unmet.steps, figures.profile)
     return figures
 
 
@@ -664,10 +664,10 @@ def report(figures: StepFigures) -> list[str]:
             f"  loopwright: {_counts(work.loopwright_run)}",
             f"  bare prebuilt agent: {_counts(work.bare_run)}",
         ]
-    missed = figures.first_missed
-    if figures.profile is not None and missed is not None:
+    unmet = figures.first_unmet
+    if figures.profile is not None and unmet is not None:
         lines += [
-            f"where loopwright's time goes ({missed.backend}, {missed.steps} steps; cProfile "
+            f"where loopwright's time goes ({unmet.backend}, {unmet.steps} steps; cProfile "
             "over every thread, own time, a thread's wait for another left out):",
             top_functions(figures.profile),
         ]
