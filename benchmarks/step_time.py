@@ -77,6 +77,7 @@ from loopwright.observability.tracing import TraceSettings, configure_tracing
 STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 2.0
 MEDIAN_CONFIDENCE = 0.95
+MIN_ROUNDS_FOR_CONFIDENCE = 6  # below, no pair of order statistics holds the median 95% sure
 # Rounds go on past --rounds while the step ratio's median is known to less than this (the
 # width of its 95% interval), up to --max-rounds.
 SPREAD_GOAL = 0.05
@@ -383,9 +384,14 @@ class Spread:
     def show(self, unit: str = "", digits: int = 2) -> str:
         q = statistics.quantiles(self.values, n=4) if len(self.values) > 1 else [self.median] * 3
         low, high = self.interval
+        sure = (
+            "95% sure"
+            if len(self.values) >= MIN_ROUNDS_FOR_CONFIDENCE
+            else "too few rounds to be sure"
+        )
         f = f"{{:.{digits}f}}"
         return (
-            f"{f.format(self.median)}{unit} (95% sure of the median within "
+            f"{f.format(self.median)}{unit} ({sure} of the median within "
             f"{f.format(low)}-{f.format(high)}; middle half {f.format(q[0])}-{f.format(q[2])}, "
             f"all {f.format(min(self.values))}-{f.format(max(self.values))}, "
             f"{len(self.values)} rounds)"
