@@ -26,15 +26,16 @@ replayed on a fresh run; their time inside the run is printed too). The database
 step (Postgres, counted on the wire, see `benchmarks.db_work`) is the difference between a
 50-step and a 25-step run, divided by 25, the median of three such differences; a run's work
 besides its tool steps is the 25-step run's less 25 tool steps'.
-Where a goal is not met the script says where loopwright's time goes (cProfile, top functions).
+Beside each step ratio, the least it could be: the ratio if each superstep loopwright has more
+than the bare agent cost what a superstep costs LangGraph itself (`benchmarks.superstep_floor`,
+measured first, in this process) and a raw INSERT + COMMIT, and nothing else. Where a goal is
+not met the script says where loopwright's time goes (cProfile, top functions).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import enum
-import math
 import pstats
 import sqlite3
 import statistics
@@ -66,6 +67,8 @@ from benchmarks.perf_setup import (
     reading_model,
     thread_bytes,
 )
+from benchmarks.spread import Spread, Verdict
+from benchmarks.superstep_floor import Floor, measure_floor
 from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
@@ -76,14 +79,15 @@ from loopwright.observability.tracing import TraceSettings, configure_tracing
 
 STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 2.0
-MEDIAN_CONFIDENCE = 0.95
-MIN_ROUNDS_FOR_CONFIDENCE = 6  # below, no pair of order statistics holds the median 95% sure
 # Rounds go on past --rounds while the step ratio's median is known to less than this (the
 # width of its 95% interval), up to --max-rounds.
 SPREAD_GOAL = 0.05
 MAX_ROUNDS_FACTOR = 4
 LOOPWRIGHT_NODES_PER_STEP = 4
 BARE_NODES_PER_STEP = 2
+# Supersteps a run has besides its tool steps' and the bare agent's: its first compile_context
+# and verify (both agents save the input and ask the model once more at the end).
+EXTRA_RUN_SUPERSTEPS = 2
 RAW_COMMITS_PER_ROUND = 30
 WORK_STEPS = 25  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
 WORK_REPEATS = 3
@@ -359,64 +363,6 @@ def run_bare(bench: Bench, backend: Backend, steps: int) -> Measured:
 
 
 @dataclass(frozen=True)
-class Spread:
-    """A figure over the rounds: its median, the median's 95% interval, quartiles, extremes."""
-
-    values: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        """Where the median lies, 95% sure: the order statistics x(j) and x(n+1-j) with the
-        largest j for which P(Binomial(n, 1/2) < j) <= 2.5% (distribution-free: the rounds'
-        times are skewed by the machine's slow moments, not normal). With fewer than six rounds
-        no j qualifies, and it is all of them."""
-        ordered = sorted(self.values)
-        n = len(ordered)
-        j = 1
-        while j < n // 2 and 2 * _binomial_cdf(n, j) <= 1 - MEDIAN_CONFIDENCE:
-            j += 1
-        return ordered[j - 1], ordered[n - j]
-
-    def show(self, unit: str = "", digits: int = 2) -> str:
-        q = statistics.quantiles(self.values, n=4) if len(self.values) > 1 else [self.median] * 3
-        low, high = self.interval
-        sure = (
-            "95% sure"
-            if len(self.values) >= MIN_ROUNDS_FOR_CONFIDENCE
-            else "too few rounds to be sure"
-        )
-        f = f"{{:.{digits}f}}"
-        return (
-            f"{f.format(self.median)}{unit} ({sure} of the median within "
-            f"{f.format(low)}-{f.format(high)}; middle half {f.format(q[0])}-{f.format(q[2])}, "
-            f"all {f.format(min(self.values))}-{f.format(max(self.values))}, "
-            f"{len(self.values)} rounds)"
-        )
-
-
-def _binomial_cdf(n: int, k: int) -> float:
-    """P(Binomial(n, 1/2) <= k)."""
-    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-
-
-class Verdict(enum.Enum):
-    """A ratio against its goal, judged on the interval of its median, not the median alone."""
-
-    MET = "met"
-    MISSED = "MISSED"
-    AT_THE_GOAL = "at the goal: the median's interval holds it, more rounds may tell"
-
-    @classmethod
-    def of(cls, spread: Spread, goal: float) -> Verdict:
-        low, high = spread.interval
-        return cls.MET if high <= goal else cls.MISSED if low > goal else cls.AT_THE_GOAL
-
-
-@dataclass(frozen=True)
 class Length:
     """One backend and run length: every round's figures."""
 
@@ -436,6 +382,11 @@ class Length:
     @property
     def step_goal(self) -> float | None:
         return STEP_GOALS.get(self.steps)
+
+    @property
+    def extra_supersteps(self) -> float:
+        """How many more supersteps loopwright runs than the bare agent, per tool step."""
+        return LOOPWRIGHT_NODES_PER_STEP - BARE_NODES_PER_STEP + EXTRA_RUN_SUPERSTEPS / self.steps
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -462,6 +413,7 @@ class Work:
 class StepFigures:
     lengths: list[Length] = field(default_factory=list)
     work: Work | None = None
+    floor: Floor | None = None
     profile: cProfile.Profile | None = None
 
     @property
@@ -577,6 +529,7 @@ def measure(
     most = max(rounds, max_rounds if max_rounds is not None else MAX_ROUNDS_FACTOR * rounds)
     # The bare agent traces nothing; what tracing costs is `benchmarks.tracing_overhead`'s.
     configure_tracing(TraceSettings(enabled=False))
+    figures.floor = measure_floor()
     with tempfile.TemporaryDirectory(prefix="lw-steps-") as tmp:
         chosen = [
             Backend("postgres", bench.database_url),
@@ -623,7 +576,8 @@ def _verdict(spread: Spread, goal: float | None) -> str:
 
 
 def report(figures: StepFigures) -> list[str]:
-    lines: list[str] = []
+    floor = figures.floor
+    lines: list[str] = [floor.show()] if floor is not None else []
     for length in figures.lengths:
         lines += [
             f"{length.backend}, {length.steps} steps: tool step loopwright "
@@ -652,6 +606,7 @@ def report(figures: StepFigures) -> list[str]:
             f"{length.loopwright_ms.median:.1f} ms; the bare agent commits {BARE_NODES_PER_STEP} "
             f"at {length.bare_commit_ms.median:.2f} ms each (stock saver, its whole message list "
             f"in every commit)",
+            *_floor_line(floor, length),
         ]
     if figures.work is not None:
         work = figures.work
@@ -678,6 +633,18 @@ def report(figures: StepFigures) -> list[str]:
             top_functions(figures.profile),
         ]
     return lines
+
+
+def _floor_line(floor: Floor | None, length: Length) -> list[str]:
+    """The least ratio LangGraph and the database allow at this length (`Floor.least_ratio`)."""
+    if floor is None:
+        return []
+    extra = length.extra_supersteps
+    least = floor.least_ratio(extra, length.bare_ms.median, length.raw_ms.median)
+    return [
+        f"  at least {least:.2f}x: the ratio if each of loopwright's {extra:.1f} more supersteps "
+        "a tool step cost LangGraph's floor and a raw INSERT + COMMIT, and nothing else"
+    ]
 
 
 def _counts(work: DbWork) -> str:

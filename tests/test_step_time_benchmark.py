@@ -1,10 +1,16 @@
-"""`benchmarks.step_time` judges a ratio by where its median lies, not by the median alone."""
+"""`benchmarks.step_time` judges a ratio by where its median lies, not by the median alone, and
+sets it beside the floor LangGraph's own supersteps give it."""
 
 from __future__ import annotations
 
+import math
 import random
 
-from benchmarks.step_time import MEDIAN_CONFIDENCE, Spread, Verdict
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+
+from benchmarks.spread import MEDIAN_CONFIDENCE, Spread, Verdict
+from benchmarks.superstep_floor import Floor, chain
 
 
 def test_the_medians_interval_is_the_order_statistics_the_binomial_gives() -> None:
@@ -30,3 +36,19 @@ def test_a_goal_inside_the_interval_is_neither_met_nor_missed() -> None:
     assert Verdict.of(centred, 1.25) is Verdict.AT_THE_GOAL
     assert Verdict.of(centred, 1.40) is Verdict.MET
     assert Verdict.of(centred, 1.10) is Verdict.MISSED
+
+
+def test_the_floor_chain_is_one_superstep_a_node() -> None:
+    # The floor is time per node: it holds only while each node is a superstep of its own, with
+    # a checkpoint after it (and one for the input).
+    saver = InMemorySaver()
+    graph = chain(saver, nodes=5)
+    config: RunnableConfig = {"configurable": {"thread_id": "floor"}}
+    assert graph.invoke({"n": 0}, config, durability="sync") == {"n": 5}
+    assert [c.metadata["step"] for c in saver.list(config)] == [5, 4, 3, 2, 1, 0, -1]
+
+
+def test_the_least_ratio_is_the_extra_supersteps_at_the_floor_and_a_raw_commit() -> None:
+    floor = Floor(bare_graph_ms=Spread((0.3,)), checkpointed_ms=Spread((0.5, 0.7, 0.6)))
+    # 2.2 more supersteps a step at 0.6 ms each and a 0.5 ms commit, on a 12 ms step: 2.42 ms.
+    assert math.isclose(floor.least_ratio(2.2, 12.0, 0.5), 1 + 2.42 / 12)
