@@ -9,9 +9,9 @@ run, there with a database): the time per superstep, over interleaved rounds. Wi
 superstep also hands its writes and its checkpoint to LangGraph's thread pool and waits for the
 checkpoint, whatever the saver does with them.
 
-`benchmarks.step_time` prints what the ratio of its two agents would be if each superstep one
-has more than the other cost this much and a raw INSERT + COMMIT, and nothing else: the least
-that no work of the runtime's own could bring it under.
+`benchmarks.step_time` prints what the supersteps loopwright has more than the bare agent cost
+at this rate: the part of its ratio that no work of the runtime's own could take away, short of
+fewer supersteps.
 """
 
 from __future__ import annotations
@@ -77,11 +77,10 @@ class Floor:
     bare_graph_ms: Spread
     checkpointed_ms: Spread
 
-    def least_ratio(self, extra_supersteps: float, step_ms: float, commit_ms: float) -> float:
-        """The ratio of an agent with `extra_supersteps` more a step to one that takes `step_ms`
-        a step, if each of those supersteps cost the floor (checkpointed) and a commit of
-        `commit_ms`, and nothing else."""
-        return 1 + extra_supersteps * (self.checkpointed_ms.median + commit_ms) / step_ms
+    def cost_ms(self, supersteps: float) -> float:
+        """What LangGraph's own work on this many supersteps costs at the least: a real graph's
+        supersteps carry more state and more work than a no-op node's."""
+        return supersteps * self.checkpointed_ms.median
 
     def show(self) -> str:
         return (

@@ -39,7 +39,7 @@ def test_a_goal_inside_the_interval_is_neither_met_nor_missed() -> None:
 
 
 def test_the_floor_chain_is_one_superstep_a_node() -> None:
-    # The floor is time per node: it holds only while each node is a superstep of its own, with
+    # The floor is time per superstep: it holds only while each node is a superstep of its own, with
     # a checkpoint after it (and one for the input).
     saver = InMemorySaver()
     graph = chain(saver, nodes=5)
@@ -48,7 +48,7 @@ def test_the_floor_chain_is_one_superstep_a_node() -> None:
     assert [c.metadata["step"] for c in saver.list(config)] == [5, 4, 3, 2, 1, 0, -1]
 
 
-def test_the_least_ratio_is_the_extra_supersteps_at_the_floor_and_a_raw_commit() -> None:
-    floor = Floor(bare_graph_ms=Spread((0.3,)), checkpointed_ms=Spread((0.5, 0.7, 0.6)))
-    # 2.2 more supersteps a step at 0.6 ms each and a 0.5 ms commit, on a 12 ms step: 2.42 ms.
-    assert math.isclose(floor.least_ratio(2.2, 12.0, 0.5), 1 + 2.42 / 12)
+def test_the_floor_costs_each_superstep_the_checkpointed_chains_median_not_its_mean() -> None:
+    one_slow_round = Spread((0.5, 1.3, 0.6))
+    floor = Floor(bare_graph_ms=Spread((0.3,)), checkpointed_ms=one_slow_round)
+    assert math.isclose(floor.cost_ms(2.2), 2.2 * 0.6)
