@@ -1,12 +1,12 @@
-"""What a superstep costs in LangGraph itself, before any node's work or any database: the floor
-under `benchmarks.step_time`'s ratio.
+"""What a superstep costs in LangGraph itself, before any node's work or any database: the part
+of `benchmarks.step_time`'s ratio that only fewer supersteps could take away.
 
     python -m benchmarks.superstep_floor [--rounds 15]
 
 A chain of no-op nodes over a one-key state runs in this process, without a checkpointer and
 with LangGraph's in-memory saver at durability "sync" (as both agents of `benchmarks.step_time`
-run, there with a database): the time per superstep, over interleaved rounds. With a checkpointer a
-superstep also hands its writes and its checkpoint to LangGraph's thread pool and waits for the
+run, there with a database): the time per superstep, over interleaved rounds. With a
+checkpointer a superstep also hands its writes and its checkpoint to LangGraph's thread pool and waits for the
 checkpoint, whatever the saver does with them.
 
 `benchmarks.step_time` prints what the supersteps loopwright has more than the bare agent cost
@@ -59,15 +59,15 @@ def chain(checkpointer: BaseCheckpointSaver[Any] | None, nodes: int = CHAIN_NODE
     return builder.compile(checkpointer=checkpointer)
 
 
-def superstep_ms(graph: Chain, nodes: int = CHAIN_NODES) -> float:
-    """One run of `graph` (a fresh thread), in ms per superstep: its nodes' and LangGraph's
-    first (`__start__`), the run's setup shared out among them."""
+def superstep_ms(graph: Chain) -> float:
+    """One run of `graph` (a fresh thread), in ms per superstep: one a node, `__start__`'s
+    included, the run's setup shared out among them."""
     config: RunnableConfig = {"configurable": {"thread_id": f"floor-{time.time_ns()}"}}
     # LangGraph warns that durability means nothing without a checkpointer: ask only with one.
     durability: dict[str, Any] = {"durability": "sync"} if graph.checkpointer else {}
     started = time.perf_counter()
     graph.invoke({"n": 0}, config, **durability)
-    return 1000 * (time.perf_counter() - started) / (nodes + 1)
+    return 1000 * (time.perf_counter() - started) / len(graph.nodes)
 
 
 @dataclass(frozen=True)
