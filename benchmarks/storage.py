@@ -14,12 +14,15 @@ as at step 1; the bare agent stores its whole message list again at every step. 
 bytes/step over the last 100 steps within 1.2x of the first 100 (linear); loopwright's total at
 N steps <= 0.1x the bare agent's; bytes per tool step <= 4x the observation's (the read's answer
 as the model sees it). The script prints where a tool step's bytes go (each write by channel,
-the keyframes, the rows' bookkeeping) and whole rows per table, keys and headers included.
+the keyframes, the rows' bookkeeping) and whole rows per table, keys and headers included,
+and how long reading each loopwright run back takes in each layout (no goal): its state, what a
+resumed run and `show` read first, and its whole history, what `timeline` reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -47,12 +50,14 @@ from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.frames import Row, rebuild
 from loopwright.checkpoints.sql import open_database
+from loopwright.runner import Runner
 
 WINDOW = 100
 LINEAR_GOAL = 1.2
 BARE_GOAL = 0.1
 PAYLOAD_GOAL = 4.0
 BARE_SAMPLE_EVERY = 10  # the bare agent's size is read every 10 steps (its reads are slow)
+STATE_READS = 5  # a state read is timed this many times (the median is printed)
 
 # Whole rows per table, keys and row headers included: Postgres's own size of each (after its
 # compression of long values, which starts once a row passes about 2 KB); SQLite's payload and
@@ -98,11 +103,39 @@ SELECT 'writes', count(*), coalesce(sum(length(value) + length(thread_id)
 }
 
 
-def loopwright_sizes(
-    bench: Bench, backend: Backend, steps: int, layout: Layout
-) -> tuple[list[int], str, int]:
-    """Thread bytes after each model decision (index k: after k tool steps), the thread, and
-    the median observation's bytes (a tool result as the model sees it)."""
+@dataclass(frozen=True)
+class Reads:
+    """How long reading a finished run back takes: its state (the median of STATE_READS reads)
+    and its whole history (read once: every checkpoint, LangGraph rebuilding each)."""
+
+    state_s: float
+    history_s: float
+    checkpoints: int
+
+
+def time_reads(runner: Runner, run_id: str) -> Reads:
+    state_s: list[float] = []
+    for _ in range(STATE_READS):
+        started = time.perf_counter()
+        runner.state(run_id)
+        state_s.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    history = list(runner.graph.get_state_history(runner.config(run_id)))
+    return Reads(statistics.median(state_s), time.perf_counter() - started, len(history))
+
+
+@dataclass(frozen=True)
+class LoopwrightRun:
+    """Thread bytes after each model decision (index k: after k tool steps), the thread, the
+    median observation's bytes (a tool result as the model sees it), and the run's reads."""
+
+    sizes: list[int]
+    run_id: str
+    observation_bytes: int
+    reads: Reads
+
+
+def loopwright_run(bench: Bench, backend: Backend, steps: int, layout: Layout) -> LoopwrightRun:
     run_id = f"lw-storage-{layout}-{time.time_ns()}"
     sizes: list[int] = []
     with open_reading_runner(backend.url, bench.endpoints, steps, layout) as runner:
@@ -118,7 +151,8 @@ def loopwright_sizes(
             for m in runner.state(run_id)["history"]
             if isinstance(m, ToolMessage)
         ]
-    return sizes, run_id, sorted(observations)[len(observations) // 2]
+        reads = time_reads(runner, run_id)
+    return LoopwrightRun(sizes, run_id, sorted(observations)[len(observations) // 2], reads)
 
 
 def bare_sizes(bench: Bench, backend: Backend, steps: int) -> list[tuple[int, int]]:
@@ -155,6 +189,8 @@ class StorageFigures:
     breakdown: list[tuple[str, int]]  # part, bytes over the whole run
     rows: list[tuple[str, int, int]]  # table, rows, their bytes (keys and headers included)
     observation_bytes: int
+    reads: Reads
+    stock_layout_reads: Reads
 
     @property
     def to_payload(self) -> float:
@@ -181,31 +217,33 @@ def per_step(sizes: Sequence[int], steps: int) -> tuple[float, float]:
 
 
 def measure(bench: Bench, backend: Backend, steps: int) -> StorageFigures:
-    ours, run_id, observation_bytes = loopwright_sizes(bench, backend, steps, Layout.COMPACT)
-    stock, _, _ = loopwright_sizes(bench, backend, steps, Layout.STOCK)
+    ours = loopwright_run(bench, backend, steps, Layout.COMPACT)
+    stock = loopwright_run(bench, backend, steps, Layout.STOCK)
     with open_database(backend.url) as db:
-        breakdown = compact_breakdown(db.execute, run_id)
+        breakdown = compact_breakdown(db.execute, ours.run_id)
         sql = ROWS_BY_TABLE[db.kind]
         rows = [
             (str(r["tab"]), int(r["n"]), int(r["bytes"]))
-            for r in db.execute(sql, (run_id,) * sql.count("%s"))
+            for r in db.execute(sql, (ours.run_id,) * sql.count("%s"))
             if r["n"]
         ]
     bare = bare_sizes(bench, backend, steps)
-    first, last = per_step(ours, steps)
+    first, last = per_step(ours.sizes, steps)
     return StorageFigures(
         backend=backend.name,
         steps=steps,
         first_per_step=first,
         last_per_step=last,
-        loopwright_total=ours[-1],
-        stock_layout_per_step=per_step(stock, steps)[1],
+        loopwright_total=ours.sizes[-1],
+        stock_layout_per_step=per_step(stock.sizes, steps)[1],
         bare_total=bare[-1][1],
         bare_series=bare,
-        loopwright_series=ours,
+        loopwright_series=ours.sizes,
         breakdown=breakdown,
         rows=rows,
-        observation_bytes=observation_bytes,
+        observation_bytes=ours.observation_bytes,
+        reads=ours.reads,
+        stock_layout_reads=stock.reads,
     )
 
 
@@ -274,6 +312,13 @@ def report(figures: StorageFigures) -> list[str]:
         f"  {n / figures.steps:5.1f} rows {b / figures.steps:9,.0f} B  {table}"
         for table, n, b in figures.rows
     ]
+    ours, stock = figures.reads, figures.stock_layout_reads
+    lines.append(
+        f"reading the run back (no goal): its state {1000 * ours.state_s:,.0f} ms, its whole "
+        f"history ({ours.checkpoints} checkpoints, LangGraph rebuilding each) "
+        f"{ours.history_s:,.1f} s; in LangGraph's layout {1000 * stock.state_s:,.0f} ms and "
+        f"{stock.history_s:,.1f} s"
+    )
     return lines
 
 

@@ -10,6 +10,7 @@ import pytest
 from langchain_core.messages import BaseMessage
 
 from benchmarks.perf_setup import thread_bytes
+from benchmarks.storage import time_reads
 from loopwright.checkpoints.sql import open_database
 from loopwright.graph.budget import Budget
 from loopwright.models.scripted import ScriptedChatModel
@@ -108,6 +109,18 @@ def test_a_tool_step_is_four_commits_and_a_run_three_more(open_test_runner: Runn
     # The input's checkpoint and the one that applies it (step 0), then one for every node step.
     loop = [s for s in history if s.metadata and s.metadata.get("source") == "loop"]
     assert len(loop) == 1 + len(steps) and len(history) == 2 + len(steps)
+
+
+def test_the_storage_benchmark_times_reading_back_every_checkpoint(
+    open_test_runner: RunnerFactory,
+) -> None:
+    """`benchmarks.storage` prints how long a run's history takes to read: all of it, not the
+    latest checkpoint's namespace or a page of it."""
+    reads = 2
+    with reading_run(open_test_runner, "run-reads", reads) as runner:
+        timed = time_reads(runner, "run-reads")
+    assert timed.checkpoints == 2 + 4 * reads + 3
+    assert timed.state_s > 0 and timed.history_s > 0
 
 
 def test_a_node_commits_only_writes_that_change_the_state(open_test_runner: RunnerFactory) -> None:
