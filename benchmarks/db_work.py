@@ -10,6 +10,9 @@ store alike), and `DbWork.read` counts the traces:
   transaction, or of a statement run in autocommit (each its own transaction);
 * bytes: what the client sent.
 
+Beside them, what the server wrote for it: the WAL between two readings of the server's insert
+position (`wal_position`), which counts every client of the server: read it on an idle one.
+
 Tracing slows the client down: count in a run of its own, never in a timed one.
 """
 
@@ -19,7 +22,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +36,19 @@ class DbWork:
     round_trips: int = 0
     statements: int = 0
     bytes_sent: int = 0
+    wal_bytes: int = 0  # WAL the server wrote meanwhile (not from the trace: `wal_position`)
 
     def __add__(self, other: DbWork) -> DbWork:
-        return DbWork(
-            self.transactions + other.transactions,
-            self.round_trips + other.round_trips,
-            self.statements + other.statements,
-            self.bytes_sent + other.bytes_sent,
-        )
+        return DbWork(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def __sub__(self, other: DbWork) -> DbWork:
-        return DbWork(
-            self.transactions - other.transactions,
-            self.round_trips - other.round_trips,
-            self.statements - other.statements,
-            self.bytes_sent - other.bytes_sent,
-        )
+        return DbWork(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def per(self, n: float) -> str:
         return (
             f"{self.transactions / n:.1f} transactions, {self.round_trips / n:.1f} round trips, "
-            f"{self.statements / n:.1f} statements, {self.bytes_sent / n:,.0f} bytes sent"
+            f"{self.statements / n:.1f} statements, {self.bytes_sent / n:,.0f} bytes sent, "
+            f"{self.wal_bytes / n:,.0f} bytes of WAL written"
         )
 
     @classmethod
@@ -74,6 +69,15 @@ class DbWork:
                 transactions += kind == "ReadyForQuery" and fields[-1].strip() == "I"
             previous = direction
         return cls(transactions, round_trips, statements, sent)
+
+
+def wal_position(url: str) -> int:
+    """The Postgres server's WAL insert position in bytes: the difference of two readings is the
+    WAL every client of the server wrote between them (records and full-page images)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 @dataclass

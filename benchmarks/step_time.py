@@ -23,7 +23,8 @@ it, missed when the whole interval is beyond it, and else "at the goal". Goals: 
 bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x a raw INSERT +
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
-step (Postgres, counted on the wire, see `benchmarks.db_work`) is the difference between a
+step (Postgres, counted on the wire, and the WAL the server wrote meanwhile, see
+`benchmarks.db_work`) is the difference between a
 50-step and a 25-step run, divided by 25, the median of three such differences; a run's work
 besides its tool steps is the 25-step run's less 25 tool steps'.
 Beside each step ratio, what LangGraph's own work on the supersteps loopwright has more than the
@@ -43,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from benchmarks.db_work import DbWork, traced_connections
+from benchmarks.db_work import DbWork, traced_connections, wal_position
 from benchmarks.perf_setup import (
     PRINCIPAL,
     TASK,
@@ -484,10 +485,15 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
     """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems."""
 
     def traced(run: Callable[[int], Measured], steps: int) -> tuple[DbWork, int]:
-        with tempfile.TemporaryDirectory(prefix="lw-wire-") as tmp:
-            with traced_connections(Path(tmp)) as traces:
-                measured = run(steps)
-            return traces.collect(), measured.commits.puts
+        start = wal_position(backend.url)  # read on a connection of its own, not traced
+        with (
+            tempfile.TemporaryDirectory(prefix="lw-wire-") as tmp,
+            traced_connections(Path(tmp)) as traces,
+        ):
+            measured = run(steps)
+            work = traces.collect()
+        wal = wal_position(backend.url) - start
+        return replace(work, wal_bytes=wal), measured.commits.puts
 
     def per_step(run: Callable[[int], Measured]) -> tuple[DbWork, float, DbWork]:
         """The median, field by field, of WORK_REPEATS differences: a trace now and then comes
@@ -508,12 +514,9 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
 
 
 def _median(works: Sequence[DbWork]) -> DbWork:
-    return DbWork(
-        *(
-            int(statistics.median(getattr(w, name) for w in works))
-            for name in ("transactions", "round_trips", "statements", "bytes_sent")
-        )
-    )
+    """Field by field."""
+    columns = zip(*map(astuple, works), strict=True)
+    return DbWork(*(int(statistics.median(column)) for column in columns))
 
 
 def measure(
@@ -611,7 +614,7 @@ def report(figures: StepFigures) -> list[str]:
     if figures.work is not None:
         work = figures.work
         lines += [
-            f"database work per tool step (postgres, on the wire, a {2 * WORK_STEPS}-step run "
+            f"database work per tool step (postgres, on the wire and in its WAL, a {2 * WORK_STEPS}-step run "
             f"less a {WORK_STEPS}-step one):",
             f"  loopwright: {work.loopwright.per(WORK_STEPS)}, in "
             f"{work.loopwright_commits:.1f} node commits",

@@ -4,12 +4,17 @@ sets it beside the floor LangGraph's own supersteps give it."""
 from __future__ import annotations
 
 import math
+import os
 import random
 
+import psycopg
+import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 
+from benchmarks.db_work import DbWork, wal_position
 from benchmarks.spread import MEDIAN_CONFIDENCE, Spread, Verdict
+from benchmarks.step_time import _median
 from benchmarks.superstep_floor import Floor, chain
 
 
@@ -52,3 +57,25 @@ def test_the_floor_costs_each_superstep_the_checkpointed_chains_median_not_its_m
     one_slow_round = Spread((0.5, 1.3, 0.6))
     floor = Floor(bare_graph_ms=Spread((0.3,)), checkpointed_ms=one_slow_round)
     assert math.isclose(floor.cost_ms(2.2), 2.2 * 0.6)
+
+
+def test_database_work_is_a_difference_and_a_median_field_by_field_wal_included() -> None:
+    short, long = DbWork(40, 40, 30, 9_000, 20_000), DbWork(140, 140, 130, 60_000, 90_000)
+    assert long - short == DbWork(100, 100, 100, 51_000, 70_000)
+    works = [
+        DbWork(4, 4, 4, 5_000, 8_000),
+        DbWork(5, 3, 4, 5_200, 30_000),
+        DbWork(4, 4, 4, 0, 9_000),
+    ]
+    assert _median(works) == DbWork(4, 4, 4, 5_000, 9_000)
+
+
+@pytest.mark.postgres
+def test_the_wal_position_moves_by_at_least_the_bytes_a_commit_stores(postgres_url: str) -> None:
+    payload = os.urandom(200_000)  # random: Postgres cannot compress it below its size
+    before = wal_position(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS wal_probe (payload bytea)")
+        conn.execute("INSERT INTO wal_probe (payload) VALUES (%s)", (payload,))
+        conn.execute("DROP TABLE wal_probe")
+    assert wal_position(postgres_url) - before >= len(payload)
