@@ -24,9 +24,9 @@ bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x 
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
 step (Postgres, counted on the wire, and the WAL the server wrote meanwhile, see
-`benchmarks.db_work`) is the difference between a
-50-step and a 25-step run, divided by 25, the median of three such differences; a run's work
-besides its tool steps is the 25-step run's less 25 tool steps'.
+`benchmarks.db_work`) is the difference between a 50-step and a 25-step run, divided by 25, the
+median of three such differences; a run's work besides its tool steps is the 25-step run's less
+25 tool steps'.
 Beside each step ratio, what LangGraph's own work on the supersteps loopwright has more than the
 bare agent costs at the least (`benchmarks.superstep_floor`, measured first, in this process):
 the part of the ratio that only fewer supersteps could take away. Where a goal is not met the
@@ -614,8 +614,8 @@ def report(figures: StepFigures) -> list[str]:
     if figures.work is not None:
         work = figures.work
         lines += [
-            f"database work per tool step (postgres, on the wire and in its WAL, a {2 * WORK_STEPS}-step run "
-            f"less a {WORK_STEPS}-step one):",
+            f"database work per tool step (postgres, on the wire and in its WAL, a "
+            f"{2 * WORK_STEPS}-step run less a {WORK_STEPS}-step one):",
             f"  loopwright: {work.loopwright.per(WORK_STEPS)}, in "
             f"{work.loopwright_commits:.1f} node commits",
             f"  the least the card's boundaries need: {LOOPWRIGHT_NODES_PER_STEP} transactions "
