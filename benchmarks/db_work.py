@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
+import statistics
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -43,6 +44,12 @@ class DbWork:
 
     def __sub__(self, other: DbWork) -> DbWork:
         return DbWork(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    @classmethod
+    def median(cls, works: Sequence[DbWork]) -> DbWork:
+        """The median of each field."""
+        columns = zip(*map(astuple, works), strict=True)
+        return cls(*(int(statistics.median(column)) for column in columns))
 
     def per(self, n: float) -> str:
         return (

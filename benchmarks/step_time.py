@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -506,17 +506,11 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
             differences.append(long - short)
             fixed.append(short - (long - short))
             commits.append((long_commits - short_commits) / WORK_STEPS)
-        return _median(differences), statistics.median(commits), _median(fixed)
+        return DbWork.median(differences), statistics.median(commits), DbWork.median(fixed)
 
     ours, ours_commits, ours_run = per_step(lambda steps: run_loopwright(bench, backend, steps))
     bare, bare_commits, bare_run = per_step(lambda steps: run_bare(bench, backend, steps))
     return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run)
-
-
-def _median(works: Sequence[DbWork]) -> DbWork:
-    """Field by field."""
-    columns = zip(*map(astuple, works), strict=True)
-    return DbWork(*(int(statistics.median(column)) for column in columns))
 
 
 def measure(

@@ -14,7 +14,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from benchmarks.db_work import DbWork, wal_position
 from benchmarks.spread import MEDIAN_CONFIDENCE, Spread, Verdict
-from benchmarks.step_time import _median
 from benchmarks.superstep_floor import Floor, chain
 
 
@@ -67,7 +66,7 @@ def test_database_work_is_a_difference_and_a_median_field_by_field_wal_included(
         DbWork(5, 3, 4, 5_200, 30_000),
         DbWork(4, 4, 4, 0, 9_000),
     ]
-    assert _median(works) == DbWork(4, 4, 4, 5_000, 9_000)
+    assert DbWork.median(works) == DbWork(4, 4, 4, 5_000, 9_000)
 
 
 @pytest.mark.postgres
