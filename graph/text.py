@@ -10,10 +10,18 @@ depend on where it is kept.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 # A task is an instruction, not a document: the model sees it at every step.
 MAX_TASK_CHARS = 2_000
+# A run's id is a name people type, paste into commands and URLs and read in lists: letters,
+# digits and `._:-`, beginning with a letter or a digit (not with `-`, which a command line
+# takes for an option). The runtime's own ids (`run-` and 12 hex digits) and the server's
+# (UUIDs) are such names.
+MAX_RUN_ID_CHARS = 128
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+_NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9._:-]")
 
 
 class InvalidText(ValueError):
@@ -34,6 +42,20 @@ def checked_text(what: str, value: object, *, max_chars: int | None = None) -> s
     if (problem := unstorable(value)) is not None:
         raise InvalidText(f"{what} {problem}")
     return value
+
+
+def checked_run_id(value: object) -> str:
+    """`value` if it is text a run can keep (`checked_text`) and a run id's name, at most
+    `MAX_RUN_ID_CHARS` long; else InvalidText saying what is wrong with it."""
+    run_id = checked_text("the run id", value, max_chars=MAX_RUN_ID_CHARS)
+    if _RUN_ID.fullmatch(run_id):
+        return run_id
+    odd = _NOT_IN_RUN_ID.search(run_id)
+    fault = f"holds {odd.group()!r} (at {odd.start()})" if odd else f"begins with {run_id[0]!r}"
+    raise InvalidText(
+        f"the run id {fault}: a run id is letters, digits and . _ : -, beginning with a letter"
+        " or a digit"
+    )
 
 
 def unstorable(text: str) -> str | None:

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import click
 import typer
 from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperOption
+
+from loopwright.display import SafeConsole, flat, inline
 
 if TYPE_CHECKING:
     from loopwright._agent import Agent
@@ -65,8 +66,8 @@ approvals_app = typer.Typer(
     no_args_is_help=True, help="List and decide pending approvals.", rich_markup_mode="markdown"
 )
 app.add_typer(approvals_app, name="approvals")
-console = Console(highlight=False, soft_wrap=True)
-errors = Console(stderr=True, highlight=False, soft_wrap=True)
+console = SafeConsole(highlight=False, soft_wrap=True)
+errors = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
 DbOption = Annotated[
     str | None,
@@ -298,21 +299,23 @@ def report(
     if outcome.stop_reason == "completed":
         facts = (outcome.verification or {}).get("facts", {})
         console.print(
-            f"[bold green]COMPLETED[/] run {outcome.run_id}, verified in the business system:"
+            f"[bold green]COMPLETED[/] run {inline(outcome.run_id)}, verified in the business system:"
         )
         for write in facts.get("writes", []):
             produced = ", ".join(f"{k} {v}" for k, v in (write.get("produced") or {}).items())
             line = f"  {write.get('summary', write.get('tool'))}" + (
                 f" ({produced})" if produced else ""
             )
-            console.print(redactor.text(escape(line)))
+            console.print(redactor.text(inline(line)))
         if not facts.get("writes"):
             console.print("  no business effect was needed")
-        console.print(f"  answer: {facts.get('answer', '')}", markup=False)
+        console.print(
+            redactor.text(f"  answer: {flat(facts.get('answer', ''))}", markup=False), markup=False
+        )
     elif outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         console.print(
-            f"[bold yellow]WAITING_APPROVAL[/] run {outcome.run_id}: {escape(request['summary'])}"
+            f"[bold yellow]WAITING_APPROVAL[/] run {inline(outcome.run_id)}: {inline(request['summary'])}"
         )
         # An edit is approved by someone else than its editors: never suggest one of them.
         editors = list(request.get("edited_by") or [])
@@ -326,12 +329,12 @@ def report(
             )
         if editors:
             console.print(
-                f"  edited by {', '.join(editors)}: another approver must approve it",
+                f"  edited by {flat(', '.join(editors))}: another approver must approve it",
                 markup=False,
             )
     else:
         console.print(
-            f"[bold red]{outcome.phase}[/] run {outcome.run_id}: {outcome.stop_reason or 'not finished'} {escape(outcome.stop_detail)}"
+            f"[bold red]{outcome.phase}[/] run {inline(outcome.run_id)}: {outcome.stop_reason or 'not finished'} {inline(outcome.stop_detail)}"
         )
     if outcome.stop_reason != "completed":
         # An honest account of what happened in the business system, whatever the run's end.
@@ -343,13 +346,13 @@ def report(
             elif action.status in UNRESOLVED_STATUSES or action.status == "ESCALATED":
                 console.print(
                     redactor.text(
-                        f"  [bold red]unconfirmed write[/] {action.action_id} {call}: {action.status}"
+                        f"  [bold red]unconfirmed write[/] {inline(action.action_id)} {call}: {action.status}"
                     )
                 )
             else:
                 console.print(redactor.text(f"  not done: {call} ({action.status})"))
     for offer in outcome.compensations:
-        console.print(f"  compensation you may want (not performed): {offer}", markup=False)
+        console.print(f"  compensation you may want (not performed): {flat(offer)}", markup=False)
 
 
 def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> TimelinePrinter:
@@ -479,17 +482,19 @@ def run(
         str | None,
         typer.Option(
             "--run-id",
-            help="The run's id (default: a new one). A run of this id that exists is refused.",
+            help="The run's id (default: a new one): letters, digits and . _ : -, at most 128."
+            " A run of this id that exists is refused.",
         ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Start a run of TASK for USER."""
+    from loopwright.graph.text import checked_run_id
     from loopwright.runner import new_run_id
 
+    run_id = new_run_id() if run_id is None else checked_run_id(run_id)
     with session(agent_for(agent), db, model) as runner:
         principal = principal_for(runner, user, task)
-        run_id = run_id or new_run_id()
         printer = step_printer(runner, as_json)
         printer.console.print(f"run {run_id}", markup=False)
         outcome = runner.start(task, principal, run_id=run_id, on_step=printer)
@@ -668,9 +673,9 @@ def print_request(request: dict[str, Any], now: datetime | None, agent: Agent[An
     left = (parsed.expires_at - now).total_seconds() if now and parsed.expires_at else None
     when = f"expires {until(left)}" if left is not None else f"expires {parsed.expires_at}"
     lines = [
-        f"{parsed.approval_id}  run {parsed.run_id}  {parsed.summary}",
-        f"  for {parsed.requested_by}: {parsed.task}" if parsed.task else "",
-        *(f"  {fact.label}: {fact.value}" for fact in parsed.facts),
+        f"{flat(parsed.approval_id)}  run {flat(parsed.run_id)}  {flat(parsed.summary)}",
+        f"  for {flat(parsed.requested_by)}: {flat(parsed.task)}" if parsed.task else "",
+        *(f"  {flat(fact.label)}: {flat(fact.value)}" for fact in parsed.facts),
         f"  {when}; digest {parsed.digest[:12]}"
         + ("; approving asks for a confirmation (--yes)" if parsed.confirm else ""),
     ]
@@ -864,9 +869,13 @@ def worker(
 
     def show_attempt(run_id: str, result: RunOutcome | Exception) -> None:
         if isinstance(result, Exception):
-            console.print(f"{run_id}: gave up ({type(result).__name__}: {result})", markup=False)
+            console.print(
+                f"{flat(run_id)}: gave up ({type(result).__name__}: {flat(result)})", markup=False
+            )
         else:
-            console.print(f"{run_id}: {result.phase} {result.stop_reason or ''}", markup=False)
+            console.print(
+                f"{flat(run_id)}: {result.phase} {result.stop_reason or ''}", markup=False
+            )
 
     reconnect_s = RECONNECT_FIRST_S
     connected = False
@@ -1036,7 +1045,7 @@ def main() -> None:
         message = user_error(exc)
         if message is None:
             raise  # a bug: its traceback is what a report needs
-        errors.print(f"loopwright: error: {message}", markup=False)
+        errors.print(f"loopwright: error: {flat(message)}", markup=False)
         raise SystemExit(2) from None
     # A command's own exit code (typer.Exit): how the run it advanced stands (EXIT_CODES).
     raise SystemExit(code if isinstance(code, int) else 0)
@@ -1144,7 +1153,7 @@ def usage_error(exc: Exception) -> int:
         console.print(ctx.get_help(), markup=False)
         return 2
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-    errors.print(f"loopwright: error: {message}", markup=False)
+    errors.print(f"loopwright: error: {flat(message)}", markup=False)
     if ctx is not None:
         usage = ctx.get_usage().removeprefix("Usage: ")
         errors.print(f"usage: {usage}  (more: {ctx.command_path} --help)", markup=False)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from loopwright.checkpoints.leases import RunRecord
+from loopwright.display import flat
 from loopwright.graph.state import Action
 from loopwright.runner import Runner, UnknownRun
 from loopwright.timeline import UNCONFIRMED, Redactor
@@ -78,7 +79,7 @@ TASK_WIDTH = 40
 
 
 def _cut(text: str, width: int) -> str:
-    text = " ".join(text.split())
+    text = flat(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -91,12 +92,12 @@ def render_runs(lines: list[RunLine], console: Console) -> None:
     now = datetime.now(UTC)
     rows = [
         [
-            line.record.run_id,
-            f"{line.record.agent or '?'} {line.record.agent_version}".strip(),
+            flat(line.record.run_id),
+            flat(f"{line.record.agent or '?'} {line.record.agent_version}".strip()),
             line.phase,
             line.stop_reason or "-",
             age(now - line.record.created_at),
-            line.record.user_id or "-",
+            flat(line.record.user_id or "-"),
             _cut(line.task, TASK_WIDTH),
         ]
         for line in lines
@@ -112,8 +113,8 @@ def render_runs(lines: list[RunLine], console: Console) -> None:
 
     console.print(f"{cells(header)}  WRITES", markup=False)
     for line, row in zip(lines, rows, strict=True):
-        leased = f"  (leased by {line.record.owner})" if line.record.lease_live else ""
+        leased = f"  (leased by {flat(line.record.owner)})" if line.record.lease_live else ""
         failing = ""
         if line.record.failures:
-            failing = f"  (failed {line.record.failures}x in a row: {line.record.last_error})"
+            failing = f"  (failed {line.record.failures}x in a row: {flat(line.record.last_error)})"
         console.print(f"{cells(row)}  {line.writes()}{leased}{failing}", markup=False)

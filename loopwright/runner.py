@@ -64,7 +64,7 @@ from loopwright.graph.state import (
     initial_state,
     separation_of_duties,
 )
-from loopwright.graph.text import MAX_TASK_CHARS, checked_text, storable
+from loopwright.graph.text import MAX_TASK_CHARS, checked_run_id, checked_text, storable
 from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
 from loopwright.nodes.approval import editors_of
@@ -129,9 +129,9 @@ def finished(snapshot: StateSnapshot) -> bool:
 
 
 def check_new_run(run_id: str, task: str, principal: Principal) -> None:
-    """Refuse a new run whose text no run could keep (`InvalidText`), before anything of it is
-    written: its id, its task, its user's id."""
-    checked_text("the run id", run_id)
+    """Refuse a new run whose text no run could keep, or whose id is not a run id's name
+    (`InvalidText`), before anything of it is written: its id, its task, its user's id."""
+    checked_run_id(run_id)
     checked_text("the task", task, max_chars=MAX_TASK_CHARS)
     checked_text("the user id", principal.user_id)
 

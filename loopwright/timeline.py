@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 from rich.console import Console
-from rich.markup import escape
 
 from loopwright.checkpoints.journal import ActionEvent
+from loopwright.display import flat, inline
 from loopwright.graph.budget import Budget, Usage
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import (
@@ -76,19 +76,23 @@ class Redactor:
         self.learn(tool, args)
         sensitive = self.sensitive(tool)
         shown = ", ".join(f"{k}={v}" for k, v in redact(dict(args), sensitive).items())
-        return f"[cyan]{escape(tool)}[/]({escape(shown)}) #{redacted_digest(args, sensitive)[:DIGEST_CHARS]}"
+        return f"[cyan]{inline(tool)}[/]({inline(shown)}) #{redacted_digest(args, sensitive)[:DIGEST_CHARS]}"
 
     def outcome(self, tool: str, outcome: Mapping[str, Any]) -> str:
         self.learn(tool, outcome)
-        return escape(
+        return inline(
             ", ".join(f"{k}={v}" for k, v in redact(outcome, self.sensitive(tool)).items())
         )
 
     def text(self, line: str, *, markup: bool = True) -> str:
         """A line (of rich markup, unless not `markup`) with every known sensitive value blanked."""
-        # Longest first: a longer secret may contain a shorter one.
+        # Longest first: a longer secret may contain a shorter one. A secret is blanked as it
+        # was given and as a line shows it (`inline`, `flat`: its brackets escaped, its control
+        # characters spelled out).
         for secret in sorted(self.secrets, key=len, reverse=True):
-            line = line.replace(secret, escape(REDACTED) if markup else REDACTED)
+            shown = inline(secret) if markup else flat(secret)
+            for form in dict.fromkeys((shown, secret)):
+                line = line.replace(form, inline(REDACTED) if markup else REDACTED)
         return line
 
     def scrub(self, value: Any) -> Any:
@@ -138,33 +142,35 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
     lines: list[str] = []
     if update.get("stop_reason") and node != "verify":
         lines.append(
-            f"[bold red]stop[/]: {update['stop_reason']} ({escape(update.get('stop_detail', ''))})"
+            f"[bold red]stop[/]: {update['stop_reason']} ({inline(update.get('stop_detail', ''))})"
         )
     for item in update.get("history") or []:
         if isinstance(item, AIMessage):
             for call in item.tool_calls:
                 lines.append(f"decides {redactor.call(call['name'], call['args'])}")
             for invalid in item.invalid_tool_calls:
-                lines.append(f"decides [red]unparsable[/] call {escape(str(invalid.get('name')))}")
+                lines.append(f"decides [red]unparsable[/] call {inline(invalid.get('name'))}")
             if not item.tool_calls and not item.invalid_tool_calls:
-                lines.append(f"answers: [italic]{escape(item.text)}[/]")
+                lines.append(f"answers: [italic]{inline(item.text)}[/]")
         elif isinstance(item, ToolMessage):
             envelope = parse_tool_content(str(item.content))
             if envelope.status == "ok":
-                lines.append(f"{item.name} [green]ok[/]")
+                lines.append(f"{inline(item.name)} [green]ok[/]")
             else:
                 error = envelope.error or {}
                 lines.append(
-                    f"{item.name} [red]{envelope.status}[/]: {error.get('code')} {escape(str(error.get('detail', '')))}"
+                    f"{inline(item.name)} [red]{envelope.status}[/]: {inline(error.get('code'))} {inline(error.get('detail', ''))}"
                 )
     if node == "validate":
         for pending in (PendingCall.model_validate(p) for p in update.get("pending") or []):
             if pending.verdict == "ready":
-                lines.append(f"allows [cyan]{pending.tool}[/] for {pending.call_id}")
+                lines.append(
+                    f"allows [cyan]{inline(pending.tool)}[/] for {inline(pending.call_id)}"
+                )
             elif pending.verdict == "needs_approval" and pending.approval is not None:
                 request = pending.approval
                 lines.append(
-                    f"[yellow]needs approval[/] {request.approval_id}: {escape(request.summary)}"
+                    f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
                     f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
                 )
     for raw in update.get("evidence") or []:
@@ -173,26 +179,26 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
         if evidence.version is not None:
             about.append(f"version {evidence.version}")
         lines.append(
-            f"evidence {evidence.evidence_id} from {evidence.source}"
-            + (f" ({escape(', '.join(about))})" if about else "")
+            f"evidence {inline(evidence.evidence_id)} from {inline(evidence.source)}"
+            + (f" ({inline(', '.join(about))})" if about else "")
         )
     if node == "approval" and update.get("approvals"):
         record = ApprovalRecord.model_validate(update["approvals"][-1])  # the one just decided
         lines.append(
-            f"{PAST_TENSE.get(record.decision, record.decision)} by {record.approver} at {_time(record.decided_at)}"
+            f"{PAST_TENSE.get(record.decision, record.decision)} by {inline(record.approver)} at {_time(record.decided_at)}"
             f" (digest {record.digest[:DIGEST_CHARS]})"
         )
     for raw in (update.get("journal") or {}).values():
         action = Action.model_validate(raw)
         lines.append(
-            f"action {action.action_id} {action.tool} [bold]{action.status}[/] (attempts {action.attempts})"
+            f"action {inline(action.action_id)} {inline(action.tool)} [bold]{action.status}[/] (attempts {action.attempts})"
         )
     if update.get("verification"):
         v = Verification.model_validate(update["verification"])
         mark = "[green]verified[/]" if v.verified else "[red]not verified[/]"
         # A problem the summary already says (a write not done) is said once.
         problems = [p for p in v.problems if p not in v.summary]
-        lines.append(f"{mark}: {escape(v.summary)}" + "".join(f"; {escape(p)}" for p in problems))
+        lines.append(f"{mark}: {inline(v.summary)}" + "".join(f"; {inline(p)}" for p in problems))
     return [redactor.text(line) for line in lines]
 
 
@@ -223,7 +229,7 @@ def _event_line(event: ActionEvent) -> str:
         f"{k} {detail[k]}" for k in ("reason", "reconciled", "stage", "approver") if k in detail
     )
     return f"{_time(event.at)}  {moved:<28} fence {event.fence}" + (
-        f"  {escape(why)}" if why else ""
+        f"  {inline(why)}" if why else ""
     )
 
 
@@ -235,8 +241,8 @@ def _describe_action(action: Action, events: list[ActionEvent], redactor: Redact
     else:
         style = "yellow"
     lines = [
-        f"[bold]{action.action_id}[/] {redactor.call(action.tool, action.args)}",
-        f"    intent {escape(action.intent_key)}, attempts {action.attempts},"
+        f"[bold]{inline(action.action_id)}[/] {redactor.call(action.tool, action.args)}",
+        f"    intent {inline(action.intent_key)}, attempts {action.attempts},"
         f" now [{style}]{action.status}[/]",
     ]
     lines += [f"    {_event_line(event)}" for event in events]
@@ -273,9 +279,9 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     def say(line: str) -> None:
         console.print(redactor.text(line))
 
-    console.rule(f"run {run_id}")
-    say(f"task: {escape(state['task'])}")
-    say(f"user: {escape(str((state.get('principal') or {}).get('user_id', '?')))}")
+    console.rule(f"run {inline(run_id)}")
+    say(f"task: {inline(state['task'])}")
+    say(f"user: {inline((state.get('principal') or {}).get('user_id', '?'))}")
     for node, update in steps:
         printer(node, update)
     if outcome.actions:
@@ -285,22 +291,22 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
             say(line)
     say("\n[bold]where it stands[/]")
     ended = outcome.stop_reason or "not finished"
-    say(f"{outcome.phase}: {ended} {escape(outcome.stop_detail)}".rstrip())
+    say(f"{outcome.phase}: {ended} {inline(outcome.stop_detail)}".rstrip())
     if outcome.verification:
         verification = Verification.model_validate(outcome.verification)
         mark = "verified" if verification.verified else "not verified"
-        say(f"{mark}: {escape(verification.summary)}")
+        say(f"{mark}: {inline(verification.summary)}")
     for request in outcome.interrupts:
         if request.get("kind") == "approval":
             say(
-                f"waiting for approval {request['approval_id']}: {escape(request['summary'])}"
+                f"waiting for approval {inline(request['approval_id'])}: {inline(request['summary'])}"
                 f" (digest {request['digest'][:DIGEST_CHARS]}, expires {_time(request['expires_at'])})"
             )
         elif request.get("kind") == "reconcile_wait":
             say(f"parked: reconciliation looks again at {_time(request['retry_at'])}")
     for action in outcome.actions:
         if action.status in UNCONFIRMED:
-            say(f"[bold red]unconfirmed write[/] {action.action_id}: {action.status}")
+            say(f"[bold red]unconfirmed write[/] {inline(action.action_id)}: {action.status}")
     record = runner.leases.get(run_id)
     if record is not None and record.failures:
         retry = (
@@ -308,7 +314,7 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
         )
         say(
             f"[bold red]failing[/]: {record.failures} attempts in a row ended in an error{retry}:"
-            f" {escape(record.last_error or '')}"
+            f" {inline(record.last_error or '')}"
         )
     say(
         f"budget used: {_budget_line(Usage.model_validate(state.get('usage') or {}), runner.budget)}"
@@ -334,10 +340,10 @@ def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> 
     def say(line: str) -> None:
         console.print(redactor.text(line))
 
-    console.rule(f"run {outcome.run_id}")
+    console.rule(f"run {inline(outcome.run_id)}")
     if record is not None:
-        say(f"task: {escape(record.task)}")
-        say(f"user: {escape(record.user_id)}")
+        say(f"task: {inline(record.task)}")
+        say(f"user: {inline(record.user_id)}")
     say(
         f"pruned by the retention job at {_time(summary.pruned_at) if summary.pruned_at else '?'}:"
         f" its {summary.steps}"
@@ -350,11 +356,11 @@ def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> 
         for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
             say(line)
     say("\n[bold]where it stands[/]")
-    say(f"{summary.phase}: {summary.stop_reason} {escape(summary.stop_detail)}".rstrip())
+    say(f"{summary.phase}: {summary.stop_reason} {inline(summary.stop_detail)}".rstrip())
     if summary.verification:
         verification = Verification.model_validate(summary.verification)
         mark = "verified" if verification.verified else "not verified"
-        say(f"{mark}: {escape(verification.summary)}")
+        say(f"{mark}: {inline(verification.summary)}")
     if summary.answer:
-        say(f"answer: {escape(summary.answer)}")
+        say(f"answer: {inline(summary.answer)}")
     say(f"budget used: {_budget_line(Usage.model_validate(summary.usage), runner.budget)}")

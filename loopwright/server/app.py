@@ -43,7 +43,6 @@ from fastapi import FastAPI
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from rich.console import Console
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
@@ -269,10 +268,12 @@ async def timeline(request: Request) -> Response:
 
 
 def _timeline_text(runner: Runner, run_id: str) -> str:
-    from loopwright.timeline import render_run  # rich's rendering: loaded when first asked for
+    # rich's rendering: loaded when first asked for
+    from loopwright.display import SafeConsole
+    from loopwright.timeline import render_run
 
     out = io.StringIO()
-    render_run(runner, run_id, Console(file=out, width=TIMELINE_WIDTH, color_system=None))
+    render_run(runner, run_id, SafeConsole(file=out, width=TIMELINE_WIDTH, color_system=None))
     return out.getvalue()
 
 
