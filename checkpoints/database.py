@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 
 SQLITE_PREFIX = "sqlite:///"
@@ -106,12 +107,22 @@ def database_exists(url: str) -> bool:
 def database_kind(url: str) -> DatabaseKind:
     if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
         return DatabaseKind.SQLITE
-    if urlsplit(url).scheme in POSTGRES_SCHEMES:
+    expected = "expected sqlite:///<path>, postgresql://... or postgres://..."
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError as exc:  # "Invalid IPv6 URL", a port that is not a number
+        raise DatabaseUrlError(
+            f"unreadable database URL {redact(url)!r} ({exc}): {expected}"
+        ) from None
+    if scheme in POSTGRES_SCHEMES:
+        try:
+            conninfo_to_dict(url)  # what libpq would refuse to parse: an unknown parameter, a bad %
+        except psycopg.ProgrammingError as exc:
+            raise DatabaseUrlError(
+                f"unreadable database URL {redact(url)!r}: {_one_line(exc, url)}"
+            ) from None
         return DatabaseKind.POSTGRES
-    raise DatabaseUrlError(
-        f"unsupported database URL {redact(url)!r}: "
-        "expected sqlite:///<path>, postgresql://... or postgres://..."
-    )
+    raise DatabaseUrlError(f"unsupported database URL {redact(url)!r}: {expected}")
 
 
 def sqlite_path(url: str) -> str:
@@ -191,12 +202,18 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
     wait for the first instead of failing at once. synchronous stays at its default (FULL),
     so a committed journal write survives a power cut.
     """
+    url = f"{SQLITE_PREFIX}{path}"
+    where = Path(path)
+    # What SQLite would only call "unable to open database file".
+    if where.is_dir():
+        raise DatabaseUnavailable(url, f"{path} is a directory, not a database file")
+    if not where.parent.is_dir():
+        raise DatabaseUnavailable(url, f"there is no directory {where.parent} for its file")
     try:
         conn = sqlite3.connect(path, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         _use_wal(conn)
     except sqlite3.Error as e:
-        url = f"{SQLITE_PREFIX}{path}"
         raise DatabaseUnavailable(url, _one_line(e, url)) from None
     return conn
 

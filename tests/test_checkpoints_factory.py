@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,9 +64,21 @@ def test_database_kind_from_the_scheme(url: str, kind: DatabaseKind) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["mysql://u:hunter2@host/db", "sqlite://", "sqlite:///", "/a/path.sqlite3", "pg:x"]
+    "url",
+    [
+        "mysql://u:hunter2@host/db",
+        "sqlite://",
+        "sqlite:///",
+        "/a/path.sqlite3",
+        "pg:x",
+        # URLs no parser reads: Python's (a bracket left open), libpq's (an unknown parameter,
+        # a percent sign that encodes nothing).
+        "postgresql://u:hunter2@[::1/db",
+        "postgresql://u:hunter2@localhost/db?nonsense=1",
+        "postgresql://u:hunter2%zz@localhost/db",
+    ],
 )
-def test_unsupported_urls_are_refused_in_one_line(url: str) -> None:
+def test_unsupported_and_unreadable_urls_are_refused_in_one_line(url: str) -> None:
     with pytest.raises(DatabaseUrlError) as refused:
         resolve_database_url(url)
     assert "\n" not in str(refused.value)
@@ -84,12 +97,18 @@ def test_unreachable_postgres_fails_fast_without_the_password() -> None:
     assert time.monotonic() - started < 5
 
 
-def test_an_unopenable_sqlite_file_is_unavailable(tmp_path: Path) -> None:
-    with (
-        pytest.raises(DatabaseUnavailable, match="no-such-dir"),
-        open_checkpointer(f"sqlite:///{tmp_path / 'no-such-dir' / 'db.sqlite3'}"),
+def test_an_unopenable_sqlite_file_is_unavailable_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "garbage.sqlite3").write_bytes(b"not a database at all, " * 100)
+    for path, why in (
+        (tmp_path / "no-such-dir" / "db.sqlite3", f"there is no directory {tmp_path}/no-such-dir"),
+        (tmp_path, f"{tmp_path} is a directory, not a database file"),
+        (tmp_path / "garbage.sqlite3", "file is not a database"),
     ):
-        pass
+        with (
+            pytest.raises(DatabaseUnavailable, match=re.escape(why)),
+            open_checkpointer(f"sqlite:///{path}"),
+        ):
+            pass
 
 
 def extend_notes(current: list[str], batches: Sequence[list[str]]) -> list[str]:
