@@ -229,7 +229,7 @@ def say_lease_wait(held: LeaseHeld) -> None:
     """On stderr (stdout may be a --json document): whose lease a command waits out."""
     until = held.expires_at.strftime("%H:%M:%S UTC") if held.expires_at else "its expiry"
     errors.print(
-        f"run {held.run_id} is leased by {held.owner} until {until}: waiting for it to finish"
+        f"run {flat(held.run_id)} is leased by {flat(held.owner)} until {until}: waiting for it to finish"
         " or its lease to expire (a process that died holds it until then; Ctrl-C stops"
         " waiting)",
         markup=False,
@@ -619,12 +619,12 @@ def retention(
     for run in report.pruned:
         assert run.summary is not None
         console.print(
-            f"{verb} {run.run_id}  {run.summary.stop_reason}  ended {run.ended_at}"
+            f"{verb} {flat(run.run_id)}  {run.summary.stop_reason}  ended {run.ended_at}"
             f"  {run.checkpoints} checkpoints, {run.bytes} bytes",
             markup=False,
         )
     for run in report.kept:
-        console.print(f"kept {run.run_id}: {run.kept}", markup=False)
+        console.print(f"kept {flat(run.run_id)}: {run.kept}", markup=False)
     console.print(
         f"{len(report.pruned)} runs {verb}, {len(report.kept)} kept (ended before"
         f" {report.cutoff}); checkpoint bytes before {report.bytes_before},"
@@ -894,7 +894,7 @@ def worker(
                     stop=stop,
                     poll_s=poll,
                     on_attempt=show_attempt,
-                    on_idle=lambda line: console.print(f"worker: {line}", markup=False),
+                    on_idle=lambda line: console.print(f"worker: {flat(line)}", markup=False),
                 )
         except DATABASE_FAULTS as exc:
             if not connected and isinstance(exc, DatabaseUnavailable):
