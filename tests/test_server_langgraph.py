@@ -544,6 +544,24 @@ def test_text_no_run_could_keep_is_a_422_and_starts_nothing(served: Served) -> N
     assert status_of(lambda: ada.runs.wait(thread_id, GRAPH, input={"task": TASK_O42})) == 200
 
 
+def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served: Served) -> None:
+    """Text, a list, an object without a task, or nothing on a thread without a run: refused
+    when the run is created, saying what a run takes (each was a 200 carrying "An internal
+    error occurred"), and nothing is written."""
+    thread_id = served.client("t-u1").threads.create()["thread_id"]
+    for run_input in ("Check order O-42.", [TASK_O42], {}, {"tasks": TASK_O42}, None):
+        response = httpx.post(
+            f"{served.url}/threads/{thread_id}/runs/wait",
+            json={"assistant_id": GRAPH, "input": run_input},
+            headers={"Authorization": "Bearer t-u1"},
+            timeout=60,
+        )
+        assert response.status_code == 422, (run_input, response.text)
+        assert response.json()["detail"].endswith('a new run takes {"task": "<what to do>"}')
+    assert served.sql("SELECT count(*) FROM lw_runs WHERE run_id = %s", thread_id) == [(0,)]
+    assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
+
+
 def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Served) -> None:
     """LangGraph copies a run's metadata and configurable strings into every checkpoint's
     metadata: 8 KB of them made each of a one-step run's 13 checkpoints carry 8.7 KB. An input

@@ -45,8 +45,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import Phase, Principal
-from loopwright.graph.text import MAX_TASK_CHARS, InvalidText, checked_text, unstorable_in
-from loopwright.server.inputs import APPROVER_ROLE, principal_for_task, principal_of_user
+from loopwright.graph.text import unstorable_in
+from loopwright.server.inputs import (
+    APPROVER_ROLE,
+    NEW_RUN_TAKES,
+    RunRefused,
+    new_run_task,
+    principal_for_task,
+    principal_of_user,
+)
 from loopwright.server.resources import aresources
 
 TOKENS_ENV = "LOOPWRIGHT_TOKENS"
@@ -402,16 +409,19 @@ async def on_run_create(
         # "idle": the approval would be gone from the inbox, which lists interrupted threads.
         raise _forbidden("this run waits for an approval: only an approver's decision resumes it")
     run_input = kwargs.get("input")
-    task = run_input.get("task") if isinstance(run_input, Mapping) else None
     if isinstance(run_input, dict):
         run_input.pop("principal", None)  # never trusted anyway: the served graph ignores it
-    if task is not None:
+    if run_input is not None:
         try:
-            checked_text("the task", task, max_chars=MAX_TASK_CHARS)
-        except InvalidText as exc:  # refused now, not in the run it would start
+            task = new_run_task(run_input)
+        except RunRefused as exc:  # refused now, not in the run it would start
             raise Auth.exceptions.HTTPException(status_code=422, detail=str(exc)) from None
         if (refusal := await task_refusal(user, task)) is not None:
             raise _forbidden(refusal)
+    elif run is None and not command:
+        raise Auth.exceptions.HTTPException(
+            status_code=422, detail=f"the thread has no run to continue: {NEW_RUN_TAKES}"
+        )
     stamp_owner(value, kwargs, user.user_id, user.tenant)
     return {"owner": user.user_id, "tenant": user.tenant}
 

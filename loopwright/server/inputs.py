@@ -35,6 +35,7 @@ from loopwright.graph.state import Principal, RunState, initial_state
 from loopwright.graph.text import MAX_TASK_CHARS, InvalidText, checked_text
 
 APPROVER_ROLE = "approver"
+NEW_RUN_TAKES = 'a new run takes {"task": "<what to do>"}'
 
 
 class RunRefused(PermissionError):
@@ -88,18 +89,25 @@ def parse_request(raw: Any, principal: Principal | None) -> RunRequest:
         if raw.update is not None or raw.goto:
             raise RunRefused("a client may resume a run, not write its state or route it")
         return Resume(Command(resume=_stamp_decisions(raw.resume, principal)))
-    if isinstance(raw, Mapping):
-        task = raw.get("task")
-        if task is None:
-            raise RunRefused('a new run takes {"task": "<what to do>"}')
-        try:
-            checked_text("the task", task, max_chars=MAX_TASK_CHARS)
-        except InvalidText as exc:
-            raise RunRefused(str(exc)) from None
-        if principal is None:
-            raise RunRefused("a run needs an authenticated principal")
-        return NewRun(task=task.strip())
-    raise RunRefused(f"unsupported run input of type {type(raw).__name__}")
+    task = new_run_task(raw)
+    if principal is None:
+        raise RunRefused("a run needs an authenticated principal")
+    return NewRun(task=task)
+
+
+def new_run_task(raw: Any) -> str:
+    """The task of a client's input for a new run, `{"task": "..."}` (other keys ignored);
+    RunRefused, saying what a new run takes, for any other input."""
+    if not isinstance(raw, Mapping):
+        raise RunRefused(f"a run's input of type {type(raw).__name__}: {NEW_RUN_TAKES}")
+    task = raw.get("task")
+    if task is None:
+        raise RunRefused(f"an input without a task: {NEW_RUN_TAKES}")
+    try:
+        checked_text("the task", task, max_chars=MAX_TASK_CHARS)
+    except InvalidText as exc:
+        raise RunRefused(str(exc)) from None
+    return str(task).strip()
 
 
 def principal_for_task(agent: Agent[Any], deps: Any, user: Principal, task: str) -> Principal:
