@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from pydantic import ValidationError
+
 # A task is an instruction, not a document: the model sees it at every step.
 MAX_TASK_CHARS = 2_000
 # A run's id is a name people type, paste into commands and URLs and read in lists: letters,
@@ -96,3 +98,12 @@ def storable(text: str) -> str:
     else's (an error's line): a NUL character written `\\x00`, half a character as its escape
     (`\\udcff`). The odd character is spelled out rather than the whole line lost."""
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """What pydantic found wrong, in one line (`field: problem; ...`): without its documentation
+    links or the input itself, which may be long, or what a caller should not see again."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'the value'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )

@@ -276,13 +276,18 @@ def decide(
     changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The resume value that answers `request`; an edit changes `changes` and keeps the rest."""
+    from pydantic import ValidationError
+
     from loopwright.graph.state import ApprovalRequest
+    from loopwright.graph.text import validation_problems
 
     try:
         answer = ApprovalRequest.model_validate(request).answer(
             decision, approver, comment, changes
         )
-    except ValueError as exc:  # pydantic's ValidationError included
+    except ValidationError as exc:
+        raise UsageError(validation_problems(exc)) from None
+    except ValueError as exc:  # separation of duties; an edit of what may not change
         raise UsageError(str(exc)) from None
     return answer.model_dump(mode="json")
 

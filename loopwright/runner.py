@@ -64,7 +64,13 @@ from loopwright.graph.state import (
     initial_state,
     separation_of_duties,
 )
-from loopwright.graph.text import MAX_TASK_CHARS, checked_run_id, checked_text, storable
+from loopwright.graph.text import (
+    MAX_TASK_CHARS,
+    checked_run_id,
+    checked_text,
+    storable,
+    validation_problems,
+)
 from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
 from loopwright.nodes.approval import editors_of
@@ -430,10 +436,7 @@ class Runner:
         try:
             edited = contract.args_model.model_validate(args)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                for e in exc.errors(include_url=False, include_input=False)
-            )
+            problems = validation_problems(exc)
             raise EditRefused(f"the edited {request.tool} is invalid: {problems}") from None
         state = self.state(request.run_id)
         ctx = self.context(request.run_id, 0).tool_context(state)

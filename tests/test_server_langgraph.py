@@ -299,6 +299,38 @@ def test_an_approver_cannot_approve_their_own_run(served: Served) -> None:
     assert state["next"] == ["approval"] and list_refunds(served.services, "O-900") == []
 
 
+def test_an_approvers_resume_that_is_no_decision_is_refused_saying_why(served: Served) -> None:
+    """An approver (who starts no runs) resuming with text or a list of decisions is told what
+    a decision looks like (403), not "only customers start runs"; a decision the run would not
+    take (no digest, an unknown choice, a field no decision has) is a 422 saying which field,
+    where it was a 200 with the run still waiting. The approval waits on throughout."""
+    create_order(served.services, "O-901", "u-1", "80.00")
+    task = "Check whether order O-901 can be refunded and refund it if so."
+    thread_id, waiting = start_run(served.client("t-u1"), task)
+    [interrupt] = waiting["interrupts"]
+    decision = decision_for(interrupt, "approve", "a-1")[interrupt["id"]]
+    refused: list[tuple[Any, int, str]] = [
+        ("approve", 403, "an approver's resume is a decision"),
+        ([decision], 403, "an approver's resume is a decision"),
+        ({}, 403, "an approver's resume is a decision"),
+        ({"approval_id": decision["approval_id"]}, 422, "bad decision: digest: Field required"),
+        ({**decision, "decision": "maybe"}, 422, "bad decision: decision: Input should be"),
+        ({interrupt["id"]: {**decision, "amount": "1.00"}}, 422, "amount: Extra inputs"),
+    ]
+    for resume, status, detail in refused:
+        answer = httpx.post(
+            f"{served.url}/threads/{thread_id}/runs/wait",
+            json={"assistant_id": GRAPH, "command": {"resume": resume}},
+            headers={"Authorization": "Bearer t-a1"},
+            timeout=60,
+        )
+        assert answer.status_code == status, (resume, answer.text)
+        assert detail in answer.json()["detail"] and "\n" not in answer.json()["detail"]
+    state = served.client("t-a1").threads.get_state(thread_id)
+    assert state["next"] == ["approval"] and list_refunds(served.services, "O-901") == []
+    assert [i["id"] for i in state["interrupts"]] == [interrupt["id"]]
+
+
 def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served: Served) -> None:
     create_order(served.services, "O-802", "u-1", "80.00")
     task = "Check whether order O-802 can be refunded and refund it if so."

@@ -47,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest, Phase
-from loopwright.graph.text import unstorable_in
+from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.decision_outcome import decision_result, taken_decision
@@ -196,7 +196,9 @@ async def decide(request: Request) -> Response:
         user = _approver(request)
         try:
             body = DecisionRequest.model_validate(await request.json())
-        except (ValidationError, ValueError) as exc:
+        except ValidationError as exc:
+            raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
+        except ValueError as exc:  # not JSON
             raise InboxError(422, f"bad decision: {exc}") from None
         client = _server(request)
         thread = await client.threads.get(body.thread_id)
@@ -211,7 +213,7 @@ async def decide(request: Request) -> Response:
             choice = cast(ApprovalChoice, body.decision)
             decision = req.answer(choice, user.user_id, body.comment, body.changes)
         except ValidationError as exc:
-            raise InboxError(422, f"bad decision: {exc}") from None
+            raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
         except ValueError as exc:  # separation of duties; an edit of what may not change
             raise InboxError(422, str(exc)) from None
         res = await aresources()

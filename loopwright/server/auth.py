@@ -44,8 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.graph.state import Phase, Principal
-from loopwright.graph.text import unstorable_in
+from loopwright.graph.state import ApprovalDecision, Phase, Principal
+from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.server.inputs import (
     APPROVER_ROLE,
     NEW_RUN_TAKES,
@@ -125,9 +125,7 @@ def token_table(environ: Mapping[str, str] | None = None) -> dict[str, User]:
         try:
             parsed = _TokenEntry.model_validate(entry)
         except ValidationError as exc:
-            problem = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors()
-            )
+            problem = validation_problems(exc)
             raise TokenTableError(f"{source}: token {token[:4]}...: {problem}") from None
         users[token] = User(parsed.user_id, parsed.roles, parsed.tenant)
     return users
@@ -215,13 +213,17 @@ def _json_bytes(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, default=str).encode())
 
 
-def carries_decision(resume: Any) -> bool:
-    """Whether a resume value is (or maps interrupt ids to) an approval decision."""
+def decisions_in(resume: Any) -> list[Mapping[str, Any]]:
+    """The approval decisions a resume value is, or maps interrupt ids to."""
     if not isinstance(resume, Mapping):
-        return False
-    return "approval_id" in resume or any(
-        isinstance(v, Mapping) and "approval_id" in v for v in resume.values()
-    )
+        return []
+    if "approval_id" in resume:
+        return [resume]
+    return [v for v in resume.values() if isinstance(v, Mapping) and "approval_id" in v]
+
+
+def carries_decision(resume: Any) -> bool:
+    return bool(decisions_in(resume))
 
 
 configured_tokens()  # a broken token table stops the server at startup, not at a request
@@ -397,9 +399,22 @@ async def on_run_create(
         if kwargs.get("after_seconds") or value.get("after_seconds"):
             # Queued, it could be cancelled by the run's user before it runs (see below).
             raise _forbidden("a decision is taken now, not after_seconds later")
+        for decision in decisions_in(command.get("resume")):
+            try:  # as the run will read it, signed by the authenticated approver
+                ApprovalDecision.model_validate({**decision, "approver": user.user_id})
+            except ValidationError as exc:  # the run would take no such decision
+                raise Auth.exceptions.HTTPException(
+                    status_code=422, detail=f"bad decision: {validation_problems(exc)}"
+                ) from None
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
         return {"tenant": user.tenant}  # and only in their own tenant
     if not user.is_customer:
+        if "resume" in command:  # most likely a decision that is not one
+            raise _forbidden(
+                "only customers start or resume runs; an approver's resume is a decision:"
+                ' {"approval_id": ..., "digest": ..., "decision": "approve" | "reject" | "edit"},'
+                " or a map of interrupt ids to decisions"
+            )
         raise _forbidden("only customers start runs")
     if run is not None and run.user_id != user.user_id:
         raise _forbidden("this run belongs to another user")
