@@ -987,10 +987,11 @@ def serve(
 ) -> None:
     """Serve the agent's runs over HTTP: `langgraph dev`, offline, on Postgres, with the
     approval inbox."""
-    from loopwright.server.launch import DEV_TOKENS, port_in_use, server_env, start_server
+    from loopwright.server.launch import DEV_TOKENS, cannot_listen, server_env, start_server
 
-    if port_in_use(host, port):  # refused before anything starts: langgraph would move away
-        raise UsageError(f"port {port} on {host} is in use: stop what listens there or pick --port")
+    # Refused before anything starts: langgraph would move to another port, or fail later.
+    if (why := cannot_listen(host, port)) is not None:
+        raise UsageError(why)
     from loopwright.checkpoints.database import (
         DatabaseKind,
         database_kind,

@@ -25,7 +25,7 @@ from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.processes import ChildProcess
 from loopwright.server.dev import GRACE_S as SERVER_GRACE_S
-from loopwright.server.launch import DEV_TOKENS, LOG_FILE, port_in_use, server_env, start_server
+from loopwright.server.launch import DEV_TOKENS, LOG_FILE, cannot_listen, server_env, start_server
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.launcher import READY_FILE
 from tests.ports import reserved_port
@@ -139,6 +139,30 @@ def test_serve_refuses_a_busy_port_before_starting_anything(busy_port: int, tmp_
     assert not home.exists()  # no server directory, no services, no database file
 
 
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("192.0.2.1", "192.0.2.1 is no address of this machine: pick --host"),  # TEST-NET-1
+        ("no-such-host.invalid", "no-such-host.invalid is no address this machine knows ("),
+    ],
+)
+def test_serve_refuses_a_host_it_cannot_listen_on_saying_why(
+    host: str, why: str, tmp_path: Path
+) -> None:
+    """Not "port 2024 is in use", as every failed bind was called."""
+    home = tmp_path / "home"
+    refused = cli(
+        *("serve", "--host", host),
+        env=clean_env(
+            LOOPWRIGHT_HOME=str(home), DATABASE_URL="postgresql://postgres@127.0.0.1:1/none"
+        ),
+    )
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith(f"loopwright: error: {why}"), line
+    assert not home.exists()
+
+
 @pytest.mark.postgres
 def test_the_server_is_polled_where_langgraph_really_listens(
     busy_port: int, postgres_url: str, tmp_path: Path
@@ -193,7 +217,7 @@ def test_serve_killed_leaves_no_server_no_service_and_a_free_port(
             serving.kill()
             serving.wait()
         wait_for(lambda: not alive(server) and not processes_using(home), timeout=SERVER_GONE_S)
-        assert not port_in_use("127.0.0.1", port)
+        assert cannot_listen("127.0.0.1", port) is None
     assert "API" in (home / "server" / LOG_FILE).read_text()  # the log has what it said
 
 

@@ -13,6 +13,7 @@ a killed one (`loopwright.server.dev`), and is found at the URL it announces.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import socket
@@ -93,17 +94,27 @@ def dev_command(config: Path, *, host: str, port: int) -> list[str]:
     ]
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """Whether a server already listens on `host`:`port`: the bind uvicorn will attempt
-    (SO_REUSEADDR, so a port merely bound, as `tests.ports.reserved_port` holds one, is free)."""
+def cannot_listen(host: str, port: int) -> str | None:
+    """Why a server could not listen on `host`:`port` (a server listens there already; the
+    host is no address of this machine; the port needs privileges), or None if it can: the
+    bind uvicorn will attempt (SO_REUSEADDR, so a port merely bound, as
+    `tests.ports.reserved_port` holds one, is free)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
-        except OSError:
-            return True
-    return False
+        except socket.gaierror as exc:
+            return f"{host} is no address this machine knows ({exc.strerror}): pick --host"
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use: stop what listens there or pick --port"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"{host} is no address of this machine: pick --host"
+            if exc.errno == errno.EACCES:
+                return f"port {port} needs privileges: pick one above 1023 with --port"
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
 
 
 class ServerOutput:
@@ -112,7 +123,7 @@ class ServerOutput:
 
     That URL, not the one asked for, is where the server is: `langgraph dev` moves to another
     port when the one asked for is taken (a caller that would rather refuse checks
-    `port_in_use` first), and polling the old one would wait for nothing, or for someone
+    `cannot_listen` first), and polling the old one would wait for nothing, or for someone
     else's server."""
 
     def __init__(self, source: IO[bytes], log: Path, copy: IO[bytes] | None) -> None:
