@@ -194,12 +194,14 @@ def session(
 ) -> Iterator[Runner]:
     """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
     from loopwright.checkpoints.database import resolve_database_url
+    from loopwright.observability.tracing import TraceSettings
     from loopwright.runner import lease_ttl_from_env, open_runner
 
     try:
         if model:
             agent.chat_model(model)  # a bad spec is the user's to fix, before anything opens
         lease_ttl_s = lease_ttl_from_env()
+        TraceSettings.from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     url = resolve_database_url(db)
@@ -1098,6 +1100,7 @@ def user_error(exc: Exception) -> str | None:
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
     from loopwright.graph.text import InvalidText
+    from loopwright.observability.tracing import TraceSettingsError
     from loopwright.runner import (
         DecisionNotTaken,
         ModelChanged,
@@ -1126,6 +1129,7 @@ def user_error(exc: Exception) -> str | None:
         DatabaseUnavailable,
         HomeUnusable,
         ServerFailedToStart,
+        TraceSettingsError,
     )
     if isinstance(exc, refused):
         return str(exc)

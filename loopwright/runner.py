@@ -75,7 +75,7 @@ from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
 from loopwright.nodes.approval import editors_of
 from loopwright.observability.instrument import note_run, traced_journal
-from loopwright.observability.tracing import run_span
+from loopwright.observability.tracing import TraceSettings, run_span
 from loopwright.tools.contract import ToolFault
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
@@ -222,6 +222,7 @@ class Runner:
         self.leases = leases
         self.owner = owner or worker_name()
         self.lease_ttl_s = lease_ttl_s or lease_ttl_from_env()
+        TraceSettings.from_env()  # a tracing switch set to neither on nor off: refused now
         # How long to wait for another owner's lease to expire (a crashed process holds its
         # lease until expiry) before giving up with LeaseHeld.
         self.lease_wait_s = lease_wait_s

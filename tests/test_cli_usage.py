@@ -203,6 +203,30 @@ def test_a_lease_time_to_live_that_is_no_number_of_seconds_is_one_line(
     assert not (tmp_path / "loopwright.sqlite3").exists()  # nothing opened
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("LOOPWRIGHT_TRACE", "maybe"),
+        ("LOOPWRIGHT_TRACE", "of"),
+        ("LOOPWRIGHT_TRACE_RAW_ARGS", "ture"),
+    ],
+)
+def test_a_tracing_switch_neither_on_nor_off_is_one_line(
+    variable: str, value: str, tmp_path: Path
+) -> None:
+    """A typo in a switch is named, not read as "on": `of` traced every run, and `ture` left
+    tool arguments out of the trace while the operator thought them in."""
+    result = loopwright(
+        *("run", "Read order O-42.", "--user", "u-1"),
+        env={"LOOPWRIGHT_HOME": str(tmp_path), variable: value},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"loopwright: error: {variable}={value!r}: expected on or off (1 or 0, true or false)\n"
+    )
+    assert not (tmp_path / "loopwright.sqlite3").exists()  # nothing opened
+
+
 @pytest.mark.parametrize("command", [("run", "Read order O-42.", "--user", "u-1"), ("worker",)])
 def test_a_home_that_cannot_be_a_directory_is_one_line(
     command: tuple[str, ...], tmp_path: Path

@@ -58,14 +58,30 @@ class TraceSettings:
 
     @classmethod
     def from_env(cls) -> TraceSettings:
-        if os.environ.get(TRACE_ENV, "").strip().lower() in _NO:
+        """The settings the environment names; TraceSettingsError for a switch set to neither
+        on nor off (`LOOPWRIGHT_TRACE=of` must not trace, nor `..._RAW_ARGS=ture` hide)."""
+        if not _switch(TRACE_ENV, default=True):
             return cls(enabled=False)
         file = os.environ.get(TRACE_FILE_ENV) or loopwright_home() / DEFAULT_TRACE_FILE
         return cls(
             file=Path(file),
             otlp=any(os.environ.get(name) for name in OTLP_ENDPOINT_ENVS),
-            raw_args=os.environ.get(RAW_ARGS_ENV, "").strip().lower() in _YES,
+            raw_args=_switch(RAW_ARGS_ENV, default=False),
         )
+
+
+class TraceSettingsError(ValueError):
+    """A tracing switch of the environment set to a value that is neither on nor off."""
+
+
+def _switch(name: str, *, default: bool) -> bool:
+    given = os.environ.get(name, "")
+    value = given.strip().lower()
+    if not value:
+        return default
+    if value in _YES or value in _NO:
+        return value in _YES
+    raise TraceSettingsError(f"{name}={given!r}: expected on or off (1 or 0, true or false)")
 
 
 def run_trace_id(run_id: str) -> int:

@@ -31,6 +31,7 @@ from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
 from loopwright.checkpoints.leases import LeaseStore
+from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
 
 DATABASE_ENV = "DATABASE_URL"
@@ -111,6 +112,7 @@ def resources() -> ServerResources:
                 spec = os.environ.get(MODEL_ENV) or None
                 agent.chat_model(spec)  # a bad spec stops the server here, in one line
                 lease_ttl_from_env()  # and so does a bad lease time to live
+                TraceSettings.from_env()  # or a tracing switch neither on nor off
             except (AgentNotFound, ValueError, TypeError) as exc:
                 raise ServerMisconfigured(str(exc)) from exc
             runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
