@@ -160,14 +160,24 @@ def configured_agent_path(given: str | None) -> str | None:
     if os.environ.get(AGENT_ENV):
         return os.environ[AGENT_ENV]
     pyproject = Path.cwd() / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            table = tomllib.loads(pyproject.read_text()).get("tool", {}).get("loopwright", {})
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"{pyproject}: {exc}") from None
-        if isinstance(table.get("agent"), str):
-            return str(table["agent"])
-    return None
+    if not pyproject.is_file():
+        return None
+    try:
+        document = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise UsageError(f"{pyproject}: {exc}") from None
+    tool = document.get("tool", {})
+    table = tool.get("loopwright", {}) if isinstance(tool, dict) else None
+    if not isinstance(table, dict):
+        what = "tool.loopwright" if isinstance(tool, dict) else "tool"
+        raise UsageError(f"{pyproject}: {what} is not a table")
+    agent = table.get("agent")
+    if agent is not None and not isinstance(agent, str):
+        raise UsageError(
+            f"{pyproject}: tool.loopwright.agent is {type(agent).__name__}: an import path"
+            ' like "mypackage.agents:agent"'
+        )
+    return agent
 
 
 def agent_for(given: str | None) -> Agent[Any]:

@@ -1,4 +1,5 @@
-"""An agent is named by import path (`--agent module:attribute`, $LOOPWRIGHT_AGENT, pyproject):
+"""An agent is named by import path (`--agent module:attribute`, $LOOPWRIGHT_AGENT, or
+`[tool.loopwright] agent` in ./pyproject.toml):
 a path that names no agent, or an application whose code fails as it loads, is one line and
 exit 2 on the command line, saying what failed, where, and how to see the traceback."""
 
@@ -85,3 +86,34 @@ def test_an_agent_that_cannot_be_loaded_is_one_line_saying_why(
     [line] = result.stderr.splitlines()
     assert line.startswith(f"loopwright: error: {expected}"), line
     assert not (app_dir / "home").exists()  # refused before anything opened
+
+
+@pytest.mark.parametrize(
+    ("pyproject", "problem"),
+    [
+        (b"[tool.loopwright\nagent = 1\n", "Expected ']' at the end of a table declaration"),
+        (b"[tool.loopwright]\nagent = 1\n", "tool.loopwright.agent is int: an import path like"),
+        (b'[tool]\nloopwright = "app:agent"\n', "tool.loopwright is not a table"),
+        (b"tool = 3\n", "tool is not a table"),
+        (b"\xff\xfe[tool.loopwright]\n", "'utf-8' codec can't decode byte 0xff"),
+    ],
+)
+def test_a_pyproject_that_names_no_agent_is_one_line_not_the_default_agent(
+    tmp_path: Path, pyproject: bytes, problem: str
+) -> None:
+    """A malformed [tool.loopwright] is named, never passed over for the reference agent (an
+    `agent = 1` hosted it), nor a traceback."""
+    (tmp_path / "pyproject.toml").write_bytes(pyproject)
+    env = {k: v for k, v in os.environ.items() if k != "LOOPWRIGHT_AGENT"}
+    result = subprocess.run(
+        [sys.executable, "-m", "loopwright", "runs"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO), "LOOPWRIGHT_HOME": str(tmp_path / "home")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"loopwright: error: {tmp_path / 'pyproject.toml'}: {problem}"), line
