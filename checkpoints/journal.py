@@ -18,7 +18,7 @@ move is one statement with its event, in one round trip; on SQLite a transaction
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.leases import refuse_if_superseded
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
-from loopwright.graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus
+from loopwright.graph.state import TRANSITIONS, Action, ActionStatus
 
 PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})
 
@@ -171,8 +171,9 @@ class ActionJournal(Protocol):
 
     def events(self, action_id: str) -> list[ActionEvent]: ...
 
-    def unresolved(self) -> list[Action]:
-        """Actions of any run whose outcome is not known yet (DISPATCHED, UNKNOWN, RECONCILING)."""
+    def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
+        """Actions of any run in one of `statuses`, oldest first (those whose outcome is not
+        known yet: `UNRESOLVED_STATUSES`)."""
         ...
 
 
@@ -280,11 +281,13 @@ class SqlJournal:
             for row in rows
         ]
 
-    def unresolved(self) -> list[Action]:
-        statuses = sorted(s.value for s in UNRESOLVED_STATUSES)
-        placeholders = ", ".join("%s" for _ in statuses)
+    def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
+        values = sorted({ActionStatus(s).value for s in statuses})
+        if not values:
+            return []
+        placeholders = ", ".join("%s" for _ in values)
         rows = self.db.execute(
-            _SELECT + " WHERE status IN (" + placeholders + ")" + _CREATED_ORDER, statuses
+            _SELECT + " WHERE status IN (" + placeholders + ")" + _CREATED_ORDER, values
         )
         return [self._action(row) for row in rows]
 

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 # The agent a command hosts when none is named: the reference agent (the demo's).
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
+# `loopwright runs` without --limit: a screenful and more, never a whole database of runs.
+DEFAULT_RUNS_LISTED = 100
+MAX_RUNS_LISTED = 1_000_000
 # Bounds of the numeric options: a value past them is a usage error (one line, exit 2), not a
 # traceback from where it would first overflow (a timer, a date, a socket).
 MAX_RETENTION_DAYS = 36_500.0
@@ -578,23 +581,38 @@ def runs(
             "--version", metavar="VERSION", help="Only runs pinned to this agent version."
         ),
     ] = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            min=0,
+            max=MAX_RUNS_LISTED,
+            help="List at most this many runs besides those with unconfirmed writes, which are"
+            " always listed; 0: every run.",
+        ),
+    ] = DEFAULT_RUNS_LISTED,
     as_json: JsonOption = False,
 ) -> None:
-    """List runs: agent and version, phase, stop reason, age; unconfirmed writes first.
+    """List runs: agent and version, phase, stop reason, age; unconfirmed writes first, then
+    the newest.
 
     Every agent's runs, unless an agent is named (--agent, $LOOPWRIGHT_AGENT, pyproject)."""
     from loopwright.reports import runs_document
-    from loopwright.run_list import render_runs, run_lines
+    from loopwright.run_list import RunList, render_runs, run_lines
 
     named = configured_agent_path(agent)
     hosted = agent_for(named)
     with records(hosted, db) as runner:
         shown = hosted.name if named else None
-        lines = run_lines(runner, agent=shown, version=version) if runner else []
+        listed = (
+            run_lines(runner, agent=shown, version=version, limit=limit or None)
+            if runner
+            else RunList([], 0)
+        )
         if as_json:
-            print_json(runs_document(lines, hosted.tools))
+            print_json(runs_document(listed, hosted.tools))
         else:
-            render_runs(lines, console)
+            render_runs(listed, console)
 
 
 @app.command()

@@ -4,7 +4,7 @@
 | --- | --- | --- |
 | `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: phase, stop reason, verification, what waits, every action |
 | `loopwright.run-history/1` | show | `loopwright.run/1` and each action's status history |
-| `loopwright.runs/1` | runs | every run: agent and version, phase, stop reason, unconfirmed writes, failures |
+| `loopwright.runs/1` | runs | the runs listed (every one with an unconfirmed write, then the newest up to --limit): agent and version, phase, stop reason, unconfirmed writes, failures; `more`: how many the limit left out |
 | `loopwright.approvals/1` | approvals list | the approvals waiting |
 | `loopwright.retention/1` | retention | the runs pruned (or, with --dry-run, that would be), those kept and why, checkpoint bytes before and after |
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
-    from loopwright.run_list import RunLine
+    from loopwright.run_list import RunList
     from loopwright.runner import Runner, RunOutcome
     from loopwright.tools.registry import ToolRegistry
 
@@ -142,11 +142,13 @@ def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
     return _redactor(runner.tools, outcome.actions).scrub(document)
 
 
-def runs_document(lines: list[RunLine], tools: ToolRegistry) -> dict[str, Any]:
+def runs_document(listed: RunList, tools: ToolRegistry) -> dict[str, Any]:
+    lines = listed.lines
     redactor = _redactor(tools, [a for line in lines for a in line.actions])
     return redactor.scrub(
         {
             "schema": "loopwright.runs/1",
+            "more": listed.more,
             "runs": [
                 {
                     "run_id": line.record.run_id,

@@ -5,6 +5,10 @@ person may have to look at, so it heads the list whatever its age; the rest foll
 A run whose attempts keep failing with an error says so, with the last error.
 Phase and stop reason come from the run's checkpoint (`lw_runs` is only as fresh as the last
 process that let go of the run normally), the actions from the journal.
+
+Reading a run's checkpoint costs a few milliseconds, so a database of many runs is listed up to
+a limit: every run with an unconfirmed write (found with one query of the journal), then the
+newest of the others; the rest are counted.
 """
 
 from __future__ import annotations
@@ -52,15 +56,33 @@ def age(delta: timedelta) -> str:
     return f"{seconds}s"
 
 
+@dataclass(frozen=True)
+class RunList:
+    lines: list[RunLine]
+    more: int  # runs left out by the limit
+
+
 def run_lines(
-    runner: Runner, *, agent: str | None = None, version: str | None = None
-) -> list[RunLine]:
-    """Every registered run (of `agent`, at `version`, if given), unconfirmed writes first,
-    then newest first."""
+    runner: Runner,
+    *,
+    agent: str | None = None,
+    version: str | None = None,
+    limit: int | None = None,
+) -> RunList:
+    """The registered runs (of `agent`, at `version`, if given): every one with an unconfirmed
+    write, then the newest `limit` of the others (all, if None)."""
+    unconfirmed = {action.run_id for action in runner.journal.in_status(UNCONFIRMED)}
+    records = [
+        record
+        for record in runner.leases.runs()  # newest first
+        if not (agent and record.agent != agent)
+        and not (version and record.agent_version != version)
+    ]
+    first = [record for record in records if record.run_id in unconfirmed]
+    others = [record for record in records if record.run_id not in unconfirmed]
+    shown = others if limit is None else others[:limit]
     lines = []
-    for record in runner.leases.runs():
-        if (agent and record.agent != agent) or (version and record.agent_version != version):
-            continue
+    for record in [*first, *shown]:
         try:
             outcome = runner.outcome(record.run_id)
         except UnknownRun:  # registered, but its process died before the first checkpoint
@@ -72,7 +94,8 @@ def run_lines(
         task = redactor.text(record.task, markup=False)
         stop = outcome.stop_reason or ""
         lines.append(RunLine(record, outcome.phase, stop, outcome.actions, task))
-    return sorted(lines, key=lambda line: not line.unconfirmed)  # stable: newest first stays
+    # Stable: newest first stays. Sorted again: a write may have settled, or begun, meanwhile.
+    return RunList(sorted(lines, key=lambda line: not line.unconfirmed), len(others) - len(shown))
 
 
 TASK_WIDTH = 40
@@ -83,9 +106,10 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def render_runs(lines: list[RunLine], console: Console) -> None:
+def render_runs(listed: RunList, console: Console) -> None:
     """One line per run; columns as wide as their longest value (a server's run ids are 36
-    characters, the CLI's 20), the task cut to its first 40."""
+    characters, the CLI's 20), the task cut to its first 40; then how many were left out."""
+    lines = listed.lines
     if not lines:
         console.print("no runs")
         return
@@ -118,3 +142,6 @@ def render_runs(lines: list[RunLine], console: Console) -> None:
         if line.record.failures:
             failing = f"  (failed {line.record.failures}x in a row: {flat(line.record.last_error)})"
         console.print(f"{cells(row)}  {line.writes()}{leased}{failing}", markup=False)
+    if listed.more:
+        runs = "run" if listed.more == 1 else "runs"
+        console.print(f"... {listed.more} older {runs} not listed (--limit 0 lists every run)")

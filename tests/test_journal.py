@@ -22,7 +22,7 @@ from loopwright.checkpoints.journal import (
 )
 from loopwright.checkpoints.leases import StaleWriter, lock_run, open_lease_store
 from loopwright.checkpoints.sql import open_database
-from loopwright.graph.state import TRANSITIONS, Action, ActionStatus, digest
+from loopwright.graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus, digest
 
 S = ActionStatus
 INTENT = "refund:O-42:EUR:10.00"
@@ -276,14 +276,18 @@ def test_for_run_lists_in_created_order(journal: ActionJournal) -> None:
     assert [a.action_id for a in journal.for_run("run-1")] == planned
 
 
-def test_unresolved_lists_actions_without_a_known_outcome(journal: ActionJournal) -> None:
+def test_in_status_lists_the_actions_of_any_run_in_those_statuses(journal: ActionJournal) -> None:
     unresolved = (S.DISPATCHED, S.UNKNOWN, S.RECONCILING)
     expected = {
         walk(journal, path_to(s), f"i-{s}", run_id=f"run-{s}").action_id for s in unresolved
     }
-    for status in (S.PLANNED, S.APPROVED, S.SUCCEEDED, S.FAILED, S.ESCALATED):
-        walk(journal, path_to(status), f"i-{status}", run_id="run-done")
-    assert {a.action_id for a in journal.unresolved()} == expected
+    settled = {
+        status: walk(journal, path_to(status), f"i-{status}", run_id="run-done").action_id
+        for status in (S.PLANNED, S.APPROVED, S.SUCCEEDED, S.FAILED, S.ESCALATED)
+    }
+    assert {a.action_id for a in journal.in_status(UNRESOLVED_STATUSES)} == expected
+    assert [a.action_id for a in journal.in_status([S.ESCALATED])] == [settled[S.ESCALATED]]
+    assert journal.in_status([]) == []
 
 
 def test_values_with_nul_characters_are_kept_exactly(journal: ActionJournal) -> None:

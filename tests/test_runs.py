@@ -38,6 +38,28 @@ def test_runs_lists_unconfirmed_writes_first_then_newest_first(database_url: str
     assert CARD not in output.getvalue()
 
 
+def test_a_limit_lists_every_unconfirmed_write_then_the_newest_and_counts_the_rest(
+    database_url: str,
+) -> None:
+    """The run with the escalated write is the oldest: a limit of one still lists it, and the
+    newest of the others; the two left out are counted."""
+    with card_runner(database_url, LOST_PAYMENT) as runner:
+        runner.start(TASK, principal(task=TASK), run_id="run-lost")
+    with card_runner(database_url, PAY_WITH_CARD) as runner:
+        for n in (1, 2, 3):
+            runner.start(TASK, principal(task=TASK), run_id=f"run-paid-{n}")
+        listed = run_lines(runner, limit=1)
+        everything = run_lines(runner)
+        output = io.StringIO()
+        render_runs(listed, Console(file=output, width=200, soft_wrap=True))
+    assert [line.record.run_id for line in listed.lines] == ["run-lost", "run-paid-3"]
+    assert listed.more == 2
+    assert output.getvalue().splitlines()[-1] == (
+        "... 2 older runs not listed (--limit 0 lists every run)"
+    )
+    assert len(everything.lines) == 4 and everything.more == 0
+
+
 def test_age_is_shown_in_its_largest_whole_unit() -> None:
     assert [age(timedelta(seconds=s)) for s in (-1, 59, 60, 7_199, 86_400 * 3)] == [
         "0s",

@@ -19,7 +19,7 @@ Nothing here changes what a node returns or raises.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -338,8 +338,8 @@ class TracedJournal:
     def events(self, action_id: str) -> list[ActionEvent]:
         return self._journal.events(action_id)
 
-    def unresolved(self) -> list[Action]:
-        return self._journal.unresolved()
+    def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
+        return self._journal.in_status(statuses)
 
 
 def _note_move(
