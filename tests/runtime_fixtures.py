@@ -134,10 +134,15 @@ def all_refunds(services: ServiceEndpoints) -> list[dict[str, Any]]:
 
 
 def cli(
-    *args: str, env: dict[str, str], expect: int | None = None, timeout: float = 120
+    *args: str,
+    env: dict[str, str],
+    expect: int | None = None,
+    timeout: float = 120,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin;
-    with `expect`, fail unless it exits with that code (`loopwright.reports.EXIT_CODES`)."""
+    """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin,
+    in `cwd` (an application's directory); with `expect`, fail unless it exits with that code
+    (`loopwright.reports.EXIT_CODES`)."""
     result = subprocess.run(
         [sys.executable, "-m", "loopwright", *args],
         # Never the terminal pytest may have been started from: a prompt must not wait for it.
@@ -147,7 +152,7 @@ def cli(
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=cwd,
     )
     if expect is not None and result.returncode != expect:
         raise AssertionError(

@@ -5,15 +5,12 @@ exit 2 on the command line, saying what failed, where, and how to see the traceb
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from loopwright._loading import AgentNotFound, load_agent
-from tests.runtime_fixtures import REPO
+from tests.runtime_fixtures import cli
 
 MODULES = {
     "raises_at_import": 'raise RuntimeError("no credentials for the ledger")\n',
@@ -68,21 +65,8 @@ def test_an_agent_that_cannot_be_loaded_is_one_line_saying_why(
     with pytest.raises(AgentNotFound) as refused:
         load_agent(path)
     assert str(refused.value).startswith(expected), str(refused.value)
-    result = subprocess.run(
-        [sys.executable, "-m", "loopwright", "run", "Read order O-42.", "--user", "u-1"],
-        cwd=app_dir,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "LOOPWRIGHT_AGENT": path,
-            "LOOPWRIGHT_HOME": str(app_dir / "home"),
-        },
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2, result.stderr
+    home = {"LOOPWRIGHT_AGENT": path, "LOOPWRIGHT_HOME": str(app_dir / "home")}
+    result = cli("run", "Read order O-42.", "--user", "u-1", env=home, expect=2, cwd=app_dir)
     [line] = result.stderr.splitlines()
     assert line.startswith(f"loopwright: error: {expected}"), line
     assert not (app_dir / "home").exists()  # refused before anything opened
@@ -104,16 +88,8 @@ def test_a_pyproject_that_names_no_agent_is_one_line_not_the_default_agent(
     """A malformed [tool.loopwright] is named, never passed over for the reference agent (an
     `agent = 1` hosted it), nor a traceback."""
     (tmp_path / "pyproject.toml").write_bytes(pyproject)
-    env = {k: v for k, v in os.environ.items() if k != "LOOPWRIGHT_AGENT"}
-    result = subprocess.run(
-        [sys.executable, "-m", "loopwright", "runs"],
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(REPO), "LOOPWRIGHT_HOME": str(tmp_path / "home")},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2, result.stderr
+    # An empty $LOOPWRIGHT_AGENT names none: the pyproject is read.
+    home = {"LOOPWRIGHT_AGENT": "", "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    result = cli("runs", env=home, expect=2, cwd=tmp_path)
     [line] = result.stderr.splitlines()
     assert line.startswith(f"loopwright: error: {tmp_path / 'pyproject.toml'}: {problem}"), line

@@ -16,7 +16,7 @@ from loopwright.graph.state import Principal, initial_state
 from loopwright.server.auth import (
     TokenTableError,
     authorization_of,
-    carries_decision,
+    decisions_in,
     token_table,
 )
 from loopwright.server.graph import is_user_cancel
@@ -183,9 +183,9 @@ def test_a_token_table_that_cannot_be_used_is_refused_in_one_line(table: str, pr
     assert "\n" not in str(refused.value)
 
 
-def test_carries_decision() -> None:
-    assert carries_decision(decision()) and carries_decision({"int-1": decision()})
-    assert not carries_decision({"kind": "retry"}) and not carries_decision(None)
+def test_decisions_in_finds_a_decision_alone_or_by_interrupt_id() -> None:
+    assert decisions_in(decision()) and decisions_in({"int-1": decision()})
+    assert not decisions_in({"kind": "retry"}) and not decisions_in(None)
 
 
 class UserInterrupt(Exception):

@@ -30,6 +30,7 @@ from loopwright.tools.registry import ToolRegistry
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import PAY_WITH_CARD
 from tests.runtime_fixtures import RunnerFactory, cli, principal
+from tests.test_cli import env_for as cli_env
 
 # What a terminal acts on rather than shows: escape (CSI, OSC), carriage return, bell,
 # backspace, C1's CSI, a right-to-left override and isolate.
@@ -86,11 +87,7 @@ def test_a_sensitive_value_is_blanked_as_a_line_shows_it() -> None:
 
 
 def env_for(services: ServiceEndpoints, tmp_path: Path, sqlite_url: str) -> dict[str, str]:
-    return {
-        **services.to_env(),
-        "LOOPWRIGHT_HOME": str(tmp_path / "home"),
-        "DATABASE_URL": sqlite_url,
-    }
+    return {**cli_env(services, tmp_path), "DATABASE_URL": sqlite_url}
 
 
 def assert_shown_safely(output: str) -> None:

@@ -222,10 +222,6 @@ def decisions_in(resume: Any) -> list[Mapping[str, Any]]:
     return [v for v in resume.values() if isinstance(v, Mapping) and "approval_id" in v]
 
 
-def carries_decision(resume: Any) -> bool:
-    return bool(decisions_in(resume))
-
-
 configured_tokens()  # a broken token table stops the server at startup, not at a request
 auth = Auth()
 
@@ -389,7 +385,7 @@ async def on_run_create(
         raise Auth.exceptions.HTTPException(
             status_code=410, detail=f"run {run.run_id} was pruned by the retention job: it ended"
         )
-    if carries_decision(command.get("resume")):
+    if decisions := decisions_in(command.get("resume")):
         if not user.is_approver:
             raise _forbidden("only approvers decide approvals")
         if run is not None and run.user_id == user.user_id:
@@ -399,7 +395,7 @@ async def on_run_create(
         if kwargs.get("after_seconds") or value.get("after_seconds"):
             # Queued, it could be cancelled by the run's user before it runs (see below).
             raise _forbidden("a decision is taken now, not after_seconds later")
-        for decision in decisions_in(command.get("resume")):
+        for decision in decisions:
             try:  # as the run will read it, signed by the authenticated approver
                 ApprovalDecision.model_validate({**decision, "approver": user.user_id})
             except ValidationError as exc:  # the run would take no such decision
