@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any, cast
 
 import psycopg
@@ -227,6 +228,15 @@ class _Commit:
     @property
     def crash_point(self) -> str:
         return f"checkpoint:commit:before_commit:{self.node}"
+
+
+@dataclass(frozen=True)
+class Superstep:
+    """A checkpoint and its pending writes, decoded (`CompactSaver.supersteps`): what the
+    superstep run from it wrote, as (task id, task path, channel, value)."""
+
+    checkpoint_id: str
+    writes: Sequence[tuple[str, str, str, Any]]
 
 
 def _row(record: Mapping[str, Any]) -> Row:
@@ -525,6 +535,35 @@ class CompactSaver(FencedSaver):
         remember(self._histories, (thread, ns), chain, keep=KEPT_CHAINS)
         return chain
 
+    def supersteps(self, config: RunnableConfig) -> builtins.list[Superstep] | None:
+        """Every checkpoint of a thread's namespace, oldest first, with what the superstep run
+        from it wrote, decoded: read and decoded once (a run's timeline wants each task's
+        writes, which `get_state_history` gets by rebuilding every checkpoint's values, the
+        delta channels' from the root: quadratic in the run's length).
+
+        None where the namespace is not one chain of compact rows (LangGraph's layout, a
+        history forked), and nothing at all: there `get_state_history` is the reader."""
+        thread, ns = _thread_ns(config)
+        if self._layouts.get(thread) is Layout.STOCK:
+            return None
+        where = " WHERE thread_id = %s AND checkpoint_ns = %s"
+        with self.lock:
+            records = self.db.execute(_ROWS + where + " ORDER BY checkpoint_id DESC", (thread, ns))
+            rows = [_row(record) for record in records]
+            alone: dict[str, builtins.list[Write]] = defaultdict(builtins.list)
+            for record in self.db.execute(_ALONE + where, (thread, ns)):
+                alone[record["checkpoint_id"]].append(_alone(record))
+        if not _one_chain(rows):
+            return None
+        chain = ChainHistory(rows, alone)
+        return [
+            Superstep(
+                step.row.checkpoint_id,
+                [(w.task_id, w.task_path, *w.pending(self.serde)[1:]) for w in pending],
+            )
+            for step, pending in zip(chain.steps, chain.pending, strict=True)
+        ]
+
     def _layout(self, thread: str) -> Layout | None:
         """Where the thread's checkpoints are (None: nowhere yet), asked once a thread."""
         with self.lock:
@@ -743,6 +782,12 @@ class CompactSaver(FencedSaver):
             for memory in (self._frames, self._histories):
                 for key in [k for k in memory if k[0] == thread]:
                     del memory[key]
+
+
+def _one_chain(rows: Sequence[Row]) -> bool:
+    """Whether rows given newest first are one chain from a root keyframe, with no other."""
+    linked = all(row.parent_id == older.checkpoint_id for row, older in pairwise(rows))
+    return bool(rows) and linked and rows[-1].parent_id is None and rows[-1].key
 
 
 def _thread_ns(config: RunnableConfig) -> tuple[str, str]:

@@ -49,10 +49,12 @@ class ChainHistory:
     def __init__(self, rows: Sequence[Row], alone: Mapping[str, Sequence[Write]]) -> None:
         self.steps: list[Step] = steps(reversed(rows))
         self.position = {step.row.checkpoint_id: i for i, step in enumerate(self.steps)}
-        # Each ancestor's pending writes: its child's on this chain, and those saved alone.
+        # Each checkpoint's pending writes: its child's on this chain (the last has none), and
+        # those saved alone at it.
+        children = [[child.writes] for child in self.steps[1:]] + [[]]
         self.pending = [
-            merged_writes(alone.get(step.row.checkpoint_id, []), [child.writes])
-            for step, child in zip(self.steps, self.steps[1:], strict=False)
+            merged_writes(alone.get(step.row.checkpoint_id, []), carried)
+            for step, carried in zip(self.steps, children, strict=True)
         ]
         self._channels: dict[str, _Channel] = {}
 

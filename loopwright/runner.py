@@ -28,10 +28,12 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
-from langgraph.types import Command, Interrupt, StateSnapshot
+from langgraph.pregel.debug import tasks_w_writes
+from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 from pydantic import ValidationError
 
 from loopwright._agent import Agent
+from loopwright.checkpoints.compact import CompactSaver, Superstep
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
@@ -84,6 +86,8 @@ StepUpdates = dict[str, dict[str, Any] | None]
 # Where LangGraph's streamed state carries the interrupts of its superstep (documented, as in
 # `invoke`'s result).
 INTERRUPTS_KEY = "__interrupt__"
+# How LangGraph names a node's task in its path (`task_path_str` of (PULL, node)).
+_PULL_PATH = "~__pregel_pull, "
 
 
 @dataclass(frozen=True)
@@ -679,18 +683,35 @@ class Runner:
         return [run.run_id for run in self.leases.runs()]
 
     def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-        """Every committed node step of a run, oldest first, read back from the checkpoints."""
-        history = list(self.graph.get_state_history(self.config(run_id)))
-        if not history:
-            if summary_of(self.leases.db, run_id) is not None:
-                raise RunPruned(run_id)  # its steps went with its checkpoints
+        """Every committed node step of a run, oldest first, read back from the checkpoints:
+        each finished task of the loop's nodes and its writes to the state, as LangGraph's
+        history shows them (`tasks_w_writes`), read from the compact rows in one pass where
+        the run has them (its history would rebuild every checkpoint's values)."""
+        config = self.config(run_id)
+        supersteps = self.saver.supersteps(config) if isinstance(self.saver, CompactSaver) else None
+        if supersteps is not None:
+            tasks = [task for superstep in supersteps for task in self._tasks(superstep)]
+        elif history := list(self.graph.get_state_history(config)):
+            tasks = [task for snapshot in reversed(history) for task in snapshot.tasks]
+        elif summary_of(self.leases.db, run_id) is not None:
+            raise RunPruned(run_id)  # its steps went with its checkpoints
+        else:
             raise UnknownRun(run_id)
         return [
             (task.name, task.result or {})
-            for snapshot in reversed(history)
-            for task in snapshot.tasks
+            for task in tasks
             if task.name in NODES and task.result is not None
         ]
+
+    def _tasks(self, superstep: Superstep) -> tuple[PregelTask, ...]:
+        """The loop's tasks that wrote in a superstep, as a snapshot of its checkpoint shows
+        them (a node's task is a pull task: its path names it)."""
+        tasks: dict[str, PregelTask] = {}
+        for task_id, path, _channel, _value in superstep.writes:
+            if path.startswith(_PULL_PATH) and task_id not in tasks:
+                tasks[task_id] = PregelTask(task_id, path.removeprefix(_PULL_PATH), (path,))
+        writes = [(task_id, channel, value) for task_id, _, channel, value in superstep.writes]
+        return tasks_w_writes(tasks.values(), writes, None, self.graph.stream_channels_asis)
 
     def state(self, run_id: str) -> RunState:
         values = self.graph.get_state(self.config(run_id)).values

@@ -16,6 +16,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 
 from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
+from loopwright.graph.build import NODES
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ApprovalDecision, Principal, RunState
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
@@ -104,6 +105,18 @@ def decide(
 
 def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:
     return runner.resume(outcome.run_id, decide(outcome, "approve", approver))
+
+
+def history_steps(runner: Runner, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """A run's node steps as LangGraph's history shows them, every checkpoint rebuilt: what
+    `Runner.steps` must equal, however it reads them."""
+    history = reversed(list(runner.graph.get_state_history(runner.config(run_id))))
+    return [
+        (task.name, task.result or {})
+        for snapshot in history
+        for task in snapshot.tasks
+        if task.name in NODES and task.result is not None
+    ]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:

@@ -18,7 +18,13 @@ from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, UNCRASHED_MODEL_CALLS, RunnerFactory, cli
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    UNCRASHED_MODEL_CALLS,
+    RunnerFactory,
+    cli,
+    history_steps,
+)
 
 # A crash point is met at most once per case; "then" points are armed after the first crash.
 IN_RECONCILE = ("node:reconcile:start", "reconcile:after_settle")
@@ -96,9 +102,12 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
     with open_test_runner() as runner:
         outcome = runner.outcome(run_id)
         state = runner.state(run_id)
+        # The timeline's steps, read from the rows, are those the resumed history shows.
+        assert runner.steps(run_id) == history_steps(runner, run_id)
     assert outcome.stop_reason == "completed"
     assert outcome.verification is not None and outcome.verification["verified"]
     assert len(list_refunds(services, "O-42")) == 1
     assert state["usage"]["model_requests"] == UNCRASHED_MODEL_CALLS
     [action] = outcome.actions
     assert action.status == "SUCCEEDED"
+

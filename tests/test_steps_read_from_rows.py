@@ -1,0 +1,115 @@
+"""A run's steps are read from its rows in one pass, and are those LangGraph's history shows.
+
+`loopwright show`, the inbox's timeline and the step numbers of `resume` read a run's node
+steps (`Runner.steps`). LangGraph's history rebuilds every checkpoint's values, the delta
+channels' from the root, so reading it grows with the square of a run's length; the compact
+rows hold each superstep's writes, and are read once. Every kind of run (approved, rejected,
+edited, cancelled through a state update, stopped by a limit, failing tools, handed to a
+specialist, longer than a keyframe's span; crash-resumed runs in the crash matrix) must give
+the same steps both ways, and a history that is not one chain of rows is read from LangGraph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from loopwright.checkpoints.compact import CompactSaver
+from loopwright.checkpoints.frames import KEY_EVERY
+from loopwright.graph.budget import Budget
+from loopwright.graph.state import StopReason
+from loopwright.models.scripted import ScriptedChatModel
+from loopwright.runner import Runner, RunOutcome
+from loopwright_refunds.long_task import KeepsReading
+from loopwright_refunds.services.admin import set_fault
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    RunnerFactory,
+    approve,
+    decide,
+    history_steps,
+    principal,
+)
+from tests.test_handoff import AGENTS, triage
+
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
+
+READS = "Read orders O-42, O-43 and O-44 in turn, again and again."
+
+
+def approved(runner: Runner) -> RunOutcome:
+    return approve(runner, runner.start(DEMO_TASK, principal()))
+
+
+def rejected(runner: Runner) -> RunOutcome:
+    waiting = runner.start(DEMO_TASK, principal())
+    return runner.resume(waiting.run_id, decide(waiting, "reject"))
+
+
+def cancelled_while_waiting(runner: Runner) -> RunOutcome:
+    return runner.cancel(runner.start(DEMO_TASK, principal()).run_id)
+
+
+def start_reads(runner: Runner) -> RunOutcome:
+    return runner.start(READS, principal(task=READS))
+
+
+RUNS: dict[str, tuple[Callable[[Runner], RunOutcome], dict[str, object]]] = {
+    "approved": (approved, {}),
+    "rejected": (rejected, {}),
+    "cancelled": (cancelled_while_waiting, {}),
+    "max-steps": (
+        start_reads,
+        {"model": ScriptedChatModel(policy=KeepsReading(reads=10)), "budget": Budget(max_steps=4)},
+    ),
+    # Past a keyframe: four checkpoints a tool step.
+    "long": (start_reads, {"model": ScriptedChatModel(policy=KeepsReading(reads=KEY_EVERY // 2))}),
+    "handoff": (approved, {"model": ScriptedChatModel(policy=triage), "agents": AGENTS}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RUNS))
+def test_steps_read_from_the_rows_are_the_historys(
+    kind: str, open_test_runner: RunnerFactory
+) -> None:
+    drive, options = RUNS[kind]
+    with open_test_runner(**options) as runner:
+        outcome = drive(runner)
+        assert isinstance(runner.saver, CompactSaver)
+        assert runner.saver.supersteps(runner.config(outcome.run_id)) is not None  # the rows
+        steps = runner.steps(outcome.run_id)
+        assert steps == history_steps(runner, outcome.run_id)
+    assert outcome.stop_reason is not None
+    assert [node for node, _ in steps].count("model_step") >= 2
+
+
+@pytest.mark.parametrize("fault", ["fail_before_commit", "accept_then_timeout"])
+def test_a_failed_or_unknown_writes_steps_are_the_historys(
+    fault: str, open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """A refund that fails, or times out after the payment service took it: reconciled."""
+    set_fault(services, fault, delay_s=6)
+    with open_test_runner() as runner:
+        outcome = approved(runner)
+        steps = runner.steps(outcome.run_id)
+        assert steps == history_steps(runner, outcome.run_id)
+    assert "reconcile" in [node for node, _ in steps]
+
+
+def test_a_forked_history_is_read_from_langgraph(open_test_runner: RunnerFactory) -> None:
+    """A state update on an earlier checkpoint forks the thread: its rows are no longer one
+    chain, and the steps are LangGraph's (an update is no task's step: the steps stay)."""
+    with open_test_runner() as runner:
+        outcome = approved(runner)
+        config = runner.config(outcome.run_id)
+        before = runner.steps(outcome.run_id)
+        earlier = list(runner.graph.get_state_history(config))[3].config
+        runner.graph.update_state(earlier, {}, as_node="guard")
+        assert isinstance(runner.saver, CompactSaver)
+        assert runner.saver.supersteps(config) is None
+        steps = runner.steps(outcome.run_id)
+        assert steps == history_steps(runner, outcome.run_id)
+    assert outcome.stop_reason == StopReason.COMPLETED
+    assert steps == before
