@@ -6,7 +6,10 @@ by name through the environment of the process under test:
     LOOPWRIGHT_CRASH_AT=executor:after_dispatch_record loopwright run ...
 
 and that process exits hard (`os._exit`, no cleanup, no flush, as a kill -9 would) the first time
-it reaches the point. `LOOPWRIGHT_CRASH_AT` may name several points, comma separated.
+it reaches the point. `LOOPWRIGHT_CRASH_AT` may name several points, comma separated. A
+process that armed a point and ends without reaching it says so on stderr as it exits (with
+the nearest name of a point it passed or of the runtime's): a misspelt point would otherwise leave a
+crash test passing without its crash.
 
 Points in the runtime (`POINTS`):
   node:<name>:start                     a node begins; with durability="sync" this is also
@@ -34,6 +37,8 @@ Points in the runtime (`POINTS`):
 
 from __future__ import annotations
 
+import atexit
+import difflib
 import functools
 import os
 import sys
@@ -62,18 +67,40 @@ POINTS = (
 )
 
 
-def armed() -> frozenset[str]:
-    return _parse(os.environ.get(ENV_VAR, ""))
-
-
 @functools.lru_cache(maxsize=8)
 def _parse(value: str) -> frozenset[str]:
     """Parsed once per value: a step passes a dozen points, armed or not."""
     return frozenset(p.strip() for p in value.split(",") if p.strip())
 
 
+# The points this process passed, for the exit notice of points armed and never reached.
+_passed: set[str] = set()
+
+
+def armed() -> frozenset[str]:
+    value = os.environ.get(ENV_VAR, "")
+    points = _parse(value)
+    if points:
+        _notice_at_exit()
+    return points
+
+
+@functools.cache
+def _notice_at_exit() -> None:
+    atexit.register(_tell_unreached)
+
+
+def _tell_unreached() -> None:
+    for name in sorted(armed() - _passed):
+        near = difflib.get_close_matches(name, sorted(_passed | set(POINTS)), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        sys.stderr.write(f"loopwright: crash point {name} was armed and never reached{hint}\n")
+
+
 def crash_point(name: str) -> None:
-    """Exit the process at once if `name` is armed. Costs one environment lookup otherwise."""
+    """Exit the process at once if `name` is armed. Costs an environment lookup and a set
+    insertion otherwise."""
+    _passed.add(name)
     if name in armed():
         sys.stderr.write(f"loopwright: crash point {name} reached, exiting hard\n")
         sys.stderr.flush()

@@ -7,6 +7,9 @@ and no effect is repeated. A crash inside a node's commit leaves none of it in t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
+    REPO,
     UNCRASHED_MODEL_CALLS,
     RunnerFactory,
     cli,
@@ -111,3 +115,31 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
     [action] = outcome.actions
     assert action.status == "SUCCEEDED"
 
+
+def _process_passing(points: str, armed: str) -> subprocess.CompletedProcess[str]:
+    """A process that passes `points` (comma separated) with `armed` armed, then ends."""
+    passes = "; ".join(f"crash_point({p!r})" for p in points.split(","))
+    return subprocess.run(
+        [sys.executable, "-c", f"from loopwright import crash_point; {passes}"],
+        env={**os.environ, "PYTHONPATH": str(REPO), CRASH_ENV: armed},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_crash_point_armed_and_never_reached_is_told_with_the_nearest_name() -> None:
+    """A misspelt point would leave a crash test passing without its crash: the process says
+    so as it ends, with the nearest name it knows."""
+    missed = _process_passing("mytool:after_x", "executor:after_dispach_record,mytool:after_y")
+    assert missed.returncode == 0
+    assert missed.stderr.splitlines() == [
+        "loopwright: crash point executor:after_dispach_record was armed and never reached"
+        " (did you mean executor:after_dispatch_record?)",
+        "loopwright: crash point mytool:after_y was armed and never reached"
+        " (did you mean mytool:after_x?)",
+    ]
+    reached = _process_passing("mytool:after_x", "mytool:after_x")
+    assert reached.returncode == CRASH_EXIT
+    assert reached.stderr == "loopwright: crash point mytool:after_x reached, exiting hard\n"
+    assert _process_passing("mytool:after_x", "").stderr == ""
