@@ -100,8 +100,9 @@ def _default_sqlite_url(create: bool = True) -> str:
 
 def database_exists(url: str) -> bool:
     """Whether there is a database at `url` to read: a SQLite file is one only once written
-    (opening one creates it); a server's database is assumed there (connecting tells)."""
-    return database_kind(url) is DatabaseKind.POSTGRES or Path(sqlite_path(url)).is_file()
+    (opening one creates it); a server's database is assumed there (connecting tells), and so
+    is anything else at the path (opening it says what it is: a directory, not a database)."""
+    return database_kind(url) is DatabaseKind.POSTGRES or Path(sqlite_path(url)).exists()
 
 
 def database_kind(url: str) -> DatabaseKind:
