@@ -26,12 +26,12 @@ from rich.markup import escape
 from rich.style import Style
 from rich.text import Text
 
-__all__ = ["SafeConsole", "flat", "inline", "printable"]
+__all__ = ["UNSHOWABLE", "SafeConsole", "flat", "inline", "printable"]
 
 # C0 controls but tab and line feed, DEL, C1 controls; the characters that reorder text around
 # them (bidirectional marks, embeddings, overrides and isolates); the line and paragraph
-# separators, which some terminals and viewers break lines at.
-_UNSHOWABLE = re.compile(
+# separators, which some terminals and viewers break lines at. (The inbox page spells the same.)
+UNSHOWABLE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 )
 _LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x85\u2028\u2029]")
@@ -45,7 +45,7 @@ def _spelled(match: re.Match[str]) -> str:
 
 def printable(text: str) -> str:
     """`text` with every character a terminal would act on, rather than show, spelled out."""
-    return _UNSHOWABLE.sub(_spelled, text)
+    return UNSHOWABLE.sub(_spelled, text)
 
 
 def flat(value: object) -> str:

@@ -375,3 +375,27 @@ def test_a_refund_the_payments_service_refuses_is_said_to_be_refused(
     assert values["stop_reason"] != "completed"
     assert f"The run ended: {values['stop_reason'].replace('_', ' ')}" in shown
     assert [r["status"] for r in list_refunds(services, "O-872")] == ["processing"]
+
+
+def test_text_that_would_reorder_what_the_approver_reads_is_spelled_out(
+    inbox_server: tuple[str, Any], tmp_path: Path
+) -> None:
+    """A customer's task with a right-to-left override would show its tail reversed ("USD
+    00.5" read as "5.00 USD"), a line separator would break a line: the page spells them out,
+    as the CLI does, and shows the rest as written."""
+    url, services = inbox_server
+    create_order(services, "O-874", "u-1", "500.00")
+    task = refund_task("O-874") + " Only \u202eDSU 00.5\u202c, please.\u2028Approved: yes"
+    thread_id, request = waiting_thread(url, task)
+    apr = request["approval_id"]
+    with inbox_page(url) as (sync_api, page):
+        expect = sync_api.expect
+        card = card_of(page, apr)
+        quote = card.locator("blockquote")
+        expect(quote).to_have_text(
+            refund_task("O-874") + " Only \\u202eDSU 00.5\\u202c, please.\\u2028Approved: yes"
+        )
+        page.screenshot(path=str(tmp_path / "inbox-spelled.png"), full_page=True)
+        card.locator("details summary").first.click()
+        expect(card.locator("details pre")).to_contain_text("Only \\u202eDSU 00.5\\u202c")
+    assert still_waiting(url, thread_id, apr)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import uuid
 from collections.abc import Iterable
@@ -46,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from loopwright.display import UNSHOWABLE
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest, Phase
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import EditRefused, Runner, UnknownRun
@@ -56,7 +58,14 @@ from loopwright.server.resources import aresources
 
 # The graph a decision resumes a run on (what langgraph.json calls it; `loopwright serve`'s).
 ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
-PAGE = Path(__file__).with_name("inbox.html").read_text()  # read once: no file I/O per request
+# Read once (no file I/O per request), with the characters the page spells out rather than
+# show (`display.printable`'s: a bidi override in a task would reorder what an approver reads).
+PAGE = (
+    Path(__file__)
+    .with_name("inbox.html")
+    .read_text()
+    .replace("UNSHOWABLE_PATTERN", json.dumps(UNSHOWABLE.pattern))
+)
 THREADS_PER_SEARCH = 200  # thread ids asked of the server in one search
 TIMELINE_WIDTH = 110  # characters per line, as a terminal would show `loopwright show`
 
