@@ -303,7 +303,8 @@ def test_an_approvers_resume_that_is_no_decision_is_refused_saying_why(served: S
     """An approver (who starts no runs) resuming with text or a list of decisions is told what
     a decision looks like (403), not "only customers start runs"; a decision the run would not
     take (no digest, an unknown choice, a field no decision has) is a 422 saying which field,
-    where it was a 200 with the run still waiting. The approval waits on throughout."""
+    and one about another action or an approval that does not wait a 409, where each was a 200
+    with the run still waiting. The approval waits on throughout."""
     create_order(served.services, "O-901", "u-1", "80.00")
     task = "Check whether order O-901 can be refunded and refund it if so."
     thread_id, waiting = start_run(served.client("t-u1"), task)
@@ -316,6 +317,9 @@ def test_an_approvers_resume_that_is_no_decision_is_refused_saying_why(served: S
         ({"approval_id": decision["approval_id"]}, 422, "bad decision: digest: Field required"),
         ({**decision, "decision": "maybe"}, 422, "bad decision: decision: Input should be"),
         ({interrupt["id"]: {**decision, "amount": "1.00"}}, 422, "amount: Extra inputs"),
+        # Well formed, and not what waits: the run would re-ask, the client be told 200.
+        ({**decision, "digest": "0" * 64}, 409, "not that of the action approval apr_"),
+        ({interrupt["id"]: {**decision, "approval_id": "apr_0"}}, 409, "apr_0 does not wait"),
     ]
     for resume, status, detail in refused:
         answer = httpx.post(

@@ -34,7 +34,7 @@ import asyncio
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -46,6 +46,7 @@ from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalDecision, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
+from loopwright.runner import UnknownRun
 from loopwright.server.inputs import (
     APPROVER_ROLE,
     NEW_RUN_TAKES,
@@ -173,6 +174,29 @@ async def task_refusal(user: User, task: str) -> str | None:
         await asyncio.to_thread(principal_for_task, res.agent, res.runner.deps, principal, task)
     except TaskRefused as exc:
         return str(exc)
+    return None
+
+
+async def stale_decision(thread_id: Any, decisions: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the run on the thread would not take a decision, or None: its approval does not wait
+    (decided, expired, never asked there), or asks about another action than the digest names.
+    The run would re-ask and the client be told 200; the run still checks as it resumes (two
+    approvers at once), this answers the client truthfully, as the inbox and the CLI do."""
+    res = await aresources()
+    try:
+        outcome = await asyncio.to_thread(res.runner.outcome, str(thread_id or ""))
+    except UnknownRun:
+        return "no approval waits on this thread"
+    asked = {r.get("approval_id"): r.get("digest") for r in outcome.waiting_for_approval}
+    for decision in decisions:
+        approval = decision.get("approval_id")
+        if approval not in asked:
+            return f"approval {approval} does not wait on this run: decided, expired or not asked"
+        if decision.get("digest") != asked[approval]:
+            return (
+                f"the decision's digest is not that of the action approval {approval} asks"
+                " about: read the request again"
+            )
     return None
 
 
@@ -402,6 +426,8 @@ async def on_run_create(
                 raise Auth.exceptions.HTTPException(
                     status_code=422, detail=f"bad decision: {validation_problems(exc)}"
                 ) from None
+        if (stale := await stale_decision(value.get("thread_id"), decisions)) is not None:
+            raise Auth.exceptions.HTTPException(status_code=409, detail=stale)
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
         return {"tenant": user.tenant}  # and only in their own tenant
     if not user.is_customer:
