@@ -35,7 +35,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import pairwise
 from typing import Any, cast
 
 import psycopg
@@ -60,8 +59,10 @@ from loopwright.checkpoints.fenced import (
     FencedSaver,
     FencedSqliteSaver,
     Save,
+    Superstep,
     TaskWrites,
     column_arrays,
+    one_chain,
     register_column_arrays,
     remember,
 )
@@ -228,15 +229,6 @@ class _Commit:
     @property
     def crash_point(self) -> str:
         return f"checkpoint:commit:before_commit:{self.node}"
-
-
-@dataclass(frozen=True)
-class Superstep:
-    """A checkpoint and its pending writes, decoded (`CompactSaver.supersteps`): what the
-    superstep run from it wrote, as (task id, task path, channel, value)."""
-
-    checkpoint_id: str
-    writes: Sequence[tuple[str, str, str, Any]]
 
 
 def _row(record: Mapping[str, Any]) -> Row:
@@ -536,26 +528,23 @@ class CompactSaver(FencedSaver):
         return chain
 
     def supersteps(self, config: RunnableConfig) -> builtins.list[Superstep] | None:
-        """Every checkpoint of a thread's namespace, oldest first, with what the superstep run
-        from it wrote, decoded: read and decoded once (a run's timeline wants each task's
-        writes, which `get_state_history` gets by rebuilding every checkpoint's values, the
-        delta channels' from the root: quadratic in the run's length).
-
-        None where the namespace is not one chain of compact rows (LangGraph's layout, a
-        history forked), and nothing at all: there `get_state_history` is the reader."""
+        """From the compact rows, the writes in each row decoded once (`ChainHistory`); a
+        thread of LangGraph's layout from its tables (`legacy`)."""
         thread, ns = _thread_ns(config)
         if self._layouts.get(thread) is Layout.STOCK:
-            return None
+            return self.legacy.supersteps(config)
         where = " WHERE thread_id = %s AND checkpoint_ns = %s"
         with self.lock:
-            records = self.db.execute(_ROWS + where + " ORDER BY checkpoint_id DESC", (thread, ns))
+            records = self.db.execute(_ROWS + where + " ORDER BY checkpoint_id", (thread, ns))
             rows = [_row(record) for record in records]
             alone: dict[str, builtins.list[Write]] = defaultdict(builtins.list)
             for record in self.db.execute(_ALONE + where, (thread, ns)):
                 alone[record["checkpoint_id"]].append(_alone(record))
-        if not _one_chain(rows):
+        if not rows and self._layout(thread) is Layout.STOCK:
+            return self.legacy.supersteps(config)
+        if not one_chain([(row.checkpoint_id, row.parent_id) for row in rows]):
             return None
-        chain = ChainHistory(rows, alone)
+        chain = ChainHistory(rows[::-1], alone)
         return [
             Superstep(
                 step.row.checkpoint_id,
@@ -782,12 +771,6 @@ class CompactSaver(FencedSaver):
             for memory in (self._frames, self._histories):
                 for key in [k for k in memory if k[0] == thread]:
                     del memory[key]
-
-
-def _one_chain(rows: Sequence[Row]) -> bool:
-    """Whether rows given newest first are one chain from a root keyframe, with no other."""
-    linked = all(row.parent_id == older.checkpoint_id for row, older in pairwise(rows))
-    return bool(rows) and linked and rows[-1].parent_id is None and rows[-1].key
 
 
 def _thread_ns(config: RunnableConfig) -> tuple[str, str]:

@@ -228,6 +228,24 @@ class Save:
         }
 
 
+@dataclass(frozen=True)
+class Superstep:
+    """A checkpoint and its pending writes, decoded (`FencedSaver.supersteps`): what the
+    superstep run from it wrote, as (task id, task path, channel, value)."""
+
+    checkpoint_id: str
+    writes: Sequence[tuple[str, str, str, Any]]
+
+
+def one_chain(links: Sequence[tuple[str, str | None]]) -> bool:
+    """Whether (checkpoint id, parent id) pairs given oldest first are one chain from a root,
+    with no other branch."""
+    parents = [None, *(checkpoint_id for checkpoint_id, _ in links[:-1])]
+    return bool(links) and all(
+        parent == expected for (_, parent), expected in zip(links, parents, strict=True)
+    )
+
+
 class FencedSaver(BaseCheckpointSaver[str]):
     """The fencing and the holding of writes shared by both backends; mixed in before the
     stock saver class. Each backend commits (`_commit`) in its own way."""
@@ -252,6 +270,17 @@ class FencedSaver(BaseCheckpointSaver[str]):
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return next_version(current)
+
+    def supersteps(self, config: RunnableConfig) -> list[Superstep] | None:
+        """Every checkpoint of a thread's namespace, oldest first, with what the superstep run
+        from it wrote, decoded, read in one pass: a run's timeline wants each task's writes,
+        which `get_state_history` gets by rebuilding every checkpoint's values (the delta
+        channels' from the root: quadratic in the run's length).
+
+        None where the saver cannot (its layout keeps no task paths), or the namespace is not
+        one chain (a history forked), or holds nothing: there `get_state_history` is the
+        reader."""
+        return None
 
     def put(
         self,
@@ -373,6 +402,17 @@ OURS_FENCED = (
     "SELECT 1 FROM run WHERE fence = %(fence)s::bigint AND owner = %(owner)s::text AND lease_live"
 )
 _COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
+# A thread's checkpoints and their writes in LangGraph's layout (`supersteps`), each write in
+# the sequence the stock saver hands them over (`writes_sort_key`).
+_STOCK_LINKS = (
+    "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints"
+    " WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id"
+)
+_STOCK_WRITES = (
+    "SELECT checkpoint_id, task_id, task_path, channel, type, blob FROM checkpoint_writes"
+    " WHERE thread_id = %s AND checkpoint_ns = %s"
+    " ORDER BY checkpoint_id, task_path, task_id, idx"
+)
 WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
 _BLOB_COLUMNS = ("channel", "version", "type", "blob")
 
@@ -422,6 +462,27 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
             self._seen(fence.check_row(thread, FenceRow.of(row) if row else None))
         if save is not None:
             remember(self._strings, (thread, str(params["ns"])), strings)
+
+    def supersteps(self, config: RunnableConfig) -> list[Superstep] | None:
+        conf = config["configurable"]
+        key = (str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        with self.lock, self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
+            links = [
+                (row["checkpoint_id"], row["parent_checkpoint_id"])
+                for row in cursor.execute(_STOCK_LINKS, key).fetchall()
+            ]
+            writes = cursor.execute(_STOCK_WRITES, key).fetchall()
+        if not one_chain(links):
+            return None
+        written: dict[str, list[tuple[str, str, str, Any]]] = {}
+        for w in writes:
+            value = self.serde.loads_typed((w["type"], w["blob"]))
+            written.setdefault(w["checkpoint_id"], []).append(
+                (w["task_id"], w["task_path"], w["channel"], value)
+            )
+        return [
+            Superstep(checkpoint_id, written.get(checkpoint_id, [])) for checkpoint_id, _ in links
+        ]
 
     def _rows(
         self, thread: str, tasks: Sequence[TaskWrites], save: Save | None

@@ -33,10 +33,9 @@ from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 from pydantic import ValidationError
 
 from loopwright._agent import Agent
-from loopwright.checkpoints.compact import CompactSaver, Superstep
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence, FencedSaver
+from loopwright.checkpoints.fenced import Fence, FencedSaver, Superstep
 from loopwright.checkpoints.journal import ActionJournal, StaleTransition, open_journal
 from loopwright.checkpoints.leases import (
     Lease,
@@ -685,10 +684,10 @@ class Runner:
     def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
         """Every committed node step of a run, oldest first, read back from the checkpoints:
         each finished task of the loop's nodes and its writes to the state, as LangGraph's
-        history shows them (`tasks_w_writes`), read from the compact rows in one pass where
-        the run has them (its history would rebuild every checkpoint's values)."""
+        history shows them (`tasks_w_writes`), read in one pass where the saver can
+        (`supersteps`: its history would rebuild every checkpoint's values)."""
         config = self.config(run_id)
-        supersteps = self.saver.supersteps(config) if isinstance(self.saver, CompactSaver) else None
+        supersteps = self.saver.supersteps(config)
         if supersteps is not None:
             tasks = [task for superstep in supersteps for task in self._tasks(superstep)]
         elif history := list(self.graph.get_state_history(config)):

@@ -3,24 +3,31 @@
 `loopwright show`, the inbox's timeline and the step numbers of `resume` read a run's node
 steps (`Runner.steps`). LangGraph's history rebuilds every checkpoint's values, the delta
 channels' from the root, so reading it grows with the square of a run's length; the compact
-rows hold each superstep's writes, and are read once. Every kind of run (approved, rejected,
-edited, cancelled through a state update, stopped by a limit, failing tools, handed to a
-specialist, longer than a keyframe's span; crash-resumed runs in the crash matrix) must give
-the same steps both ways, and a history that is not one chain of rows is read from LangGraph.
+rows hold each superstep's writes, and are read once, as are LangGraph's own tables on Postgres
+(the server's runs). Every kind of run (approved, rejected, cancelled through a state update,
+stopped by a limit, failed or unknown writes, handed to a specialist, longer than a keyframe's
+span; crash-resumed runs in the crash matrix) must give the same steps both ways, and a history
+that is not one chain is read from LangGraph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import pytest
 
-from loopwright.checkpoints.compact import CompactSaver
+from loopwright.checkpoints.compact import CompactSaver, Layout
+from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.frames import KEY_EVERY
+from loopwright.checkpoints.journal import open_journal
+from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import StopReason
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.runner import Runner, RunOutcome
+from loopwright_refunds.agent import connect
 from loopwright_refunds.long_task import KeepsReading
 from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -31,6 +38,7 @@ from tests.runtime_fixtures import (
     decide,
     history_steps,
     principal,
+    refund_agent,
 )
 from tests.test_handoff import AGENTS, triage
 
@@ -113,3 +121,35 @@ def test_a_forked_history_is_read_from_langgraph(open_test_runner: RunnerFactory
         assert steps == history_steps(runner, outcome.run_id)
     assert outcome.stop_reason == StopReason.COMPLETED
     assert steps == before
+
+
+@contextmanager
+def stock_runner(database_url: str, services: ServiceEndpoints, **options: Any) -> Iterator[Runner]:
+    """A runner whose new runs are written in LangGraph's own layout, as the server's are."""
+    with ExitStack() as stack:
+        yield Runner(
+            saver=stack.enter_context(open_checkpointer(database_url, new_threads=Layout.STOCK)),
+            journal=stack.enter_context(open_journal(database_url)),
+            leases=stack.enter_context(open_lease_store(database_url)),
+            agent=refund_agent(agents=options.pop("agents", None)),
+            deps=stack.enter_context(connect(services)),
+            **options,
+        )
+
+
+@pytest.mark.parametrize("kind", ["approved", "cancelled", "handoff", "long"])
+def test_steps_in_langgraphs_layout_are_the_historys(
+    kind: str, database_url: str, services: ServiceEndpoints
+) -> None:
+    """Read from its tables in one pass on Postgres (they keep each write's task path); on
+    SQLite, whose stock tables do not, from the history."""
+    drive, options = RUNS[kind]
+    with stock_runner(database_url, services, **options) as runner:
+        outcome = drive(runner)
+        config = runner.config(outcome.run_id)
+        saver = runner.saver
+        assert isinstance(saver, CompactSaver) and saver.legacy.get_tuple(config) is not None
+        assert (saver.supersteps(config) is not None) == database_url.startswith("postgresql")
+        steps = runner.steps(outcome.run_id)
+        assert steps == history_steps(runner, outcome.run_id)
+    assert [node for node, _ in steps].count("model_step") >= 2
