@@ -65,7 +65,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
@@ -83,7 +83,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
 from psycopg import postgres
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
@@ -277,10 +277,27 @@ class FencedSaver(BaseCheckpointSaver[str]):
         which `get_state_history` gets by rebuilding every checkpoint's values (the delta
         channels' from the root: quadratic in the run's length).
 
-        None where the saver cannot (its layout keeps no task paths), or the namespace is not
-        one chain (a history forked), or holds nothing: there `get_state_history` is the
-        reader."""
-        return None
+        None where the namespace is not one chain (a history forked), holds nothing, or holds
+        writes saved before LangGraph kept their task's path (which names the node): there
+        `get_state_history` is the reader."""
+        conf = config["configurable"]
+        links, writes = self._thread_rows(
+            str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        )
+        if not one_chain(links) or any(not w[2] and w[1] != NULL_TASK_ID for w in writes):
+            return None
+        written: dict[str, list[tuple[str, str, str, Any]]] = {}
+        for checkpoint_id, task_id, path, channel, kind, blob in writes:
+            value = self.serde.loads_typed((kind, blob))
+            written.setdefault(checkpoint_id, []).append((task_id, path, channel, value))
+        return [
+            Superstep(checkpoint_id, written.get(checkpoint_id, [])) for checkpoint_id, _ in links
+        ]
+
+    def _thread_rows(self, thread: str, ns: str) -> tuple[list[Link], list[StockWrite]]:
+        """A namespace's checkpoints (id, parent) oldest first, and their writes, each
+        checkpoint's in the sequence the stock saver hands them over (`writes_sort_key`)."""
+        raise NotImplementedError
 
     def put(
         self,
@@ -409,10 +426,15 @@ _STOCK_LINKS = (
     " WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id"
 )
 _STOCK_WRITES = (
-    "SELECT checkpoint_id, task_id, task_path, channel, type, blob FROM checkpoint_writes"
+    "SELECT checkpoint_id, task_id, task_path, channel, type, {value} FROM {table}"
     " WHERE thread_id = %s AND checkpoint_ns = %s"
     " ORDER BY checkpoint_id, task_path, task_id, idx"
 )
+_PG_WRITES = _STOCK_WRITES.format(table="checkpoint_writes", value="blob")
+_SQLITE_LINKS = _STOCK_LINKS.replace("%s", "?")
+_SQLITE_WRITES = _STOCK_WRITES.format(table="writes", value="value").replace("%s", "?")
+Link = tuple[str, str | None]  # a checkpoint's id, its parent's
+StockWrite = tuple[str, str, str, str, str, bytes]  # checkpoint, task, path, channel, type, value
 WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
 _BLOB_COLUMNS = ("channel", "version", "type", "blob")
 
@@ -463,26 +485,11 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         if save is not None:
             remember(self._strings, (thread, str(params["ns"])), strings)
 
-    def supersteps(self, config: RunnableConfig) -> list[Superstep] | None:
-        conf = config["configurable"]
-        key = (str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
-        with self.lock, self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
-            links = [
-                (row["checkpoint_id"], row["parent_checkpoint_id"])
-                for row in cursor.execute(_STOCK_LINKS, key).fetchall()
-            ]
-            writes = cursor.execute(_STOCK_WRITES, key).fetchall()
-        if not one_chain(links):
-            return None
-        written: dict[str, list[tuple[str, str, str, Any]]] = {}
-        for w in writes:
-            value = self.serde.loads_typed((w["type"], w["blob"]))
-            written.setdefault(w["checkpoint_id"], []).append(
-                (w["task_id"], w["task_path"], w["channel"], value)
-            )
-        return [
-            Superstep(checkpoint_id, written.get(checkpoint_id, [])) for checkpoint_id, _ in links
-        ]
+    def _thread_rows(self, thread: str, ns: str) -> tuple[list[Link], list[StockWrite]]:
+        with self.lock, self._pg.cursor(binary=True, row_factory=tuple_row) as cursor:
+            links = cast(list[Link], cursor.execute(_STOCK_LINKS, (thread, ns)).fetchall())
+            writes = cast(list[StockWrite], cursor.execute(_PG_WRITES, (thread, ns)).fetchall())
+        return links, writes
 
     def _rows(
         self, thread: str, tasks: Sequence[TaskWrites], save: Save | None
@@ -643,6 +650,12 @@ class FencedSqliteSaver(FencedSaver, SqliteSaver):
             finally:
                 self._committer = None
             crash_point(f"checkpoint:commit:before_commit:{node}")
+
+    def _thread_rows(self, thread: str, ns: str) -> tuple[list[Link], list[StockWrite]]:
+        with self.cursor(transaction=False) as cursor:
+            links = cursor.execute(_SQLITE_LINKS, (thread, ns)).fetchall()
+            writes = cursor.execute(_SQLITE_WRITES, (thread, ns)).fetchall()
+        return links, writes
 
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:

@@ -3,8 +3,8 @@
 `loopwright show`, the inbox's timeline and the step numbers of `resume` read a run's node
 steps (`Runner.steps`). LangGraph's history rebuilds every checkpoint's values, the delta
 channels' from the root, so reading it grows with the square of a run's length; the compact
-rows hold each superstep's writes, and are read once, as are LangGraph's own tables on Postgres
-(the server's runs). Every kind of run (approved, rejected, cancelled through a state update,
+rows hold each superstep's writes, and are read once, as are LangGraph's own tables (the
+server's runs). Every kind of run (approved, rejected, cancelled through a state update,
 stopped by a limit, failed or unknown writes, handed to a specialist, longer than a keyframe's
 span; crash-resumed runs in the crash matrix) must give the same steps both ways, and a history
 that is not one chain is read from LangGraph.
@@ -141,15 +141,28 @@ def stock_runner(database_url: str, services: ServiceEndpoints, **options: Any) 
 def test_steps_in_langgraphs_layout_are_the_historys(
     kind: str, database_url: str, services: ServiceEndpoints
 ) -> None:
-    """Read from its tables in one pass on Postgres (they keep each write's task path); on
-    SQLite, whose stock tables do not, from the history."""
+    """Read from LangGraph's own tables in one pass, on both backends."""
     drive, options = RUNS[kind]
     with stock_runner(database_url, services, **options) as runner:
         outcome = drive(runner)
         config = runner.config(outcome.run_id)
         saver = runner.saver
         assert isinstance(saver, CompactSaver) and saver.legacy.get_tuple(config) is not None
-        assert (saver.supersteps(config) is not None) == database_url.startswith("postgresql")
+        assert saver.supersteps(config) is not None
         steps = runner.steps(outcome.run_id)
         assert steps == history_steps(runner, outcome.run_id)
     assert [node for node, _ in steps].count("model_step") >= 2
+
+
+def test_writes_saved_without_their_task_path_are_read_from_the_history(
+    database_url: str, services: ServiceEndpoints
+) -> None:
+    """Writes an older LangGraph saved (no task path, which names the node): the history."""
+    with stock_runner(database_url, services) as runner:
+        outcome = approved(runner)
+        before = runner.steps(outcome.run_id)
+        table = "checkpoint_writes" if database_url.startswith("postgresql") else "writes"
+        with runner.leases.db.transaction():
+            runner.leases.db.execute(f"UPDATE {table} SET task_path = ''")
+        assert runner.saver.supersteps(runner.config(outcome.run_id)) is None
+        assert runner.steps(outcome.run_id) == history_steps(runner, outcome.run_id) == before
