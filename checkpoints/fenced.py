@@ -284,7 +284,8 @@ class FencedSaver(BaseCheckpointSaver[str]):
         links, writes = self._thread_rows(
             str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         )
-        if not one_chain(links) or any(not w[2] and w[1] != NULL_TASK_ID for w in writes):
+        pathless = any(not path and task != NULL_TASK_ID for _, task, path, *_ in writes)
+        if pathless or not one_chain(links):
             return None
         written: dict[str, list[tuple[str, str, str, Any]]] = {}
         for checkpoint_id, task_id, path, channel, kind, blob in writes:
