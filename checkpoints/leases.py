@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
-from loopwright.graph.state import Phase
+from loopwright.graph.state import ENDED_PHASES, Phase
 
 _LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock
 _RUN_COLUMNS = (
@@ -336,6 +336,16 @@ class LeaseStore:
             RunRecord.model_validate(row)
             for row in self.db.execute(_SELECT_RUNS + where + " ORDER BY created_at DESC", params)
         ]
+
+    def unended(self) -> list[RunRecord]:
+        """Every registered run that has not ended, newest first: those a person or a worker
+        may still be asked about (a database's runs are mostly ended ones)."""
+        placeholders = ", ".join(["%s"] * len(ENDED_PHASES))
+        rows = self.db.execute(
+            _SELECT_RUNS + f" WHERE phase NOT IN ({placeholders}) ORDER BY created_at DESC",
+            tuple(sorted(ENDED_PHASES)),
+        )
+        return [RunRecord.model_validate(row) for row in rows]
 
     def due(self, agent: str | None = None) -> list[RunRecord]:
         """Runs a worker should advance now: unowned or expired, and not finished or waiting

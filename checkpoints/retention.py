@@ -31,12 +31,11 @@ from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.leases import lock_run
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, open_database
-from loopwright.graph.state import ActionStatus, Phase
+from loopwright.graph.state import ENDED_PHASES, ActionStatus
 
 SETTLED = frozenset(
     {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.REJECTED, ActionStatus.CANCELLED}
 )
-ENDED = frozenset({Phase.COMPLETED.value, Phase.INCOMPLETE.value})
 # The furthest cutoff a database's date arithmetic is asked for (a thousand years): a longer
 # one prunes the same runs, none, and would overflow its timestamps.
 FURTHEST_CUTOFF_DAYS = 365_000.0
@@ -161,7 +160,7 @@ def _judge(db: Database, saver: Any, candidate: Candidate, row: dict[str, Any]) 
         return
     values, pending = final
     phase, stop_reason = values.get("phase"), values.get("stop_reason")
-    if pending or phase not in ENDED or not stop_reason:
+    if pending or phase not in ENDED_PHASES or not stop_reason:
         candidate.kept = f"not finished ({'waiting' if pending else phase})"
         return
     actions = {

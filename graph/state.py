@@ -66,6 +66,10 @@ class Phase(StrEnum):
     INCOMPLETE = "INCOMPLETE"
 
 
+# The phases a run ends in: nothing advances it, nobody is asked anything about it.
+ENDED_PHASES = frozenset({Phase.COMPLETED.value, Phase.INCOMPLETE.value})
+
+
 class StopReason(StrEnum):
     """Why a run ended. Only `completed` means the outcome was verified in the business system."""
 

@@ -669,8 +669,10 @@ def retention(
 
 
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
+    """The approval requests of the agent's runs that have not ended (only their states are
+    read: a database's runs are mostly ended ones)."""
     found = []
-    for record in runner.leases.runs():
+    for record in runner.leases.unended():
         if record.agent in ("", runner.agent.name):
             found += runner.outcome(record.run_id).waiting_for_approval
     return found

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
+from loopwright.graph.state import ENDED_PHASES
 from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
@@ -25,13 +26,11 @@ WorkListener = Callable[[str, RunOutcome | Exception], None]
 # Called when the worker runs out of due runs: what it then waits for (`waiting_for`).
 IdleListener = Callable[[str], None]
 
-ENDED = ("COMPLETED", "INCOMPLETE")
-
 
 def waiting_for(runs: list[RunRecord]) -> str:
     """What a worker with nothing due waits for, in one line: the agent's unfinished runs held
     by other owners (until when), parked until a time, or waiting for a person."""
-    open_runs = [r for r in runs if r.phase not in ENDED]
+    open_runs = [r for r in runs if r.phase not in ENDED_PHASES]
     leased = [(r.lease_expires_at, r) for r in open_runs if r.lease_live]
     parked = [(r.next_attempt_at, r) for r in open_runs if not r.lease_live and r.next_attempt_at]
     people = sum(1 for r in open_runs if r.phase == "WAITING_APPROVAL" and not r.lease_live)
@@ -67,7 +66,7 @@ def work(
         due = runner.leases.due(agent=runner.agent.name)
         if not due:
             if not idle and on_idle is not None:
-                mine = [r for r in runner.leases.runs() if r.agent in (runner.agent.name, "")]
+                mine = [r for r in runner.leases.unended() if r.agent in (runner.agent.name, "")]
                 on_idle(waiting_for(mine))
             idle = True
             stop.wait(poll_s)

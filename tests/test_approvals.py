@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from loopwright import Budget
-from loopwright.cli import UsageError, decide
+from loopwright.cli import UsageError, _pending_approvals, decide
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.reports import EXIT_CODES
@@ -565,3 +565,28 @@ def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
     with connect(services) as deps, open_runner(postgres_url, refunds, deps=deps) as runner:
         [record] = runner.state(runner.run_ids()[0])["approvals"]
     assert record["decision"] == ("approve" if results[0][0] == 0 else "reject")
+
+
+def test_the_approvals_list_reads_only_the_runs_that_have_not_ended(
+    open_test_runner: RunnerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database's runs are mostly ended ones: the list reads the state of those that are not
+    (one each), whatever the others' number."""
+    small = "Check whether order O-43 can be refunded and refund it if so."  # no approval
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        ended = [runner.start(small, principal(task=small)) for _ in range(2)]
+        ended.append(runner.cancel(runner.start(DEMO_TASK, principal()).run_id))
+        read: list[str] = []
+        outcome = runner.outcome
+
+        def reading(run_id: str) -> RunOutcome:
+            read.append(run_id)
+            return outcome(run_id)
+
+        monkeypatch.setattr(runner, "outcome", reading)
+        [request] = _pending_approvals(runner)
+        unended = [record.run_id for record in runner.leases.unended()]
+    assert [e.phase for e in ended] == ["COMPLETED", "COMPLETED", "INCOMPLETE"]
+    assert unended == read == [waiting.run_id]
+    assert request["approval_id"] == waiting.waiting_for_approval[0]["approval_id"]
