@@ -324,7 +324,7 @@ def report(figures: StorageFigures) -> list[str]:
         f"history ({ours.checkpoints} checkpoints, LangGraph rebuilding each) "
         f"{ours.history_s:,.1f} s, its steps (the timeline, from the rows) "
         f"{1000 * ours.steps_s:,.0f} ms; in LangGraph's layout {1000 * stock.state_s:,.0f} ms, "
-        f"{stock.history_s:,.1f} s and {1000 * stock.steps_s:,.0f} ms (the steps from its history)"
+        f"{stock.history_s:,.1f} s and {1000 * stock.steps_s:,.0f} ms (the steps from its tables)"
     )
     return lines
 
