@@ -62,6 +62,7 @@ from loopwright.checkpoints.fenced import (
     Superstep,
     TaskWrites,
     column_arrays,
+    in_commit_order,
     one_chain,
     register_column_arrays,
     remember,
@@ -157,6 +158,7 @@ _ALONE = (
 _ROWS = (
     "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
 )
+_OF_THREAD = " WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id"
 # Where a thread's checkpoints are, asked once a thread (unless a read found out on the way).
 _PROBE = f"SELECT {_PROBE_DEPTH} AS depth"
 
@@ -527,31 +529,30 @@ class CompactSaver(FencedSaver):
         remember(self._histories, (thread, ns), chain, keep=KEPT_CHAINS)
         return chain
 
-    def supersteps(self, config: RunnableConfig) -> builtins.list[Superstep] | None:
-        """From the compact rows, the writes in each row decoded once (`ChainHistory`); a
-        thread of LangGraph's layout from its tables (`legacy`)."""
-        thread, ns = _thread_ns(config)
-        if self._layouts.get(thread) is Layout.STOCK:
-            return self.legacy.supersteps(config)
-        where = " WHERE thread_id = %s AND checkpoint_ns = %s"
+    def supersteps(self, thread_id: str) -> builtins.list[Superstep] | None:
+        """From the compact rows, each namespace's chain with its writes decoded once
+        (`ChainHistory`); a thread of LangGraph's layout from its tables (`legacy`)."""
+        if self._layouts.get(thread_id) is Layout.STOCK:
+            return self.legacy.supersteps(thread_id)
+        spaces: dict[str, _Namespace] = defaultdict(_Namespace)
         with self.lock:
-            records = self.db.execute(_ROWS + where + " ORDER BY checkpoint_id", (thread, ns))
-            rows = [_row(record) for record in records]
-            alone: dict[str, builtins.list[Write]] = defaultdict(builtins.list)
-            for record in self.db.execute(_ALONE + where, (thread, ns)):
-                alone[record["checkpoint_id"]].append(_alone(record))
-        if not rows and self._layout(thread) is Layout.STOCK:
-            return self.legacy.supersteps(config)
-        if not one_chain([(row.checkpoint_id, row.parent_id) for row in rows]):
-            return None
-        chain = ChainHistory(rows[::-1], alone)
-        return [
-            Superstep(
-                step.row.checkpoint_id,
-                [(w.task_id, w.task_path, *w.pending(self.serde)[1:]) for w in pending],
-            )
-            for step, pending in zip(chain.steps, chain.pending, strict=True)
-        ]
+            for record in self.db.execute(_ROWS + _OF_THREAD, (thread_id,)):
+                spaces[record["checkpoint_ns"]].add(_row(record))
+            for record in self.db.execute(_ALONE + " WHERE thread_id = %s", (thread_id,)):
+                if (space := spaces.get(record["checkpoint_ns"])) is not None:
+                    space.alone[record["checkpoint_id"]].append(_alone(record))
+        if not spaces and self._layout(thread_id) is Layout.STOCK:
+            return self.legacy.supersteps(thread_id)
+        found: builtins.list[Superstep] = []
+        for ns, space in spaces.items():
+            rows = builtins.list(space.rows.values())  # oldest first
+            if not one_chain([(row.checkpoint_id, row.parent_id) for row in rows]):
+                return None
+            chain = ChainHistory(rows[::-1], space.alone)
+            for step, pending in zip(chain.steps, chain.pending, strict=True):
+                writes = [(w.task_id, w.task_path, *w.pending(self.serde)[1:]) for w in pending]
+                found.append(Superstep(ns, step.row.checkpoint_id, writes))
+        return in_commit_order(found) if found else None
 
     def _layout(self, thread: str) -> Layout | None:
         """Where the thread's checkpoints are (None: nowhere yet), asked once a thread."""

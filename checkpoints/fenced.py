@@ -62,7 +62,7 @@ from __future__ import annotations
 import random
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -230,9 +230,11 @@ class Save:
 
 @dataclass(frozen=True)
 class Superstep:
-    """A checkpoint and its pending writes, decoded (`FencedSaver.supersteps`): what the
-    superstep run from it wrote, as (task id, task path, channel, value)."""
+    """A checkpoint (of the thread's namespace `checkpoint_ns`: "" for the graph, a subgraph's
+    otherwise) and its pending writes, decoded (`FencedSaver.supersteps`): what the superstep
+    run from it wrote, as (task id, task path, channel, value)."""
 
+    checkpoint_ns: str
     checkpoint_id: str
     writes: Sequence[tuple[str, str, str, Any]]
 
@@ -244,6 +246,12 @@ def one_chain(links: Sequence[tuple[str, str | None]]) -> bool:
     return bool(links) and all(
         parent == expected for (_, parent), expected in zip(links, parents, strict=True)
     )
+
+
+def in_commit_order(supersteps: Iterable[Superstep]) -> list[Superstep]:
+    """Supersteps of several namespaces as they ran: LangGraph's checkpoint ids grow with time,
+    and a subgraph's checkpoints are made while its node runs in the parent."""
+    return sorted(supersteps, key=lambda superstep: superstep.checkpoint_id)
 
 
 class FencedSaver(BaseCheckpointSaver[str]):
@@ -271,33 +279,37 @@ class FencedSaver(BaseCheckpointSaver[str]):
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return next_version(current)
 
-    def supersteps(self, config: RunnableConfig) -> list[Superstep] | None:
-        """Every checkpoint of a thread's namespace, oldest first, with what the superstep run
-        from it wrote, decoded, read in one pass: a run's timeline wants each task's writes,
-        which `get_state_history` gets by rebuilding every checkpoint's values (the delta
-        channels' from the root: quadratic in the run's length).
+    def supersteps(self, thread_id: str) -> list[Superstep] | None:
+        """Every checkpoint of a thread, in every namespace (a subgraph's too), in the order
+        they were made, with what the superstep run from it wrote, decoded, read in one pass: a
+        run's timeline wants each task's writes, which `get_state_history` gets by rebuilding
+        every checkpoint's values (the delta channels' from the root: quadratic in the run's
+        length), one namespace at a time.
 
-        None where the namespace is not one chain (a history forked), holds nothing, or holds
-        writes saved before LangGraph kept their task's path (which names the node): there
+        None where a namespace is not one chain (a history forked), the thread holds nothing,
+        or writes saved before LangGraph kept their task's path (which names the node): there
         `get_state_history` is the reader."""
-        conf = config["configurable"]
-        links, writes = self._thread_rows(
-            str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
-        )
-        pathless = any(not path and task != NULL_TASK_ID for _, task, path, *_ in writes)
-        if pathless or not one_chain(links):
+        links, writes = self._thread_rows(thread_id)
+        chains: dict[str, list[tuple[str, str | None]]] = {}
+        for ns, checkpoint_id, parent_id in links:
+            chains.setdefault(ns, []).append((checkpoint_id, parent_id))
+        pathless = any(not path and task != NULL_TASK_ID for _, _, task, path, *_ in writes)
+        if pathless or not chains or not all(map(one_chain, chains.values())):
             return None
-        written: dict[str, list[tuple[str, str, str, Any]]] = {}
-        for checkpoint_id, task_id, path, channel, kind, blob in writes:
+        written: dict[tuple[str, str], list[tuple[str, str, str, Any]]] = {}
+        for ns, checkpoint_id, task_id, path, channel, kind, blob in writes:
             value = self.serde.loads_typed((kind, blob))
-            written.setdefault(checkpoint_id, []).append((task_id, path, channel, value))
-        return [
-            Superstep(checkpoint_id, written.get(checkpoint_id, [])) for checkpoint_id, _ in links
-        ]
+            written.setdefault((ns, checkpoint_id), []).append((task_id, path, channel, value))
+        return in_commit_order(
+            Superstep(ns, checkpoint_id, written.get((ns, checkpoint_id), []))
+            for ns, chain in chains.items()
+            for checkpoint_id, _ in chain
+        )
 
-    def _thread_rows(self, thread: str, ns: str) -> tuple[list[Link], list[StockWrite]]:
-        """A namespace's checkpoints (id, parent) oldest first, and their writes, each
-        checkpoint's in the sequence the stock saver hands them over (`writes_sort_key`)."""
+    def _thread_rows(self, thread: str) -> tuple[list[Link], list[StockWrite]]:
+        """A thread's checkpoints (namespace, id, parent), each namespace's oldest first, and
+        their writes, each checkpoint's in the sequence the stock saver hands them over
+        (`writes_sort_key`)."""
         raise NotImplementedError
 
     def put(
@@ -423,19 +435,20 @@ _COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELEC
 # A thread's checkpoints and their writes in LangGraph's layout (`supersteps`), each write in
 # the sequence the stock saver hands them over (`writes_sort_key`).
 _STOCK_LINKS = (
-    "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints"
-    " WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id"
+    "SELECT checkpoint_ns, checkpoint_id, parent_checkpoint_id FROM checkpoints"
+    " WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id"
 )
 _STOCK_WRITES = (
-    "SELECT checkpoint_id, task_id, task_path, channel, type, {value} FROM {table}"
-    " WHERE thread_id = %s AND checkpoint_ns = %s"
-    " ORDER BY checkpoint_id, task_path, task_id, idx"
+    "SELECT checkpoint_ns, checkpoint_id, task_id, task_path, channel, type, {value}"
+    " FROM {table} WHERE thread_id = %s"
+    " ORDER BY checkpoint_ns, checkpoint_id, task_path, task_id, idx"
 )
 _PG_WRITES = _STOCK_WRITES.format(table="checkpoint_writes", value="blob")
 _SQLITE_LINKS = _STOCK_LINKS.replace("%s", "?")
 _SQLITE_WRITES = _STOCK_WRITES.format(table="writes", value="value").replace("%s", "?")
-Link = tuple[str, str | None]  # a checkpoint's id, its parent's
-StockWrite = tuple[str, str, str, str, str, bytes]  # checkpoint, task, path, channel, type, value
+Link = tuple[str, str, str | None]  # a checkpoint's namespace, its id, its parent's
+# A write's checkpoint (namespace, id), task (id, path), channel and value (type, bytes).
+StockWrite = tuple[str, str, str, str, str, str, bytes]
 WRITE_COLUMNS = ("task", "path", "idx", "channel", "type", "blob")
 _BLOB_COLUMNS = ("channel", "version", "type", "blob")
 
@@ -486,10 +499,10 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         if save is not None:
             remember(self._strings, (thread, str(params["ns"])), strings)
 
-    def _thread_rows(self, thread: str, ns: str) -> tuple[list[Link], list[StockWrite]]:
+    def _thread_rows(self, thread: str) -> tuple[list[Link], list[StockWrite]]:
         with self.lock, self._pg.cursor(binary=True, row_factory=tuple_row) as cursor:
-            links = cast(list[Link], cursor.execute(_STOCK_LINKS, (thread, ns)).fetchall())
-            writes = cast(list[StockWrite], cursor.execute(_PG_WRITES, (thread, ns)).fetchall())
+            links = cast(list[Link], cursor.execute(_STOCK_LINKS, (thread,)).fetchall())
+            writes = cast(list[StockWrite], cursor.execute(_PG_WRITES, (thread,)).fetchall())
         return links, writes
 
     def _rows(
@@ -652,10 +665,10 @@ class FencedSqliteSaver(FencedSaver, SqliteSaver):
                 self._committer = None
             crash_point(f"checkpoint:commit:before_commit:{node}")
 
-    def _thread_rows(self, thread: str, ns: str) -> tuple[list[Link], list[StockWrite]]:
+    def _thread_rows(self, thread: str) -> tuple[list[Link], list[StockWrite]]:
         with self.cursor(transaction=False) as cursor:
-            links = cursor.execute(_SQLITE_LINKS, (thread, ns)).fetchall()
-            writes = cursor.execute(_SQLITE_WRITES, (thread, ns)).fetchall()
+            links = cursor.execute(_SQLITE_LINKS, (thread,)).fetchall()
+            writes = cursor.execute(_SQLITE_WRITES, (thread,)).fetchall()
         return links, writes
 
     @contextmanager

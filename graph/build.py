@@ -60,7 +60,8 @@ from loopwright.observability.instrument import Node, traced_node
 RUN_DURABILITY: Literal["sync"] = "sync"
 NODES = NODE_NAMES  # the loop's nodes
 # With handoff configured, ownership passes through these to a specialist running the same loop.
-HANDOFF_NODES = ("handoff", "specialist")
+SPECIALIST_NODE = "specialist"  # the subgraph node that runs the specialist's loop
+HANDOFF_NODES = ("handoff", SPECIALIST_NODE)
 
 
 def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__end__"]:
@@ -163,9 +164,10 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
     builder.add_edge("reconcile", "compile_context")
     if with_handoff:
         builder.add_node("handoff", loop_node("handoff", handoff))
-        builder.add_node("specialist", build_graph(with_handoff=False).compile(name="specialist"))
-        builder.add_edge("handoff", "specialist")
-        builder.add_edge("specialist", END)
+        specialist = build_graph(with_handoff=False).compile(name=SPECIALIST_NODE)
+        builder.add_node(SPECIALIST_NODE, specialist)
+        builder.add_edge("handoff", SPECIALIST_NODE)
+        builder.add_edge(SPECIALIST_NODE, END)
         add("execute", execute, after_execute, ("reconcile", "handoff", "compile_context"))
     else:
         add(

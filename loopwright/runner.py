@@ -51,7 +51,7 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.retention import Summary, summary_of
 from loopwright.graph.budget import Budget
-from loopwright.graph.build import NODES, RUN_DURABILITY, compile_graph
+from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import (
     Action,
@@ -87,6 +87,13 @@ StepUpdates = dict[str, dict[str, Any] | None]
 INTERRUPTS_KEY = "__interrupt__"
 # How LangGraph names a node's task in its path (`task_path_str` of (PULL, node)).
 _PULL_PATH = "~__pregel_pull, "
+
+
+def is_step(node: str, *, in_subgraph: bool) -> bool:
+    """Whether a node's update is a step of the run, as a timeline shows it: a subgraph's own
+    steps are, one by one; its node in the graph only hands its final state back. Keys of
+    LangGraph's own (__start__, __interrupt__, __metadata__) are no node's step."""
+    return not node.startswith("__") and (in_subgraph or node != SPECIALIST_NODE)
 
 
 @dataclass(frozen=True)
@@ -647,10 +654,7 @@ class Runner:
                 ended = Ended(values, tuple(interrupts))
             elif mode == "updates" and on_step is not None:
                 for node, update in cast(StepUpdates, chunk).items():
-                    # A subgraph's own steps are reported one by one; its node in the parent
-                    # only hands its final state back. Keys of LangGraph's own (__interrupt__,
-                    # __metadata__) are no node's step.
-                    if not node.startswith("__") and not (not namespace and node == "specialist"):
+                    if is_step(node, in_subgraph=bool(namespace)):
                         on_step(node, update or {})
         return ended
 
@@ -682,28 +686,29 @@ class Runner:
         return [run.run_id for run in self.leases.runs()]
 
     def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-        """Every committed node step of a run, oldest first, read back from the checkpoints:
-        each finished task of the loop's nodes and its writes to the state, as LangGraph's
-        history shows them (`tasks_w_writes`), read in one pass where the saver can
-        (`supersteps`: its history would rebuild every checkpoint's values)."""
-        config = self.config(run_id)
-        supersteps = self.saver.supersteps(config)
+        """Every committed node step of a run, oldest first, read back from the checkpoints
+        as `_stream` reports them live (a specialist's one by one): each finished task and its
+        writes to the state, as LangGraph's history shows them (`tasks_w_writes`), read in
+        one pass where the saver can (`supersteps`: the history would rebuild every
+        checkpoint's values, and has a subgraph's in a history of its own)."""
+        supersteps = self.saver.supersteps(run_id)
         if supersteps is not None:
-            tasks = [task for superstep in supersteps for task in self._tasks(superstep)]
-        elif history := list(self.graph.get_state_history(config)):
-            tasks = [task for snapshot in reversed(history) for task in snapshot.tasks]
+            tasks = [(s.checkpoint_ns, task) for s in supersteps for task in self._tasks(s)]
+        elif history := list(self.graph.get_state_history(self.config(run_id))):
+            # A forked or older thread: the graph's own steps (not a subgraph's).
+            tasks = [("", task) for snapshot in reversed(history) for task in snapshot.tasks]
         elif summary_of(self.leases.db, run_id) is not None:
             raise RunPruned(run_id)  # its steps went with its checkpoints
         else:
             raise UnknownRun(run_id)
         return [
             (task.name, task.result or {})
-            for task in tasks
-            if task.name in NODES and task.result is not None
+            for ns, task in tasks
+            if is_step(task.name, in_subgraph=bool(ns)) and task.result is not None
         ]
 
     def _tasks(self, superstep: Superstep) -> tuple[PregelTask, ...]:
-        """The loop's tasks that wrote in a superstep, as a snapshot of its checkpoint shows
+        """The tasks of nodes that wrote in a superstep, as a snapshot of its checkpoint shows
         them (a node's task is a pull task: its path names it)."""
         tasks: dict[str, PregelTask] = {}
         for task_id, path, _channel, _value in superstep.writes:

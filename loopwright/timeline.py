@@ -182,6 +182,12 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
             f"evidence {inline(evidence.evidence_id)} from {inline(evidence.source)}"
             + (f" ({inline(', '.join(about))})" if about else "")
         )
+    if node == "handoff" and update.get("handoffs"):
+        record = update["handoffs"][-1]  # the one just made
+        lines.append(
+            f"passes the run from {inline(record.get('from'))} to [bold]{inline(record.get('to'))}[/]"
+            f": {inline(record.get('reason', ''))}"
+        )
     if node == "approval" and update.get("approvals"):
         record = ApprovalRecord.model_validate(update["approvals"][-1])  # the one just decided
         lines.append(

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.types import PregelTask
 
 from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
 from loopwright.graph.build import NODES
@@ -108,15 +110,30 @@ def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOu
 
 
 def history_steps(runner: Runner, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-    """A run's node steps as LangGraph's history shows them, every checkpoint rebuilt: what
-    `Runner.steps` must equal, however it reads them."""
-    history = reversed(list(runner.graph.get_state_history(runner.config(run_id))))
-    return [
-        (task.name, task.result or {})
-        for snapshot in history
-        for task in snapshot.tasks
-        if task.name in NODES and task.result is not None
+    """A run's node steps as LangGraph's history shows them, every checkpoint rebuilt, a
+    specialist's from its subgraph's own history, in the order their checkpoints were made:
+    what `Runner.steps` must equal, however it reads them."""
+    db = runner.leases.db
+    namespaces = [
+        row["checkpoint_ns"]
+        for row in db.execute(
+            "SELECT checkpoint_ns FROM lw_checkpoints WHERE thread_id = %s"
+            " UNION SELECT checkpoint_ns FROM checkpoints WHERE thread_id = %s",
+            (run_id, run_id),
+        )
     ]
+    found: list[tuple[str, PregelTask]] = []
+    for ns in namespaces:
+        config: RunnableConfig = {"configurable": {"thread_id": run_id, "checkpoint_ns": ns}}
+        for snapshot in runner.graph.get_state_history(config):
+            steps = NODES if ns else (*NODES, "handoff")
+            found += [
+                (snapshot.config["configurable"]["checkpoint_id"], task)
+                for task in snapshot.tasks
+                if task.name in steps and task.result is not None
+            ]
+    found.sort(key=lambda pair: pair[0])
+    return [(task.name, task.result or {}) for _, task in found]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from rich.console import Console
 
 from loopwright.graph.agents import AgentProfile
 from loopwright.graph.budget import Budget, Price
 from loopwright.graph.state import StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.timeline import render_run
 from loopwright_refunds.procedure import RefundProcedure
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, decide, principal
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 
@@ -101,3 +105,28 @@ def test_the_primary_agent_cannot_use_the_specialists_tools(
     assert isinstance(answer, ToolMessage) and "tool_not_allowed_now" in str(answer.content)
     assert outcome.actions == []
     assert list_refunds(services, "O-42") == []
+
+
+def test_the_timeline_shows_the_specialists_steps_after_the_handoff(
+    open_test_runner: RunnerFactory,
+) -> None:
+    """`show` reads the specialist's steps from its subgraph's checkpoints, in the order they
+    ran, numbered on from the primary agent's, as the run printed them live."""
+    live: list[str] = []
+    with open_test_runner(model=ScriptedChatModel(policy=triage), agents=AGENTS) as runner:
+        waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
+        outcome = runner.resume(
+            waiting.run_id, decide(waiting), on_step=lambda node, _: live.append(node)
+        )
+        shown = io.StringIO()
+        render_run(runner, outcome.run_id, Console(file=shown, width=200, soft_wrap=True))
+    steps = re.findall(r"^\s*(\d+) (\w+)\s+(.*)$", shown.getvalue(), re.MULTILINE)
+    assert [node for _, node, _ in steps] == live
+    assert [int(number) for number, _, _ in steps] == list(range(1, len(live) + 1))
+    by_node = [(node, line) for _, node, line in steps]
+    handoff = by_node.index(
+        ("handoff", "passes the run from primary to payments: eligible; a refund is needed")
+    )
+    after = [node for node, _ in by_node[handoff + 1 :]]
+    assert after[:5] == ["compile_context", "model_step", "validate", "approval", "validate"]
+    assert after[-1] == "verify"

@@ -34,7 +34,6 @@ from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
     RunnerFactory,
-    approve,
     decide,
     history_steps,
     principal,
@@ -47,24 +46,34 @@ pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], ind
 READS = "Read orders O-42, O-43 and O-44 in turn, again and again."
 
 
-def approved(runner: Runner) -> RunOutcome:
-    return approve(runner, runner.start(DEMO_TASK, principal()))
+Live = list[str]  # the nodes of the steps a run reported as it went (`on_step`)
 
 
-def rejected(runner: Runner) -> RunOutcome:
-    waiting = runner.start(DEMO_TASK, principal())
-    return runner.resume(waiting.run_id, decide(waiting, "reject"))
+def approved(runner: Runner, live: Live) -> RunOutcome:
+    waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
+    return runner.resume(waiting.run_id, decide(waiting), on_step=lambda node, _: live.append(node))
 
 
-def cancelled_while_waiting(runner: Runner) -> RunOutcome:
-    return runner.cancel(runner.start(DEMO_TASK, principal()).run_id)
+def rejected(runner: Runner, live: Live) -> RunOutcome:
+    waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
+    return runner.resume(
+        waiting.run_id, decide(waiting, "reject"), on_step=lambda node, _: live.append(node)
+    )
 
 
-def start_reads(runner: Runner) -> RunOutcome:
-    return runner.start(READS, principal(task=READS))
+def cancelled_while_waiting(runner: Runner, live: Live) -> RunOutcome:
+    waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
+    # The cancel answers the approval with a state update: the approval's step in the history,
+    # which no stream reports.
+    live.append("approval")
+    return runner.cancel(waiting.run_id, on_step=lambda node, _: live.append(node))
 
 
-RUNS: dict[str, tuple[Callable[[Runner], RunOutcome], dict[str, object]]] = {
+def start_reads(runner: Runner, live: Live) -> RunOutcome:
+    return runner.start(READS, principal(task=READS), on_step=lambda node, _: live.append(node))
+
+
+RUNS: dict[str, tuple[Callable[[Runner, Live], RunOutcome], dict[str, object]]] = {
     "approved": (approved, {}),
     "rejected": (rejected, {}),
     "cancelled": (cancelled_while_waiting, {}),
@@ -83,14 +92,16 @@ def test_steps_read_from_the_rows_are_the_historys(
     kind: str, open_test_runner: RunnerFactory
 ) -> None:
     drive, options = RUNS[kind]
+    live: Live = []
     with open_test_runner(**options) as runner:
-        outcome = drive(runner)
+        outcome = drive(runner, live)
         assert isinstance(runner.saver, CompactSaver)
-        assert runner.saver.supersteps(runner.config(outcome.run_id)) is not None  # the rows
+        assert runner.saver.supersteps(outcome.run_id) is not None  # the rows
         steps = runner.steps(outcome.run_id)
         assert steps == history_steps(runner, outcome.run_id)
     assert outcome.stop_reason is not None
-    assert [node for node, _ in steps].count("model_step") >= 2
+    assert [node for node, _ in steps] == live  # as the run reported them as it went
+    assert live.count("model_step") >= 2
 
 
 @pytest.mark.parametrize("fault", ["fail_before_commit", "accept_then_timeout"])
@@ -100,7 +111,7 @@ def test_a_failed_or_unknown_writes_steps_are_the_historys(
     """A refund that fails, or times out after the payment service took it: reconciled."""
     set_fault(services, fault, delay_s=6)
     with open_test_runner() as runner:
-        outcome = approved(runner)
+        outcome = approved(runner, [])
         steps = runner.steps(outcome.run_id)
         assert steps == history_steps(runner, outcome.run_id)
     assert "reconcile" in [node for node, _ in steps]
@@ -110,13 +121,13 @@ def test_a_forked_history_is_read_from_langgraph(open_test_runner: RunnerFactory
     """A state update on an earlier checkpoint forks the thread: its rows are no longer one
     chain, and the steps are LangGraph's (an update is no task's step: the steps stay)."""
     with open_test_runner() as runner:
-        outcome = approved(runner)
+        outcome = approved(runner, [])
         config = runner.config(outcome.run_id)
         before = runner.steps(outcome.run_id)
         earlier = list(runner.graph.get_state_history(config))[3].config
         runner.graph.update_state(earlier, {}, as_node="guard")
         assert isinstance(runner.saver, CompactSaver)
-        assert runner.saver.supersteps(config) is None
+        assert runner.saver.supersteps(outcome.run_id) is None
         steps = runner.steps(outcome.run_id)
         assert steps == history_steps(runner, outcome.run_id)
     assert outcome.stop_reason == StopReason.COMPLETED
@@ -144,11 +155,11 @@ def test_steps_in_langgraphs_layout_are_the_historys(
     """Read from LangGraph's own tables in one pass, on both backends."""
     drive, options = RUNS[kind]
     with stock_runner(database_url, services, **options) as runner:
-        outcome = drive(runner)
+        outcome = drive(runner, [])
         config = runner.config(outcome.run_id)
         saver = runner.saver
         assert isinstance(saver, CompactSaver) and saver.legacy.get_tuple(config) is not None
-        assert saver.supersteps(config) is not None
+        assert saver.supersteps(outcome.run_id) is not None
         steps = runner.steps(outcome.run_id)
         assert steps == history_steps(runner, outcome.run_id)
     assert [node for node, _ in steps].count("model_step") >= 2
@@ -159,10 +170,10 @@ def test_writes_saved_without_their_task_path_are_read_from_the_history(
 ) -> None:
     """Writes an older LangGraph saved (no task path, which names the node): the history."""
     with stock_runner(database_url, services) as runner:
-        outcome = approved(runner)
+        outcome = approved(runner, [])
         before = runner.steps(outcome.run_id)
         table = "checkpoint_writes" if database_url.startswith("postgresql") else "writes"
         with runner.leases.db.transaction():
             runner.leases.db.execute(f"UPDATE {table} SET task_path = ''")
-        assert runner.saver.supersteps(runner.config(outcome.run_id)) is None
+        assert runner.saver.supersteps(outcome.run_id) is None
         assert runner.steps(outcome.run_id) == history_steps(runner, outcome.run_id) == before
