@@ -61,8 +61,8 @@ from loopwright.checkpoints.fenced import (
     Save,
     Superstep,
     TaskWrites,
+    as_they_ran,
     column_arrays,
-    in_commit_order,
     one_chain,
     register_column_arrays,
     remember,
@@ -548,11 +548,13 @@ class CompactSaver(FencedSaver):
             rows = builtins.list(space.rows.values())  # oldest first
             if not one_chain([(row.checkpoint_id, row.parent_id) for row in rows]):
                 return None
+            if not rows[0].key:  # a root that is no keyframe: nothing to read it from
+                return None
             chain = ChainHistory(rows[::-1], space.alone)
             for step, pending in zip(chain.steps, chain.pending, strict=True):
                 writes = [(w.task_id, w.task_path, *w.pending(self.serde)[1:]) for w in pending]
                 found.append(Superstep(ns, step.row.checkpoint_id, writes))
-        return in_commit_order(found) if found else None
+        return as_they_ran(found) if found else None
 
     def _layout(self, thread: str) -> Layout | None:
         """Where the thread's checkpoints are (None: nowhere yet), asked once a thread."""

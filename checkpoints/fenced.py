@@ -248,7 +248,7 @@ def one_chain(links: Sequence[tuple[str, str | None]]) -> bool:
     )
 
 
-def in_commit_order(supersteps: Iterable[Superstep]) -> list[Superstep]:
+def as_they_ran(supersteps: Iterable[Superstep]) -> list[Superstep]:
     """Supersteps of several namespaces as they ran: LangGraph's checkpoint ids grow with time,
     and a subgraph's checkpoints are made while its node runs in the parent."""
     return sorted(supersteps, key=lambda superstep: superstep.checkpoint_id)
@@ -300,7 +300,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
         for ns, checkpoint_id, task_id, path, channel, kind, blob in writes:
             value = self.serde.loads_typed((kind, blob))
             written.setdefault((ns, checkpoint_id), []).append((task_id, path, channel, value))
-        return in_commit_order(
+        return as_they_ran(
             Superstep(ns, checkpoint_id, written.get((ns, checkpoint_id), []))
             for ns, chain in chains.items()
             for checkpoint_id, _ in chain
