@@ -7,9 +7,9 @@ by name through the environment of the process under test:
 
 and that process exits hard (`os._exit`, no cleanup, no flush, as a kill -9 would) the first time
 it reaches the point. `LOOPWRIGHT_CRASH_AT` may name several points, comma separated. A
-process that armed a point and ends without reaching it says so on stderr as it exits (with
-the nearest name of a point it passed or of the runtime's): a misspelt point would otherwise leave a
-crash test passing without its crash.
+process that armed a point and ends without reaching it says so on stderr as it exits, with
+the nearest name of a point it passed or of the runtime's: a misspelt point would otherwise
+leave a crash test passing without its crash.
 
 Points in the runtime (`POINTS`):
   node:<name>:start                     a node begins; with durability="sync" this is also
