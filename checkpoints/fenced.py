@@ -280,7 +280,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
         return next_version(current)
 
     def supersteps(self, thread_id: str) -> list[Superstep] | None:
-        """Every checkpoint of a thread, in every namespace (a subgraph's too), in the order
+        """Every checkpoint of a thread, in every namespace (a subgraph's too), in the sequence
         they were made, with what the superstep run from it wrote, decoded, read in one pass: a
         run's timeline wants each task's writes, which `get_state_history` gets by rebuilding
         every checkpoint's values (the delta channels' from the root: quadratic in the run's
