@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from loopwright.checkpoints.schema import migrate
+from loopwright.checkpoints.schema import UNENDED_RUNS, migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
-from loopwright.graph.state import ENDED_PHASES, Phase
+from loopwright.graph.state import Phase
 
 _LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock
 _RUN_COLUMNS = (
@@ -340,11 +340,7 @@ class LeaseStore:
     def unended(self) -> list[RunRecord]:
         """Every registered run that has not ended, newest first: those a person or a worker
         may still be asked about (a database's runs are mostly ended ones)."""
-        placeholders = ", ".join(["%s"] * len(ENDED_PHASES))
-        rows = self.db.execute(
-            _SELECT_RUNS + f" WHERE phase NOT IN ({placeholders}) ORDER BY created_at DESC",
-            tuple(sorted(ENDED_PHASES)),
-        )
+        rows = self.db.execute(_SELECT_RUNS + f" WHERE {UNENDED_RUNS} ORDER BY created_at DESC")
         return [RunRecord.model_validate(row) for row in rows]
 
     def due(self, agent: str | None = None) -> list[RunRecord]:
@@ -352,8 +348,8 @@ class LeaseStore:
         for a person. A parked run (RECONCILING) is due once its next attempt time has come.
         With `agent`, only that agent's runs (and those from before agents were recorded)."""
         rows = self.db.execute(
-            _SELECT_RUNS + " WHERE (owner IS NULL OR lease_expires_at <= now())"
-            " AND phase NOT IN ('COMPLETED', 'INCOMPLETE', 'WAITING_APPROVAL')"
+            _SELECT_RUNS + f" WHERE {UNENDED_RUNS} AND phase <> 'WAITING_APPROVAL'"
+            " AND (owner IS NULL OR lease_expires_at <= now())"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= now())"
             " AND (CAST(%s AS TEXT) IS NULL OR agent = %s OR agent = '')"
             " ORDER BY updated_at",

@@ -184,6 +184,19 @@ def _v7_compact_checkpoints(db: Database) -> None:
     )
 
 
+# Runs that have not ended, as the lease store's queries say it (`leases._UNENDED`): a query
+# uses a partial index only where its WHERE has the index's term (SQLite: as written).
+UNENDED_RUNS = "phase NOT IN ('COMPLETED', 'INCOMPLETE')"
+
+
+def _v8_unended_runs_index(db: Database) -> None:
+    """The runs a worker polls for and a person may be asked about, indexed apart: a database's
+    runs are mostly ended ones, which a poll would otherwise scan every time."""
+    db.execute(
+        f"CREATE INDEX IF NOT EXISTS lw_runs_unended ON lw_runs (updated_at) WHERE {UNENDED_RUNS}"
+    )
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
@@ -192,6 +205,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v5_pruned_mark,
     _v6_summary_text_as_json,
     _v7_compact_checkpoints,
+    _v8_unended_runs_index,
 )
 LATEST = len(MIGRATIONS)
 

@@ -17,6 +17,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from loopwright.checkpoints import compact, fenced
 from loopwright.checkpoints.compact import Layout
+from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import (
@@ -29,7 +30,9 @@ from loopwright.checkpoints.leases import (
     lock_run,
     open_lease_store,
 )
+from loopwright.checkpoints.schema import UNENDED_RUNS
 from loopwright.checkpoints.sql import open_database
+from loopwright.graph.state import ENDED_PHASES
 
 RUN = "run-1"
 CONFIG: RunnableConfig = {"configurable": {"thread_id": RUN}}
@@ -168,6 +171,36 @@ def test_runs_are_listed_by_phase(leases: LeaseStore) -> None:
     assert [r.run_id for r in leases.runs("WAITING_APPROVAL")] == ["run-2"]
     assert [r.run_id for r in leases.runs("READY")] == [RUN]
     assert {r.run_id for r in leases.runs()} == {RUN, "run-2"}
+
+
+def test_a_poll_finds_the_unended_runs_by_their_index(
+    leases: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's poll and the approvals list read the runs that have not ended through the
+    partial index of them, not by scanning every run a database has kept."""
+    ended = leases.claim(RUN, "worker-a", ttl_s=30)
+    leases.record(ended, "COMPLETED", release=True)
+    leases.register("run-2", task="t", user_id="u-1")
+    asked: list[tuple[str, Any]] = []
+    execute = leases.db.execute
+
+    def recording(sql: str, params: Any = ()) -> list[dict[str, Any]]:
+        asked.append((sql, params))
+        return execute(sql, params)
+
+    monkeypatch.setattr(leases.db, "execute", recording)
+    assert [r.run_id for r in leases.due()] == [r.run_id for r in leases.unended()] == ["run-2"]
+    monkeypatch.undo()
+    db = leases.db
+    assert f"phase NOT IN ({', '.join(repr(p) for p in sorted(ENDED_PHASES))})" == UNENDED_RUNS
+    for sql, params in asked:
+        if db.kind is DatabaseKind.POSTGRES:
+            with db.transaction():  # too few rows for the planner to pick the index freely
+                db.execute("SET LOCAL enable_seqscan = off")
+                plan = str(db.execute("EXPLAIN " + sql, params))
+        else:
+            plan = str(db.execute("EXPLAIN QUERY PLAN " + sql, params))
+        assert "lw_runs_unended" in plan, (sql, plan)
 
 
 def test_unregistered_runs_cannot_be_claimed(leases: LeaseStore) -> None:
