@@ -46,6 +46,12 @@ def checked_text(what: str, value: object, *, max_chars: int | None = None) -> s
     return value
 
 
+def named_run(run_id: str) -> str:
+    """A run id as a message names it: as it is where it is a run id's name, quoted where it
+    could not be told from the words around it (empty, spaced, odd)."""
+    return run_id if _RUN_ID.fullmatch(run_id) else repr(run_id)
+
+
 def checked_run_id(value: object) -> str:
     """`value` if it is text a run can keep (`checked_text`) and a run id's name, at most
     `MAX_RUN_ID_CHARS` long; else InvalidText saying what is wrong with it."""

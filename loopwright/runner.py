@@ -69,6 +69,7 @@ from loopwright.graph.text import (
     MAX_TASK_CHARS,
     checked_run_id,
     checked_text,
+    named_run,
     storable,
     validation_problems,
 )
@@ -817,7 +818,7 @@ class OtherAgentsRun(PermissionError):
 
 class UnknownRun(LookupError):
     def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run {run_id} in this database")
+        super().__init__(f"no run {named_run(run_id)} in this database")
         self.run_id = run_id
 
 

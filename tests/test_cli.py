@@ -123,6 +123,7 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
             "database URL",
         ),
         "unknown run": (["resume", "run-nope", "--db", database_url], "no run run-nope"),
+        "no run id": (["show", "", "--db", database_url], "no run '' in this database"),
         # Reading commands take a missing file for no database yet, never a directory.
         "runs, a directory": (["runs", "--db", f"sqlite:///{tmp_path}"], "is a directory"),
         "show, a directory": (["show", "r", "--db", f"sqlite:///{tmp_path}"], "is a directory"),

@@ -188,6 +188,6 @@ def test_the_command_line_refuses_an_odd_run_id_and_names_an_unknown_one_in_one_
     unknown = cli(
         "show", "q\nCOMPLETED \x1b[31mfake", env=env_for(services, tmp_path, sqlite_url), expect=2
     )
-    assert (
-        unknown.stderr == "loopwright: error: no run q⏎COMPLETED \\x1b[31mfake in this database\n"
+    assert unknown.stderr == (
+        "loopwright: error: no run 'q\\nCOMPLETED \\x1b[31mfake' in this database\n"
     )
