@@ -388,6 +388,22 @@ def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> Ti
     return printer
 
 
+@contextmanager
+def advancing(run_id: str, again: str) -> Iterator[None]:
+    """Where Ctrl-C stops a run this command advances: the run keeps every step it committed
+    (a step in flight is run again, an action in flight reconciled), and the user is told how
+    it goes on; the command still ends with 130, as an interrupted one does."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        errors.print(
+            f"loopwright: interrupted: run {run_id} keeps the steps it committed; go on with:"
+            f" loopwright resume {run_id}{again}",
+            markup=False,
+        )
+        raise
+
+
 def print_json(document: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
@@ -467,6 +483,8 @@ def demo(
     as_json: JsonOption = False,
 ) -> None:
     """Run the agent's demo end to end and print its timeline (default: the reference one)."""
+    from loopwright.runner import new_run_id
+
     hosted = agent_for(agent)
     script = hosted.demo
     if script is None:
@@ -476,16 +494,17 @@ def demo(
         printer = step_printer(runner, as_json)
         printer.console.rule(f"[bold]loopwright demo: {hosted.name}")
         printer.console.print(f"task: {script.task}\nuser: {script.user}\n", markup=False)
-        outcome = runner.start(script.task, principal, on_step=printer)
-        outcome = drive(
-            runner,
-            outcome,
-            yes=yes,
-            approver=script.approver,
-            printer=printer,
-            interactive=not as_json,
-        )
-        again = repeat_options(agent, db)
+        run_id, again = new_run_id(), repeat_options(agent, db)
+        with advancing(run_id, again):
+            outcome = runner.start(script.task, principal, run_id=run_id, on_step=printer)
+            outcome = drive(
+                runner,
+                outcome,
+                yes=yes,
+                approver=script.approver,
+                printer=printer,
+                interactive=not as_json,
+            )
         conclude(runner, outcome, printer, as_json=as_json, again=again, approver=script.approver)
 
 
@@ -517,8 +536,10 @@ def run(
         principal = principal_for(runner, user, task)
         printer = step_printer(runner, as_json)
         printer.console.print(f"run {run_id}", markup=False)
-        outcome = runner.start(task, principal, run_id=run_id, on_step=printer)
-        conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
+        again = repeat_options(agent, db)
+        with advancing(run_id, again):
+            outcome = runner.start(task, principal, run_id=run_id, on_step=printer)
+        conclude(runner, outcome, printer, as_json=as_json, again=again)
 
 
 @app.command()
@@ -532,8 +553,10 @@ def resume(
     """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
     with session(agent_for(agent), db, model) as runner:
         printer = step_printer(runner, as_json, run_id)
-        outcome = runner.resume(run_id, on_step=printer)
-        conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
+        again = repeat_options(agent, db)
+        with advancing(run_id, again):
+            outcome = runner.resume(run_id, on_step=printer)
+        conclude(runner, outcome, printer, as_json=as_json, again=again)
 
 
 @app.command()
@@ -546,7 +569,9 @@ def cancel(
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
     with session(agent_for(agent), db) as runner:
         printer = step_printer(runner, as_json, run_id)
-        conclude(runner, runner.cancel(run_id, on_step=printer), printer, as_json=as_json)
+        with advancing(run_id, repeat_options(agent, db)):
+            outcome = runner.cancel(run_id, on_step=printer)
+        conclude(runner, outcome, printer, as_json=as_json)
 
 
 @app.command()
@@ -773,7 +798,8 @@ def _decide_command(
             except EditRefused as exc:
                 raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         printer = step_printer(runner, as_json, request["run_id"])
-        outcome = runner.resume(request["run_id"], answer, on_step=printer)
+        with advancing(request["run_id"], repeat_options(agent, db)):
+            outcome = runner.resume(request["run_id"], answer, on_step=printer)
         # Before the run's end is shown: a decision that did not take effect says only that.
         runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))
         conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
-from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.admin import list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ENV_VAR, ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
@@ -298,3 +299,38 @@ def test_an_approval_the_write_asks_to_confirm_needs_yes_and_the_list_shows_its_
     assert approval_id in cli("approvals", "list", env=env, expect=0).stdout
     cli("approvals", "approve", approval_id, "--as", "a-1", "--yes", env=env, expect=0)
     assert [r["amount"] for r in list_refunds(services, "O-99")] == ["10000.00"]
+
+
+def test_ctrl_c_keeps_the_committed_steps_and_says_how_the_run_goes_on(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    """SIGINT while a tool waits on a slow service: exit 130, one line naming the run and the
+    command that continues it, and `resume` goes on from the last committed step (no decision
+    asked of the model again)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_for(services, tmp_path)}
+    slow_down(services.policies, 8.0)
+    command = ("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-int", "--db", database_url)
+    started = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", *command],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert started.stdout is not None
+    for line in started.stdout:  # the policy read is in flight once validate allowed it
+        if "allows get_policy" in line:
+            break
+    started.send_signal(signal.SIGINT)
+    _, stderr = started.communicate(timeout=60)
+    assert started.returncode == 130
+    assert stderr.splitlines() == [
+        "loopwright: interrupted: run run-int keeps the steps it committed; go on with:"
+        f" loopwright resume run-int --db {database_url}"
+    ]
+    slow_down(services.policies, 0.0)
+    cli("resume", "run-int", "--db", database_url, env=env, expect=EXIT_CODES["waiting"])
+    with open_test_runner() as runner:
+        # get_order, get_policy, submit_refund: each decided once.
+        assert runner.state("run-int")["usage"]["model_requests"] == 3
