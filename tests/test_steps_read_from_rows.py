@@ -49,28 +49,31 @@ READS = "Read orders O-42, O-43 and O-44 in turn, again and again."
 Live = list[str]  # the nodes of the steps a run reported as it went (`on_step`)
 
 
+def into(live: Live) -> Callable[[str, dict[str, Any]], None]:
+    """A step listener that notes each step's node in `live`."""
+    return lambda node, _update: live.append(node)
+
+
 def approved(runner: Runner, live: Live) -> RunOutcome:
-    waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
-    return runner.resume(waiting.run_id, decide(waiting), on_step=lambda node, _: live.append(node))
+    waiting = runner.start(DEMO_TASK, principal(), on_step=into(live))
+    return runner.resume(waiting.run_id, decide(waiting), on_step=into(live))
 
 
 def rejected(runner: Runner, live: Live) -> RunOutcome:
-    waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
-    return runner.resume(
-        waiting.run_id, decide(waiting, "reject"), on_step=lambda node, _: live.append(node)
-    )
+    waiting = runner.start(DEMO_TASK, principal(), on_step=into(live))
+    return runner.resume(waiting.run_id, decide(waiting, "reject"), on_step=into(live))
 
 
 def cancelled_while_waiting(runner: Runner, live: Live) -> RunOutcome:
-    waiting = runner.start(DEMO_TASK, principal(), on_step=lambda node, _: live.append(node))
+    waiting = runner.start(DEMO_TASK, principal(), on_step=into(live))
     # The cancel answers the approval with a state update: the approval's step in the history,
     # which no stream reports.
     live.append("approval")
-    return runner.cancel(waiting.run_id, on_step=lambda node, _: live.append(node))
+    return runner.cancel(waiting.run_id, on_step=into(live))
 
 
 def start_reads(runner: Runner, live: Live) -> RunOutcome:
-    return runner.start(READS, principal(task=READS), on_step=lambda node, _: live.append(node))
+    return runner.start(READS, principal(task=READS), on_step=into(live))
 
 
 RUNS: dict[str, tuple[Callable[[Runner, Live], RunOutcome], dict[str, object]]] = {
