@@ -12,6 +12,7 @@ from pathlib import Path
 
 from langchain_core.messages import AIMessage
 
+from loopwright.checkpoints.database import redact
 from loopwright.checkpoints.leases import LeaseHeld
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
@@ -327,7 +328,7 @@ def test_ctrl_c_keeps_the_committed_steps_and_says_how_the_run_goes_on(
     assert started.returncode == 130
     assert stderr.splitlines() == [
         "loopwright: interrupted: run run-int keeps the steps it committed; go on with:"
-        f" loopwright resume run-int --db {database_url}"
+        f" loopwright resume run-int --db {redact(database_url)}"
     ]
     slow_down(services.policies, 0.0)
     cli("resume", "run-int", "--db", database_url, env=env, expect=EXIT_CODES["waiting"])
