@@ -474,13 +474,14 @@ class Runner:
             # Answer the approval interrupt with the cancellation itself, under our lease.
             lease = self._claim(run_id)
             self.saver.fence = Fence.of(lease)
+            answer = {"cancel_requested": True}
             try:
-                self.graph.update_state(
-                    self.config(run_id), {"cancel_requested": True}, as_node="approval"
-                )
+                self.graph.update_state(self.config(run_id), answer, as_node="approval")
             finally:
                 self.saver.fence = None
                 self.leases.release(lease)
+            if on_step is not None:  # the approval's step, as `steps` reads it back
+                on_step("approval", answer)
             return self._advance(run_id, None, on_step)
         payload: Command[Any] | None = (
             Command(resume={"kind": "cancel"}) if snapshot.interrupts else None

@@ -182,6 +182,8 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
             f"evidence {inline(evidence.evidence_id)} from {inline(evidence.source)}"
             + (f" ({inline(', '.join(about))})" if about else "")
         )
+    if update.get("cancel_requested"):
+        lines.append("[yellow]cancel requested[/]: no new step or action starts")
     if node == "handoff" and update.get("handoffs"):
         record = update["handoffs"][-1]  # the one just made
         lines.append(
