@@ -552,7 +552,10 @@ class CompactSaver(FencedSaver):
                 return None
             chain = ChainHistory(rows[::-1], space.alone)
             for step, pending in zip(chain.steps, chain.pending, strict=True):
-                writes = [(w.task_id, w.task_path, *w.pending(self.serde)[1:]) for w in pending]
+                writes = [
+                    (w.task_id, w.task_path, w.channel, self.serde.loads_typed(w.value))
+                    for w in pending
+                ]
                 found.append(Superstep(ns, step.row.checkpoint_id, writes))
         return as_they_ran(found) if found else None
 

@@ -184,8 +184,8 @@ def _v7_compact_checkpoints(db: Database) -> None:
     )
 
 
-# Runs that have not ended, as the lease store's queries say it (`leases._UNENDED`): a query
-# uses a partial index only where its WHERE has the index's term (SQLite: as written).
+# Runs that have not ended, as the lease store's queries say it (`LeaseStore.due`, `unended`):
+# a query uses a partial index only where its WHERE has the index's term (SQLite: as written).
 UNENDED_RUNS = "phase NOT IN ('COMPLETED', 'INCOMPLETE')"
 
 
