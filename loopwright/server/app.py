@@ -33,11 +33,8 @@ import asyncio
 import io
 import json
 import os
-import uuid
-from collections.abc import Iterable
-from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import httpx
 from fastapi import FastAPI
@@ -48,9 +45,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from loopwright.display import UNSHOWABLE
-from loopwright.graph.state import ApprovalChoice, ApprovalRequest, Phase
+from loopwright.graph.state import ApprovalChoice, ApprovalRequest
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import EditRefused, Runner, UnknownRun
+from loopwright.server.approvals import Waiting, pending_for, waiting_run
 from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.decision_outcome import decision_result, taken_decision
 from loopwright.server.launch import GRAPH_ID
@@ -66,7 +64,6 @@ PAGE = (
     .read_text()
     .replace("UNSHOWABLE_PATTERN", json.dumps(UNSHOWABLE.pattern))
 )
-THREADS_PER_SEARCH = 200  # thread ids asked of the server in one search
 TIMELINE_WIDTH = 110  # characters per line, as a terminal would show `loopwright show`
 
 
@@ -115,66 +112,17 @@ def _server(request: Request) -> LangGraphClient:
     )
 
 
-def _approval_interrupts(thread: dict[str, Any]) -> Iterable[tuple[str, ApprovalRequest]]:
-    for interrupts in (thread.get("interrupts") or {}).values():
-        for interrupt in interrupts:
-            value = interrupt.get("value")
-            if isinstance(value, dict) and value.get("kind") == "approval":
-                yield str(interrupt["id"]), ApprovalRequest.model_validate(value)
-
-
-def _listing(
-    thread_id: str, interrupt_id: str, req: ApprovalRequest, now: datetime
-) -> dict[str, Any]:
-    return {
-        **req.model_dump(mode="json"),
-        "thread_id": thread_id,
-        "interrupt_id": interrupt_id,
-        # The database's clock, by which expiry is judged (not the browser's, nor this
-        # process's): the page says "expires in ..." from this.
-        "expires_in_s": round((req.expires_at - now).total_seconds()),
-        "expired": req.expires_at <= now,
-        "timeline": f"/inbox/api/runs/{req.run_id}/timeline",
-    }
-
-
-async def waiting_threads(
-    client: LangGraphClient, run_ids: list[str], per_search: int = THREADS_PER_SEARCH
-) -> list[Any]:
-    """The threads of `run_ids` that are interrupted and the caller may see, asked of the
-    server `per_search` ids at a time: however many runs wait, none is left off. A run id that
-    is no UUID (a run started from the CLI on the same database) is no server thread."""
-    thread_ids = [run_id for run_id in run_ids if _is_uuid(run_id)]
-    threads: list[Any] = []
-    for start in range(0, len(thread_ids), per_search):
-        ids = thread_ids[start : start + per_search]
-        threads += await client.threads.search(ids=ids, status="interrupted", limit=len(ids))
-    return threads
-
-
-def _is_uuid(text: str) -> bool:
+async def visible_run(user: User, run_id: str) -> Waiting:
+    """The run, if `user` (an approver) may see it: a run of their tenant (404 otherwise, as
+    for a run that does not exist: another tenant's runs are not even named)."""
+    res = await aresources()
     try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
-
-
-async def _pending(client: LangGraphClient, user: User) -> list[dict[str, Any]]:
-    """The approvals waiting for `user`. The runs that wait for one are lw_runs' (each attempt
-    records where its run stands), not a search of every interrupted thread, which stops at its
-    limit with parked reconciliations (interrupted too) and approvals alike."""
-    leases = (await aresources()).leases
-    waiting = await asyncio.to_thread(leases.runs, Phase.WAITING_APPROVAL.value)
-    threads = await waiting_threads(client, [run.run_id for run in waiting])
-    now = await asyncio.to_thread(leases.now)
-    found = []
-    for thread in threads:
-        owner = (thread.get("metadata") or {}).get("owner")
-        for interrupt_id, req in _approval_interrupts(dict(thread)):
-            if user.user_id not in (owner, req.requested_by):
-                found.append(_listing(str(thread["thread_id"]), interrupt_id, req, now))
-    return sorted(found, key=lambda item: item["expires_at"])
+        run = await asyncio.to_thread(waiting_run, res.runner, run_id)
+    except UnknownRun:
+        raise InboxError(404, f"no run {run_id}") from None
+    if run.tenant != user.tenant:
+        raise InboxError(404, f"no run {run_id}")
+    return run
 
 
 async def page(_request: Request) -> Response:
@@ -184,7 +132,8 @@ async def page(_request: Request) -> Response:
 async def list_approvals(request: Request) -> Response:
     try:
         user = _approver(request)
-        return JSONResponse({"approvals": await _pending(_server(request), user)})
+        runner = (await aresources()).runner
+        return JSONResponse({"approvals": await asyncio.to_thread(pending_for, runner, user)})
     except InboxError as exc:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
     except httpx.HTTPStatusError as exc:
@@ -209,13 +158,11 @@ async def decide(request: Request) -> Response:
             raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
         except ValueError as exc:  # not JSON
             raise InboxError(422, f"bad decision: {exc}") from None
-        client = _server(request)
-        thread = await client.threads.get(body.thread_id)
-        pending = dict(_approval_interrupts(dict(thread)))
-        req = pending.get(body.interrupt_id)
+        run = await visible_run(user, body.thread_id)
+        req = run.requests.get(body.interrupt_id)
         if req is None:
             raise InboxError(409, "that approval is no longer pending")
-        if user.user_id in ((thread.get("metadata") or {}).get("owner"), req.requested_by):
+        if user.user_id in (run.user_id, req.requested_by):
             raise InboxError(403, "an approver cannot decide about their own run")
         _deliberate(req, body)
         try:
@@ -233,17 +180,16 @@ async def decide(request: Request) -> Response:
                 await asyncio.to_thread(res.runner.check_edit, req, decision.args)
             except EditRefused as exc:
                 raise InboxError(422, f"{exc}; the approval still waits") from None
-        run = await client.runs.create(
+        client = _server(request)
+        server_run = await client.runs.create(
             body.thread_id,
             ASSISTANT_ID,
             command={"resume": {body.interrupt_id: decision.model_dump(mode="json")}},
             multitask_strategy="reject",
         )
         # What the run made of it, truthfully: a decision it did not take is a 409.
-        await client.runs.join(body.thread_id, run["run_id"])
-        state = await client.threads.get_state(body.thread_id)
-        raw = state.get("values")
-        values: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        await client.runs.join(body.thread_id, server_run["run_id"])
+        values = dict(await asyncio.to_thread(res.runner.state, body.thread_id))
         taken = taken_decision(values, req.approval_id, user.user_id, body.decision)
         if taken is not None:
             raise InboxError(409, taken)
@@ -260,12 +206,9 @@ async def decide(request: Request) -> Response:
 async def timeline(request: Request) -> Response:
     """The run's timeline, for a run the caller may read (the server decides, by their token)."""
     try:
-        _approver(request)
+        user = _approver(request)
         run_id = request.path_params["run_id"]
-        thread = await _server(request).threads.get(run_id)
-        values = thread.get("values")
-        if not isinstance(values, dict) or values.get("run_id") != run_id:
-            raise InboxError(404, f"thread {run_id} carries no run")
+        await visible_run(user, run_id)
         res = await aresources()
         try:
             text = await asyncio.to_thread(_timeline_text, res.runner, run_id)

@@ -47,6 +47,7 @@ from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalDecision, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import UnknownRun
+from loopwright.server.engine import TENANT_KEY, USER_KEY, engine_identity
 from loopwright.server.inputs import (
     APPROVER_ROLE,
     NEW_RUN_TAKES,
@@ -268,11 +269,46 @@ async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict
             status_code=401, detail="a valid bearer token is required"
         )
     return {
-        "identity": user.user_id,
-        "roles": list(user.roles),  # type: ignore[typeddict-unknown-key]  # kept on the user
+        # The engine scopes its rows to the identity: the tenant, whose approvers see every
+        # thread of it (see `server.engine`); the hooks below draw each user's part.
+        "identity": engine_identity(user.tenant),
+        "user_id": user.user_id,  # type: ignore[typeddict-unknown-key]  # kept on the user
+        "roles": list(user.roles),
         "tenant": user.tenant,
         "permissions": list(user.roles),
     }
+
+
+def _filter(user: User) -> Auth.types.FilterType:
+    """The threads a hook lets `user` see, for the engine to apply where it applies filters
+    (approvers: their tenant's; customers: their own). Where it does not, the hooks raise."""
+    if user.is_approver:
+        return {TENANT_KEY: user.tenant}
+    return {USER_KEY: user.user_id, TENANT_KEY: user.tenant}
+
+
+async def thread_owner(thread_id: Any) -> tuple[bool, str | None]:
+    """Whether the thread is known (to loopwright or the engine), and whose it is: the run's
+    user once a run is registered on it, else the user stamped on the engine's thread."""
+    if not thread_id:
+        return False, None
+    res = await aresources()
+
+    def read() -> tuple[bool, str | None]:
+        run = res.leases.get(str(thread_id))
+        if run is not None:
+            return True, run.user_id
+        known, user_id, _tenant = res.engine_threads.owner(str(thread_id))
+        return known, user_id
+
+    return await asyncio.to_thread(read)
+
+
+async def refuse_unless_own(user: User, thread_id: Any, refusal: str) -> None:
+    """403 unless the thread is the caller's (or unknown: the engine answers 404 itself)."""
+    _known, owner = await thread_owner(thread_id)
+    if owner is not None and owner != user.user_id:
+        raise _forbidden(refusal)
 
 
 @auth.on.threads.create
@@ -286,32 +322,45 @@ async def on_thread_create(
         value["metadata"] = {}
     refuse_copied(value, {}, "thread")
     # In place: the server keeps this dict. Whatever the client sent under these keys is gone.
-    value["metadata"]["owner"] = user.user_id
-    value["metadata"]["tenant"] = user.tenant
-    return {"owner": user.user_id, "tenant": user.tenant}
+    value["metadata"][USER_KEY] = user.user_id
+    value["metadata"][TENANT_KEY] = user.tenant
+    return _filter(user)
 
 
 @auth.on.threads.read
 async def on_thread_read(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsRead
 ) -> Auth.types.FilterType | None:
+    """A thread, its state, history, runs and streams: its own user's, or an approver's of
+    its tenant (the engine keeps tenants apart, see `server.engine`)."""
     user = _user(ctx)
-    if user.is_approver:
-        return {"tenant": user.tenant}  # approvers review runs across threads of their tenant
-    run = await run_record(value.get("thread_id"))
-    if run is not None and run.user_id != user.user_id:
-        raise _forbidden("this run belongs to another user")
-    return {"owner": user.user_id, "tenant": user.tenant}
+    if not user.is_approver:  # approvers review runs across threads of their tenant
+        await refuse_unless_own(user, value.get("thread_id"), "this run belongs to another user")
+    return _filter(user)
 
 
 @auth.on.threads.search
 async def on_thread_search(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsSearch
 ) -> Auth.types.FilterType | None:
+    """A search of threads (filtered), or of one thread's runs (Aegra: its own user's only)."""
     user = _user(ctx)
-    if user.is_approver:
-        return {"tenant": user.tenant}
-    return {"owner": user.user_id, "tenant": user.tenant}
+    if not user.is_approver:
+        thread_id = cast(Mapping[str, Any], value).get("thread_id")
+        await refuse_unless_own(user, thread_id, "this run belongs to another user")
+    return _filter(user)
+
+
+# What a client may send along with a cancel (Aegra passes a route's body and path together).
+_CANCEL_FIELDS = frozenset({"thread_id", "run_id", "run_ids", "status", "action", "wait"})
+
+
+def is_cancel(value: Mapping[str, Any]) -> bool:
+    """Whether a thread update is a cancel of a run: LangGraph's server says so (`action`);
+    Aegra's cancel routes carry the run's id and nothing that writes a thread."""
+    if value.get("action") in ("interrupt", "rollback"):
+        return True
+    return bool(value.get("run_id") or value.get("run_ids")) and value.keys() <= _CANCEL_FIELDS
 
 
 @auth.on.threads.update
@@ -319,13 +368,17 @@ async def on_thread_update(
     ctx: Auth.types.AuthContext, value: Auth.types.ThreadsUpdate
 ) -> Auth.types.FilterType:
     """Only cancelling one's own run; a thread's state and metadata change by running only."""
-    if value.get("action") not in ("interrupt", "rollback"):
+    update = cast(Mapping[str, Any], value)
+    if not is_cancel(update):
+        if update.get("status") and not update.get("thread_id"):
+            # Every run of the caller's engine identity (their whole tenant) with that status.
+            raise _forbidden("cancel a run by its thread and run id")
         raise _forbidden("a thread changes only by running; its state cannot be written")
     user = _user(ctx)
-    run = await run_record(value.get("thread_id"))
-    if run is not None and run.user_id != user.user_id:
-        raise _forbidden("only the run's own user may cancel it")
-    return {"owner": user.user_id, "tenant": user.tenant}
+    if not update.get("thread_id"):
+        raise _forbidden("cancel a run by its thread and run id")
+    await refuse_unless_own(user, update.get("thread_id"), "only the run's own user may cancel it")
+    return _filter(user)
 
 
 async def journaled(thread_id: Any) -> bool:
@@ -342,10 +395,15 @@ async def on_thread_delete(
 ) -> Auth.types.FilterType:
     """Deleting a thread, or a server run on it (which deletes the checkpoints it wrote): never
     for a run with journaled actions, whose record (what was executed, verified, ended) stays."""
-    if await journaled(value.get("thread_id")):
+    thread_id = value.get("thread_id")
+    if await journaled(thread_id):
         raise _forbidden("this run has journaled actions: its record cannot be deleted")
     user = _user(ctx)
-    return {"owner": user.user_id, "tenant": user.tenant}
+    if thread_id is None and (await aresources()).engine_threads.kept:
+        # Aegra's prune: every expired thread of the engine identity, the tenant's.
+        raise _forbidden("threads are deleted one by one, by their own user")
+    await refuse_unless_own(user, thread_id, "this thread belongs to another user")
+    return _filter(user)
 
 
 # Fields of run creation that would read or write another history than the run's own latest
@@ -365,14 +423,31 @@ def checkpoint_choice(kwargs: Mapping[str, Any]) -> str | None:
 
 
 def stamp_owner(value: Any, kwargs: Mapping[str, Any], owner: str, tenant: str) -> None:
-    """The run's metadata (and its config's) name `owner` and `tenant`, whatever the client sent
-    under those keys. A run that creates its thread (`if_not_exists="create"`, a stateless run)
-    gives the new thread this metadata, and a thread's owner and tenant are what every filter
-    and the inbox go by: a client's own would put its run in another tenant's inbox."""
+    """The run's metadata (and its config's) name the thread's user and tenant, whatever the
+    client sent under those keys: they go into every checkpoint of the run, and a client's own
+    would name someone else."""
     config = kwargs.get("config")
     for metadata in (value.get("metadata"), isinstance(config, dict) and config.get("metadata")):
         if isinstance(metadata, dict):  # in place: the server keeps these dicts
-            metadata.update(owner=owner, tenant=tenant)
+            metadata.update({USER_KEY: owner, TENANT_KEY: tenant})
+
+
+NO_THREAD = "a run is a thread: create one first (POST /threads), then start the run on it"
+
+
+async def refuse_threadless(value: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+    """A run only on a thread that exists: not a stateless run (whose thread the server deletes
+    as the run stops, leaving a waiting approval nobody can decide, on LangGraph's server) nor
+    one that creates its thread (Aegra creates a missing one, stamped with nothing of ours)."""
+    thread_id = value.get("thread_id")
+    creates = kwargs.get("if_not_exists") or value.get("if_not_exists")
+    if not thread_id or creates == "create":
+        raise Auth.exceptions.HTTPException(status_code=422, detail=NO_THREAD)
+    known, _owner = await thread_owner(thread_id)
+    if not known and (await aresources()).engine_threads.kept:
+        raise Auth.exceptions.HTTPException(
+            status_code=404, detail=f"thread {thread_id} not found: {NO_THREAD}"
+        )
 
 
 @auth.on.threads.create_run
@@ -404,6 +479,7 @@ async def on_run_create(
     strategy = kwargs.get("multitask_strategy") or value.get("multitask_strategy")
     if strategy == "rollback":
         raise _forbidden("multitask_strategy rollback would erase a run's record: use reject")
+    await refuse_threadless(value, kwargs)
     if run is not None and run.pruned_at is not None:
         # Its checkpoints are gone: any run on the thread would start it over from nothing.
         raise Auth.exceptions.HTTPException(
@@ -429,7 +505,7 @@ async def on_run_create(
         if (stale := await stale_decision(value.get("thread_id"), decisions)) is not None:
             raise Auth.exceptions.HTTPException(status_code=409, detail=stale)
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
-        return {"tenant": user.tenant}  # and only in their own tenant
+        return _filter(user)  # and only in their own tenant
     if not user.is_customer:
         if "resume" in command:  # most likely a decision that is not one
             raise _forbidden(
@@ -438,8 +514,7 @@ async def on_run_create(
                 " or a map of interrupt ids to decisions"
             )
         raise _forbidden("only customers start runs")
-    if run is not None and run.user_id != user.user_id:
-        raise _forbidden("this run belongs to another user")
+    await refuse_unless_own(user, value.get("thread_id"), "this run belongs to another user")
     if run is not None and run.phase == Phase.WAITING_APPROVAL:
         # A resume would answer the approval (ignored, and the request asked again, anew); any
         # other run is queued behind it, and cancelled before it runs it leaves the thread
@@ -460,7 +535,7 @@ async def on_run_create(
             status_code=422, detail=f"the thread has no run to continue: {NEW_RUN_TAKES}"
         )
     stamp_owner(value, kwargs, user.user_id, user.tenant)
-    return {"owner": user.user_id, "tenant": user.tenant}
+    return _filter(user)
 
 
 @auth.on.assistants

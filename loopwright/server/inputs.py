@@ -61,10 +61,11 @@ RunRequest = NewRun | Resume | Continue
 
 
 def principal_of_user(user: Any) -> Principal | None:
-    """The principal for the server's authenticated user object (LangGraph's or Aegra's)."""
+    """The principal for the server's authenticated user object (LangGraph's or Aegra's): its
+    `user_id` (the `identity` is the engine's, the tenant: see `server.engine`)."""
     if user is None:
         return None
-    identity = _field(user, "identity")
+    identity = _field(user, "user_id") or _field(user, "identity")
     if not isinstance(identity, str) or not identity:
         return None
     roles = _field(user, "roles") or ()

@@ -33,6 +33,7 @@ from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
 from loopwright.checkpoints.leases import LeaseStore
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
+from loopwright.server.engine import EngineThreads
 
 DATABASE_ENV = "DATABASE_URL"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
@@ -65,6 +66,8 @@ class ServerResources:
 
     database_url: str
     runner: Runner
+    # The engine's own record of threads (Aegra's), read by the auth hooks: see `server.engine`.
+    engine_threads: EngineThreads
 
     @property
     def agent(self) -> Agent[object]:
@@ -116,7 +119,8 @@ def resources() -> ServerResources:
             except (AgentNotFound, ValueError, TypeError) as exc:
                 raise ServerMisconfigured(str(exc)) from exc
             runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
-            _resources = ServerResources(database_url=url, runner=runner)
+            engine_threads = EngineThreads(runner.leases.db)
+            _resources = ServerResources(url, runner, engine_threads)
         return _resources
 
 

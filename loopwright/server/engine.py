@@ -1,0 +1,69 @@
+"""Who a thread belongs to, whichever engine serves it (LangGraph's server or Aegra).
+
+loopwright's auth hooks decide per thread: a customer acts on their own threads only, an
+approver on their tenant's. The two engines enforce the hooks' answers differently:
+
+* LangGraph's server applies the filter a hook returns (`{"user": ..., "tenant": ...}`) to
+  every operation, so a thread that is not the caller's is simply not found;
+* Aegra scopes every row to the authenticated `identity` (its `user_id` column) and applies a
+  hook's filter on some routes only (thread reads and searches), discarding it on the others
+  (state, history, a thread's runs, joins, streams, cancels).
+
+So the engine's identity is the tenant (`engine_identity`): the engine walls tenants off from
+one another in its own queries, and an approver reaches every thread of their tenant, as the
+inbox and the SDK's state read need. Within a tenant, the hooks do not rely on filters: they
+raise for a thread that is not the caller's, and so need to know whose it is
+(`thread_user`): the run's user in lw_runs once a run is registered there, else the user
+loopwright stamped into the thread's metadata at its creation, read from the engine's own
+thread row (Aegra's `thread` table; LangGraph's in-memory registry has none, and needs none).
+"""
+
+from __future__ import annotations
+
+from loopwright.checkpoints.sql import Database
+
+# The thread metadata keys loopwright stamps (and filters by): Aegra overwrites "owner" with
+# the engine identity, so the run's user has a key of its own.
+USER_KEY = "user"
+TENANT_KEY = "tenant"
+# Aegra's thread table (aegra_api.core.orm.Thread): thread_id, user_id, metadata_json.
+_AEGRA_THREADS = "thread"
+
+
+def engine_identity(tenant: str) -> str:
+    """The identity the engine scopes its rows to: the tenant, shared by its users."""
+    return f"tenant:{tenant}"
+
+
+class EngineThreads:
+    """The engine's own record of threads, where it keeps one in the database (Aegra)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._kept: bool | None = None
+
+    @property
+    def kept(self) -> bool:
+        """Whether the engine keeps its threads in this database (read once: a table is
+        created by the engine's migrations before it serves)."""
+        if self._kept is None:
+            row = self.db.one(
+                "SELECT to_regclass(%s) IS NOT NULL AS kept", (f"public.{_AEGRA_THREADS}",)
+            )
+            self._kept = bool(row and row["kept"])
+        return self._kept
+
+    def owner(self, thread_id: str) -> tuple[bool, str | None, str | None]:
+        """Whether the engine has the thread, and the user and tenant loopwright stamped on it
+        (None where the engine keeps no threads here, or the thread carries no stamp)."""
+        if not self.kept:
+            return False, None, None
+        row = self.db.one(
+            f"SELECT metadata_json->>'{USER_KEY}' AS user_id,"
+            f" metadata_json->>'{TENANT_KEY}' AS tenant"
+            f" FROM {_AEGRA_THREADS} WHERE thread_id = %s",
+            (thread_id,),
+        )
+        if row is None:
+            return False, None, None
+        return True, row["user_id"], row["tenant"]

@@ -1,0 +1,97 @@
+"""Approvals on the multi-instance engine: seen and decided through any instance of Aegra.
+
+A customer's refund above the approval threshold waits for an approver. The approver (not the
+run's owner) sees it through the other instance than the one that ran it (the inbox's JSON
+route and the SDK's state read), decides it there (through the inbox, or with the SDK's resume),
+and the run completes, verified, with one refund. The engine's own records then say what
+loopwright's say: its runs ended in success, its thread is idle, not `interrupted` for good.
+Another customer of the tenant sees and decides nothing of it, nor does an approver of another
+tenant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from loopwright_refunds.services.admin import create_order, list_refunds
+from tests.test_aegra_scaleout import Cluster, Instance, cluster, pytestmark, refund_task
+from tests.test_server_langgraph import GRAPH, decision_for, status_of, values_of
+
+__all__ = ["cluster", "pytestmark"]  # the fixture and the skip conditions, used here
+
+
+def inbox(instance: Instance, token: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"}
+    return httpx.get(f"{instance.url}/inbox/api/approvals", headers=headers, timeout=30)
+
+
+def engine_records(cluster: Cluster, thread_id: str) -> tuple[str, list[str]]:
+    """The engine's thread status and its runs' statuses on the thread, oldest first."""
+    [(status,)] = cluster.sql("SELECT status FROM thread WHERE thread_id = %s", thread_id)
+    runs = cluster.sql(
+        "SELECT status FROM runs WHERE thread_id = %s ORDER BY created_at", thread_id
+    )
+    return status, [run for (run,) in runs]
+
+
+def waiting_refund(cluster: Cluster, instance: Instance, order_id: str) -> tuple[str, Any]:
+    """A customer's run, started on `instance`, waiting for its approval; (thread, interrupt)."""
+    create_order(cluster.services, order_id, "u-1", "80.00")  # above the approval threshold
+    ada = instance.client("t-u1")
+    thread_id = ada.threads.create()["thread_id"]
+    ada.runs.wait(thread_id, GRAPH, input={"task": refund_task(order_id)})
+    [interrupt] = ada.threads.get_state(thread_id)["interrupts"]
+    ((phase,),) = cluster.sql("SELECT phase FROM lw_runs WHERE run_id = %s", thread_id)
+    assert phase == "WAITING_APPROVAL"
+    return thread_id, interrupt
+
+
+@pytest.mark.parametrize("route", ["inbox", "sdk"])
+def test_an_approval_is_seen_and_decided_through_another_instance(
+    cluster: Cluster, route: str
+) -> None:
+    first, second = cluster.start("aegra-1"), cluster.start("aegra-2")
+    order_id = f"O-61{len(route)}"
+    thread_id, interrupt = waiting_refund(cluster, first, order_id)
+    assert engine_records(cluster, thread_id) == ("interrupted", ["interrupted"])
+
+    # Seen through the other instance: the inbox, and the SDK's state read.
+    listed = inbox(second, "t-a1").json()["approvals"]
+    assert [(a["thread_id"], a["interrupt_id"]) for a in listed] == [
+        (thread_id, interrupt["id"])
+    ]
+    ann = second.client("t-a1")
+    assert ann.threads.get_state(thread_id)["interrupts"][0]["id"] == interrupt["id"]
+    # ... and by no one else: another customer of the tenant, an approver of another tenant.
+    ben = second.client("t-u2")
+    assert status_of(lambda: ben.threads.get_state(thread_id)) in (403, 404)
+    assert status_of(lambda: ben.runs.list(thread_id)) in (403, 404)
+    assert inbox(second, "t-bank-b").json()["approvals"] == []
+    foreign = second.client("t-bank-b")
+    assert status_of(lambda: foreign.threads.get_state(thread_id)) == 404
+
+    # Decided through the other instance.
+    if route == "inbox":
+        decision = {"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": "approve"}
+        answer = httpx.post(
+            f"{second.url}/inbox/api/decisions",
+            json=decision,
+            headers={"Authorization": "Bearer t-a1"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["result"]["stop_reason"] == "completed", answer.json()
+    else:
+        resume = decision_for(interrupt, "approve", "a-1")
+        ann.runs.wait(thread_id, GRAPH, command={"resume": resume})
+
+    state = values_of(second.client("t-u1"), thread_id)
+    assert state["stop_reason"] == "completed" and state["verification"]["verified"]
+    assert len(list_refunds(cluster.services, order_id)) == 1
+    ((phase,),) = cluster.sql("SELECT phase FROM lw_runs WHERE run_id = %s", thread_id)
+    assert phase == "COMPLETED"
+    # The engine's records agree: the run that waited and the one that resumed both ended.
+    assert engine_records(cluster, thread_id) == ("idle", ["interrupted", "success"])
