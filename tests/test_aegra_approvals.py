@@ -60,9 +60,7 @@ def test_an_approval_is_seen_and_decided_through_another_instance(
 
     # Seen through the other instance: the inbox, and the SDK's state read.
     listed = inbox(second, "t-a1").json()["approvals"]
-    assert [(a["thread_id"], a["interrupt_id"]) for a in listed] == [
-        (thread_id, interrupt["id"])
-    ]
+    assert [(a["thread_id"], a["interrupt_id"]) for a in listed] == [(thread_id, interrupt["id"])]
     ann = second.client("t-a1")
     assert ann.threads.get_state(thread_id)["interrupts"][0]["id"] == interrupt["id"]
     # ... and by no one else: another customer of the tenant, an approver of another tenant.
