@@ -20,28 +20,24 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.scratch import fresh_database
-from loopwright.processes import terminate
-from loopwright.server.launch import file_config
+from loopwright.server import cluster as cluster_module
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.test_server_langgraph import GRAPH, TOKENS, values_of
+from tests.test_server_langgraph import GRAPH, TOKENS, decision_for, values_of
 
 REDIS = ("127.0.0.1", 6379)
 RUNS = 20
@@ -67,14 +63,21 @@ pytestmark = [
 
 @dataclass
 class Instance:
-    process: subprocess.Popen[bytes]
-    url: str
+    running: cluster_module.Instance
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.running.process
+
+    @property
+    def url(self) -> str:
+        return self.running.url
 
     def client(self, token: str = "t-u1") -> SyncLangGraphClient:
         return get_sync_client(url=self.url, headers={"Authorization": f"Bearer {token}"})
 
     def stop(self) -> None:
-        terminate(self.process, grace_s=10)
+        self.running.stop()
 
 
 @dataclass
@@ -86,78 +89,57 @@ class Cluster:
     instances: list[Instance]
 
     def start(self, name: str) -> Instance:
+        return self.start_with(name)
+
+    def start_with(self, name: str, **env: str) -> Instance:
+        """An instance whose environment also has `env` (e.g. an armed crash point)."""
         with reserved_port() as port:  # held until the instance listens on it
-            with (self.workdir / f"{name}.log").open("ab") as log:
-                process = subprocess.Popen(
-                    [
-                        *(sys.executable, "-m", "uvicorn", "aegra_api.main:app"),
-                        *("--host", "127.0.0.1", "--port", str(port)),
-                    ],
-                    cwd=self.workdir,
-                    env=self.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            instance = Instance(process, f"http://127.0.0.1:{port}")
-            self.instances.append(instance)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                assert process.poll() is None, (self.workdir / f"{name}.log").read_text()[-3000:]
-                try:
-                    if httpx.get(f"{instance.url}/health", timeout=1).status_code == 200:
-                        return instance
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-        raise AssertionError(f"Aegra {name} did not start")
+            running = cluster_module.start_instance(
+                self.workdir,
+                {**self.env, **env},
+                index=len(self.instances) + 1,
+                host="127.0.0.1",
+                port=port,
+            )
+        instance = Instance(running)
+        self.instances.append(instance)
+        return instance
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             return conn.execute(query, params).fetchall()
 
 
-def aegra_config(workdir: Path) -> Path:
-    """langgraph.json for Aegra, which loads graphs, auth and apps from files, not modules."""
-    target = workdir / "aegra.json"
-    target.write_text(json.dumps(file_config()))
-    return target
-
-
 @pytest.fixture
 def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    with fresh_database(postgres_server_url, prefix="lw_test") as url:
-        prefix = f"lwtest:{uuid.uuid4().hex[:8]}:"
-        with start_services(tmp_path / "services") as services:
-            env = {
-                **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-                **services.endpoints.to_env(),
-                "DATABASE_URL": url,
-                "AEGRA_CONFIG": str(aegra_config(tmp_path)),
-                "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
-                "LOOPWRIGHT_LEASE_TTL_S": "3",
-                "REDIS_BROKER_ENABLED": "true",
-                "REDIS_URL": f"redis://{REDIS[0]}:{REDIS[1]}/0",
-                "REDIS_CHANNEL_PREFIX": f"{prefix}run:",
-                "WORKER_QUEUE_KEY": f"{prefix}jobs",
-                # Aegra's own worker leases: short, so a dead instance's runs move on quickly.
-                "LEASE_DURATION_SECONDS": "3",
-                "HEARTBEAT_INTERVAL_SECONDS": "1",
-                "REAPER_INTERVAL_SECONDS": "1",
-                # A job the dead instance took from Redis but never started is pending, not
-                # running: Aegra re-queues it after this long (default 120 s).
-                "STUCK_PENDING_THRESHOLD_SECONDS": "3",
-                "WORKER_COUNT": "2",
-                "N_JOBS_PER_WORKER": "6",
-                "LANGSMITH_TRACING": "false",
-            }
-            cluster = Cluster(url, services.endpoints, env, tmp_path, [])
-            try:
-                yield cluster
-            finally:
-                for instance in cluster.instances:
-                    instance.stop()
-                _forget_redis_keys(prefix)
+    """A deployment as `loopwright serve --engine aegra` makes one (its environment, with the
+    handover settings it states), its instances started by the test."""
+    with (
+        fresh_database(postgres_server_url, prefix="lw_test") as url,
+        start_services(tmp_path / "services") as services,
+    ):
+        base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        extra = {
+            **services.endpoints.to_env(),
+            "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+            # Two instances' workers on CI's two cores.
+            "WORKER_COUNT": "2",
+            "N_JOBS_PER_WORKER": "6",
+        }
+        env = cluster_module.instance_env(
+            base,
+            database_url=url,
+            redis_url=f"redis://{REDIS[0]}:{REDIS[1]}/0",
+            config=cluster_module.write_config(tmp_path),
+            extra=extra,
+        )
+        cluster = Cluster(url, services.endpoints, env, tmp_path, [])
+        try:
+            yield cluster
+        finally:
+            for instance in cluster.instances:
+                instance.stop()
+            _forget_redis_keys(cluster_module.deployment_prefix(url))
 
 
 def _forget_redis_keys(prefix: str) -> None:
@@ -300,3 +282,126 @@ def test_two_runs_forced_onto_one_thread_at_once_have_one_writer(cluster: Cluste
     assert len(submits) == 1 and len(state["journal"]) == 1
     assert len(list_refunds(cluster.services, "O-6000")) == 1
     assert "success" in statuses, statuses
+
+
+def taken_over(cluster: Cluster, run_ids: list[str], gone: Instance, timeout: float = 60) -> float:
+    """Seconds until every run in `run_ids` is held, or finished, by a process other than
+    `gone`'s (whose lease on it is no longer live)."""
+    started = time.monotonic()
+    while True:
+        left = cluster.sql(
+            "SELECT run_id FROM lw_runs WHERE run_id = ANY(%s) AND phase <> 'COMPLETED'"
+            " AND (owner IS NULL OR owner LIKE %s)",
+            run_ids,
+            f"%:{gone.process.pid}:%",
+        )
+        if not left:
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout, f"not taken over: {left}"
+        time.sleep(0.05)
+
+
+def test_a_stopped_instance_hands_its_runs_back_with_their_leases(cluster: Cluster) -> None:
+    """SIGTERM: the instance lets its runs go on for the drain, then each stops at its next step
+    boundary and gives loopwright's lease up before Aegra re-queues it, so the other instance
+    continues it at once (not after the lease's time to live); one refund each."""
+    first = cluster.start("aegra-1")
+    second = cluster.start("aegra-2")
+    orders = [f"O-{7000 + i}" for i in range(6)]
+    for order_id in orders:
+        create_order(cluster.services, order_id, "u-1", "20.00")
+    slow_down(cluster.services.orders, 0.5)  # runs take seconds: longer than the drain
+    client = first.client()
+    threads = []
+    for order_id in orders:
+        thread_id = client.threads.create()["thread_id"]
+        client.runs.create(thread_id, GRAPH, input={"task": refund_task(order_id)})
+        threads.append(thread_id)
+    deadline = time.monotonic() + 60
+    while not (held := mid_run(cluster, first)):
+        assert time.monotonic() < deadline, "instance 1 never got a run under way"
+        time.sleep(0.05)
+
+    first.process.send_signal(signal.SIGTERM)
+    first.process.wait(timeout=60)
+    # Given up as the runs were handed back: no lease of the stopped instance is live.
+    leases = cluster.sql(
+        "SELECT run_id FROM lw_runs WHERE owner LIKE %s AND lease_expires_at > now()",
+        f"%:{first.process.pid}:%",
+    )
+    assert leases == [], f"the stopped instance still holds {leases}"
+    seconds = taken_over(cluster, held, first)
+    print(f"\nSIGTERM: {len(held)} run(s) handed back, continued {seconds:.2f} s after the exit")
+
+    wait_until_completed(cluster, threads)
+    for order_id in orders:
+        assert len(list_refunds(cluster.services, order_id)) == 1, order_id
+    writers = writers_by_thread(cluster)
+    assert all(second.process.pid in {pid_of(w) for w in writers[t]} for t in held)
+
+
+def wait_until_completed(cluster: Cluster, threads: list[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster.sql(
+        "SELECT 1 FROM lw_runs WHERE run_id = ANY(%s) AND phase <> 'COMPLETED'", threads
+    ) or len(cluster.sql("SELECT 1 FROM lw_runs WHERE run_id = ANY(%s)", threads)) < len(threads):
+        assert time.monotonic() < deadline, cluster.sql(
+            "SELECT t, r.phase, r.owner FROM unnest(%s::text[]) t"
+            " LEFT JOIN lw_runs r ON r.run_id = t WHERE r.phase IS DISTINCT FROM 'COMPLETED'",
+            threads,
+        )
+        time.sleep(0.25)
+
+
+def test_a_killed_instance_s_runs_go_on_elsewhere_whatever_they_were_doing(
+    cluster: Cluster,
+) -> None:
+    """Instance 1 dies (a real process, at the `executor:after_send` crash point: the payment
+    service applied its refund, the answer never read) with runs mid-read and one waiting for
+    its approval. Instance 2 continues the runs in flight once the engine's and loopwright's
+    leases run out (the handover settings), reconciles the unknown refund as applied, and the
+    waiting run is decided through it: one refund per order."""
+    waiting_order = "O-7100"
+    create_order(cluster.services, waiting_order, "u-1", "80.00")  # waits for an approval
+    orders = [f"O-{7101 + i}" for i in range(6)]
+    for order_id in orders:
+        create_order(cluster.services, order_id, "u-1", "20.00")
+    first = cluster.start_with("aegra-1", LOOPWRIGHT_CRASH_AT="executor:after_send")
+    second = cluster.start("aegra-2")
+    client = first.client()
+    waiting = client.threads.create()["thread_id"]
+    client.runs.wait(waiting, GRAPH, input={"task": refund_task(waiting_order)})
+    [interrupt] = client.threads.get_state(waiting)["interrupts"]
+    slow_down(cluster.services.orders, 0.3)
+    threads = []
+    for order_id in orders:
+        thread_id = client.threads.create()["thread_id"]
+        client.runs.create(thread_id, GRAPH, input={"task": refund_task(order_id)})
+        threads.append(thread_id)
+
+    assert first.process.wait(timeout=120) == 137  # the crash point, reached
+    held = [
+        run_id
+        for (run_id,) in cluster.sql(
+            "SELECT run_id FROM lw_runs WHERE owner LIKE %s AND phase <> 'COMPLETED'",
+            f"%:{first.process.pid}:%",
+        )
+    ]
+    assert held, "instance 1 held no run as it died"
+    seconds = taken_over(cluster, held, first)
+    print(f"\nkilled: {len(held)} run(s) continued by instance 2 {seconds:.2f} s after the death")
+    assert seconds <= cluster_module.KILLED_HANDOVER_S
+
+    wait_until_completed(cluster, threads)
+    unknown = cluster.sql(
+        "SELECT DISTINCT e.action_id FROM lw_action_events e JOIN lw_actions a USING (action_id)"
+        " WHERE a.run_id = ANY(%s) AND e.to_status = 'UNKNOWN'",
+        threads,
+    )
+    assert len(unknown) == 1, unknown  # the write the crash cut off, reconciled
+    for order_id in orders:
+        assert len(list_refunds(cluster.services, order_id)) == 1, order_id
+    decision = decision_for(interrupt, "approve", "a-1")
+    second.client("t-a1").runs.wait(waiting, GRAPH, command={"resume": decision})
+    assert values_of(second.client(), waiting)["stop_reason"] == "completed"
+    assert len(list_refunds(cluster.services, waiting_order)) == 1

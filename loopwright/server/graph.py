@@ -80,6 +80,9 @@ log = logging.getLogger(__name__)
 # How long a cancelled run may take to reach its typed end before the server is told it stopped
 # (the run still gets there: its thread goes on).
 CANCEL_SETTLE_S = 60.0
+# How long a run handed back (a shutdown) may take to reach its next step boundary and give up
+# its lease: a node always finishes (a write in flight is settled), so this is one step's time.
+PAUSE_SETTLE_S = 30.0
 # Checkpoint metadata naming the process that wrote a step (where a run went, after a takeover).
 WRITER_METADATA_KEY = "lw_writer"
 INPUT_SCHEMA: dict[str, Any] = {
@@ -201,7 +204,11 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 if is_user_cancel(stopped, _server_run_id(run_config)):
                     await _cancel_and_settle(res, thread_id, finished)
                 else:
+                    # Handed back (a shutdown, a lost engine lease): the run stops at its next
+                    # step boundary and gives its lease up before the engine re-queues it, so
+                    # another instance takes it at once, not after the lease's time to live.
                     pause.set()
+                    await _settled(thread_id, finished, PAUSE_SETTLE_S)
             raise
 
     def _advance(
@@ -357,11 +364,19 @@ async def _cancel_and_settle(
     """The server stopped the run: ask loopwright's run to stop, and wait for its typed end."""
     try:
         await asyncio.shield(asyncio.to_thread(res.leases.request_cancel, run_id))
-        await asyncio.wait_for(asyncio.shield(finished), CANCEL_SETTLE_S)
-    except (TimeoutError, asyncio.CancelledError):
-        log.warning("run %s: stopped by the server; it reaches its typed end on its own", run_id)
     except Exception:
         log.exception("run %s: could not request the cancel", run_id)
+        return
+    await _settled(run_id, finished, CANCEL_SETTLE_S)
+
+
+async def _settled(run_id: str, finished: asyncio.Future[None], timeout_s: float) -> None:
+    """Wait (at most `timeout_s`) for the run's thread to stop and release its lease; a
+    second cancel of the waiting task does not cut the wait short."""
+    try:
+        await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+    except (TimeoutError, asyncio.CancelledError):
+        log.warning("run %s: stopped by the server; it reaches its next step on its own", run_id)
 
 
 graph = ServedGraph.build()

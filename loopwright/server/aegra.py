@@ -1,0 +1,34 @@
+"""One Aegra instance serving loopwright, as a child that never outlives its parent.
+
+``python -m loopwright.server.aegra --host H --port P`` is uvicorn serving Aegra's app
+(`aegra_api.main:app`, which reads `AEGRA_CONFIG` and the rest of its settings from the
+environment `loopwright.server.cluster` gives it) plus the lifeline watch of
+`loopwright.processes.exit_with_parent`: once the `loopwright serve` that started it is gone,
+the instance gets SIGTERM and hands its runs back (see `cluster`), as an operator's SIGTERM
+would.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from loopwright.processes import exit_with_parent
+
+# Longer than a child's default: a graceful stop hands the runs in flight back first.
+GRACE_S = 15.0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loopwright.server.aegra")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    exit_with_parent(GRACE_S)
+    import uvicorn
+
+    uvicorn.run("aegra_api.main:app", host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""`loopwright serve --engine aegra`: N instances of Aegra on one Postgres and one Redis.
+
+Aegra (an Agent Protocol server, the `aegra` extra) queues runs in Redis for whichever
+instance's workers are free and re-queues a run whose instance died. loopwright's leases and
+fencing keep one writer per run whatever the engine does; what this module adds is a
+deployment an operator can plan on:
+
+* every instance gets the same environment: the database, Redis under a key prefix of this
+  deployment's own (two deployments on one Redis never share a queue), the agent, the token
+  table the operator names, and what the agent's instances must share (`Agent(shared=...)`,
+  started once here: e.g. the reference agent's business services);
+* the engine's and loopwright's timings are one set (`HANDOVER_SETTINGS`), chosen so that a
+  killed instance's runs are continued by another within `KILLED_HANDOVER_S` and a SIGTERM'd
+  instance's within `STOPPED_HANDOVER_S` (each overridable from the environment; the README
+  states the bound and the arithmetic);
+* the first instance starts alone (it migrates Aegra's tables), the others after it answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from loopwright.processes import ChildProcess, spawn
+from loopwright.server.aegra import GRACE_S
+from loopwright.server.launch import OFFLINE_ENV, ServerFailedToStart, file_config
+
+# The engine's worker lease and its reaper decide when a dead instance's run is re-queued;
+# loopwright's run lease when another instance may take it; the drain how long a SIGTERM'd
+# instance lets its runs go on before it hands them back (each run stops at its next step
+# boundary and gives its lease up before it is re-queued: `server.graph`).
+HANDOVER_SETTINGS: dict[str, str] = {
+    "LEASE_DURATION_SECONDS": "4",  # Aegra: a run's worker lease (> 2 heartbeats)
+    "HEARTBEAT_INTERVAL_SECONDS": "1",
+    "REAPER_INTERVAL_SECONDS": "1",  # Aegra: how often expired leases are looked for
+    # A run a dead instance took from the queue but never started is re-queued after this.
+    "STUCK_PENDING_THRESHOLD_SECONDS": "5",
+    "WORKER_DRAIN_TIMEOUT": "1",  # Aegra: how long SIGTERM waits before handing runs back
+    "LOOPWRIGHT_LEASE_TTL_S": "4",  # loopwright: a run's lease (renewed every third of it)
+}
+# Killed: the engine's lease runs out (4 s after the last heartbeat), its reaper re-queues the
+# run (1 s), another instance claims it once loopwright's lease has run out too (4 s after its
+# last renewal, claims polled every 0.2 s): at most ~6 s, stated with margin.
+KILLED_HANDOVER_S = 10.0
+# SIGTERM'd: the drain (1 s), the run's current step, its lease released and the run re-queued
+# at once; another instance's worker takes it from Redis as it is pushed.
+STOPPED_HANDOVER_S = 2.0
+REDIS_ENV = "REDIS_URL"
+INSTANCE_LOG = "aegra-{index}.log"
+
+
+def deployment_prefix(database_url: str) -> str:
+    """The Redis key prefix of the deployment serving `database_url`'s runs: every instance
+    on that database shares it, a deployment on another database (or server) never does."""
+    parts = urlsplit(database_url)
+    where = f"{parts.hostname}:{parts.port}/{parts.path.lstrip('/')}?{parts.query}"
+    return f"loopwright:{hashlib.sha256(where.encode()).hexdigest()[:12]}:"
+
+
+def instance_env(
+    base: Mapping[str, str],
+    *,
+    database_url: str,
+    redis_url: str,
+    config: Path,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of every instance: `base` (the operator's, whose own settings win over
+    `HANDOVER_SETTINGS`), then the deployment's (database, Redis and its prefix, config)."""
+    prefix = deployment_prefix(database_url)
+    env = {**HANDOVER_SETTINGS, **base, **(extra or {}), **OFFLINE_ENV}
+    env.update(
+        DATABASE_URL=database_url,
+        REDIS_BROKER_ENABLED="true",
+        REDIS_URL=redis_url,
+        REDIS_CHANNEL_PREFIX=f"{prefix}run:",
+        WORKER_QUEUE_KEY=f"{prefix}jobs",
+        AEGRA_CONFIG=str(config),
+    )
+    env.setdefault("LANGSMITH_TRACING", "false")
+    return env
+
+
+def write_config(workdir: Path) -> Path:
+    """The langgraph.json Aegra reads: the installed loopwright's own files."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = workdir / "aegra.json"
+    target.write_text(json.dumps(file_config(), indent=2))
+    return target
+
+
+class Instance(ChildProcess):
+    """One running Aegra instance, at its URL."""
+
+    grace_s = GRACE_S
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], lifeline: int, url: str, log: Path
+    ) -> None:
+        super().__init__(process, lifeline)
+        self.url = url
+        self.log = log
+
+
+def start_instance(
+    workdir: Path,
+    env: Mapping[str, str],
+    *,
+    index: int,
+    host: str,
+    port: int,
+    timeout: float = 60,
+) -> Instance:
+    """Start instance `index` and wait until it answers; its output goes to its log."""
+    log = workdir / INSTANCE_LOG.format(index=index)
+    with log.open("ab") as sink:
+        process, lifeline = spawn(
+            [sys.executable, "-m", "loopwright.server.aegra", "--host", host, "--port", str(port)],
+            cwd=workdir,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    instance = Instance(process, lifeline, f"http://{host}:{port}", log)
+    try:
+        _wait_until_answering(instance, timeout)
+    except BaseException:
+        instance.stop()
+        raise
+    return instance
+
+
+def _wait_until_answering(instance: Instance, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if instance.process.poll() is not None:
+            raise ServerFailedToStart(
+                f"Aegra exited with {instance.process.returncode}; see {instance.log}:\n"
+                + instance.log.read_text(errors="replace")[-4000:]
+            )
+        try:
+            if httpx.get(f"{instance.url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise ServerFailedToStart(
+        f"Aegra did not answer at {instance.url} within {timeout} s; see {instance.log}"
+    )
