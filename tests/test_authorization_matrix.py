@@ -1036,7 +1036,7 @@ class Report:
 
     def check_owner(self, probe: Probe, thread_id: str, metadata: dict[str, Any]) -> None:
         """A thread the caller created is theirs, in their tenant, whatever they sent."""
-        owner = (metadata.get("owner"), metadata.get("tenant"))
+        owner = (metadata.get("user"), metadata.get("tenant"))
         if owner != IDENTITY[probe.role]:
             self.problems.append(f"{probe.where}: thread {thread_id} is {owner}'s: {metadata}")
 

@@ -279,10 +279,11 @@ async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict
     }
 
 
-def _filter(user: User) -> Auth.types.FilterType:
-    """The threads a hook lets `user` see, for the engine to apply where it applies filters
-    (approvers: their tenant's; customers: their own). Where it does not, the hooks raise."""
-    if user.is_approver:
+def _filter(user: User, *, own: bool = False) -> Auth.types.FilterType:
+    """The threads a hook lets `user` act on, for the engine to apply where it applies filters
+    (approvers: their tenant's; customers, and anyone for `own`: their own). Where the engine
+    does not apply it, the hooks raise."""
+    if user.is_approver and not own:
         return {TENANT_KEY: user.tenant}
     return {USER_KEY: user.user_id, TENANT_KEY: user.tenant}
 
@@ -321,7 +322,9 @@ async def on_thread_create(
     if value.get("metadata") is None:
         value["metadata"] = {}
     refuse_copied(value, {}, "thread")
-    # In place: the server keeps this dict. Whatever the client sent under these keys is gone.
+    # In place: the server keeps this dict. Whatever the client sent under these keys is gone
+    # (and "owner", which Aegra sets to the engine identity, names nobody a client chose).
+    value["metadata"].pop("owner", None)
     value["metadata"][USER_KEY] = user.user_id
     value["metadata"][TENANT_KEY] = user.tenant
     return _filter(user)
@@ -403,7 +406,7 @@ async def on_thread_delete(
         # Aegra's prune: every expired thread of the engine identity, the tenant's.
         raise _forbidden("threads are deleted one by one, by their own user")
     await refuse_unless_own(user, thread_id, "this thread belongs to another user")
-    return _filter(user)
+    return _filter(user, own=True)  # approvers read their tenant's threads, not delete them
 
 
 # Fields of run creation that would read or write another history than the run's own latest
