@@ -104,6 +104,10 @@ class Agent[DepsT]:
     is done. By default it is done when every write it planned happened; a team that knows what
     its tasks need says so (a booking owed but never made: not done; one a task did not need:
     done). `writes` holds each intent's latest action, with its status and outcome.
+    `shared()` opens what every process serving the agent must share when several do (e.g. a
+    business service started locally, which two instances must not each start their own of)
+    and yields the environment variables that point each process's `deps` at it:
+    `loopwright serve --engine aegra` enters it once and gives its variables to every instance.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class Agent[DepsT]:
         planner: Planner | None = None,
         specialists: Sequence[AgentProfile] = (),
         demo: Demo | None = None,
+        shared: Callable[[], AbstractContextManager[Mapping[str, str]]] | None = None,
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -146,6 +151,7 @@ class Agent[DepsT]:
         self.planner = planner
         self.specialists = {profile.name: profile for profile in specialists}
         self.demo = demo
+        self.shared = shared
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
         self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -1034,7 +1035,11 @@ def serve(
     port: Annotated[
         int,
         typer.Option(
-            "--port", min=1, max=65_535, help="Port to listen on; refused if a server holds it."
+            "--port",
+            min=1,
+            max=65_535,
+            help="Port to listen on (aegra: the first instance's; the next ones follow);"
+            " refused if a server holds it.",
         ),
     ] = 2024,
     db: Annotated[
@@ -1042,22 +1047,48 @@ def serve(
         typer.Option("--db", help="Postgres URL (postgresql://...). Default: $DATABASE_URL."),
     ] = None,
     agent: AgentOption = None,
+    engine: Annotated[
+        Literal["langgraph", "aegra"],
+        typer.Option(
+            "--engine",
+            help="langgraph: `langgraph dev`, one process, the zero-setup path. aegra: --instances"
+            " instances of Aegra on Postgres and Redis, for production (pip install"
+            " 'loopwright[aegra]').",
+        ),
+    ] = "langgraph",
+    instances: Annotated[
+        int | None,
+        typer.Option("--instances", min=1, max=32, help="aegra: how many instances (default 2)."),
+    ] = None,
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            "--redis", help="aegra: Redis URL (redis://host:port/db). Default: $REDIS_URL."
+        ),
+    ] = None,
+    dev_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--dev-tokens",
+            help="aegra: serve with the development token table (dev-u1, dev-a1, ...); without"
+            " it, name yours in LOOPWRIGHT_TOKENS_FILE or LOOPWRIGHT_TOKENS.",
+        ),
+    ] = False,
 ) -> None:
-    """Serve the agent's runs over HTTP: `langgraph dev`, offline, on Postgres, with the
-    approval inbox."""
-    from loopwright.server.launch import DEV_TOKENS, cannot_listen, server_env, start_server
+    """Serve the agent's runs over HTTP, on Postgres, with the approval inbox: `langgraph dev`
+    (one process), or a cluster of Aegra instances (`--engine aegra --instances N`)."""
+    from loopwright.checkpoints.database import DatabaseKind, database_kind, resolve_database_url
+    from loopwright.server.launch import cannot_listen
 
+    if engine == "langgraph" and instances not in (None, 1):
+        raise UsageError("--instances: langgraph dev serves from one process; use --engine aegra")
+    ports = list(range(port, port + (instances or 2 if engine == "aegra" else 1)))
+    if ports[-1] > 65_535:
+        raise UsageError(f"--port {port} leaves no room for {instances} instances")
     # Refused before anything starts: langgraph would move to another port, or fail later.
-    if (why := cannot_listen(host, port)) is not None:
-        raise UsageError(why)
-    from loopwright.checkpoints.database import (
-        DatabaseKind,
-        database_kind,
-        loopwright_home,
-        resolve_database_url,
-    )
-    from loopwright.server.auth import TokenTableError, token_table
-
+    for candidate in ports:
+        if (why := cannot_listen(host, candidate)) is not None:
+            raise UsageError(why)
     path = configured_agent_path(agent) or DEFAULT_AGENT
     hosted = agent_for(path)
     url = resolve_database_url(db)
@@ -1066,27 +1097,110 @@ def serve(
     # The server runs in a directory of its own: the application's, here, stays importable.
     importable = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
     extra = {"DATABASE_URL": url, AGENT_ENV: path, "PYTHONPATH": importable}
-    if not (os.environ.get("LOOPWRIGHT_TOKENS") or os.environ.get("LOOPWRIGHT_TOKENS_FILE")):
-        extra["LOOPWRIGHT_TOKENS_FILE"] = str(DEV_TOKENS)
+    extra |= _token_table_env(use_dev=dev_tokens or engine == "langgraph")
+    # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    console.print(f"agent  {hosted.name} {hosted.version} ({path})", markup=False)
+    if engine == "aegra":
+        _serve_aegra(hosted, url, redis, extra, host=host, ports=ports)
+    else:
+        _serve_langgraph(extra, host=host, port=port)
+
+
+def _token_table_env(*, use_dev: bool) -> dict[str, str]:
+    """The token table the server reads: the operator's (a relative file made absolute: the
+    server runs in a directory of its own), else the development one where allowed, saying so."""
+    from loopwright.server.auth import TOKENS_ENV, TOKENS_FILE_ENV, TokenTableError, token_table
+    from loopwright.server.launch import DEV_TOKENS
+
+    env: dict[str, str] = {}
+    if named := os.environ.get(TOKENS_FILE_ENV):
+        env[TOKENS_FILE_ENV] = str(Path(named).absolute())
+    elif not os.environ.get(TOKENS_ENV):
+        if not use_dev:
+            raise UsageError(
+                f"no token table: name yours in {TOKENS_FILE_ENV} (or {TOKENS_ENV}), or serve"
+                " with --dev-tokens for the development one (never in production)"
+            )
+        env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
         errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")
-    env = server_env(os.environ, extra)
     try:
-        token_table(env)  # a table the server cannot use: refused here, in one line
+        token_table({**os.environ, **env})  # a table the server cannot use: refused here
     except (TokenTableError, OSError) as exc:
         raise UsageError(f"token table: {exc}") from None
+    return env
+
+
+def _serve_langgraph(extra: dict[str, str], *, host: str, port: int) -> None:
+    from loopwright.checkpoints.database import loopwright_home
+    from loopwright.server.launch import server_env, start_server
+
+    env = server_env(os.environ, extra)
     with start_server(
         loopwright_home() / "server", env, host=host, port=port, stdout=sys.stdout.buffer
     ) as running:
-        console.print(f"agent  {hosted.name} {hosted.version} ({path})", markup=False)
         console.print(f"API    {running.url}", markup=False)
         console.print(f"inbox  {running.url}/inbox", markup=False)
         console.print(
             f"Studio https://smith.langchain.com/studio/?baseUrl={running.url}", markup=False
         )
-        # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
-        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         with contextlib.suppress(KeyboardInterrupt):
             running.process.wait()
+
+
+def _serve_aegra(
+    hosted: Agent[Any],
+    url: str,
+    redis: str | None,
+    extra: dict[str, str],
+    *,
+    host: str,
+    ports: list[int],
+) -> None:
+    """`--engine aegra`: what the agent's instances share, started once, then the instances."""
+    import importlib.util
+
+    from loopwright.checkpoints.database import loopwright_home
+    from loopwright.server import cluster
+
+    if importlib.util.find_spec("aegra_api") is None:
+        raise UsageError("the aegra engine is not installed: pip install 'loopwright[aegra]'")
+    redis_url = redis or os.environ.get(cluster.REDIS_ENV) or ""
+    if not redis_url:
+        raise UsageError("--engine aegra needs Redis: --redis redis://host:port/db or REDIS_URL")
+    if (why := cluster.redis_unreachable(redis_url)) is not None:
+        raise UsageError(f"--redis: {why}")
+    workdir = loopwright_home() / "aegra"
+    with ExitStack() as stack:
+        if hosted.shared is not None:
+            extra = {**extra, **stack.enter_context(hosted.shared())}
+        env = cluster.instance_env(
+            os.environ,
+            database_url=url,
+            redis_url=redis_url,
+            config=cluster.write_config(workdir),
+            extra=extra,
+        )
+        running = stack.enter_context(cluster.started_cluster(workdir, env, host=host, ports=ports))
+        prefix = cluster.deployment_prefix(url)
+        console.print(f"engine aegra, {len(running)} instances; Redis keys {prefix}*", markup=False)
+        for instance in running:
+            console.print(f"API    {instance.url}  (log {instance.log})", markup=False)
+        console.print(f"inbox  {running[0].url}/inbox (on every instance)", markup=False)
+        console.print(
+            f"handover: a killed instance's runs go on within {cluster.KILLED_HANDOVER_S:.0f} s,"
+            f" a stopped one's within {cluster.STOPPED_HANDOVER_S:.0f} s",
+            markup=False,
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            while all(instance.process.poll() is None for instance in running):
+                time.sleep(0.5)
+            gone = [i for i in running if i.process.poll() is not None]
+            errors.print(
+                f"loopwright: error: instance {gone[0].url} exited; see {gone[0].log}",
+                markup=False,
+            )
+            raise typer.Exit(1)
 
 
 def _raise_keyboard_interrupt(*_: object) -> None:

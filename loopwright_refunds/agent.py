@@ -114,6 +114,19 @@ def open_services() -> Iterator[RefundServices]:
 
 
 @contextmanager
+def shared_services() -> Iterator[dict[str, str]]:
+    """What every instance serving the agent shares: the services named by
+    $LOOPWRIGHT_SERVICES, or started here once (on the data kept under LOOPWRIGHT_HOME/
+    services), as the environment that points each instance's `open_services` at them."""
+    endpoints = ServiceEndpoints.from_env()
+    if endpoints is not None:
+        yield endpoints.to_env()
+        return
+    with start_services(services_dir()) as started:
+        yield started.endpoints.to_env()
+
+
+@contextmanager
 def fresh_services() -> Iterator[RefundServices]:
     """Like `open_services`, on freshly seeded data when it starts the services itself."""
     if ServiceEndpoints.from_env() is None:
@@ -362,6 +375,7 @@ agent: Agent[RefundServices] = Agent(
         approver="a-1",
         deps=fresh_services,
     ),
+    shared=shared_services,
 )
 
 

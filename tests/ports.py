@@ -12,6 +12,7 @@ conflict with it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,3 +26,21 @@ def reserved_port(host: str = "127.0.0.1") -> Iterator[int]:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         yield port
+
+
+@contextmanager
+def reserved_ports(count: int, host: str = "127.0.0.1") -> Iterator[int]:
+    """The first of `count` consecutive ports on `host`, all held as `reserved_port` holds one
+    (for a command that serves on --port P, P+1, ...)."""
+    for _attempt in range(100):
+        with reserved_port(host) as first, contextlib.ExitStack() as stack:
+            try:
+                for port in range(first + 1, first + count):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind((host, port))
+            except OSError:
+                continue  # a port after the first is taken: another first
+            yield first
+            return
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")

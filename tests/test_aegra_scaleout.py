@@ -401,7 +401,7 @@ def test_a_killed_instance_s_runs_go_on_elsewhere_whatever_they_were_doing(
     assert len(unknown) == 1, unknown  # the write the crash cut off, reconciled
     for order_id in orders:
         assert len(list_refunds(cluster.services, order_id)) == 1, order_id
-    decision = decision_for(interrupt, "approve", "a-1")
+    decision = decision_for(dict(interrupt), "approve", "a-1")
     second.client("t-a1").runs.wait(waiting, GRAPH, command={"resume": decision})
     assert values_of(second.client(), waiting)["stop_reason"] == "completed"
     assert len(list_refunds(cluster.services, waiting_order)) == 1

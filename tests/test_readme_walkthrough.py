@@ -8,6 +8,7 @@ order of its own, so one never finds its order already refunded by another.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import pytest
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
-from tests.ports import reserved_port
+from tests.ports import reserved_port, reserved_ports
 from tests.runtime_fixtures import REPO, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -137,3 +138,73 @@ def test_the_sdk_example_against_loopwright_serve(
     final = namespace["ann"].threads.get_state(namespace["thread"]["thread_id"])["values"]
     assert (final["phase"], final["stop_reason"]) == ("COMPLETED", "completed")
     assert final["verification"]["verified"] is True
+
+
+def production_recipe() -> str:
+    [block] = [b for b in blocks("sh") if "--engine aegra" in b]
+    return block
+
+
+def redis_url() -> str | None:
+    """The Redis the production recipe runs on, if this machine has one."""
+    from loopwright.server.cluster import redis_unreachable
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    return None if redis_unreachable(url) else url
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("aegra_api") is None, reason="the aegra extra is not installed"
+)
+def test_the_production_recipe_serves_approvals_across_its_instances(
+    postgres_server_url: str, tmp_path: Path, user_env: dict[str, str]
+) -> None:
+    """The README's production recipe as written (its `pip install` aside: installed already),
+    on a database of its own: the SDK example's customer on one instance, its approver on the
+    other; then the deployment stops with its command, instances and all."""
+    redis = redis_url()
+    if redis is None:
+        pytest.skip("no Redis on this machine")
+    recipe = "\n".join(
+        line for line in production_recipe().splitlines() if not line.startswith("pip install")
+    )
+    (tmp_path / "tokens.json").write_text((REPO / "loopwright/server/dev-tokens.json").read_text())
+    with fresh_database(postgres_server_url, prefix="lw_test") as url, reserved_ports(2) as port:
+        recipe = re.sub(r"DATABASE_URL=\S+", f"DATABASE_URL={url}", recipe)
+        recipe = re.sub(r"REDIS_URL=\S+", f"REDIS_URL={redis}", recipe)
+        recipe = recipe.replace("--port 2031", f"--port {port}")
+        # `exec`: the command is the shell's process, which the test stops as a user would.
+        recipe = recipe.replace("\nloopwright serve", "\nexec loopwright serve")
+        process = subprocess.Popen(
+            ["bash", "-c", recipe],
+            cwd=tmp_path,
+            env=user_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        first, second = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+        try:
+            wait_for(lambda: process.poll() is not None or reachable_aegra(second), timeout=180)
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            example = sdk_example().replace("http://127.0.0.1:2024", first, 1)
+            namespace: dict[str, Any] = {}
+            exec(
+                compile(example.replace("http://127.0.0.1:2024", second), "README.md", "exec"),
+                namespace,
+            )
+            final = namespace["ann"].threads.get_state(namespace["thread"]["thread_id"])["values"]
+            assert (final["phase"], final["stop_reason"]) == ("COMPLETED", "completed")
+        finally:
+            process.terminate()
+            output, _ = process.communicate(timeout=60)
+        assert f"API    {first}" in output and f"API    {second}" in output, output
+        assert not reachable_aegra(first) and not reachable_aegra(second)
+
+
+def reachable_aegra(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False

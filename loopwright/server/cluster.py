@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -156,3 +158,33 @@ def _wait_until_answering(instance: Instance, timeout: float) -> None:
     raise ServerFailedToStart(
         f"Aegra did not answer at {instance.url} within {timeout} s; see {instance.log}"
     )
+
+
+@contextmanager
+def started_cluster(
+    workdir: Path, env: Mapping[str, str], *, host: str, ports: Sequence[int]
+) -> Iterator[list[Instance]]:
+    """Instances on `ports`, the first alone (it applies Aegra's migrations), then the rest;
+    all stopped (SIGTERM: each hands its runs back) when the block ends."""
+    with ExitStack() as stack:
+        instances = []
+        for index, port in enumerate(ports, 1):
+            instance = start_instance(workdir, env, index=index, host=host, port=port)
+            instances.append(stack.enter_context(instance))
+        yield instances
+
+
+def redis_unreachable(redis_url: str, timeout: float = 2.0) -> str | None:
+    """Why Redis at `redis_url` cannot be reached, or None if it answers a PING."""
+    parts = urlsplit(redis_url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        return f"{redis_url!r} is not a Redis URL (redis://host:port/db)"
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 6379), timeout) as conn:
+            conn.sendall(b"PING\r\n")
+            answer = conn.recv(64)
+    except OSError as exc:
+        return f"no Redis answers at {parts.hostname}:{parts.port or 6379} ({exc.strerror or exc})"
+    if not answer.startswith((b"+PONG", b"-NOAUTH")):
+        return f"{parts.hostname}:{parts.port or 6379} does not answer as Redis does"
+    return None
