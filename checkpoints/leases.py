@@ -26,9 +26,9 @@ from loopwright.graph.state import Phase
 
 _LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock
 _RUN_COLUMNS = (
-    "run_id, owner, fence, lease_expires_at, phase, task, user_id, next_attempt_at,"
-    " cancel_requested_at, failures, last_error, agent, agent_version, created_at, updated_at,"
-    " pruned_at, " + _LEASE_LIVE
+    "run_id, owner, fence, lease_expires_at, phase, task, user_id, tenant, engine,"
+    " next_attempt_at, cancel_requested_at, failures, last_error, agent, agent_version,"
+    " created_at, updated_at, pruned_at, " + _LEASE_LIVE
 )
 _SELECT_RUNS = "SELECT " + _RUN_COLUMNS + " FROM lw_runs"
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
@@ -68,6 +68,10 @@ class RunRecord(BaseModel):
     task: str
     user_id: str
     next_attempt_at: datetime | None
+    # The tenant whose user the run acts for; the engine hosting it ("" for an in-process run:
+    # the CLI's or a worker's; "server" for one a server's engine started and resumes).
+    tenant: str = "default"
+    engine: str = ""
     cancel_requested_at: datetime | None = None
     # Attempts in a row that ended in an error, and the last one: a run that keeps failing is
     # retried later and later (`failure_backoff_s`), so it cannot keep every worker busy.
@@ -217,16 +221,24 @@ class LeaseStore:
         migrate(self.db)
 
     def register(
-        self, run_id: str, *, task: str, user_id: str, agent: str = "", agent_version: str = ""
+        self,
+        run_id: str,
+        *,
+        task: str,
+        user_id: str,
+        agent: str = "",
+        agent_version: str = "",
+        tenant: str = "default",
+        engine: str = "",
     ) -> RunRecord:
         """Record a run (unowned, fence 0, created now by the database's clock); the run's row.
         Registering an existing run changes nothing."""
         rows = self.db.write(
             "INSERT INTO lw_runs (run_id, owner, fence, phase, task, user_id, agent,"
-            " agent_version, created_at, updated_at)"
-            " VALUES (%s, NULL, 0, %s, %s, %s, %s, %s, now(), now())"
+            " agent_version, tenant, engine, created_at, updated_at)"
+            " VALUES (%s, NULL, 0, %s, %s, %s, %s, %s, %s, %s, now(), now())"
             " ON CONFLICT (run_id) DO NOTHING RETURNING " + _RUN_COLUMNS,
-            (run_id, Phase.READY.value, task, user_id, agent, agent_version),
+            (run_id, Phase.READY.value, task, user_id, agent, agent_version, tenant, engine),
         )
         return RunRecord.model_validate(rows[0]) if rows else self._registered(run_id)
 
@@ -240,6 +252,8 @@ class LeaseStore:
         user_id: str,
         agent: str = "",
         agent_version: str = "",
+        tenant: str = "default",
+        engine: str = "",
     ) -> tuple[RunRecord, Lease | None]:
         """Register a new run already leased to `owner` (fence 1): a `register` and the first
         `claim` in one statement, where the two cost six round trips. Nobody can come between
@@ -249,10 +263,13 @@ class LeaseStore:
             raise ValueError(f"lease ttl must be positive, got {ttl_s}")
         rows = self.db.write(
             "INSERT INTO lw_runs (run_id, owner, fence, lease_expires_at, phase, task, user_id,"
-            " agent, agent_version, created_at, updated_at)"
-            " VALUES (%s, %s, 1, {after_seconds}, %s, %s, %s, %s, %s, now(), now())"
+            " agent, agent_version, tenant, engine, created_at, updated_at)"
+            " VALUES (%s, %s, 1, {after_seconds}, %s, %s, %s, %s, %s, %s, %s, now(), now())"
             " ON CONFLICT (run_id) DO NOTHING RETURNING " + _RUN_COLUMNS + ", now() AS granted_at",
-            (run_id, owner, ttl_s, Phase.READY.value, task, user_id, agent, agent_version),
+            (
+                *(run_id, owner, ttl_s, Phase.READY.value, task, user_id),
+                *(agent, agent_version, tenant, engine),
+            ),
         )
         if not rows:
             return self._registered(run_id), None

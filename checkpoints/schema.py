@@ -197,6 +197,14 @@ def _v8_unended_runs_index(db: Database) -> None:
     )
 
 
+def _v9_run_tenant_and_engine(db: Database) -> None:
+    """Whose a run is, in full (a principal is a tenant's user: one user id may be two tenants'
+    users), and whether a server engine hosts it (`engine`, "" for runs of the CLI and workers):
+    a served run is resumed through its engine, whose own records must agree with lw_runs."""
+    db.execute("ALTER TABLE lw_runs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default'")
+    db.execute("ALTER TABLE lw_runs ADD COLUMN engine TEXT NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
@@ -206,6 +214,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v6_summary_text_as_json,
     _v7_compact_checkpoints,
     _v8_unended_runs_index,
+    _v9_run_tenant_and_engine,
 )
 LATEST = len(MIGRATIONS)
 

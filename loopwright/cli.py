@@ -774,6 +774,7 @@ def _decide_command(
     changes: list[str] | None = None,
     *,
     confirmed: bool = False,
+    server: str | None = None,
 ) -> None:
     from loopwright.graph.state import ApprovalDecision, ApprovalRequest
     from loopwright.runner import DecisionRefused, EditRefused
@@ -799,11 +800,66 @@ def _decide_command(
             except EditRefused as exc:
                 raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         printer = step_printer(runner, as_json, request["run_id"])
+        record = runner.leases.get(request["run_id"])
+        if record is not None and record.engine:
+            # Resumed by the engine that hosts it, never behind its back: the engine's own run
+            # and thread records then end as the run does.
+            decided_by_server(server, request, decision, comment, edits)
+            outcome = runner.outcome(request["run_id"])
+            conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
         with advancing(request["run_id"], repeat_options(agent, db)):
             outcome = runner.resume(request["run_id"], answer, on_step=printer)
         # Before the run's end is shown: a decision that did not take effect says only that.
         runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))
         conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
+
+
+TOKEN_ENV = "LOOPWRIGHT_TOKEN"
+
+
+def decided_by_server(
+    server: str | None,
+    request: dict[str, Any],
+    decision: ApprovalChoice,
+    comment: str,
+    changes: dict[str, str] | None,
+) -> None:
+    """Hand a decision about a served run to its server's inbox, as the approver whose token
+    is in LOOPWRIGHT_TOKEN, and wait for the run it resumes (the server answers then)."""
+    import httpx
+
+    run_id, approval_id = request["run_id"], request["approval_id"]
+    if not server:
+        raise UsageError(
+            f"run {run_id} is served: its server resumes it. Decide in its inbox (/inbox), or"
+            f" here with --server URL and {TOKEN_ENV}=<your approver token>"
+        )
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        raise UsageError(f"--server needs your approver token in {TOKEN_ENV}")
+    body = {
+        "thread_id": run_id,
+        "interrupt_id": request["interrupt_id"],
+        "decision": decision,
+        "comment": comment,
+        "changes": changes or {},
+        "confirmed": True,  # asked here already, where the write wants it (--yes or a prompt)
+    }
+    try:
+        answer = httpx.post(
+            f"{server.rstrip('/')}/inbox/api/decisions",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(600.0, connect=10.0),
+        )
+    except httpx.HTTPError as exc:
+        raise UsageError(f"--server {server}: {exc}") from None
+    if answer.status_code != 200:
+        try:
+            detail = answer.json().get("detail", answer.text)
+        except ValueError:
+            detail = answer.text
+        raise UsageError(f"the server refused ({answer.status_code}): {detail}; {approval_id}")
 
 
 def _parse_changes(changes: list[str]) -> dict[str, str]:
@@ -817,6 +873,15 @@ def _parse_changes(changes: list[str]) -> dict[str, str]:
     return parsed
 
 
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        metavar="URL",
+        help="For a run a server hosts: decide through it (its inbox's decision route), as the"
+        " approver whose token is in LOOPWRIGHT_TOKEN.",
+    ),
+]
 ApproverOption = Annotated[
     str, typer.Option("--as", metavar="APPROVER", help="The approver's user id.")
 ]
@@ -855,9 +920,12 @@ def approvals_approve(
             " an amount) without a prompt; without a terminal it is required for those.",
         ),
     ] = False,
+    server: ServerOption = None,
 ) -> None:
     """Approve one pending action (exactly the digest it names) and resume its run."""
-    _decide_command(approval_id, "approve", approver, db, agent, comment, as_json, confirmed=yes)
+    _decide_command(
+        approval_id, "approve", approver, db, agent, comment, as_json, confirmed=yes, server=server
+    )
 
 
 @approvals_app.command("reject")
@@ -868,11 +936,12 @@ def approvals_reject(
     db: DbOption = None,
     agent: AgentOption = None,
     as_json: JsonOption = False,
+    server: ServerOption = None,
 ) -> None:
     """Reject one pending action and resume its run."""
     if not comment.strip():
         raise UsageError("a rejection needs a reason: --comment TEXT")
-    _decide_command(approval_id, "reject", approver, db, agent, comment, as_json)
+    _decide_command(approval_id, "reject", approver, db, agent, comment, as_json, server=server)
 
 
 @approvals_app.command("edit")
@@ -889,12 +958,15 @@ def approvals_edit(
     agent: AgentOption = None,
     comment: CommentOption = "",
     as_json: JsonOption = False,
+    server: ServerOption = None,
 ) -> None:
     """Change some arguments of one pending action and resume its run.
 
     The action asked about is rejected; the edited one waits for an approval of its own.
     """
-    _decide_command(approval_id, "edit", approver, db, agent, comment, as_json, changes)
+    _decide_command(
+        approval_id, "edit", approver, db, agent, comment, as_json, changes, server=server
+    )
 
 
 RECONNECT_FIRST_S = 1.0

@@ -521,16 +521,24 @@ class Runner:
             user_id=principal.user_id,
             agent=self.agent.name,
             agent_version=self.agent.version,
+            tenant=principal.tenant,
         )
         self._check_agent(record)
         return record
 
     def begin(
-        self, run_id: str, task: str, principal: Principal, owner: str, ttl_s: float
+        self,
+        run_id: str,
+        task: str,
+        principal: Principal,
+        owner: str,
+        ttl_s: float,
+        *,
+        engine: str = "",
     ) -> tuple[RunRecord, Lease | None]:
         """Register a new run as this agent's, leased to `owner` from the start (`LeaseStore.
         begin`); a run registered before keeps its row and gets no lease (another agent's is
-        refused)."""
+        refused). `engine` names the server engine that hosts it, if one does."""
         check_new_run(run_id, task, principal)
         record, lease = self.leases.begin(
             run_id,
@@ -540,6 +548,8 @@ class Runner:
             user_id=principal.user_id,
             agent=self.agent.name,
             agent_version=self.agent.version,
+            tenant=principal.tenant,
+            engine=engine,
         )
         if lease is None:
             self._check_agent(record)

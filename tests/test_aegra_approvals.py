@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from loopwright_refunds.services.admin import create_order, list_refunds
+from tests.runtime_fixtures import cli
 from tests.test_aegra_scaleout import Cluster, Instance, cluster, pytestmark, refund_task
 from tests.test_server_langgraph import GRAPH, decision_for, status_of, values_of
 
@@ -49,7 +50,7 @@ def waiting_refund(cluster: Cluster, instance: Instance, order_id: str) -> tuple
     return thread_id, interrupt
 
 
-@pytest.mark.parametrize("route", ["inbox", "sdk"])
+@pytest.mark.parametrize("route", ["inbox", "sdk", "cli"])
 def test_an_approval_is_seen_and_decided_through_another_instance(
     cluster: Cluster, route: str
 ) -> None:
@@ -82,9 +83,16 @@ def test_an_approval_is_seen_and_decided_through_another_instance(
         )
         assert answer.status_code == 200, answer.text
         assert answer.json()["result"]["stop_reason"] == "completed", answer.json()
-    else:
+    elif route == "sdk":
         resume = decision_for(interrupt, "approve", "a-1")
         ann.runs.wait(thread_id, GRAPH, command={"resume": resume})
+    else:  # the command line hands it to the engine: it never resumes a served run itself
+        approval_id = interrupt["value"]["approval_id"]
+        command = ("approvals", "approve", approval_id, "--as", "a-1", "--db", cluster.database_url)
+        refused = cli(*command, env={}, expect=2)
+        assert "--server" in refused.stderr and thread_id in refused.stderr
+        decided = cli(*command, "--server", second.url, env={"LOOPWRIGHT_TOKEN": "t-a1"}, expect=0)
+        assert "COMPLETED run" in decided.stdout, decided.stdout
 
     state = values_of(second.client("t-u1"), thread_id)
     assert state["stop_reason"] == "completed" and state["verification"]["verified"]

@@ -83,6 +83,8 @@ CANCEL_SETTLE_S = 60.0
 # How long a run handed back (a shutdown) may take to reach its next step boundary and give up
 # its lease: a node always finishes (a write in flight is settled), so this is one step's time.
 PAUSE_SETTLE_S = 30.0
+# What lw_runs says of the engine hosting a served run: it is resumed through the engine.
+SERVED = "server"
 # Checkpoint metadata naming the process that wrote a step (where a run went, after a takeover).
 WRITER_METADATA_KEY = "lw_writer"
 INPUT_SCHEMA: dict[str, Any] = {
@@ -231,7 +233,9 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 principal = principal_for_task(res.agent, res.runner.deps, principal, request.task)
                 # A new run is registered leased to this attempt; one registered before is
                 # claimed.
-                _, lease = res.runner.begin(run_id, request.task, principal, owner, res.lease_ttl_s)
+                _, lease = res.runner.begin(
+                    run_id, request.task, principal, owner, res.lease_ttl_s, engine=SERVED
+                )
             else:
                 res.runner.owned(run_id)
         except (TaskRefused, InvalidText, OtherAgentsRun) as exc:
