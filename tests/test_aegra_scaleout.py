@@ -20,8 +20,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ REDIS = ("127.0.0.1", 6379)
 RUNS = 20
 
 
-def _redis_reachable() -> bool:
+def redis_reachable() -> bool:
     try:
         with socket.create_connection(REDIS, timeout=1):
             return True
@@ -57,7 +59,7 @@ pytestmark = [
         importlib.util.find_spec("aegra_api") is None,
         reason="aegra-api is not installed (pip install -e '.[dev]')",
     ),
-    pytest.mark.skipif(not _redis_reachable(), reason=f"no Redis at {REDIS[0]}:{REDIS[1]}"),
+    pytest.mark.skipif(not redis_reachable(), reason=f"no Redis at {REDIS[0]}:{REDIS[1]}"),
 ]
 
 
@@ -110,13 +112,14 @@ class Cluster:
             return conn.execute(query, params).fetchall()
 
 
-@pytest.fixture
-def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
+@contextmanager
+def deployment(postgres_server_url: str, workdir: Path) -> Iterator[Cluster]:
     """A deployment as `loopwright serve --engine aegra` makes one (its environment, with the
-    handover settings it states), its instances started by the test."""
+    handover settings it states) on a database of its own, its instances started by the test
+    and stopped with it."""
     with (
         fresh_database(postgres_server_url, prefix="lw_test") as url,
-        start_services(tmp_path / "services") as services,
+        start_services(workdir / "services") as services,
     ):
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         extra = {
@@ -130,16 +133,39 @@ def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
             base,
             database_url=url,
             redis_url=f"redis://{REDIS[0]}:{REDIS[1]}/0",
-            config=cluster_module.write_config(tmp_path),
+            config=cluster_module.write_config(workdir),
             extra=extra,
         )
-        cluster = Cluster(url, services.endpoints, env, tmp_path, [])
+        cluster = Cluster(url, services.endpoints, env, workdir, [])
         try:
             yield cluster
         finally:
             for instance in cluster.instances:
                 instance.stop()
             _forget_redis_keys(cluster_module.deployment_prefix(url))
+
+
+@pytest.fixture
+def cluster(postgres_server_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    with deployment(postgres_server_url, tmp_path) as cluster:
+        yield cluster
+
+
+def openapi_document(cluster: Cluster) -> dict[str, Any]:
+    """The API Aegra serves loopwright's config with, as its app documents it (the app is the
+    inbox's, which serves no document of its own: read in a process of the deployment's)."""
+    script = "import json; from aegra_api.main import app; print(json.dumps(app.openapi()))"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cluster.workdir,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    document: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return document
 
 
 def _forget_redis_keys(prefix: str) -> None:

@@ -288,28 +288,52 @@ def _filter(user: User, *, own: bool = False) -> Auth.types.FilterType:
     return {USER_KEY: user.user_id, TENANT_KEY: user.tenant}
 
 
-async def thread_owner(thread_id: Any) -> tuple[bool, str | None]:
-    """Whether the thread is known (to loopwright or the engine), and whose it is: the run's
-    user once a run is registered on it, else the user stamped on the engine's thread."""
+@dataclass(frozen=True)
+class ThreadOwner:
+    """Whose a thread is, as far as loopwright or the engine knows (`known`: either has it)."""
+
+    known: bool
+    user_id: str | None = None
+    tenant: str | None = None
+
+
+async def thread_owner(thread_id: Any) -> ThreadOwner:
+    """Whose the thread is: its run's user and tenant once a run is registered on it (lw_runs),
+    else those stamped on the engine's thread (Aegra's; LangGraph's server filters instead)."""
     if not thread_id:
-        return False, None
+        return ThreadOwner(False)
     res = await aresources()
 
-    def read() -> tuple[bool, str | None]:
+    def read() -> ThreadOwner:
         run = res.leases.get(str(thread_id))
         if run is not None:
-            return True, run.user_id
-        known, user_id, _tenant = res.engine_threads.owner(str(thread_id))
-        return known, user_id
+            return ThreadOwner(True, run.user_id, run.tenant)
+        known, user_id, tenant = res.engine_threads.owner(str(thread_id))
+        return ThreadOwner(known, user_id, tenant)
 
     return await asyncio.to_thread(read)
 
 
+def _not_found(thread_id: Any) -> Auth.exceptions.HTTPException:
+    return Auth.exceptions.HTTPException(status_code=404, detail=f"thread {thread_id} not found")
+
+
 async def refuse_unless_own(user: User, thread_id: Any, refusal: str) -> None:
-    """403 unless the thread is the caller's (or unknown: the engine answers 404 itself)."""
-    _known, owner = await thread_owner(thread_id)
-    if owner is not None and owner != user.user_id:
+    """403 unless the thread is the caller's, 404 if it is another tenant's (whose threads are
+    not even named); nothing for a thread nobody knows (the engine answers 404 itself)."""
+    owner = await thread_owner(thread_id)
+    if owner.tenant is not None and owner.tenant != user.tenant:
+        raise _not_found(thread_id)
+    if owner.user_id is not None and owner.user_id != user.user_id:
         raise _forbidden(refusal)
+
+
+async def refuse_unless_visible(user: User, thread_id: Any) -> None:
+    """What a caller may read: an approver their tenant's threads, anyone else their own."""
+    if not user.is_approver:
+        await refuse_unless_own(user, thread_id, "this run belongs to another user")
+    elif (await thread_owner(thread_id)).tenant not in (None, user.tenant):
+        raise _not_found(thread_id)
 
 
 @auth.on.threads.create
@@ -337,8 +361,7 @@ async def on_thread_read(
     """A thread, its state, history, runs and streams: its own user's, or an approver's of
     its tenant (the engine keeps tenants apart, see `server.engine`)."""
     user = _user(ctx)
-    if not user.is_approver:  # approvers review runs across threads of their tenant
-        await refuse_unless_own(user, value.get("thread_id"), "this run belongs to another user")
+    await refuse_unless_visible(user, value.get("thread_id"))
     return _filter(user)
 
 
@@ -348,9 +371,7 @@ async def on_thread_search(
 ) -> Auth.types.FilterType | None:
     """A search of threads (filtered), or of one thread's runs (Aegra: its own user's only)."""
     user = _user(ctx)
-    if not user.is_approver:
-        thread_id = cast(Mapping[str, Any], value).get("thread_id")
-        await refuse_unless_own(user, thread_id, "this run belongs to another user")
+    await refuse_unless_visible(user, cast(Mapping[str, Any], value).get("thread_id"))
     return _filter(user)
 
 
@@ -446,8 +467,7 @@ async def refuse_threadless(value: Mapping[str, Any], kwargs: Mapping[str, Any])
     creates = kwargs.get("if_not_exists") or value.get("if_not_exists")
     if not thread_id or creates == "create":
         raise Auth.exceptions.HTTPException(status_code=422, detail=NO_THREAD)
-    known, _owner = await thread_owner(thread_id)
-    if not known and (await aresources()).engine_threads.kept:
+    if not (await thread_owner(thread_id)).known and (await aresources()).engine_threads.kept:
         raise Auth.exceptions.HTTPException(
             status_code=404, detail=f"thread {thread_id} not found: {NO_THREAD}"
         )
@@ -483,6 +503,14 @@ async def on_run_create(
     if strategy == "rollback":
         raise _forbidden("multitask_strategy rollback would erase a run's record: use reject")
     await refuse_threadless(value, kwargs)
+    # Before anything that tells a thread's state: another tenant's threads are not named.
+    await refuse_unless_visible(user, value.get("thread_id"))
+    if any(kwargs.get(field) for field in ("interrupt_before", "interrupt_after")):
+        # A run paused at a node of the client's choosing waits for nothing anybody is asked.
+        raise Auth.exceptions.HTTPException(
+            status_code=422,
+            detail="interrupt_before/interrupt_after: a run stops only where it asks a person",
+        )
     if run is not None and run.pruned_at is not None:
         # Its checkpoints are gone: any run on the thread would start it over from nothing.
         raise Auth.exceptions.HTTPException(

@@ -145,6 +145,22 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         compiled = compile_graph()
         return cls(**{k: v for k, v in compiled.__dict__.items() if k != "__orig_class__"})
 
+    async def aget_state_history(
+        self,
+        config: RunnableConfig,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[StateSnapshot]:
+        """LangGraph's history; `metadata` is what Aegra calls its history request's `filter`
+        (passed under that name, LangGraph's own would refuse the call)."""
+        async for snapshot in super().aget_state_history(
+            config, filter=filter or metadata, before=before, limit=limit
+        ):
+            yield snapshot
+
     def get_input_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
         """What a client sends to start a run (Studio builds its input form from this)."""
         return INPUT_SCHEMA
@@ -168,6 +184,9 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         **kwargs: Any,
     ) -> AsyncIterator[Any]:
         del context, durability  # never the client's: the run context and "sync" are ours
+        # Nor where the run pauses: only where it asks a person (the auth hook refuses these).
+        kwargs.pop("interrupt_before", None)
+        kwargs.pop("interrupt_after", None)
         res = await aresources()
         run_config = _run_config(config)
         thread_id = str(run_config["configurable"]["thread_id"])
