@@ -1,0 +1,158 @@
+"""What a run costs served by the multi-instance engine (Aegra), next to `loopwright worker`.
+
+    python -m benchmarks.served_cost [--runs 40] [--db SERVER_URL] [--redis URL]
+
+On one fresh database and the reference services, the same work twice, in this process:
+
+1. **worker**: N runs of an eligible small refund (20.00: no approval), each on its own order,
+   submitted with `Runner.submit` and held; one `loopwright worker` started and polling; the
+   runs released at once; the worker's CPU (user + system, /proc) from the release until every
+   run is COMPLETED, per run;
+2. **engine**: one Aegra instance as `loopwright serve --engine aegra` starts one
+   (`server.cluster`); N more such runs created through its API (a thread, then a run, each)
+   by a client sending them all at once, the client's wall time for that; the instance's CPU
+   from before the first request until every run is COMPLETED, per run (its API work
+   included: that is what serving costs).
+
+Every order must end with exactly one refund. The machine's load is printed alongside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from langgraph_sdk import get_client
+
+from benchmarks.perf_setup import Bench, bench_environment
+from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
+from benchmarks.worker_time import process_cpu_s
+from loopwright.server import cluster
+from loopwright.server.launch import GRAPH_ID
+from loopwright_refunds.services.admin import create_order, list_refunds
+
+TASK = "Check whether order {order_id} can be refunded and refund it if so."
+AMOUNT = "20.00"
+RUNS = 40
+CPU_GOAL = 1.3  # the engine's CPU per run against the worker's
+SUBMIT_GOAL_S = 1.0  # client time to create RUNS runs through the API
+TOKEN = "bench-u1"
+TOKENS = '{"bench-u1": {"user_id": "u-1", "roles": ["customer"]}}'
+
+
+def _wait_completed(url: str, run_ids: list[str], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while _completed(url, run_ids) < len(run_ids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{_completed(url, run_ids)}/{len(run_ids)} runs completed")
+        time.sleep(0.05)
+
+
+def worker_cpu_per_run(bench: Bench, orders: list[str]) -> float:
+    """CPU seconds of one `loopwright worker` per run, from the release to the last end."""
+    run_ids = _submit(bench, orders)
+    _hold(bench.database_url, run_ids, held=True)
+    with tempfile.TemporaryDirectory(prefix="lw-served-cost-") as tmp:
+        log = Path(tmp) / "worker.log"
+        process = _start_worker(bench, 0, Path(tmp), log)
+        try:
+            deadline = time.monotonic() + 60
+            while READY not in log.read_text():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the worker did not start")
+                time.sleep(0.05)
+            before = process_cpu_s(process.pid)
+            _hold(bench.database_url, run_ids, held=False)
+            _wait_completed(bench.database_url, run_ids)
+            used = process_cpu_s(process.pid) - before
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    return used / len(run_ids)
+
+
+async def _create_runs(url: str, orders: list[str]) -> list[str]:
+    """Every run at once: a thread each, then its run; the threads' ids (the runs')."""
+    client = get_client(url=url, headers={"Authorization": f"Bearer {TOKEN}"})
+
+    async def one(order_id: str) -> str:
+        thread = await client.threads.create()
+        await client.runs.create(
+            thread["thread_id"], GRAPH_ID, input={"task": TASK.format(order_id=order_id)}
+        )
+        return str(thread["thread_id"])
+
+    return list(await asyncio.gather(*(one(order_id) for order_id in orders)))
+
+
+def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> tuple[float, float]:
+    """(CPU seconds of one Aegra instance per run, client seconds to create the runs)."""
+    with tempfile.TemporaryDirectory(prefix="lw-served-cost-aegra-") as tmp:
+        workdir = Path(tmp)
+        env = cluster.instance_env(
+            os.environ,
+            database_url=bench.database_url,
+            redis_url=redis_url,
+            config=cluster.write_config(workdir),
+            extra={**bench.endpoints.to_env(), "LOOPWRIGHT_TOKENS": TOKENS},
+        )
+        with cluster.start_instance(workdir, env, index=1, host="127.0.0.1", port=_port()) as one:
+            before = process_cpu_s(one.pid)
+            started = time.monotonic()
+            run_ids = asyncio.run(_create_runs(one.url, orders))
+            submitted_s = time.monotonic() - started
+            _wait_completed(bench.database_url, run_ids)
+            used = process_cpu_s(one.pid) - before
+    return used / len(run_ids), submitted_s
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--db", default=None, help="a Postgres server URL (default: embedded)")
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    args = parser.parse_args(argv)
+    if (why := cluster.redis_unreachable(args.redis)) is not None:
+        raise SystemExit(f"served_cost: {why}")
+    with bench_environment(args.db) as bench:
+        worker_orders = [f"O-{20_000 + i}" for i in range(args.runs)]
+        engine_orders = [f"O-{30_000 + i}" for i in range(args.runs)]
+        for order_id in (*worker_orders, *engine_orders):
+            create_order(bench.endpoints, order_id, "u-1", AMOUNT)
+        load_before = os.getloadavg()[0]
+        worker = worker_cpu_per_run(bench, worker_orders)
+        engine, submitted_s = engine_cost(bench, engine_orders, args.redis)
+        load_after = os.getloadavg()[0]
+        for order_id in (*worker_orders, *engine_orders):
+            refunds = len(list_refunds(bench.endpoints, order_id))
+            assert refunds == 1, f"{order_id}: {refunds} refunds"
+    ratio = engine / worker
+    print(f"{args.runs} auto-approved refund runs each way, one refund per order")
+    print(f"  loopwright worker   CPU {worker * 1000:6.1f} ms per run")
+    print(
+        f"  Aegra instance      CPU {engine * 1000:6.1f} ms per run  ({ratio:.2f}x the worker's;"
+        f" goal <= {CPU_GOAL}x: {'met' if ratio <= CPU_GOAL else 'MISSED'})"
+    )
+    print(
+        f"  {args.runs} runs created through the API: {submitted_s:.2f} s of client time"
+        f" (goal <= {SUBMIT_GOAL_S} s: {'met' if submitted_s <= SUBMIT_GOAL_S else 'MISSED'})"
+    )
+    print(f"  machine load (1 min): {load_before:.2f} before, {load_after:.2f} after")
+
+
+if __name__ == "__main__":
+    main()
