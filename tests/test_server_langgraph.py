@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +25,11 @@ from langgraph_sdk.client import SyncLangGraphClient
 from loopwright.checkpoints.retention import retain
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.launch import server_env, start_server
-from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
+from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
+from tests.runtime_fixtures import wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -622,3 +624,71 @@ def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Serve
         "SELECT DISTINCT metadata->>'source_app' FROM checkpoints WHERE thread_id = %s", thread_id
     )
     assert kept == [("crm",)]
+
+
+def test_a_run_is_a_thread_nothing_is_started_without_one(served: Served) -> None:
+    """A stateless run (its thread deleted as it stops: a waiting approval nobody could decide)
+    and a run that creates its own thread are refused before anything is written."""
+    create_order(served.services, "O-970", "u-1", "80.00")
+    ada = served.client("t-u1")
+    task = {"task": "Check whether order O-970 can be refunded and refund it if so."}
+    before = served.sql("SELECT count(*) FROM lw_runs")
+    for start in (
+        lambda: ada.runs.wait(None, GRAPH, input=task),
+        lambda: ada.runs.create(None, GRAPH, input=task),
+        lambda: ada.runs.wait(str(uuid.uuid4()), GRAPH, input=task, if_not_exists="create"),
+    ):
+        try:
+            start()
+        except httpx.HTTPStatusError as exc:
+            assert exc.response.status_code == 422, exc.response.text
+            assert "create one first" in exc.response.text
+        else:
+            raise AssertionError("a run without a thread was started")
+    assert served.sql("SELECT count(*) FROM lw_runs") == before
+
+
+def test_no_customer_holds_up_another_customers_run(served: Served) -> None:
+    """LangGraph's server runs a bounded number of runs at once and looks past no queued run
+    whose thread is busy. u-1 keeps as many runs in flight as one user may (their refunds' sends
+    held up by the payment service), then asks for one more (429) and for another behind a
+    busy thread (409, whatever the strategy; a delayed one, 422): u-2's new run starts while
+    all of u-1's are still in flight, not after them."""
+    orders = [f"O-97{i}" for i in range(1, 6)]
+    for order_id in orders:
+        create_order(served.services, order_id, "u-1", "20.00")
+    create_order(served.services, "O-979", "u-2", "20.00")
+    ada, ben = served.client("t-u1"), served.client("t-u2")
+
+    def task(order_id: str) -> dict[str, str]:
+        return {"task": f"Check whether order {order_id} can be refunded and refund it if so."}
+
+    slow_down(served.services.payments, 8.0, methods=("POST",))
+    try:
+        threads = [ada.threads.create()["thread_id"] for _ in orders]
+        for thread, order_id in zip(threads[:3], orders, strict=False):
+            ada.runs.create(thread, GRAPH, input=task(order_id))
+        in_flight = threads[:3]
+        journaled = "SELECT count(DISTINCT run_id) FROM lw_actions WHERE run_id = ANY(%s)"
+        # Each one waits on its refund's send.
+        wait_for(lambda: served.sql(journaled, in_flight) == [(len(in_flight),)])
+        queue: Callable[..., Any] = functools.partial(
+            ada.runs.create, threads[0], GRAPH, input=task(orders[0])
+        )
+        assert status_of(queue) == 409  # LangGraph's default strategy: enqueue
+        assert status_of(functools.partial(queue, multitask_strategy="enqueue")) == 409
+        assert status_of(functools.partial(queue, after_seconds=1)) == 422
+        one_more = functools.partial(ada.runs.create, threads[3], GRAPH, input=task(orders[3]))
+        assert status_of(one_more) == 429
+        other = ben.threads.create()["thread_id"]
+        started = time.monotonic()
+        ben.runs.create(other, GRAPH, input=task("O-979"))
+        wait_for(lambda: bool(served.sql("SELECT 1 FROM lw_runs WHERE run_id = %s", other)))
+        waited = time.monotonic() - started
+        phases = served.sql("SELECT phase FROM lw_runs WHERE run_id = ANY(%s)", in_flight)
+        assert ("COMPLETED",) not in phases, "u-2's run started only once u-1's had ended"
+        print(f"\nu-2's run started {waited:.2f} s after it was asked for, u-1's in flight")
+    finally:
+        slow_down(served.services.payments, 0, methods=("POST",))
+    for thread in (*in_flight, other):
+        wait_for_end(served.client("t-a1"), thread)

@@ -47,6 +47,7 @@ from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalDecision, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import UnknownRun
+from loopwright.server.admissions import Refusal, admissions
 from loopwright.server.engine import TENANT_KEY, USER_KEY, engine_identity
 from loopwright.server.inputs import (
     APPROVER_ROLE,
@@ -456,6 +457,27 @@ def stamp_owner(value: Any, kwargs: Mapping[str, Any], owner: str, tenant: str) 
             metadata.update({USER_KEY: owner, TENANT_KEY: tenant})
 
 
+async def admit(user: User, thread_id: Any) -> None:
+    """On LangGraph's server (`server.admissions`): 409 while another run is admitted on the
+    thread and has not ended (one queued behind it would hold up everyone's), 429 while the
+    caller holds as many runs as one principal may."""
+    if (await aresources()).engine_threads.kept:
+        return  # Aegra queues nothing behind a thread: its runs start, leases serialise them
+    refusal = admissions.admit(str(thread_id), (user.tenant, user.user_id))
+    if refusal is Refusal.THREAD_BUSY:
+        raise Auth.exceptions.HTTPException(
+            status_code=409,
+            detail="Thread is already running a task: a thread runs one run at a time, and"
+            " none waits behind it; ask again once it has ended",
+        )
+    if refusal is Refusal.PRINCIPAL_FULL:
+        raise Auth.exceptions.HTTPException(
+            status_code=429,
+            detail=f"you have {admissions.per_principal} runs in flight, as many as one user"
+            " may: ask again once one has ended",
+        )
+
+
 NO_THREAD = "a run is a thread: create one first (POST /threads), then start the run on it"
 
 
@@ -505,6 +527,12 @@ async def on_run_create(
     await refuse_threadless(value, kwargs)
     # Before anything that tells a thread's state: another tenant's threads are not named.
     await refuse_unless_visible(user, value.get("thread_id"))
+    if kwargs.get("after_seconds") or value.get("after_seconds"):
+        # Pending for its delay, then due on a thread that may be busy: LangGraph's server
+        # looks past no queued run whose thread is busy (`server.admissions`).
+        raise Auth.exceptions.HTTPException(
+            status_code=422, detail="a run starts now: after_seconds is not taken"
+        )
     if any(kwargs.get(field) for field in ("interrupt_before", "interrupt_after")):
         # A run paused at a node of the client's choosing waits for nothing anybody is asked.
         raise Auth.exceptions.HTTPException(
@@ -523,9 +551,6 @@ async def on_run_create(
             raise _forbidden("an approver cannot decide about their own run")
         if strategy == "interrupt":  # it would cancel the run in flight: only its user may
             raise _forbidden("a decision cannot interrupt the run in flight: use reject")
-        if kwargs.get("after_seconds") or value.get("after_seconds"):
-            # Queued, it could be cancelled by the run's user before it runs (see below).
-            raise _forbidden("a decision is taken now, not after_seconds later")
         for decision in decisions:
             try:  # as the run will read it, signed by the authenticated approver
                 ApprovalDecision.model_validate({**decision, "approver": user.user_id})
@@ -536,6 +561,7 @@ async def on_run_create(
         if (stale := await stale_decision(value.get("thread_id"), decisions)) is not None:
             raise Auth.exceptions.HTTPException(status_code=409, detail=stale)
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
+        await admit(user, value.get("thread_id"))
         return _filter(user)  # and only in their own tenant
     if not user.is_customer:
         if "resume" in command:  # most likely a decision that is not one
@@ -566,6 +592,7 @@ async def on_run_create(
             status_code=422, detail=f"the thread has no run to continue: {NEW_RUN_TAKES}"
         )
     stamp_owner(value, kwargs, user.user_id, user.tenant)
+    await admit(user, value.get("thread_id"))
     return _filter(user)
 
 

@@ -63,6 +63,7 @@ from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
 from loopwright.graph.text import InvalidText
 from loopwright.runner import OtherAgentsRun, UnknownRun, worker_name
+from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
     APPROVER_ROLE,
     NewRun,
@@ -214,6 +215,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(_resolve, finished)
 
+        admissions.started(thread_id)
         threading.Thread(target=work, name=f"loopwright-run-{thread_id}", daemon=True).start()
         try:
             while (item := await queue.get()) is not _END:
@@ -231,6 +233,8 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                     pause.set()
                     await _settled(thread_id, finished, PAUSE_SETTLE_S)
             raise
+        finally:
+            admissions.ended(thread_id)
 
     def _advance(
         self,

@@ -28,6 +28,7 @@ from typing import IO, Any
 import httpx
 
 from loopwright.processes import ChildProcess, spawn
+from loopwright.server.admissions import RUN_SLOTS
 from loopwright.server.dev import GRACE_S
 
 # The graph's id on the server: what clients and the inbox name as the assistant.
@@ -89,7 +90,7 @@ def dev_command(config: Path, *, host: str, port: int) -> list[str]:
     """`langgraph dev` through `loopwright.server.dev`, so that it dies with its parent."""
     return [
         *(sys.executable, "-m", "loopwright.server.dev"),
-        *("--no-browser", "--no-reload"),
+        *("--no-browser", "--no-reload", "--n-jobs-per-worker", str(RUN_SLOTS)),
         *("--host", host, "--port", str(port), "--config", str(config)),
     ]
 
