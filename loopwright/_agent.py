@@ -28,6 +28,7 @@ from typing import Any, overload
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
+from pydantic import BaseModel
 
 from loopwright.graph.agents import AgentProfile, handoff_contract
 from loopwright.graph.budget import Budget
@@ -104,6 +105,31 @@ class Agent[DepsT]:
     is done. By default it is done when every write it planned happened; a team that knows what
     its tasks need says so (a booking owed but never made: not done; one a task did not need:
     done). `writes` holds each intent's latest action, with its status and outcome.
+
+    The functions an agent and its tools declare, and what each is given (`ctx` is the call's
+    `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):
+
+        boundary(deps, principal: Principal, task: str) -> Iterable[str]   resources a task may touch
+        principal(deps, user_id: str) -> Principal                        whom a run acts for
+        approvers(deps, user_id: str) -> bool                             who may decide
+        done(ctx, task: str, writes: list[Action]) -> bool                whether the task is done
+        authorize(ctx, args) -> bool | None                               False refuses the call
+        resources(args) -> Iterable[str]                                  what a call touches
+        precondition(ctx, args) -> None                                   raises PreconditionFailed
+        pre_image(ctx, args) -> dict                                      read before a keyless send
+        reconcile(ctx, action[, pre_image: dict | None]) -> ReconcileResult
+        verify(ctx, action) -> VerifyResult                               a succeeded write is there
+        summary(args) -> str                                              the action in one line
+        facts(args, evidence: Sequence[Evidence]) -> Iterable[tuple[str, str]]
+        confirm(args) -> bool                                             approving takes two steps
+        current_versions(ctx, args) -> dict[str, str]                     versions right before the send
+        compensation(action) -> str                                       how to undo, offered to a person
+        intent(run_id: str, args) -> str                                  the business intent key
+
+    Verification, when the model answers: each succeeded write's `verify` asks the business
+    system, except a write that a later succeeded write of the run touches again (a resource
+    both declare): that one is taken as superseded and judged by its own recorded outcome, the
+    later one is verified. Give two writes that are separate effects separate resources.
     """
 
     def __init__(
@@ -168,6 +194,8 @@ class Agent[DepsT]:
         *,
         name: str | None = None,
         description: str | None = None,
+        args: type[BaseModel] | None = None,
+        output: type[BaseModel] | None = None,
         resources: Callable[[Any], Iterable[str]] | None = None,
         authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
         poll_after: Callable[[dict[str, Any]], float | None] | None = None,
@@ -185,6 +213,8 @@ class Agent[DepsT]:
         `resources(args)` names what a call touches (for the task boundary and scheduling),
         `authorize(ctx, args)` refuses a call for the run's principal by returning False (or
         raising `PermissionDenied`), `sensitive` names arguments never shown or traced.
+        `args=` and `output=` give the argument and output models where the function's
+        annotations do not (one function serving a table of tools, defined in a loop).
         """
 
         def register(function: Any) -> Any:
@@ -223,6 +253,8 @@ class Agent[DepsT]:
         max_result_bytes: int = 64_000,
         name: str | None = None,
         description: str | None = None,
+        args: type[BaseModel] | None = None,
+        output: type[BaseModel] | None = None,
     ) -> Any:
         """Declare a write: `def f(ctx: ToolContext[Deps], args: Args, intent_key: str) -> Output`.
 
@@ -242,6 +274,8 @@ class Agent[DepsT]:
         names the output fields that are identifiers the write created (an answer may cite
         only those the run can back); `editable` the arguments an approver may change; `resend`
         (for a downstream without keys) how an intent proven absent is sent again safely.
+        `args=` and `output=` give the argument and output models where the function's
+        annotations do not.
 
         What an approver decides from: `summary(args)` is the action in one line; `facts(args,
         evidence)` returns labelled facts drawn from the run's evidence (the reads the model
@@ -275,6 +309,8 @@ class Agent[DepsT]:
             "max_result_bytes": max_result_bytes,
             "name": name,
             "description": description,
+            "args": args,
+            "output": output,
         }
 
         def register(function: Any) -> Any:

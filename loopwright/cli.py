@@ -693,6 +693,50 @@ def retention(
     )
 
 
+@app.command()
+def faults(
+    agent: AgentOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Prove the agent before production: its demo runs once clean, then under each fault at
+    each write the clean run sent (request lost, answer lost, answer late, request delivered
+    late, delivered twice), injected around the send whatever the tool's transport. Each trial
+    is judged in the business system: effects per intent and whether the ending is truthful.
+    Exits 1 if any trial made a duplicate effect or claimed COMPLETED with an effect missing."""
+    from loopwright.checkpoints.database import resolve_database_url
+    from loopwright.faults import Trial, prove, scenarios_of
+
+    hosted = agent_for(agent)
+    scenarios = scenarios_of(hosted)
+    url = resolve_database_url(db)
+
+    def show_trial(trial: Trial) -> None:
+        if as_json:
+            return
+        where = f"write {trial.write} ({trial.tool})" if trial.write else "clean run"
+        fault = trial.fault.value if trial.fault else "-"
+        effects = ", ".join(f"{n}" for n in trial.effects.values()) or "none"
+        console.print(
+            f"{trial.scenario}  {where:<28} {fault:<15} {trial.stop_reason or trial.phase:<14}"
+            f" effects per intent: {effects:<6} {trial.verdict}",
+            markup=False,
+        )
+
+    proof = prove(hosted, database_url=url, scenarios=scenarios, on_trial=show_trial)
+    if as_json:
+        print_json(proof.as_json())
+    else:
+        verdict = "held" if proof.held else "FAILED"
+        console.print(
+            f"{hosted.name}: {verdict} under every fault tried: {len(proof.trials)} trials,"
+            f" {len(proof.failures)} failed",
+            markup=False,
+        )
+    if not proof.held:
+        raise typer.Exit(1)
+
+
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
     """The approval requests of the agent's runs that have not ended (only their states are
     read: a database's runs are mostly ended ones)."""
