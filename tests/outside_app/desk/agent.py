@@ -98,7 +98,7 @@ def book(ctx: ToolContext[Desk], args: Book, intent_key: str) -> Booking:
     """Book a slot for a guest."""
     url = f"{ctx.deps.url}/slots/{args.slot}/bookings"
     answer = write_json(
-        ctx.deps.http, url, {"guest": args.guest}, idempotency_key="", timeout=ctx.timeout(1.0)
+        ctx.deps.http, url, {"guest": args.guest}, idempotency_key=None, timeout=ctx.timeout(1.0)
     )
     return Booking.model_validate(answer)
 
