@@ -77,7 +77,7 @@ _HOMES = {
     "CrashPoint": "loopwright.graph.crashpoints",
     # Proving them under faults
     "Fault": "loopwright.tools.faults",
-    "Scenario": "loopwright.faults",
+    "Scenario": "loopwright._agent",
     "prove": "loopwright.faults",
     # Running them
     "Runner": "loopwright.runner",
@@ -169,11 +169,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from loopwright._agent import Agent, Demo, TaskRefused
+    from loopwright._agent import Agent, Demo, Scenario, TaskRefused
     from loopwright._loading import load_agent
     from loopwright.checkpoints.database import loopwright_home
     from loopwright.checkpoints.journal import ActionEvent
-    from loopwright.faults import Scenario, prove
+    from loopwright.faults import prove
     from loopwright.graph.agents import AgentProfile
     from loopwright.graph.budget import Budget, Price
     from loopwright.graph.crashpoints import CrashPoint, crash_point

@@ -75,6 +75,25 @@ class Demo:
     deps: Callable[[], AbstractContextManager[Any]] | None = None
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """A task `loopwright faults` proves the agent on: who asks, who approves (every request,
+    as a person would), a fresh business world for each trial (`deps`, else the agent's own),
+    the scripted model that plays it (`model`, else the agent's own), and how many effects an
+    intent has in the business system (`effects(ctx, action, before)`, `before` being the
+    pre-image journaled with its first send; else the write's own reconcile, which cannot see
+    a second one). `env(deps)`: what a new process needs to reach the trial's world, for the
+    crash trials' processes, which open the agent's own `deps` (e.g. the services' URLs)."""
+
+    task: str
+    user: str
+    approver: str | None = None
+    deps: Callable[[], AbstractContextManager[Any]] | None = None
+    model: Callable[[], BaseChatModel] | None = None
+    effects: Callable[[ToolContext[Any], Action, dict[str, Any] | None], int] | None = None
+    env: Callable[[Any], Mapping[str, str]] | None = None
+
+
 @contextlib.contextmanager
 def _no_deps() -> Iterator[None]:
     yield None
@@ -105,6 +124,7 @@ class Agent[DepsT]:
     is done. By default it is done when every write it planned happened; a team that knows what
     its tasks need says so (a booking owed but never made: not done; one a task did not need:
     done). `writes` holds each intent's latest action, with its status and outcome.
+    `scenarios` are the tasks `loopwright faults` proves the agent on (default: its `demo`).
 
     The functions an agent and its tools declare, and what each is given (`ctx` is the call's
     `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):
@@ -151,6 +171,7 @@ class Agent[DepsT]:
         planner: Planner | None = None,
         specialists: Sequence[AgentProfile] = (),
         demo: Demo | None = None,
+        scenarios: Sequence[Scenario] = (),
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -172,6 +193,7 @@ class Agent[DepsT]:
         self.planner = planner
         self.specialists = {profile.name: profile for profile in specialists}
         self.demo = demo
+        self.scenarios = tuple(scenarios)
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
         self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]
@@ -354,6 +376,7 @@ class Agent[DepsT]:
             "planner": self.planner,
             "specialists": list(self.specialists.values()),
             "demo": self.demo,
+            "scenarios": self.scenarios,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:

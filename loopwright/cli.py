@@ -699,16 +699,19 @@ def faults(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Prove the agent before production: its demo runs once clean, then under each fault at
-    each write the clean run sent (request lost, answer lost, answer late, request delivered
-    late, delivered twice), injected around the send whatever the tool's transport. Each trial
-    is judged in the business system: effects per intent and whether the ending is truthful.
-    Exits 1 if any trial made a duplicate effect or claimed COMPLETED with an effect missing."""
+    """Prove the agent before production: its scenarios (else its demo) run once clean, then
+    under each fault at each write the clean run sent (request lost, answer lost, answer late,
+    request delivered late, delivered twice, a process killed before and after the send and
+    the run resumed by another), injected around the send whatever the tool's transport. Each
+    trial is judged in the business system: effects per intent and whether the ending is
+    truthful. Exits 1 if any trial made a duplicate effect, claimed COMPLETED with an effect
+    missing, or never met its fault."""
     from loopwright.checkpoints.database import resolve_database_url
     from loopwright.faults import Trial, prove, scenarios_of
 
     hosted = agent_for(agent)
-    scenarios = scenarios_of(hosted)
+    path = configured_agent_path(agent) or DEFAULT_AGENT
+    scenarios_of(hosted)  # an agent with nothing to prove it on is refused before anything runs
     url = resolve_database_url(db)
 
     def show_trial(trial: Trial) -> None:
@@ -718,15 +721,17 @@ def faults(
         fault = trial.fault.value if trial.fault else "-"
         effects = ", ".join(f"{n}" for n in trial.effects.values()) or "none"
         console.print(
-            f"{trial.scenario}  {where:<28} {fault:<15} {trial.stop_reason or trial.phase:<14}"
+            f"{trial.scenario}  {where:<28} {fault:<17} {trial.stop_reason or trial.phase:<14}"
             f" effects per intent: {effects:<6} {trial.verdict}",
             markup=False,
         )
 
-    proof = prove(hosted, database_url=url, scenarios=scenarios, on_trial=show_trial)
+    proof = prove(hosted, database_url=url, agent_path=path, on_trial=show_trial)
     if as_json:
         print_json(proof.as_json())
     else:
+        for skipped in proof.skipped:
+            console.print(f"not tried: {skipped}", markup=False)
         verdict = "held" if proof.held else "FAILED"
         console.print(
             f"{hosted.name}: {verdict} under every fault tried: {len(proof.trials)} trials,"

@@ -1,27 +1,33 @@
 """Prove an agent: its scenarios run once clean, then with each fault at each write they sent.
 
 What a team runs before its agent's first production deploy (`loopwright faults --agent
-MODULE:ATTR`, or `prove(agent, database_url=...)` in its own tests). The faults are injected by
-the runtime around the send of a write (`loopwright.tools.faults`), so every tool is covered,
-whatever client it uses. Each trial is judged in the business system: how many effects each
-intent has there (the scenario's `effects`, else the write's own reconcile: applied is one), and
-whether the run's ending is truthful: a run that says COMPLETED has every effect it intended. A
-duplicate effect, or a COMPLETED run with an effect missing, fails the proof.
+MODULE:ATTR`, or `prove(agent, database_url=...)` in its own tests). The network's faults are
+injected by the runtime around the send of a write (`loopwright.tools.faults`), so every tool is
+covered, whatever client it uses; the crash faults kill a real process at the k-th write's crash
+point and resume the run in another. Each trial is judged in the business system: how many
+effects each intent has there (the scenario's `effects`, else the write's own reconcile: applied
+is one), and whether the run's ending is truthful: a run that says COMPLETED has every effect it
+intended. A duplicate effect, or a COMPLETED run with an effect missing, fails the proof.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
-
-from loopwright._agent import Agent, TaskRefused
-from loopwright.graph.state import Action, Principal
+from loopwright._agent import Agent, Scenario, TaskRefused
+from loopwright._loading import load_agent
+from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.graph.crashpoints import EXIT_CODE as CRASHED
+from loopwright.graph.crashpoints import nth
+from loopwright.graph.state import Action, ActionStatus, Principal
 from loopwright.runner import Runner, RunOutcome, open_runner
 from loopwright.tools import faults as injected
 from loopwright.tools.contract import Guarantee, ReconcileStatus, ToolContext
@@ -31,22 +37,10 @@ from loopwright.tools.faults import Fault, FaultPlan
 SETTLE_S = 120.0
 # Approvals answered in one trial at most: a scenario asking for more is looping.
 MAX_DECISIONS = 20
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One task to prove the agent on: who asks, who approves (every request, as a person
-    would), a fresh business world per trial (`deps`, else the agent's own), the scripted model
-    that plays it (else the agent's own), and how many effects an intent has in the business
-    system (`effects(ctx, action, before)`, `before` the pre-image journaled with its first
-    send, if the write takes one; else the write's reconcile, which cannot see a second)."""
-
-    task: str
-    user: str
-    approver: str | None = None
-    deps: Callable[[], AbstractContextManager[Any]] | None = None
-    model: Callable[[], BaseChatModel] | None = None
-    effects: Callable[[ToolContext[Any], Action, dict[str, Any] | None], int] | None = None
+# A crashed process's lease, and how long the resuming one waits for it to expire.
+CHILD_LEASE_TTL_S = 1.0
+LEASE_WAIT_S = 30.0
+CHILD_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -62,12 +56,17 @@ class Trial:
     stop_reason: str | None
     stop_detail: str
     effects: dict[str, int]
+    # The tool of each send the trial's processes made (a crashed one's before it died).
     sends: list[str] = field(default_factory=list)
+    crashed: bool = False
 
     @property
     def reached(self) -> bool:
-        """Whether the trial sent the write its fault was aimed at."""
-        return self.write is None or len(self.sends) >= self.write
+        """Whether the trial met its fault: sent the write it was aimed at (and, for a crash
+        fault, died there)."""
+        if self.fault is None or self.write is None:
+            return True
+        return self.crashed if self.fault.crash_point else len(self.sends) >= self.write
 
     @property
     def duplicates(self) -> int:
@@ -113,6 +112,8 @@ class Proof:
 
     agent: str
     trials: list[Trial]
+    # Faults not tried, and why (crash faults without the agent's import path).
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> list[Trial]:
@@ -127,17 +128,20 @@ class Proof:
             "schema": "loopwright.faults/1",
             "agent": self.agent,
             "held": self.held,
-            "trials": [t.as_json() for t in self.trials],
             "failures": len(self.failures),
+            "skipped": self.skipped,
+            "trials": [t.as_json() for t in self.trials],
         }
 
 
 def scenarios_of(agent: Agent[Any]) -> list[Scenario]:
-    """The agent's own scenario: its `Demo`. Raises TaskRefused for an agent without one."""
+    """The agent's scenarios, else its `Demo`. Raises TaskRefused for an agent with neither."""
+    if agent.scenarios:
+        return list(agent.scenarios)
     if agent.demo is None:
         raise TaskRefused(
-            f"agent {agent.name} declares no demo (Agent(demo=Demo(...))) and no scenarios "
-            "were given: nothing to prove it on"
+            f"agent {agent.name} declares no scenarios (Agent(scenarios=[Scenario(...)])) and "
+            "no demo: nothing to prove it on"
         )
     demo = agent.demo
     return [Scenario(task=demo.task, user=demo.user, approver=demo.approver, deps=demo.deps)]
@@ -149,33 +153,56 @@ def prove(
     database_url: str,
     scenarios: Sequence[Scenario] | None = None,
     faults: Sequence[Fault] = tuple(Fault),
+    agent_path: str | None = None,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> Proof:
     """Run each scenario clean, then under each fault at each write the clean run sent (a
-    duplicate delivery only at writes declared idempotent by key)."""
+    duplicate delivery only at writes declared idempotent by key). The crash faults run the
+    trial in a process of its own, which loads the agent from `agent_path` ("module:attr") and
+    its scenario by number from the agent's own: without a path, or with scenarios given here,
+    they are skipped (and said so in `Proof.skipped`)."""
+    given = scenarios is not None
+    chosen = list(scenarios) if scenarios is not None else scenarios_of(agent)
+    skipped = []
+    if any(f.crash_point for f in faults) and (agent_path is None or given):
+        faults = [f for f in faults if not f.crash_point]
+        skipped.append(
+            "crash faults: they need the agent's import path and its own scenarios "
+            "(a new process loads both)"
+        )
     trials: list[Trial] = []
     numbers = itertools.count(1)
-    for index, scenario in enumerate(scenarios or scenarios_of(agent), start=1):
-        name = f"s{index}"
-        clean = _trial(agent, scenario, database_url, name, FaultPlan(), next(numbers))
-        trials.append(clean)
+
+    def record(trial: Trial) -> None:
+        trials.append(trial)
         if on_trial:
-            on_trial(clean)
+            on_trial(trial)
+
+    for index, scenario in enumerate(chosen):
+        name = f"s{index + 1}"
+        clean = _trial(agent, scenario, database_url, name, FaultPlan(), next(numbers))
+        record(clean)
         for write, fault in itertools.product(range(1, len(clean.sends) + 1), faults):
-            if fault is Fault.DUPLICATE and not _keyed(agent, clean.sends[write - 1]):
+            tool = clean.sends[write - 1]
+            if fault is Fault.DUPLICATE and not _keyed(agent, tool):
                 continue  # without a key, a request delivered twice is two requests
             plan = FaultPlan(fault=fault, at=write)
-            tool = clean.sends[write - 1]
-            trial = _trial(agent, scenario, database_url, name, plan, next(numbers), tool)
-            trials.append(trial)
-            if on_trial:
-                on_trial(trial)
-    return Proof(agent.name, trials)
+            crash = _Crash(agent_path, index) if fault.crash_point and agent_path else None
+            record(_trial(agent, scenario, database_url, name, plan, next(numbers), tool, crash))
+    return Proof(agent.name, trials, skipped)
 
 
 def _keyed(agent: Agent[Any], tool: str) -> bool:
     contract = agent.tools.get(tool)
     return contract is not None and contract.guarantee is Guarantee.IDEMPOTENT_BY_KEY
+
+
+@dataclass(frozen=True)
+class _Crash:
+    """Where a crash trial's first process finds the agent and its scenario."""
+
+    agent_path: str
+    scenario: int
 
 
 @contextlib.contextmanager
@@ -195,19 +222,33 @@ def _trial(
     plan: FaultPlan,
     number: int,
     tool: str | None = None,
+    crash: _Crash | None = None,
 ) -> Trial:
     deps_of = scenario.deps or agent.open_deps
     model = scenario.model() if scenario.model else None
+    run_id = f"faults-{name}-{number}-{plan.fault or 'clean'}"
+    crashed = False
     with (
         deps_of() as deps,
-        open_runner(database_url, agent, deps=deps, model=model) as runner,
-        _installed(plan),
+        open_runner(
+            database_url, agent, deps=deps, model=model, lease_wait_s=LEASE_WAIT_S
+        ) as runner,
     ):
         principal = runner.principal_for(scenario.user, scenario.task)
-        run_id = f"faults-{name}-{number}-{plan.fault or 'clean'}"
-        outcome = runner.start(scenario.task, principal, run_id=run_id, wait=SETTLE_S)
-        outcome = _approved(runner, outcome, scenario.approver)
-        plan.deliver_held()  # whatever is still on its way arrives before the judging
+        if crash is not None:
+            assert plan.fault is not None and plan.fault.crash_point and plan.at
+            point = nth(plan.fault.crash_point, plan.at)
+            env = dict(scenario.env(deps)) if scenario.env else {}
+            crashed = _first_process(crash, database_url, run_id, point, env)
+            plan.tools.extend(_sent(runner, run_id))
+            # The run goes on in this process: the one that died is not coming back.
+            outcome = runner.resume(run_id, wait=SETTLE_S)
+        else:
+            with _installed(plan):
+                outcome = runner.start(scenario.task, principal, run_id=run_id, wait=SETTLE_S)
+        with _installed(plan):
+            outcome = _approved(runner, outcome, scenario.approver)
+            plan.deliver_held()  # whatever is still on its way arrives before the judging
         effects = _effects(runner, outcome, principal, scenario)
     return Trial(
         scenario=name,
@@ -220,7 +261,59 @@ def _trial(
         stop_detail=outcome.stop_detail,
         effects=effects,
         sends=list(plan.tools),
+        crashed=crashed,
     )
+
+
+def _sent(runner: Runner, run_id: str) -> list[str]:
+    """The tool of each send journaled for the run, first to last (each DISPATCHED)."""
+    sends = [
+        (event.at, event.seq, action.tool)
+        for action in runner.journal.for_run(run_id)
+        for event in runner.journal.events(action.action_id)
+        if event.to_status is ActionStatus.DISPATCHED
+    ]
+    return [tool for _, _, tool in sorted(sends)]
+
+
+def _first_process(
+    crash: _Crash, database_url: str, run_id: str, point: str, env: dict[str, str]
+) -> bool:
+    """Start the trial's run in a new process armed to die at `point`; whether it died there."""
+    job = {
+        "agent": crash.agent_path,
+        "scenario": crash.scenario,
+        "database_url": database_url,
+        "run_id": run_id,
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from loopwright.faults import child; child()"],
+        input=json.dumps(job),
+        env={
+            **os.environ,
+            **env,
+            CRASH_ENV: point,
+            "LOOPWRIGHT_LEASE_TTL_S": str(CHILD_LEASE_TTL_S),
+        },
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+        check=False,
+    )
+    return child.returncode == CRASHED
+
+
+def child() -> None:
+    """A crash trial's first process: the scenario's run, started as the trial's (the job on
+    stdin), approved as the scenario says, until it ends or the armed crash point kills it."""
+    job = json.loads(sys.stdin.read())
+    agent = load_agent(job["agent"])
+    scenario = scenarios_of(agent)[job["scenario"]]
+    model = scenario.model() if scenario.model else None
+    with open_runner(job["database_url"], agent, model=model) as runner:
+        principal = runner.principal_for(scenario.user, scenario.task)
+        outcome = runner.start(scenario.task, principal, run_id=job["run_id"], wait=SETTLE_S)
+        _approved(runner, outcome, scenario.approver)
 
 
 def _approved(runner: Runner, outcome: RunOutcome, approver: str | None) -> RunOutcome:
@@ -242,7 +335,11 @@ def _effects(
     ctx = ToolContext(deps=runner.deps, run_id=outcome.run_id, principal=principal)
     counts = {}
     for key, action in latest.items():
-        sends = [e for e in runner.journal.events(action.action_id) if e.to_status == "DISPATCHED"]
+        sends = [
+            e
+            for e in runner.journal.events(action.action_id)
+            if e.to_status is ActionStatus.DISPATCHED
+        ]
         before = (sends[0].detail or {}).get("pre_image") if sends else None
         if scenario.effects is not None:
             counts[key] = scenario.effects(ctx, action, before)

@@ -16,8 +16,7 @@ from typing import Any
 
 import httpx
 
-from loopwright import Action, Guarantee, ToolContext
-from loopwright.faults import Fault, Scenario, prove
+from loopwright import Action, Fault, Guarantee, Scenario, ToolContext, prove
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.store_credit import STORE_CREDIT
 from tests.keyless_agent import TASK
@@ -39,12 +38,17 @@ def test_a_keyless_write_declared_right_holds_under_every_fault(
     database_url: str, services: ServiceEndpoints
 ) -> None:
     proof = prove(keyless, database_url=database_url, scenarios=[CREDIT])
-    # No duplicate delivery: without a key, a request delivered twice is two requests.
+    # No duplicate delivery: without a key, a request delivered twice is two requests. No
+    # crash: a scenario given here cannot be loaded by the process that would die.
     assert [(t.write, t.fault) for t in proof.trials] == [
         (None, None),
-        *((1, fault) for fault in Fault if fault is not Fault.DUPLICATE),
+        *((1, f) for f in Fault if f is not Fault.DUPLICATE and not f.crash_point),
     ]
     assert [list(t.effects.values()) for t in proof.trials] == [[1]] * 5
+    assert proof.skipped == [
+        "crash faults: they need the agent's import path and its own scenarios "
+        "(a new process loads both)"
+    ]
     assert {t.stop_reason for t in proof.trials} == {"completed"}
     assert proof.held, [t.as_json() for t in proof.failures]
 
@@ -73,7 +77,8 @@ def test_a_keyless_write_declared_idempotent_by_key_shows_its_duplicate_under_la
 def test_the_faults_command_proves_the_reference_agent_and_says_so(
     database_url: str, tmp_path: Path
 ) -> None:
-    """The demo's own services, started on fresh data for every trial (its `Demo.deps`)."""
+    """The agent's scenario, on services started on fresh data for every trial; the crash
+    trials' processes are killed at the refund's send and the run resumed by this one."""
     env = {"LOOPWRIGHT_HOME": str(tmp_path / "home")}
     result = cli("faults", "--db", database_url, "--json", env=env, expect=0)
     document = json.loads(result.stdout)
@@ -88,4 +93,5 @@ def test_the_faults_command_proves_the_reference_agent_and_says_so(
         *(("submit_refund", fault.value) for fault in Fault),
     ]
     assert all(list(t["effects"].values()) == [1] for t in trials), trials
+    assert all(t["reached"] for t in trials), trials  # each crash trial's process did die
     assert {t["stop_reason"] for t in trials} == {"completed"}

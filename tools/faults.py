@@ -13,6 +13,10 @@ one a network or a downstream really produces, and each leaves the runtime what 
   duplicate         the request is delivered twice (the second answer is the one read); tried
                     on writes declared idempotent by key only: a downstream without keys cannot
                     tell a request delivered twice from two requests, whatever the sender does
+  crash_before_send the process dies at `executor:after_dispatch_record#k` (DISPATCHED
+                    journaled, nothing sent); a new process resumes the run
+  crash_after_send  the process dies at `executor:after_send#k` (the downstream applied it,
+                    nothing recorded); a new process resumes the run
 
 Without a plan installed (every process but a fault trial's) `send` is the tool's own call.
 """
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from loopwright.graph.crashpoints import CrashPoint
 from loopwright.tools.contract import OutcomeUnknown, ToolFault
 
 LATE_ANSWER_S = 0.2
@@ -39,6 +44,19 @@ class Fault(StrEnum):
     ANSWER_LATE = "answer_late"
     DELIVERED_LATE = "delivered_late"
     DUPLICATE = "duplicate"
+    CRASH_BEFORE_SEND = "crash_before_send"
+    CRASH_AFTER_SEND = "crash_after_send"
+
+    @property
+    def crash_point(self) -> str | None:
+        """The crash point this fault arms in a process of its own (None: injected here)."""
+        return _CRASH_POINTS.get(self)
+
+
+_CRASH_POINTS = {
+    Fault.CRASH_BEFORE_SEND: CrashPoint.AFTER_DISPATCH_RECORD.value,
+    Fault.CRASH_AFTER_SEND: CrashPoint.AFTER_SEND.value,
+}
 
 
 Send = Callable[[], Any]
@@ -98,4 +116,6 @@ def send(tool: str, request: Send) -> Any:
             raise OutcomeUnknown("injected fault: no answer in time; the request is on its way")
         case Fault.DUPLICATE:
             request()
+            return request()
+        case _:  # a crash fault: armed as a crash point in a process of its own
             return request()
