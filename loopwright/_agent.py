@@ -19,6 +19,7 @@ load an agent by import path, and a run records which agent and version it belon
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -107,6 +108,26 @@ def _no_boundary(_deps: Any, _principal: Principal, _task: str) -> Iterable[str]
     return ()
 
 
+Boundary = (
+    Callable[[ToolContext[Any], str], Iterable[str]]
+    | Callable[[Any, Principal, str], Iterable[str]]
+)
+
+
+def _boundary(given: Boundary) -> Callable[[Any, Principal, str], Iterable[str]]:
+    """A boundary takes (ctx, task), ctx the tool context of the run to be (its deps and
+    principal, as the tools get them), or (deps, principal, task); kept in the second form,
+    which every entry point calls."""
+    if len(inspect.signature(given).parameters) != 2:
+        return given  # type: ignore[return-value]
+    with_context: Callable[[ToolContext[Any], str], Iterable[str]] = given  # type: ignore[assignment]
+
+    def boundary(deps: Any, principal: Principal, task: str) -> Iterable[str]:
+        return with_context(ToolContext(deps=deps, principal=principal), task)
+
+    return boundary
+
+
 class Agent[DepsT]:
     """An agent loopwright can run: its identity, instructions, tools and rules.
 
@@ -114,7 +135,8 @@ class Agent[DepsT]:
     model request (with the runtime's own rules, which come first). `deps` is a function that
     opens the application's dependencies as a context manager (HTTP clients, credentials): it
     is entered once per process and its value reaches every tool as `ctx.deps`. `model` is the
-    default model of the agent's runs. `boundary(deps, principal, task)` names the resources a
+    default model of the agent's runs. `boundary(ctx, task)` (or `boundary(deps, principal,
+    task)`) names the resources a
     task may touch (e.g. the tickets it names) and may refuse the task (`TaskRefused`); with no
     boundary a run may touch no declared resource at all. `principal(deps, user_id)` builds the
     trusted principal a run acts for (roles, tenant), refusing unknown users. `approvers` says
@@ -129,7 +151,8 @@ class Agent[DepsT]:
     The functions an agent and its tools declare, and what each is given (`ctx` is the call's
     `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):
 
-        boundary(deps, principal: Principal, task: str) -> Iterable[str]   resources a task may touch
+        boundary(ctx, task: str) -> Iterable[str]                         resources a task may touch
+                                                      (or boundary(deps, principal, task))
         principal(deps, user_id: str) -> Principal                        whom a run acts for
         approvers(deps, user_id: str) -> bool                             who may decide
         done(ctx, task: str, writes: list[Action]) -> bool                whether the task is done
@@ -147,9 +170,9 @@ class Agent[DepsT]:
         intent(run_id: str, args) -> str                                  the business intent key
 
     Verification, when the model answers: each succeeded write's `verify` asks the business
-    system, except a write that a later succeeded write of the run touches again (a resource
-    both declare): that one is taken as superseded and judged by its own recorded outcome, the
-    later one is verified. Give two writes that are separate effects separate resources.
+    system, except a write a later one replaces (its tool in the later write's `replaces`, on
+    a resource both touch): that one is judged by its own recorded outcome, the later one is
+    verified. Writes that only share a resource are each verified.
     """
 
     def __init__(
@@ -161,7 +184,7 @@ class Agent[DepsT]:
         deps: Callable[[], AbstractContextManager[DepsT]] | None = None,
         model: ModelSource | None = None,
         tools: Iterable[ToolContract] = (),
-        boundary: Callable[[DepsT, Principal, str], Iterable[str]] | None = None,
+        boundary: Boundary | None = None,
         principal: Callable[[DepsT, str], Principal] | None = None,
         approvers: Collection[str] | Callable[[DepsT, str], bool] = (),
         done: Callable[[ToolContext[DepsT], str, list[Action]], bool] | None = None,
@@ -182,7 +205,7 @@ class Agent[DepsT]:
         self.instructions = instructions.strip()
         self.deps_factory = deps
         self.model = model
-        self.boundary_of = boundary
+        self.boundary_of = _boundary(boundary) if boundary is not None else None
         self.principal_of = principal or _default_principal
         self.approvers = approvers
         self.done = done
@@ -271,6 +294,7 @@ class Agent[DepsT]:
         facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None,
         confirm: Callable[[Any], bool] | None = None,
         resend: ResendAfterDeadline | None = None,
+        replaces: Collection[str] = (),
         timeout_s: float = 5.0,
         max_result_bytes: int = 64_000,
         name: str | None = None,
@@ -297,7 +321,10 @@ class Agent[DepsT]:
         only those the run can back); `editable` the arguments an approver may change; `resend`
         (for a downstream without keys) how an intent proven absent is sent again safely.
         `args=` and `output=` give the argument and output models where the function's
-        annotations do not.
+        annotations do not. `replaces` names the tools (this one's own name included) whose
+        earlier writes this write replaces where both touch a resource, e.g. a status set again:
+        verification then checks the latest against the business system and the earlier by
+        its recorded outcome. Without it every write is verified, whatever it shares.
 
         What an approver decides from: `summary(args)` is the action in one line; `facts(args,
         evidence)` returns labelled facts drawn from the run's evidence (the reads the model
@@ -327,6 +354,7 @@ class Agent[DepsT]:
             "facts": facts,
             "confirm": confirm,
             "resend": resend,
+            "replaces": replaces,
             "timeout_s": timeout_s,
             "max_result_bytes": max_result_bytes,
             "name": name,
@@ -389,6 +417,13 @@ class Agent[DepsT]:
 
     def check(self) -> None:
         """Refuse an agent that cannot run safely, saying what to add (entry points call it)."""
+        names = {c.name for c in self._contracts}
+        for contract in self._contracts:
+            if unknown := sorted(contract.replaces - names):
+                raise ToolDefinitionError(
+                    f"tool {contract.name}: replaces names {', '.join(unknown)}, which agent "
+                    f"{self.name} does not have"
+                )
         touching = sorted(c.name for c in self._contracts if c.declares_resources)
         if self.boundary_of is None and touching:
             raise ToolDefinitionError(

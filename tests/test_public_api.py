@@ -308,6 +308,26 @@ def test_a_resend_deadline_that_could_let_a_late_request_apply_twice_is_refused(
     assert ResendAfterDeadline(0.5, skew_s=0).seconds == 0.5
 
 
+def test_a_boundary_is_given_the_tool_context_its_tools_get() -> None:
+    """`boundary(ctx, task)`: the deps and the principal as a tool sees them; the older
+    `boundary(deps, principal, task)` draws the same scope."""
+    seen: list[ToolContext[str]] = []
+
+    def slots_of(ctx: ToolContext[str], task: str) -> set[str]:
+        seen.append(ctx)
+        return {f"slot:{ctx.user.user_id}:{word}" for word in task.split()}
+
+    agent: Agent[str] = Agent("desk", instructions="Book slots.", boundary=slots_of)
+    principal = agent.principal_for("the desk's client", "ana", "1 2")
+    assert principal.scope == ("slot:ana:1", "slot:ana:2")
+    [ctx] = seen
+    assert (ctx.deps, ctx.user.user_id) == ("the desk's client", "ana")
+    older = agent.replace(boundary=lambda deps, who, task: {f"slot:{who.user_id}:1"})
+    assert older.principal_for("", "ana", "1").scope == ("slot:ana:1",)
+    # What every entry point calls (the server's included): the three-argument form.
+    assert agent.replace().principal_for("x", "bo", "3").scope == ("slot:bo:3",)
+
+
 def test_an_agent_whose_tools_touch_resources_needs_a_boundary() -> None:
     agent: Agent[None] = Agent("desk", instructions="Book slots.")
     agent.write(

@@ -262,6 +262,9 @@ class ToolContract:
     # the runtime) when a run is cancelled after the write.
     compensation: Callable[[Action], str] | None = None
     guarantee: Guarantee = Guarantee.NONE
+    # Writes: the tools whose earlier writes this one replaces where both touch a resource (a
+    # status set again): verification then checks the latest only. Nothing unless declared.
+    replaces: frozenset[str] = field(default_factory=frozenset)
     # Writes to a downstream without keys (queryable): how an intent proven absent is sent
     # again safely. Without one, an absent keyless write goes to a person (needs_human).
     resend: ResendAfterDeadline | None = None
