@@ -732,12 +732,13 @@ def faults(
     else:
         for skipped in proof.skipped:
             console.print(f"not tried: {skipped}", markup=False)
-        verdict = "held" if proof.held else "FAILED"
-        console.print(
-            f"{hosted.name}: {verdict} under every fault tried: {len(proof.trials)} trials,"
-            f" {len(proof.failures)} failed",
-            markup=False,
+        trials, failed = len(proof.trials), len(proof.failures)
+        verdict = (
+            f"held under every fault tried: {trials} trials, 0 failed"
+            if proof.held
+            else f"did not hold: {failed} of {trials} trials failed"
         )
+        console.print(f"{hosted.name}: {verdict}", markup=False)
     if not proof.held:
         raise typer.Exit(1)
 

@@ -9,35 +9,21 @@ The reference agent's refund is proven by the command itself, through its demo.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
-import httpx
-
-from loopwright import Action, Fault, Guarantee, Scenario, ToolContext, prove
+from loopwright import Fault, prove
+from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from loopwright_refunds.store_credit import STORE_CREDIT
-from tests.keyless_agent import TASK
+from tests.keyless_agent import CREDIT_SCENARIO, wrongly_keyed
 from tests.keyless_agent import agent as keyless
 from tests.runtime_fixtures import cli
-
-
-def credits_since(ctx: ToolContext[Any], action: Action, before: dict[str, Any] | None) -> int:
-    """Credits the account gained since the pre-image of the intent's first send."""
-    assert before is not None
-    account = httpx.get(f"{ctx.deps.endpoints.payments}/credits/{before['user_id']}").json()
-    return int(account["version"]) - int(before["version"])
-
-
-CREDIT = Scenario(task=TASK, user="u-1", approver="a-1", effects=credits_since)
 
 
 def test_a_keyless_write_declared_right_holds_under_every_fault(
     database_url: str, services: ServiceEndpoints
 ) -> None:
-    proof = prove(keyless, database_url=database_url, scenarios=[CREDIT])
+    proof = prove(keyless, database_url=database_url, scenarios=[CREDIT_SCENARIO])
     # No duplicate delivery: without a key, a request delivered twice is two requests. No
     # crash: a scenario given here cannot be loaded by the process that would die.
     assert [(t.write, t.fault) for t in proof.trials] == [
@@ -58,10 +44,11 @@ def test_a_keyless_write_declared_idempotent_by_key_shows_its_duplicate_under_la
 ) -> None:
     """Told it may re-send an absent intent under its key, the runtime re-sends at once; the
     first request, delivered late, is credited too: the proof fails, naming the trial."""
-    wrong = dataclasses.replace(STORE_CREDIT, guarantee=Guarantee.IDEMPOTENT_BY_KEY, resend=None)
-    agent = keyless.replace(tools=[*(c for c in keyless.tools if c.name != wrong.name), wrong])
     proof = prove(
-        agent, database_url=database_url, scenarios=[CREDIT], faults=[Fault.DELIVERED_LATE]
+        wrongly_keyed,
+        database_url=database_url,
+        scenarios=[CREDIT_SCENARIO],
+        faults=[Fault.DELIVERED_LATE],
     )
     clean, late = proof.trials
     assert (clean.verdict, list(clean.effects.values())) == ("ok", [1])
@@ -95,3 +82,21 @@ def test_the_faults_command_proves_the_reference_agent_and_says_so(
     assert all(list(t["effects"].values()) == [1] for t in trials), trials
     assert all(t["reached"] for t in trials), trials  # each crash trial's process did die
     assert {t["stop_reason"] for t in trials} == {"completed"}
+
+
+def test_the_faults_command_fails_a_wrong_declaration_with_exit_1(
+    database_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """From the command line, with the crash trials: the credit declared idempotent by key
+    fails under late and twice delivery (two credits each), holds under the rest."""
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    agent = ("--agent", "tests.keyless_agent:wrongly_keyed", "--db", database_url)
+    result = cli("faults", *agent, env=env, timeout=600)
+    assert result.returncode == 1 != EXIT_CODES["usage"], result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    failed = [line.split()[4] for line in lines if "fail:" in line]
+    assert failed == ["delivered_late", "duplicate"], result.stdout
+    assert all(line.endswith("fail: duplicate effect") for line in lines if "fail:" in line)
+    crashes = [line for line in lines if "crash_" in line]
+    assert len(crashes) == 2 and all(line.endswith(" ok") for line in crashes), result.stdout
+    assert lines[-1] == "refunds: did not hold: 2 of 8 trials failed"
