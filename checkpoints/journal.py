@@ -87,7 +87,11 @@ _SQLITE_MOVE = _MOVE.format(
 
 
 class ActionEvent(BaseModel):
-    """One status change of an action; `from_status` is None for the planning event."""
+    """One status change of an action (`Runner.history`); `from_status` is None for the
+    planning event. `attempt` is the send it belongs to (0 before the first DISPATCHED);
+    `found` what reconciliation learnt from the business system (`applied`, `absent`,
+    `unconfirmable`, ...) where this change followed from it; `why` the reason journaled with
+    it. A re-send reads DISPATCHED from RECONCILING, found `absent`, at the next attempt."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -98,6 +102,15 @@ class ActionEvent(BaseModel):
     fence: int
     at: datetime
     detail: dict[str, Any] | None = None
+    attempt: int = 0
+
+    @property
+    def found(self) -> str | None:
+        return (self.detail or {}).get("reconciled")
+
+    @property
+    def why(self) -> str:
+        return str((self.detail or {}).get("reason", ""))
 
 
 class ActionNotFound(LookupError):
@@ -276,10 +289,12 @@ class SqlJournal:
             " FROM lw_action_events WHERE action_id = %s ORDER BY seq",
             (action_id,),
         )
-        return [
-            ActionEvent.model_validate({**row, "detail": self.db.from_json(row["detail"])})
-            for row in rows
-        ]
+        events, attempt = [], 0
+        for row in rows:
+            attempt += row["to_status"] == ActionStatus.DISPATCHED
+            detail = self.db.from_json(row["detail"])
+            events.append(ActionEvent.model_validate({**row, "detail": detail, "attempt": attempt}))
+        return events
 
     def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
         values = sorted({ActionStatus(s).value for s in statuses})

@@ -55,6 +55,7 @@ _HOMES = {
     "mcp_contracts": "loopwright.tools.mcp",
     # What runs are made of
     "Action": "loopwright.graph.state",
+    "ActionEvent": "loopwright.checkpoints.journal",
     "ActionStatus": "loopwright.graph.state",
     "Principal": "loopwright.graph.state",
     "Phase": "loopwright.graph.state",
@@ -73,6 +74,11 @@ _HOMES = {
     "PlanStep": "loopwright.graph.plan",
     "StepStatus": "loopwright.graph.plan",
     "crash_point": "loopwright.graph.crashpoints",
+    "CrashPoint": "loopwright.graph.crashpoints",
+    # Proving them under faults
+    "Fault": "loopwright.tools.faults",
+    "Scenario": "loopwright._agent",
+    "prove": "loopwright.faults",
     # Running them
     "Runner": "loopwright.runner",
     "RunOutcome": "loopwright.runner",
@@ -84,17 +90,20 @@ _HOMES = {
 }
 __all__ = [
     "Action",
+    "ActionEvent",
     "ActionStatus",
     "Agent",
     "AgentProfile",
     "ApprovalDecision",
     "ApprovalRequest",
     "Budget",
+    "CrashPoint",
     "Decision",
     "Demo",
     "Effect",
     "Evidence",
     "Fact",
+    "Fault",
     "Guarantee",
     "InvalidText",
     "McpSession",
@@ -113,6 +122,7 @@ __all__ = [
     "RunOutcome",
     "RunState",
     "Runner",
+    "Scenario",
     "ScriptedChatModel",
     "StepStatus",
     "StopReason",
@@ -129,6 +139,7 @@ __all__ = [
     "mcp_contracts",
     "open_runner",
     "parse_tool_content",
+    "prove",
     "read_json",
     "read_tool",
     "write_json",
@@ -158,12 +169,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from loopwright._agent import Agent, Demo, TaskRefused
+    from loopwright._agent import Agent, Demo, Scenario, TaskRefused
     from loopwright._loading import load_agent
     from loopwright.checkpoints.database import loopwright_home
+    from loopwright.checkpoints.journal import ActionEvent
+    from loopwright.faults import prove
     from loopwright.graph.agents import AgentProfile
     from loopwright.graph.budget import Budget, Price
-    from loopwright.graph.crashpoints import crash_point
+    from loopwright.graph.crashpoints import CrashPoint, crash_point
     from loopwright.graph.plan import Planner, PlannerDecision, PlanStep, StepStatus
     from loopwright.graph.protocol import ToolEnvelope, parse_tool_content
     from loopwright.graph.state import (
@@ -196,5 +209,6 @@ if TYPE_CHECKING:
         VerifyResult,
     )
     from loopwright.tools.define import ToolDefinitionError, read_tool, write_tool
+    from loopwright.tools.faults import Fault
     from loopwright.tools.http import read_json, write_json
     from loopwright.tools.mcp import McpSession, mcp_contracts

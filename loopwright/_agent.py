@@ -19,6 +19,7 @@ load an agent by import path, and a run records which agent and version it belon
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -28,6 +29,7 @@ from typing import Any, overload
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
+from pydantic import BaseModel
 
 from loopwright.graph.agents import AgentProfile, handoff_contract
 from loopwright.graph.budget import Budget
@@ -74,6 +76,25 @@ class Demo:
     deps: Callable[[], AbstractContextManager[Any]] | None = None
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """A task `loopwright faults` proves the agent on: who asks, who approves (every request,
+    as a person would), a fresh business world for each trial (`deps`, else the agent's own),
+    the scripted model that plays it (`model`, else the agent's own), and how many effects an
+    intent has in the business system (`effects(ctx, action, before)`, `before` being the
+    pre-image journaled with its first send; else the write's own reconcile, which cannot see
+    a second one). `env(deps)`: what a new process needs to reach the trial's world, for the
+    crash trials' processes, which open the agent's own `deps` (e.g. the services' URLs)."""
+
+    task: str
+    user: str
+    approver: str | None = None
+    deps: Callable[[], AbstractContextManager[Any]] | None = None
+    model: Callable[[], BaseChatModel] | None = None
+    effects: Callable[[ToolContext[Any], Action, dict[str, Any] | None], int] | None = None
+    env: Callable[[Any], Mapping[str, str]] | None = None
+
+
 @contextlib.contextmanager
 def _no_deps() -> Iterator[None]:
     yield None
@@ -87,6 +108,26 @@ def _no_boundary(_deps: Any, _principal: Principal, _task: str) -> Iterable[str]
     return ()
 
 
+Boundary = (
+    Callable[[ToolContext[Any], str], Iterable[str]]
+    | Callable[[Any, Principal, str], Iterable[str]]
+)
+
+
+def _boundary(given: Boundary) -> Callable[[Any, Principal, str], Iterable[str]]:
+    """A boundary takes (ctx, task), ctx the tool context of the run to be (its deps and
+    principal, as the tools get them), or (deps, principal, task); kept in the second form,
+    which every entry point calls."""
+    if len(inspect.signature(given).parameters) != 2:
+        return given  # type: ignore[return-value]
+    with_context: Callable[[ToolContext[Any], str], Iterable[str]] = given  # type: ignore[assignment]
+
+    def boundary(deps: Any, principal: Principal, task: str) -> Iterable[str]:
+        return with_context(ToolContext(deps=deps, principal=principal), task)
+
+    return boundary
+
+
 class Agent[DepsT]:
     """An agent loopwright can run: its identity, instructions, tools and rules.
 
@@ -94,7 +135,8 @@ class Agent[DepsT]:
     model request (with the runtime's own rules, which come first). `deps` is a function that
     opens the application's dependencies as a context manager (HTTP clients, credentials): it
     is entered once per process and its value reaches every tool as `ctx.deps`. `model` is the
-    default model of the agent's runs. `boundary(deps, principal, task)` names the resources a
+    default model of the agent's runs. `boundary(ctx, task)` (or `boundary(deps, principal,
+    task)`) names the resources a
     task may touch (e.g. the tickets it names) and may refuse the task (`TaskRefused`); with no
     boundary a run may touch no declared resource at all. `principal(deps, user_id)` builds the
     trusted principal a run acts for (roles, tenant), refusing unknown users. `approvers` says
@@ -108,6 +150,33 @@ class Agent[DepsT]:
     business service started locally, which two instances must not each start their own of)
     and yields the environment variables that point each process's `deps` at it:
     `loopwright serve --engine aegra` enters it once and gives its variables to every instance.
+    `scenarios` are the tasks `loopwright faults` proves the agent on (default: its `demo`).
+
+    The functions an agent and its tools declare, and what each is given (`ctx` is the call's
+    `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):
+
+        boundary(ctx, task: str) -> Iterable[str]                         resources a task may touch
+                                                      (or boundary(deps, principal, task))
+        principal(deps, user_id: str) -> Principal                        whom a run acts for
+        approvers(deps, user_id: str) -> bool                             who may decide
+        done(ctx, task: str, writes: list[Action]) -> bool                whether the task is done
+        authorize(ctx, args) -> bool | None                               False refuses the call
+        resources(args) -> Iterable[str]                                  what a call touches
+        precondition(ctx, args) -> None                                   raises PreconditionFailed
+        pre_image(ctx, args) -> dict                                      read before a keyless send
+        reconcile(ctx, action[, pre_image: dict | None]) -> ReconcileResult
+        verify(ctx, action) -> VerifyResult                               a succeeded write is there
+        summary(args) -> str                                              the action in one line
+        facts(args, evidence: Sequence[Evidence]) -> Iterable[tuple[str, str]]
+        confirm(args) -> bool                                             approving takes two steps
+        current_versions(ctx, args) -> dict[str, str]                     versions right before the send
+        compensation(action) -> str                                       how to undo, offered to a person
+        intent(run_id: str, args) -> str                                  the business intent key
+
+    Verification, when the model answers: each succeeded write's `verify` asks the business
+    system, except a write a later one replaces (its tool in the later write's `replaces`, on
+    a resource both touch): that one is judged by its own recorded outcome, the later one is
+    verified. Writes that only share a resource are each verified.
     """
 
     def __init__(
@@ -119,7 +188,7 @@ class Agent[DepsT]:
         deps: Callable[[], AbstractContextManager[DepsT]] | None = None,
         model: ModelSource | None = None,
         tools: Iterable[ToolContract] = (),
-        boundary: Callable[[DepsT, Principal, str], Iterable[str]] | None = None,
+        boundary: Boundary | None = None,
         principal: Callable[[DepsT, str], Principal] | None = None,
         approvers: Collection[str] | Callable[[DepsT, str], bool] = (),
         done: Callable[[ToolContext[DepsT], str, list[Action]], bool] | None = None,
@@ -130,6 +199,7 @@ class Agent[DepsT]:
         specialists: Sequence[AgentProfile] = (),
         demo: Demo | None = None,
         shared: Callable[[], AbstractContextManager[Mapping[str, str]]] | None = None,
+        scenarios: Sequence[Scenario] = (),
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -140,7 +210,7 @@ class Agent[DepsT]:
         self.instructions = instructions.strip()
         self.deps_factory = deps
         self.model = model
-        self.boundary_of = boundary
+        self.boundary_of = _boundary(boundary) if boundary is not None else None
         self.principal_of = principal or _default_principal
         self.approvers = approvers
         self.done = done
@@ -152,6 +222,7 @@ class Agent[DepsT]:
         self.specialists = {profile.name: profile for profile in specialists}
         self.demo = demo
         self.shared = shared
+        self.scenarios = tuple(scenarios)
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
         self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]
@@ -174,6 +245,8 @@ class Agent[DepsT]:
         *,
         name: str | None = None,
         description: str | None = None,
+        args: type[BaseModel] | None = None,
+        output: type[BaseModel] | None = None,
         resources: Callable[[Any], Iterable[str]] | None = None,
         authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
         poll_after: Callable[[dict[str, Any]], float | None] | None = None,
@@ -191,6 +264,8 @@ class Agent[DepsT]:
         `resources(args)` names what a call touches (for the task boundary and scheduling),
         `authorize(ctx, args)` refuses a call for the run's principal by returning False (or
         raising `PermissionDenied`), `sensitive` names arguments never shown or traced.
+        `args=` and `output=` give the argument and output models where the function's
+        annotations do not (one function serving a table of tools, defined in a loop).
         """
 
         def register(function: Any) -> Any:
@@ -225,10 +300,13 @@ class Agent[DepsT]:
         facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None,
         confirm: Callable[[Any], bool] | None = None,
         resend: ResendAfterDeadline | None = None,
+        replaces: Collection[str] = (),
         timeout_s: float = 5.0,
         max_result_bytes: int = 64_000,
         name: str | None = None,
         description: str | None = None,
+        args: type[BaseModel] | None = None,
+        output: type[BaseModel] | None = None,
     ) -> Any:
         """Declare a write: `def f(ctx: ToolContext[Deps], args: Args, intent_key: str) -> Output`.
 
@@ -248,6 +326,11 @@ class Agent[DepsT]:
         names the output fields that are identifiers the write created (an answer may cite
         only those the run can back); `editable` the arguments an approver may change; `resend`
         (for a downstream without keys) how an intent proven absent is sent again safely.
+        `args=` and `output=` give the argument and output models where the function's
+        annotations do not. `replaces` names the tools (this one's own name included) whose
+        earlier writes this write replaces where both touch a resource, e.g. a status set again:
+        verification then checks the latest against the business system and the earlier by
+        its recorded outcome. Without it every write is verified, whatever it shares.
 
         What an approver decides from: `summary(args)` is the action in one line; `facts(args,
         evidence)` returns labelled facts drawn from the run's evidence (the reads the model
@@ -277,10 +360,13 @@ class Agent[DepsT]:
             "facts": facts,
             "confirm": confirm,
             "resend": resend,
+            "replaces": replaces,
             "timeout_s": timeout_s,
             "max_result_bytes": max_result_bytes,
             "name": name,
             "description": description,
+            "args": args,
+            "output": output,
         }
 
         def register(function: Any) -> Any:
@@ -324,6 +410,7 @@ class Agent[DepsT]:
             "planner": self.planner,
             "specialists": list(self.specialists.values()),
             "demo": self.demo,
+            "scenarios": self.scenarios,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:
@@ -336,6 +423,13 @@ class Agent[DepsT]:
 
     def check(self) -> None:
         """Refuse an agent that cannot run safely, saying what to add (entry points call it)."""
+        names = {c.name for c in self._contracts}
+        for contract in self._contracts:
+            if unknown := sorted(contract.replaces - names):
+                raise ToolDefinitionError(
+                    f"tool {contract.name}: replaces names {', '.join(unknown)}, which agent "
+                    f"{self.name} does not have"
+                )
         touching = sorted(c.name for c in self._contracts if c.declares_resources)
         if self.boundary_of is None and touching:
             raise ToolDefinitionError(

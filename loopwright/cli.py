@@ -694,6 +694,56 @@ def retention(
     )
 
 
+@app.command()
+def faults(
+    agent: AgentOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Prove the agent before production: its scenarios (else its demo) run once clean, then
+    under each fault at each write the clean run sent (request lost, answer lost, answer late,
+    request delivered late, delivered twice, a process killed before and after the send and
+    the run resumed by another), injected around the send whatever the tool's transport. Each
+    trial is judged in the business system: effects per intent and whether the ending is
+    truthful. Exits 1 if any trial made a duplicate effect, claimed COMPLETED with an effect
+    missing, or never met its fault."""
+    from loopwright.checkpoints.database import resolve_database_url
+    from loopwright.faults import Trial, prove, scenarios_of
+
+    hosted = agent_for(agent)
+    path = configured_agent_path(agent) or DEFAULT_AGENT
+    scenarios_of(hosted)  # an agent with nothing to prove it on is refused before anything runs
+    url = resolve_database_url(db)
+
+    def show_trial(trial: Trial) -> None:
+        if as_json:
+            return
+        where = f"write {trial.write} ({trial.tool})" if trial.write else "clean run"
+        fault = trial.fault.value if trial.fault else "-"
+        effects = ", ".join(f"{n}" for n in trial.effects.values()) or "none"
+        console.print(
+            f"{trial.scenario}  {where:<28} {fault:<17} {trial.stop_reason or trial.phase:<14}"
+            f" effects per intent: {effects:<6} {trial.verdict}",
+            markup=False,
+        )
+
+    proof = prove(hosted, database_url=url, agent_path=path, on_trial=show_trial)
+    if as_json:
+        print_json(proof.as_json())
+    else:
+        for skipped in proof.skipped:
+            console.print(f"not tried: {skipped}", markup=False)
+        trials, failed = len(proof.trials), len(proof.failures)
+        verdict = (
+            f"held under every fault tried: {trials} trials, 0 failed"
+            if proof.held
+            else f"did not hold: {failed} of {trials} trials failed"
+        )
+        console.print(f"{hosted.name}: {verdict}", markup=False)
+    if not proof.held:
+        raise typer.Exit(1)
+
+
 def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
     """The approval requests of the agent's runs that have not ended (only their states are
     read: a database's runs are mostly ended ones)."""

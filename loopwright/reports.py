@@ -113,6 +113,9 @@ def _event(event: ActionEvent) -> dict[str, Any]:
         "fence": event.fence,
         "at": event.at.isoformat(),
         "detail": event.detail,
+        "attempt": event.attempt,
+        "found": event.found,
+        "why": event.why,
     }
 
 
@@ -136,7 +139,7 @@ def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
         document["task"] = state["task"]
         document["user"] = (state.get("principal") or {}).get("user_id")
         document["steps"] = [node for node, _ in runner.steps(outcome.run_id)]
-    events = {a.action_id: runner.journal.events(a.action_id) for a in outcome.actions}
+    events = runner.history(outcome.run_id)
     for action in document["actions"]:
         action["history"] = [_event(e) for e in events[action["action_id"]]]
     return _redactor(runner.tools, outcome.actions).scrub(document)

@@ -36,7 +36,7 @@ from loopwright._agent import Agent
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver, Superstep
-from loopwright.checkpoints.journal import ActionJournal, StaleTransition, open_journal
+from loopwright.checkpoints.journal import ActionEvent, ActionJournal, StaleTransition, open_journal
 from loopwright.checkpoints.leases import (
     Lease,
     LeaseHeld,
@@ -334,15 +334,44 @@ class Runner:
         *,
         run_id: str | None = None,
         on_step: StepListener | None = None,
+        wait: float = 0.0,
     ) -> RunOutcome:
         """Start a run of `task` for `principal`.
 
         Starting a run id that exists already, with the same task and user, is a retry of the
         start (the caller may not know whether the first got through): it resumes the run and
         never begins it again, which would ask the model anew. Another task or user under an
-        existing id is refused (`RunExists`).
+        existing id is refused (`RunExists`). `wait`: seconds to go on through parked
+        reconciliations (see `settle`); 0 returns a run parked in RECONCILING as it is.
         """
-        run_id = run_id or new_run_id()
+        outcome = self._start(task, principal, run_id or new_run_id(), on_step)
+        return self._settled(outcome, wait, on_step)
+
+    def settle(
+        self, run_id: str, *, wait: float, on_step: StepListener | None = None
+    ) -> RunOutcome:
+        """Resume the run each time its parked reconciliation is due, for at most `wait`
+        seconds from now: what an embedding program would otherwise do by sleeping and calling
+        `resume`. Returns where the run stands then: parked still if its next look comes after
+        the bound; a run waiting for a person, or ended, at once."""
+        return self._settled(self.outcome(run_id), wait, on_step)
+
+    def _settled(
+        self, outcome: RunOutcome, wait: float, on_step: StepListener | None
+    ) -> RunOutcome:
+        bound = time.monotonic() + wait
+        while outcome.phase == Phase.RECONCILING and (due := outcome.next_attempt_at) is not None:
+            # Judged on the database's clock, as the park itself was.
+            delay = max(0.0, (due - self.leases.now()).total_seconds())
+            if time.monotonic() + delay > bound:
+                break
+            time.sleep(delay)
+            outcome = self._resume(outcome.run_id, None, on_step)
+        return outcome
+
+    def _start(
+        self, task: str, principal: Principal, run_id: str, on_step: StepListener | None
+    ) -> RunOutcome:
         # A new run is registered already leased to this runner: no claim, and no state to read.
         record, lease = self.begin(run_id, task, principal, self.owner, self.lease_ttl_s)
         # The run began when it was registered, by the database's clock.
@@ -358,14 +387,22 @@ class Runner:
         return self._advance(run_id, begun, on_step, values)
 
     def resume(
-        self, run_id: str, value: Any = None, *, on_step: StepListener | None = None
+        self,
+        run_id: str,
+        value: Any = None,
+        *,
+        on_step: StepListener | None = None,
+        wait: float = 0.0,
     ) -> RunOutcome:
         """Continue a run: after a crash, after a parked reconciliation's wait (value None), or
         with a person's answer to its approval interrupt (value: an ApprovalDecision dump).
 
         A run waiting for approval is not advanced without an answer; a finished run stays as it
-        is. Both just report where they stand.
+        is. Both just report where they stand. `wait`: as for `start`.
         """
+        return self._settled(self._resume(run_id, value, on_step), wait, on_step)
+
+    def _resume(self, run_id: str, value: Any, on_step: StepListener | None) -> RunOutcome:
         self.owned(run_id)
         snapshot = self.graph.get_state(self.config(run_id))
         kinds = {i.value.get("kind") for i in snapshot.interrupts}
@@ -389,8 +426,10 @@ class Runner:
         comment: str = "",
         changes: dict[str, Any] | None = None,
         on_step: StepListener | None = None,
+        wait: float = 0.0,
     ) -> RunOutcome:
-        """Answer the approval the run waits for, as `approver`, and advance the run.
+        """Answer the approval the run waits for, as `approver`, and advance the run (through
+        parked reconciliations for up to `wait` seconds, as `start`).
 
         The decision names the request's digest (it authorises that action and nothing else);
         an edit changes only `changes`, arguments the write declares editable. Raises
@@ -404,9 +443,9 @@ class Runner:
         answer = request.answer(decision, approver, comment, changes)
         if answer.args is not None:
             self.check_edit(request, answer.args)
-        outcome = self.resume(run_id, answer.model_dump(mode="json"), on_step=on_step)
+        outcome = self._resume(run_id, answer.model_dump(mode="json"), on_step)
         self.check_taken(run_id, answer)
-        return outcome
+        return self._settled(outcome, wait, on_step)
 
     def check_taken(self, run_id: str, answer: ApprovalDecision) -> None:
         """Raise DecisionNotTaken unless the run recorded this very decision: a decision that
@@ -728,6 +767,12 @@ class Runner:
                 tasks[task_id] = PregelTask(task_id, path.removeprefix(_PULL_PATH), (path,))
         writes = [(task_id, channel, value) for task_id, _, channel, value in superstep.writes]
         return tasks_w_writes(tasks.values(), writes, None, self.graph.stream_channels_asis)
+
+    def history(self, run_id: str) -> dict[str, list[ActionEvent]]:
+        """Each action of the run (by id, first planned first) with every status change it
+        went through: whether a write was reconciled as applied or re-sent, at which attempt,
+        what reconciliation found and why, read from the journal."""
+        return {a.action_id: self.journal.events(a.action_id) for a in self.journal.for_run(run_id)}
 
     def state(self, run_id: str) -> RunState:
         values = self.graph.get_state(self.config(run_id)).values

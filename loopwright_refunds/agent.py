@@ -41,6 +41,7 @@ from loopwright import (
     Principal,
     ReconcileResult,
     ReconcileStatus,
+    Scenario,
     ScriptedChatModel,
     TaskRefused,
     ToolContext,
@@ -376,6 +377,17 @@ agent: Agent[RefundServices] = Agent(
         deps=fresh_services,
     ),
     shared=shared_services,
+    # What `loopwright faults` proves it on: the demo's task, each trial on fresh services, which
+    # a crash trial's processes reach through $LOOPWRIGHT_SERVICES.
+    scenarios=[
+        Scenario(
+            task="Check whether order O-42 can be refunded and refund it if so.",
+            user="u-1",
+            approver="a-1",
+            deps=fresh_services,
+            env=lambda services: services.endpoints.to_env(),
+        )
+    ],
 )
 
 

@@ -131,7 +131,7 @@ def issue_store_credit(ctx: Ctx, args: IssueStoreCreditArgs, intent_key: str) ->
         ctx.deps.http,
         url,
         body,
-        idempotency_key="",
+        idempotency_key=None,
         timeout=ctx.timeout(CREDIT_TIMEOUT_S),
         headers=deadline,
     )

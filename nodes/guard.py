@@ -142,6 +142,19 @@ def _release_unsent(state: RunState, context: RunContext, reason: str) -> list[A
     return released
 
 
+def _escalated_because(action: Action, context: RunContext) -> str:
+    """What a person is asked to decide about an escalated write: one the business system
+    proved absent (send it again or not) is not one nobody could tell about (look first)."""
+    events = context.journal.events(action.action_id)
+    last = (events[-1].detail or {}) if events else {}
+    why = last.get("reason") or "no reason was journaled"
+    if last.get("reconciled") == "absent":
+        return (
+            f"{action.action_id} proven absent: a person decides whether to send it again ({why})"
+        )
+    return f"{action.action_id} could not tell whether it applied: a person looks ({why})"
+
+
 def _guard(state: RunState, context: RunContext) -> dict[str, Any]:
     if state.get("stop_reason"):
         return {"phase": Phase.INCOMPLETE.value}
@@ -153,8 +166,8 @@ def _guard(state: RunState, context: RunContext) -> dict[str, Any]:
     actions = actions_of(state)
     escalated = [a for a in actions if a.status is ActionStatus.ESCALATED]
     if escalated:
-        ids = ", ".join(a.action_id for a in escalated)
-        return stop(StopReason.NEEDS_HUMAN, f"outcome of {ids} could not be confirmed")
+        why = "; ".join(_escalated_because(a, context) for a in escalated)
+        return stop(StopReason.NEEDS_HUMAN, why)
     cancel = bool(state.get("cancel_requested")) or context.cancel_requested()
     unresolved = any(a.status in UNRESOLVED_STATUSES for a in actions)
     if unresolved and not (cancel and state.get("reconciled_for_cancel")):

@@ -58,13 +58,20 @@ from loopwright.tools.executor import (
 MAX_SENDS = 3
 
 
-def _escalate(action: Action, context: RunContext, why: str) -> Action:
+def _escalate(
+    action: Action, context: RunContext, why: str, found: ReconcileStatus | None = None
+) -> Action:
+    """A person decides. `found` is what the business system said (None: it was not asked),
+    journaled so the run's stop can tell "proven absent" from "could not tell"."""
+    detail: dict[str, Any] = {"reason": why}
+    if found is not None:
+        detail["reconciled"] = found.value
     return context.journal.transition(
         action.action_id,
         ActionStatus.RECONCILING,
         ActionStatus.ESCALATED,
         fence=context.fence,
-        detail={"reason": why},
+        detail=detail,
     )
 
 
@@ -150,6 +157,7 @@ def reconcile_action(
                 context,
                 "absent now, but without a key or a deadline the downstream honours, the "
                 "request may still arrive and apply: a person decides whether to send it again",
+                answer.status,
             ), None
         case ReconcileStatus.ABSENT if (wait := _until_absence_is_final(contract, sent)) > 0:
             # Sent to a downstream without keys: absent is final only once the request's
@@ -158,7 +166,7 @@ def reconcile_action(
         case ReconcileStatus.ABSENT if guarantee in RESENDABLE:
             if action.attempts >= MAX_SENDS:
                 return _escalate(
-                    action, context, f"still absent after {action.attempts} sends"
+                    action, context, f"still absent after {action.attempts} sends", answer.status
                 ), None
             try:
                 contract.check_preconditions(ctx, contract.args_model.model_validate(action.args))
@@ -171,14 +179,17 @@ def reconcile_action(
                     outcome={"error": fault.as_error()},
                     detail={"reconciled": "absent", "resend": "refused by a precondition"},
                 ), None
-            action = dispatch_write(contract, action, ctx, journal, fence)
+            resent = {"reconciled": "absent", "reason": "absent: sent again"}
+            action = dispatch_write(contract, action, ctx, journal, fence, found=resent)
             if action.status is ActionStatus.UNKNOWN:
                 return reconcile_action(action, context, ctx)
             return action, None
         case ReconcileStatus.PENDING:
             return action, answer.retry_after_s
         case _:
-            return _escalate(action, context, answer.detail or str(answer.status)), None
+            return _escalate(
+                action, context, answer.detail or str(answer.status), answer.status
+            ), None
 
 
 def reconcile(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:

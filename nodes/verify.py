@@ -3,10 +3,12 @@
 When the model gives a final answer, the run's writes are checked:
 
 * every write that succeeded is checked against the business system (the contract's verify:
-  e.g. the booking exists under the intent key, with the journaled parameters). Several writes
-  on one resource supersede one another: the latest is checked against what the business
-  system holds now, the earlier ones by their own recorded outcome (the run's final intended
-  state, not every write against today's state);
+  e.g. the booking exists under the intent key, with the journaled parameters). A write whose
+  contract declares it replaces another tool's writes (`replaces`, e.g. a status set twice)
+  supersedes an earlier one on a resource both touch: the latest is checked against what the
+  business system holds now, the earlier ones by their own recorded outcome (the run's final
+  intended state, not every write against today's state); writes that merely touch one
+  resource are each verified;
 * a write the run planned that did not happen (failed, rejected by an approver or by the
   downstream, cancelled, escalated) keeps the task from being done, unless the agent's
   completion check (`Agent(done=...)`) says it is done without it;
@@ -61,10 +63,14 @@ def _observed_text(state: RunState) -> str:
 
 
 def _superseded(writes: list[Action], context: RunContext) -> dict[str, str]:
-    """Succeeded writes another, later succeeded write of the run touches again: action id ->
-    the action that supersedes it."""
+    """Succeeded writes a later succeeded write of the run replaces: action id -> the action
+    that replaces it. A write replaces an earlier one only where its contract declares so
+    (`replaces` names the earlier one's tool) and the two touch a resource in common: touching
+    the same resource alone is no replacement (a credit and a close of one ticket are two
+    effects, each verified)."""
     later: dict[str, str] = {}
-    seen: dict[str, str] = {}  # resource -> the latest write touching it
+    # resource -> the later writes touching it, the latest first: (action id, what it replaces)
+    seen: dict[str, list[tuple[str, frozenset[str]]]] = {}
     for action in reversed(writes):
         contract = context.tools.get(action.tool)
         if contract is None or action.status is not ActionStatus.SUCCEEDED:
@@ -73,10 +79,16 @@ def _superseded(writes: list[Action], context: RunContext) -> dict[str, str]:
             touched = contract.resources_of(contract.args_model.model_validate(action.args))
         except ValueError:
             continue
-        if superseder := next((seen[r] for r in sorted(touched) if r in seen), None):
+        replacing = (
+            action_id
+            for resource in sorted(touched)
+            for action_id, replaces in seen.get(resource, [])
+            if action.tool in replaces
+        )
+        if superseder := next(replacing, None):
             later[action.action_id] = superseder
         for resource in touched:
-            seen.setdefault(resource, action.action_id)
+            seen.setdefault(resource, []).append((action.action_id, contract.replaces))
     return later
 
 

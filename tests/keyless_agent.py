@@ -1,5 +1,6 @@
 """The refund agent with store credit, whose keyless write is re-sent after a short deadline:
-what tests/test_keyless_resend.py runs, in this process and in the ones it crashes."""
+what tests/test_keyless_resend.py runs, in this process and in the ones it crashes; and the
+same credit declared wrongly (idempotent by key), which tests/test_faults.py proves it on."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from loopwright import Decision, ResendAfterDeadline, ScriptedChatModel
+from loopwright import (
+    Action,
+    Decision,
+    Guarantee,
+    ResendAfterDeadline,
+    Scenario,
+    ScriptedChatModel,
+    ToolContext,
+)
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.store_credit import STORE_CREDIT
 
@@ -35,3 +45,23 @@ def with_resend(resend: ResendAfterDeadline | None) -> Any:
 
 
 agent = with_resend(DEADLINE)
+
+
+def credits_since(ctx: ToolContext[Any], action: Action, before: dict[str, Any] | None) -> int:
+    """Credits the account gained since the pre-image of the intent's first send."""
+    assert before is not None
+    account = httpx.get(f"{ctx.deps.endpoints.payments}/credits/{before['user_id']}").json()
+    return int(account["version"]) - int(before["version"])
+
+
+CREDIT_SCENARIO = Scenario(task=TASK, user="u-1", approver="a-1", effects=credits_since)
+
+# The credit declared idempotent by key, which the credits service is not: what `loopwright
+# faults` must catch (a request delivered late or twice credits twice).
+wrongly_keyed = agent.replace(
+    tools=[
+        *(c for c in agent.tools if c.name != STORE_CREDIT.name),
+        dataclasses.replace(STORE_CREDIT, guarantee=Guarantee.IDEMPOTENT_BY_KEY, resend=None),
+    ],
+    scenarios=[CREDIT_SCENARIO],
+)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel
 
@@ -25,6 +26,7 @@ from loopwright import (
     ReconcileStatus,
     ScriptedChatModel,
     ToolContext,
+    ToolDefinitionError,
     ToolFault,
     VerifyResult,
     open_runner,
@@ -105,7 +107,7 @@ def down_then_up(messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any
     return Decision(tool_calls=[steps[done]]) if done < len(steps) else Decision(content="Done.")
 
 
-def test_writes_on_one_resource_verify_as_the_runs_final_intended_state(tmp_path: Path) -> None:
+def switchboard(*, replaces: tuple[str, ...]) -> Agent[Switchboard]:
     ops: Agent[Switchboard] = Agent(
         "switchboard",
         instructions="Take the service down for maintenance, then up again.",
@@ -120,8 +122,16 @@ def test_writes_on_one_resource_verify_as_the_runs_final_intended_state(tmp_path
         verify=status_is_as_set,
         needs_approval=False,
         resources=lambda a: {f"service:{a.name}"},
+        replaces=replaces,
     )
+    return ops
+
+
+def test_writes_on_one_resource_verify_as_the_runs_final_intended_state(tmp_path: Path) -> None:
+    """A status set again replaces the first (declared): the latest is checked against the
+    system, the earlier by its own outcome."""
     board = Switchboard()
+    ops = switchboard(replaces=("set_status",))
     with open_runner(f"sqlite:///{tmp_path / 'db.sqlite3'}", ops, deps=board) as runner:
         task = "maintenance on web"
         outcome = runner.start(task, runner.principal_for("ana", task))
@@ -130,3 +140,22 @@ def test_writes_on_one_resource_verify_as_the_runs_final_intended_state(tmp_path
     assert first["superseded_by"] == second["action_id"]  # checked by its own outcome
     assert second["status"] == "up"  # the final state, checked against the system
     assert board.status == {"web": "up"}
+
+
+def test_writes_that_only_share_a_resource_are_each_verified(tmp_path: Path) -> None:
+    """Without `replaces`, touching one resource is no replacement: the first write's verify
+    runs too (a credit and a close of one ticket are two effects). Here it finds the status
+    changed since, so the run is not taken for verified."""
+    board = Switchboard()
+    ops = switchboard(replaces=())
+    with open_runner(f"sqlite:///{tmp_path / 'db.sqlite3'}", ops, deps=board) as runner:
+        task = "maintenance on web"
+        outcome = runner.start(task, runner.principal_for("ana", task))
+    assert outcome.stop_reason != "completed"
+    assert "web is up, not down" in outcome.stop_detail, outcome.stop_detail
+    assert board.status == {"web": "up"}
+
+
+def test_a_write_replacing_a_tool_the_agent_does_not_have_is_refused() -> None:
+    with pytest.raises(ToolDefinitionError, match="replaces names set_state, which agent"):
+        switchboard(replaces=("set_state",)).check()

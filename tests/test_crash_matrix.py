@@ -16,7 +16,7 @@ import pytest
 
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
-from loopwright.graph.crashpoints import POINTS
+from loopwright.graph.crashpoints import POINTS, UNREACHED_EXIT_CODE, CrashPoint
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds
@@ -94,8 +94,10 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
             crashes += 1
             armed.pop(0)
         else:
-            # Resumed to an approval, a parked reconciliation, or the end (reports.EXIT_CODES).
-            assert code in (0, EXIT_CODES["waiting"], EXIT_CODES["unfinished"]), output
+            # Resumed to an approval, a parked reconciliation, or the end (reports.EXIT_CODES);
+            # a process that stopped so before its armed point says so.
+            expected = (0, EXIT_CODES["waiting"], EXIT_CODES["unfinished"])
+            assert code in ((UNREACHED_EXIT_CODE,) if armed else expected), output
             if "COMPLETED" in output:
                 break
         step_env = {**env, CRASH_ENV: armed[0]} if armed else env
@@ -128,11 +130,11 @@ def _process_passing(points: str, armed: str) -> subprocess.CompletedProcess[str
     )
 
 
-def test_a_crash_point_armed_and_never_reached_is_told_with_the_nearest_name() -> None:
+def test_a_crash_point_armed_and_never_reached_fails_the_process_with_the_nearest_name() -> None:
     """A misspelt point would leave a crash test passing without its crash: the process says
-    so as it ends, with the nearest name it knows."""
+    so as it ends, with the nearest name it knows, and exits with a code that is no success."""
     missed = _process_passing("mytool:after_x", "executor:after_dispach_record,mytool:after_y")
-    assert missed.returncode == 0
+    assert missed.returncode == UNREACHED_EXIT_CODE
     assert missed.stderr.splitlines() == [
         "loopwright: crash point executor:after_dispach_record was armed and never reached"
         " (did you mean executor:after_dispatch_record?)",
@@ -142,4 +144,24 @@ def test_a_crash_point_armed_and_never_reached_is_told_with_the_nearest_name() -
     reached = _process_passing("mytool:after_x", "mytool:after_x")
     assert reached.returncode == CRASH_EXIT
     assert reached.stderr == "loopwright: crash point mytool:after_x reached, exiting hard\n"
-    assert _process_passing("mytool:after_x", "").stderr == ""
+    unarmed = _process_passing("mytool:after_x", "")
+    assert (unarmed.returncode, unarmed.stderr) == (0, "")
+
+
+def test_a_crash_point_armed_at_its_kth_passage_exits_there_and_not_before() -> None:
+    """`NAME#k` aims at the k-th write, not the first: passages before k go on, the k-th exits,
+    and a process that passes fewer than k times fails."""
+    point = CrashPoint.AFTER_SEND
+    assert point.nth(2) == "executor:after_send#2"
+    twice = f"{point},mytool:marker,{point}"
+    second = _process_passing(twice + ",mytool:after_exit", point.nth(2))
+    assert second.returncode == CRASH_EXIT
+    assert second.stderr == f"loopwright: crash point {point} reached, exiting hard\n"
+    third = _process_passing(twice, point.nth(3))
+    assert third.returncode == UNREACHED_EXIT_CODE
+    assert third.stderr == (
+        f"loopwright: crash point {point}#3 was armed and never reached (passed 2 of 3 times)\n"
+    )
+    malformed = _process_passing(twice, f"{point}#0")
+    assert malformed.returncode == UNREACHED_EXIT_CODE
+    assert "crash point executor:after_send#0 was armed and never reached" in malformed.stderr

@@ -68,6 +68,10 @@ def test_downstream_that_cannot_be_asked_escalates_to_needs_human(
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "needs_human")
     assert action.status is ActionStatus.ESCALATED
     assert action.attempts == 1
+    # Not "proven absent": the operator is told nobody could tell whether it applied.
+    assert outcome.stop_detail.startswith(
+        f"{action.action_id} could not tell whether it applied: a person looks ("
+    ), outcome.stop_detail
     assert len(list_refunds(services, "O-42")) == 1  # it did happen; nobody pretends otherwise
 
 

@@ -31,20 +31,15 @@ def credit_entries(services: ServiceEndpoints) -> list[dict[str, Any]]:
     return entries
 
 
-def until_settled(runner: Runner, outcome: RunOutcome) -> RunOutcome:
-    """Resume a parked run whenever it is due, as a worker would, until it ends."""
-    give_up = time.monotonic() + WAIT_LIMIT_S
-    while outcome.next_attempt_at is not None:
-        assert time.monotonic() < give_up, outcome
-        due = outcome.next_attempt_at.timestamp() - time.time()
-        time.sleep(max(0.0, due) + 0.05)
-        outcome = runner.resume(outcome.run_id)
-    return outcome
-
-
 def statuses(runner: Runner, outcome: RunOutcome) -> list[str]:
-    [action] = outcome.actions
-    return [e.to_status for e in runner.journal.events(action.action_id)]
+    [history] = runner.history(outcome.run_id).values()
+    return [e.to_status for e in history]
+
+
+def settled(runner: Runner, outcome: RunOutcome) -> RunOutcome:
+    """Parked runs are resumed whenever due, within the bound (`wait=`): none is left parked."""
+    assert outcome.phase != "RECONCILING", outcome
+    return outcome
 
 
 def test_a_lost_request_is_sent_again_only_after_its_deadline_and_credited_once(
@@ -53,13 +48,19 @@ def test_a_lost_request_is_sent_again_only_after_its_deadline_and_credited_once(
     set_fault(services, "fail_before_commit")  # nothing applied, no answer worth trusting
     with open_test_runner(agent=keyless) as runner:
         sent = time.monotonic()
-        outcome = until_settled(runner, runner.start(TASK, principal(task=TASK)))
+        outcome = settled(runner, runner.start(TASK, principal(task=TASK), wait=WAIT_LIMIT_S))
         waited = time.monotonic() - sent
-        history = statuses(runner, outcome)
+        [history] = runner.history(outcome.run_id).values()
     assert outcome.stop_reason == "completed", outcome.stop_detail
-    assert history == [
-        "PLANNED", "DISPATCHED", "UNKNOWN", "RECONCILING", "DISPATCHED", "SUCCEEDED"
-    ]  # fmt: skip
+    # The history tells the re-send from a reconciliation that found it applied.
+    assert [(e.to_status, e.attempt, e.found) for e in history] == [
+        ("PLANNED", 0, None),
+        ("DISPATCHED", 1, None),
+        ("UNKNOWN", 1, None),
+        ("RECONCILING", 1, None),
+        ("DISPATCHED", 2, "absent"),
+        ("SUCCEEDED", 2, None),
+    ]
     [action] = outcome.actions
     assert action.attempts == 2
     assert waited >= 6.0  # never re-sent before the first request's deadline had passed
@@ -72,10 +73,16 @@ def test_a_first_request_that_arrives_late_but_in_time_is_found_not_repeated(
     """Held up 4 s (the client gives up at 3 s), it applies before its 6 s deadline."""
     set_fault(services, "latency", delay_s=4)
     with open_test_runner(agent=keyless) as runner:
-        outcome = until_settled(runner, runner.start(TASK, principal(task=TASK)))
-        history = statuses(runner, outcome)
+        outcome = settled(runner, runner.start(TASK, principal(task=TASK), wait=WAIT_LIMIT_S))
+        [history] = runner.history(outcome.run_id).values()
     assert outcome.stop_reason == "completed", outcome.stop_detail
-    assert history == ["PLANNED", "DISPATCHED", "UNKNOWN", "RECONCILING", "SUCCEEDED"]
+    assert [(e.to_status, e.attempt, e.found) for e in history] == [
+        ("PLANNED", 0, None),
+        ("DISPATCHED", 1, None),
+        ("UNKNOWN", 1, None),
+        ("RECONCILING", 1, None),
+        ("SUCCEEDED", 1, "applied"),
+    ]
     assert [e["amount"] for e in credit_entries(services)] == ["20.00"]
 
 
@@ -86,7 +93,7 @@ def test_a_first_request_that_arrives_after_its_deadline_is_refused_and_the_rese
     set_fault(services, "latency", delay_s=4)
     short = with_resend(ResendAfterDeadline(seconds=2.0, skew_s=0.5))
     with open_test_runner(agent=short) as runner:
-        outcome = until_settled(runner, runner.start(TASK, principal(task=TASK)))
+        outcome = settled(runner, runner.start(TASK, principal(task=TASK), wait=WAIT_LIMIT_S))
         time.sleep(1.5)  # the held-up first request has reached the service and been refused
     assert outcome.stop_reason == "completed", outcome.stop_detail
     [action] = outcome.actions
@@ -104,7 +111,10 @@ def test_without_a_way_to_resend_an_absent_keyless_write_goes_to_a_person(
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "needs_human")
     assert history[-1] == "ESCALATED"
     [action] = outcome.actions
-    assert action.action_id in outcome.stop_detail
+    # Proven absent, not "could not tell": a person decides whether to send it again.
+    assert outcome.stop_detail.startswith(
+        f"{action.action_id} proven absent: a person decides whether to send it again ("
+    ), outcome.stop_detail
     assert credit_entries(services) == []
 
 

@@ -138,7 +138,14 @@ def desk(installed: Installed, app: Path) -> Iterator[DeskService]:
         yield service
 
 
-def outside(installed: Installed, app: Path, desk: DeskService, *args: str, **env: str) -> Any:
+def outside(
+    installed: Installed,
+    app: Path,
+    desk: DeskService,
+    *args: str,
+    timeout: float = 120,
+    **env: str,
+) -> Any:
     """`loopwright ARGS` from the application's directory, as its team would type it: on the
     embedded default database in the application's directory (never the test run's Postgres
     server, whose URL `DATABASE_URL` may hold: the tests create their own databases)."""
@@ -160,7 +167,7 @@ def outside(installed: Installed, app: Path, desk: DeskService, *args: str, **en
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -231,6 +238,34 @@ def test_a_crash_after_the_send_is_resumed_by_a_new_process_with_one_effect_per_
     assert desk.state() == {"bookings": [["2", "g-1"]], "confirmations": [["2", "g-1"]]}
     shown = outside(installed, app, desk, "show", "r-crash")
     assert shown.returncode == 0 and "UNKNOWN" in shown.stdout and "SUCCEEDED" in shown.stdout
+
+
+def test_the_application_is_proven_under_every_fault_from_its_directory(
+    installed: Installed, app: Path, desk: DeskService
+) -> None:
+    """`loopwright faults` on an agent of another shape: a keyless booking (queryable, no
+    resend: an absent one goes to a person) and a keyed confirmation that needs approval.
+    Every fault at each write, crashes included, leaves one effect per intent at most and no
+    COMPLETED run with one missing."""
+    proven = outside(installed, app, desk, "faults", "--json", timeout=600)
+    assert proven.returncode == 0, proven.stdout + proven.stderr
+    document = json.loads(proven.stdout)
+    assert (document["agent"], document["held"], document["skipped"]) == ("desk", True, [])
+    trials = {(t["tool"], t["fault"]): t for t in document["trials"]}
+    network = ["request_lost", "answer_lost", "answer_late", "delivered_late"]
+    crashes = ["crash_before_send", "crash_after_send"]
+    assert list(trials) == [
+        (None, None),
+        *(("book", fault) for fault in [*network, *crashes]),  # no key: no duplicate delivery
+        *(("confirm", fault) for fault in [*network, "duplicate", *crashes]),
+    ]
+    assert all(t["verdict"] == "ok" and t["reached"] for t in trials.values()), trials
+    assert all(n <= 1 for t in trials.values() for n in t["effects"].values()), trials
+    # A booking that never arrived is proven absent and handed to a person, not re-sent.
+    lost = trials[("book", "request_lost")]
+    assert (lost["stop_reason"], list(lost["effects"].values())) == ("needs_human", [0])
+    assert "proven absent: a person decides" in lost["stop_detail"]
+    assert trials[("confirm", "crash_after_send")]["stop_reason"] == "completed"
 
 
 def test_a_run_of_this_agent_is_refused_by_another_agent(

@@ -7,12 +7,14 @@ The README's "Write your own agent" code blocks run here, in order, so they cann
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
 import subprocess
 import sys
 import types
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from loopwright import (
     Guarantee,
     ReconcileResult,
     ReconcileStatus,
+    ResendAfterDeadline,
     ToolContext,
     ToolDefinitionError,
     write_tool,
@@ -52,6 +55,56 @@ def kind(value: Any) -> str:
     return "function" if callable(value) else "type"
 
 
+# An object's default shown in a signature without the address it happens to have.
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def signature(value: Any, name: str) -> str:
+    try:
+        return name + _ADDRESS.sub("", str(inspect.signature(value)))
+    except (TypeError, ValueError):
+        return name
+
+
+def own_methods(cls: type) -> list[tuple[str, Any]]:
+    """The public methods and properties a class defines itself (not a base's, not a model's)."""
+    found = []
+    for attr, value in vars(cls).items():
+        if attr.startswith("_") or not (callable(value) or isinstance(value, property)):
+            continue
+        if isinstance(value, staticmethod | classmethod):
+            value = value.__func__
+        found.append((attr, value))
+    return found
+
+
+def details(name: str) -> list[str]:
+    """A name's section: its signature, its whole docstring, and its own methods'."""
+    value = getattr(loopwright, name)
+    lines = [f"### `{name}`", ""]
+    if inspect.isclass(value) and issubclass(value, Enum):
+        members = ", ".join(f"`{m.name}` = `{m.value}`" for m in value)
+        lines += [f"`{name}`: {members}", ""]
+    elif callable(value):
+        lines += ["```python", signature(value, name), "```", ""]
+    lines += [ALIAS_DOCS.get(name) or inspect.getdoc(value) or "", ""]
+    if inspect.isclass(value):
+        for attr, method in own_methods(value):
+            shown = f"{name}.{attr}"
+            if isinstance(method, property):
+                lines += [f"- `{shown}` (property): {one_line_of(method)}"]
+            else:
+                lines += [f"- `{signature(method, shown)}`: {one_line_of(method)}"]
+        if own_methods(value):
+            lines.append("")
+    return lines
+
+
+def one_line_of(value: Any) -> str:
+    doc = inspect.getdoc(value) or ""
+    return " ".join(doc.split("\n\n")[0].split()).replace("|", "\\|")
+
+
 def api_reference() -> str:
     lines = [
         "# loopwright's public API",
@@ -66,7 +119,10 @@ def api_reference() -> str:
     for name in loopwright.__all__:
         summary = one_line(name).replace("|", "\\|")
         lines.append(f"| `{name}` | {kind(getattr(loopwright, name))} | {summary} |")
-    return "\n".join(lines) + "\n"
+    lines += ["", "## Signatures", ""]
+    for name in loopwright.__all__:
+        lines += details(name)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def test_all_is_the_curated_namespace_and_every_name_is_documented() -> None:
@@ -167,6 +223,109 @@ def test_a_tool_function_must_be_typed_with_pydantic_models() -> None:
 
     with pytest.raises(ToolDefinitionError, match=r"takes \(ctx, args, intent_key\)"):
         agent.write(two_arguments, intent=lambda r, a: r)
+
+
+class Seat(BaseModel):
+    seat: str
+    passenger: str | None = None
+
+
+def generic(ctx: ToolContext[None], args: Any, intent_key: str) -> Any:
+    """Send a change to the airline."""
+    return {"booking_id": f"bk_{intent_key}"}
+
+
+def test_a_table_of_tools_is_defined_in_a_loop_with_explicit_models() -> None:
+    """One function serves several tools: `args=` and `output=` give each its models, where an
+    unannotated function alone is refused."""
+    agent: Agent[None] = Agent("airline", instructions="Change bookings.")
+    table: dict[str, type[BaseModel]] = {"book_seat": Seat, "book_slot": Slot}
+    for name, model in table.items():
+        agent.write(
+            generic,
+            name=name,
+            args=model,
+            output=Booked,
+            intent=functools.partial(lambda tool, run_id, _a: f"{tool}:{run_id}", name),
+            guarantee=Guarantee.IDEMPOTENT_BY_KEY,
+            reconcile=asked,
+        )
+    contracts = {name: agent.tools.get(name) for name in table}
+    assert {n: c.args_model.__name__ for n, c in contracts.items() if c} == {
+        "book_seat": "Seat",
+        "book_slot": "Slot",
+    }
+    seat = contracts["book_seat"]
+    assert seat is not None and seat.output_model is Booked
+    with pytest.raises(ValueError, match="extra"):  # closed: an argument it does not name
+        seat.args_model.model_validate({"seat": "4A", "meal": "veg"})
+    # Without the models, the same function is refused, naming what to add.
+    with pytest.raises(ToolDefinitionError, match="annotate its argument 'args'"):
+        agent.write(generic, name="book_meal", intent=lambda r, a: r)
+    with pytest.raises(ToolDefinitionError, match="args= takes a pydantic model class"):
+        agent.write(
+            generic,
+            name="book_meal",
+            args=dict,  # type: ignore[arg-type]  # the mistake under test
+            output=Booked,
+            intent=lambda r, a: r,
+        )
+
+
+def test_a_write_without_a_summary_reads_as_its_name_and_arguments() -> None:
+    contract = write_tool(
+        book, intent=lambda r, a: r, guarantee=Guarantee.IDEMPOTENT_BY_KEY, reconcile=asked
+    )
+    assert contract.describe(Slot(slot="10:00")) == "book: slot 10:00"
+    seat = write_tool(
+        generic,
+        name="seat",
+        args=Seat,
+        output=Booked,
+        intent=lambda r, a: r,
+        guarantee=Guarantee.IDEMPOTENT_BY_KEY,
+        reconcile=asked,
+        sensitive=["passenger"],
+    )
+    assert seat.describe(Seat(seat="4A", passenger="Ada")) == "seat: seat 4A, passenger [redacted]"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "skew_s", "problem"),
+    [
+        (0, 5.0, "seconds must be > 0, not 0"),
+        (-1, 5.0, "seconds must be > 0, not -1"),
+        (float("nan"), 5.0, "seconds must be > 0, not nan"),
+        (10, -1, "skew_s must be >= 0, not -1"),
+        (10, float("inf"), "skew_s must be >= 0, not inf"),
+    ],
+)
+def test_a_resend_deadline_that_could_let_a_late_request_apply_twice_is_refused(
+    seconds: float, skew_s: float, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=f"ResendAfterDeadline: {problem}"):
+        ResendAfterDeadline(seconds, skew_s=skew_s)
+    assert ResendAfterDeadline(0.5, skew_s=0).seconds == 0.5
+
+
+def test_a_boundary_is_given_the_tool_context_its_tools_get() -> None:
+    """`boundary(ctx, task)`: the deps and the principal as a tool sees them; the older
+    `boundary(deps, principal, task)` draws the same scope."""
+    seen: list[ToolContext[str]] = []
+
+    def slots_of(ctx: ToolContext[str], task: str) -> set[str]:
+        seen.append(ctx)
+        return {f"slot:{ctx.user.user_id}:{word}" for word in task.split()}
+
+    agent: Agent[str] = Agent("desk", instructions="Book slots.", boundary=slots_of)
+    principal = agent.principal_for("the desk's client", "ana", "1 2")
+    assert principal.scope == ("slot:ana:1", "slot:ana:2")
+    [ctx] = seen
+    assert (ctx.deps, ctx.user.user_id) == ("the desk's client", "ana")
+    older = agent.replace(boundary=lambda deps, who, task: {f"slot:{who.user_id}:1"})
+    assert older.principal_for("", "ana", "1").scope == ("slot:ana:1",)
+    # What every entry point calls (the server's included): the three-argument form.
+    assert agent.replace().principal_for("x", "bo", "3").scope == ("slot:bo:3",)
 
 
 def test_an_agent_whose_tools_touch_resources_needs_a_boundary() -> None:

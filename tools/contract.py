@@ -18,6 +18,8 @@ declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), 
 from __future__ import annotations
 
 import copy
+import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -164,6 +166,14 @@ class ResendAfterDeadline:
     seconds: float
     skew_s: float = 5.0
 
+    def __post_init__(self) -> None:
+        # A deadline of no length or a negative skew would let reconciliation re-send while the
+        # first request can still arrive: the one thing this declaration exists to prevent.
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"ResendAfterDeadline: seconds must be > 0, not {self.seconds!r}")
+        if not (math.isfinite(self.skew_s) and self.skew_s >= 0):
+            raise ValueError(f"ResendAfterDeadline: skew_s must be >= 0, not {self.skew_s!r}")
+
 
 @dataclass(frozen=True)
 class ReconcileResult:
@@ -184,6 +194,13 @@ class VerifyResult:
     verified: bool
     facts: dict[str, Any]
     problem: str = ""
+
+
+def _readable(value: Any) -> str:
+    """An argument's value in a summary line: text as it is, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
 
 
 def _no_resources(_args: Any) -> frozenset[str]:
@@ -245,6 +262,9 @@ class ToolContract:
     # the runtime) when a run is cancelled after the write.
     compensation: Callable[[Action], str] | None = None
     guarantee: Guarantee = Guarantee.NONE
+    # Writes: the tools whose earlier writes this one replaces where both touch a resource (a
+    # status set again): verification then checks the latest only. Nothing unless declared.
+    replaces: frozenset[str] = field(default_factory=frozenset)
     # Writes to a downstream without keys (queryable): how an intent proven absent is sent
     # again safely. Without one, an absent keyless write goes to a person (needs_human).
     resend: ResendAfterDeadline | None = None
@@ -303,11 +323,14 @@ class ToolContract:
         """A one-line human summary of a call, shown to approvers."""
         if self.summarize is not None:
             return self.summarize(args)
-        shown = {
-            k: "[redacted]" if k in self.sensitive_fields else v
+        # Without the write's own words: its name and each argument as a person reads it
+        # ("issue_credit: ticket_id T-1, amount 40.00"), never a raw dict.
+        shown = [
+            f"{k} {'[redacted]' if k in self.sensitive_fields else _readable(v)}"
             for k, v in args.model_dump(mode="json").items()
-        }
-        return f"{self.name}({shown})"
+            if v is not None
+        ]
+        return f"{self.name}: {', '.join(shown)}" if shown else self.name
 
     def facts_of(
         self, args: BaseModel, evidence: Sequence[Evidence]

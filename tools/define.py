@@ -84,13 +84,29 @@ def _closed(model: type[BaseModel]) -> type[BaseModel]:
     return type(model.__name__, (model,), namespace)
 
 
+def _given(model: Any, name: str, what: str) -> type[BaseModel]:
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return model
+    raise _fail(name, f"{what}= takes a pydantic model class (got {model!r})")
+
+
 def _signature(
-    fn: Callable[..., Any], name: str, params: Sequence[str]
+    fn: Callable[..., Any],
+    name: str,
+    params: Sequence[str],
+    args: type[BaseModel] | None = None,
+    output: type[BaseModel] | None = None,
 ) -> tuple[type[BaseModel], type[BaseModel]]:
+    """The argument and output models: given (`args=`, `output=`: one function serving a table
+    of tools), else read from the annotations."""
     found = list(inspect.signature(fn).parameters)
     if len(found) != len(params):
         raise _fail(name, f"the function takes ({', '.join(params)}), not ({', '.join(found)})")
-    return _closed(_model_of(fn, name, found[1])), _model_of(fn, name, None)
+    args_model = _given(args, name, "args") if args is not None else _model_of(fn, name, found[1])
+    output_model = (
+        _given(output, name, "output") if output is not None else _model_of(fn, name, None)
+    )
+    return _closed(args_model), output_model
 
 
 def _description(fn: Callable[..., Any], given: str | None, name: str) -> str:
@@ -169,6 +185,8 @@ def read_tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    args: type[BaseModel] | None = None,
+    output: type[BaseModel] | None = None,
     resources: Callable[[Any], Iterable[str]] | None = None,
     authorize: Callable[[ToolContext[Any], Any], bool | None] | None = None,
     poll_after: Callable[[dict[str, Any]], float | None] | None = None,
@@ -179,7 +197,7 @@ def read_tool(
 ) -> ToolContract:
     """The contract of a read: `fn(ctx, args) -> Output`. See `Agent.read`."""
     tool = _name(fn, name)
-    args_model, output_model = _signature(fn, tool, ("ctx", "args"))
+    args_model, output_model = _signature(fn, tool, ("ctx", "args"), args, output)
     _fields(args_model, sensitive, tool, "sensitive")
     optional: dict[str, Any] = {
         k: v for k, v in {"resources": resources, "authorize": authorize}.items() if v is not None
@@ -221,14 +239,17 @@ def write_tool(
     facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None,
     confirm: Callable[[Any], bool] | None = None,
     resend: ResendAfterDeadline | None = None,
+    replaces: Collection[str] = (),
     timeout_s: float = 5.0,
     max_result_bytes: int = 64_000,
     name: str | None = None,
     description: str | None = None,
+    args: type[BaseModel] | None = None,
+    output: type[BaseModel] | None = None,
 ) -> ToolContract:
     """The contract of a write: `fn(ctx, args, intent_key) -> Output`. See `Agent.write`."""
     tool = _name(fn, name)
-    args_model, output_model = _signature(fn, tool, ("ctx", "args", "intent_key"))
+    args_model, output_model = _signature(fn, tool, ("ctx", "args", "intent_key"), args, output)
     _fields(args_model, sensitive, tool, "sensitive")
     _fields(args_model, editable, tool, "editable")
     if intent is None:
@@ -282,6 +303,7 @@ def write_tool(
         compensation=compensation,
         guarantee=guarantee,
         resend=resend,
+        replaces=frozenset(replaces),
         timeout_s=timeout_s,
         max_result_bytes=max_result_bytes,
         sensitive_fields=frozenset(sensitive),

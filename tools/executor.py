@@ -22,11 +22,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from loopwright.checkpoints.journal import ActionJournal
-from loopwright.graph.crashpoints import crash_point
+from loopwright.graph.crashpoints import CrashPoint, crash_point
 from loopwright.graph.protocol import ToolEnvelope
 from loopwright.graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
 from loopwright.observability.instrument import tool_span
 from loopwright.observability.tracing import record_error
+from loopwright.tools import faults
 from loopwright.tools.contract import OutcomeUnknown, ToolContext, ToolContract, ToolFault
 
 BACKOFF_BASE_S = 0.05
@@ -116,17 +117,20 @@ def dispatch_write(
     ctx: ToolContext[Any],
     journal: ActionJournal,
     fence: int,
+    *,
+    found: dict[str, Any] | None = None,
 ) -> Action:
     """Send a planned (or approved, or absent-after-reconcile) write once, journaled.
 
     A contract that declares a pre-image read has it taken now and journaled with DISPATCHED,
     in the same transaction, so reconciliation can compare before and after. Without a readable
-    pre-image the write is not sent at all.
+    pre-image the write is not sent at all. `found`: what reconciliation learnt that led to
+    this send, journaled with DISPATCHED (the action's history tells a re-send so).
 
     Each send is a tool span; the journal moves it makes are events on it (a traced journal).
     """
     with tool_span(contract, action.args, call_id=action.call_id, action=action) as span:
-        settled = _dispatch(contract, action, ctx, journal, fence)
+        settled = _dispatch(contract, action, ctx, journal, fence, found or {})
         span.set_attribute("loopwright.action.status", settled.status.value)
         return settled
 
@@ -137,10 +141,15 @@ def _dispatch(
     ctx: ToolContext[Any],
     journal: ActionJournal,
     fence: int,
+    found: dict[str, Any],
 ) -> Action:
     args = contract.args_model.model_validate(action.args)
     # The contract it is sent under: reconciliation after a deploy checks it is still the same.
-    detail: dict[str, Any] = {"contract": contract.schema_hash, "guarantee": contract.guarantee}
+    detail: dict[str, Any] = {
+        **found,
+        "contract": contract.schema_hash,
+        "guarantee": contract.guarantee,
+    }
     if contract.resend is not None:
         # Journaled before the send: reconciliation never re-sends before it has passed.
         ctx = replace(ctx, send_by=utcnow() + timedelta(seconds=contract.resend.seconds))
@@ -165,9 +174,11 @@ def _dispatch(
         count_attempt=True,
         detail=detail,
     )
-    crash_point("executor:after_dispatch_record")
+    crash_point(CrashPoint.AFTER_DISPATCH_RECORD)
     try:
-        raw = contract.run(ctx, args, action.intent_key)
+        raw = faults.send(contract.name, lambda: contract.run(ctx, args, action.intent_key))
+        # The business system answered; whatever the tool's transport, nothing is recorded yet.
+        crash_point(CrashPoint.AFTER_SEND)
         outcome = check_output(contract, raw)
     except OutcomeUnknown as exc:
         record_error(exc)
@@ -196,7 +207,7 @@ def _dispatch(
             fence=fence,
             outcome={"error": fault.as_error()},
         )
-    crash_point("executor:before_outcome_record")
+    crash_point(CrashPoint.BEFORE_OUTCOME_RECORD)
     return journal.transition(
         action.action_id,
         ActionStatus.DISPATCHED,

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 
-from loopwright.graph.crashpoints import crash_point
 from loopwright.tools.contract import OutcomeUnknown, ToolFault
 
 
@@ -53,13 +52,15 @@ def write_json(
     url: str,
     body: dict[str, Any],
     *,
-    idempotency_key: str,
+    idempotency_key: str | None,
     timeout: float,
     headers: Mapping[str, str] | None = None,
 ) -> Any:
     """POST a write under a business idempotency key and classify what came back. `headers`
-    go along (e.g. the deadline a downstream without keys honours)."""
-    sent = {"Idempotency-Key": idempotency_key, **(headers or {})}
+    go along (e.g. the deadline a downstream without keys honours); `idempotency_key=None`
+    sends none, for a downstream that has no keys."""
+    key = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+    sent = {**key, **(headers or {})}
     request = client.build_request("POST", url, json=body, headers=sent, timeout=timeout)
     try:
         response = client.send(request, stream=True)
@@ -71,8 +72,6 @@ def write_json(
     except (httpx.TimeoutException, httpx.TransportError) as exc:
         raise OutcomeUnknown(f"{type(exc).__name__} after sending to {url}") from exc
     try:
-        # The business system answered (so it decided) but we have not read what it said.
-        crash_point("executor:after_send")
         response.read()
     except (httpx.TimeoutException, httpx.TransportError) as exc:
         raise OutcomeUnknown(f"{type(exc).__name__} while reading the answer of {url}") from exc

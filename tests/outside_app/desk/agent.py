@@ -21,6 +21,7 @@ from loopwright import (
     Principal,
     ReconcileResult,
     ReconcileStatus,
+    Scenario,
     ScriptedChatModel,
     TaskRefused,
     ToolContext,
@@ -98,7 +99,7 @@ def book(ctx: ToolContext[Desk], args: Book, intent_key: str) -> Booking:
     """Book a slot for a guest."""
     url = f"{ctx.deps.url}/slots/{args.slot}/bookings"
     answer = write_json(
-        ctx.deps.http, url, {"guest": args.guest}, idempotency_key="", timeout=ctx.timeout(1.0)
+        ctx.deps.http, url, {"guest": args.guest}, idempotency_key=None, timeout=ctx.timeout(1.0)
     )
     return Booking.model_validate(answer)
 
@@ -129,3 +130,19 @@ def confirm(ctx: ToolContext[Desk], args: Book, intent_key: str) -> Confirmation
         timeout=ctx.timeout(1.0),
     )
     return Confirmation.model_validate(answer)
+
+
+def effects(ctx: ToolContext[Desk], action: Action, before: dict[str, Any] | None) -> int:
+    """How many times an intent happened: the bookings a slot gained since the pre-image of
+    the first send (a keyless write's second one shows), a confirmation found by its key."""
+    if action.tool == "book":
+        assert before is not None
+        return len(fetch_slot(ctx, action.args["slot"]).bookings[int(before["version"]) :])
+    return int(confirmation_by_key(ctx, action).status is ReconcileStatus.APPLIED)
+
+
+# What `loopwright faults` proves the desk on (every trial on the same slot: each is judged by
+# what it added).
+agent = agent.replace(
+    scenarios=[Scenario("Book slot 9 for g-1.", "g-1", approver="boss", effects=effects)]
+)
