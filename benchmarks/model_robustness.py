@@ -98,7 +98,7 @@ CASES = [
         "endless stream",
         cut_answer,
         stream=True,
-        script=lambda stub: stub.stream_forever_next(),
+        script=lambda stub: stub.hold_next("trickle"),
     ),
 ]
 

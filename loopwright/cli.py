@@ -390,18 +390,21 @@ def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> Ti
 
 @contextmanager
 def advancing(run_id: str, again: str) -> Iterator[None]:
-    """Where Ctrl-C stops a run this command advances: the run keeps every step it committed
-    (a step in flight is run again, an action in flight reconciled), and the user is told how
-    it goes on; the command still ends with 130, as an interrupted one does."""
-    try:
-        yield
-    except KeyboardInterrupt:
+    """Where Ctrl-C (or SIGTERM) stops a run this command advances, at once in any phase
+    (`stopping_at_once`): the run keeps every step it committed (a step in flight is run
+    again, an action in flight reconciled), its lease is given up, and the user is told how it
+    goes on; the command still ends with 130, as an interrupted one does."""
+    from loopwright.stopping import stopping_at_once
+
+    def tell() -> None:
         errors.print(
             f"loopwright: interrupted: run {run_id} keeps the steps it committed; go on with:"
             f" loopwright resume {run_id}{again}",
             markup=False,
         )
-        raise
+
+    with stopping_at_once(tell):
+        yield
 
 
 def print_json(document: dict[str, Any]) -> None:
