@@ -103,7 +103,11 @@ class Agent[DepsT]:
     ends COMPLETED only if every write it made is verified in the business system and the task
     is done. By default it is done when every write it planned happened; a team that knows what
     its tasks need says so (a booking owed but never made: not done; one a task did not need:
-    done). `writes` holds each intent's latest action, with its status and outcome.
+    done). `writes` holds each intent's latest action, with its status and outcome. Without
+    it, a run whose writes were all refused by a rule (nothing succeeded) is not done either.
+    `claims(ctx, answer, writes)` is the claim check: the effects the final answer claims that
+    `writes` do not hold, in words (`["a booking of room 12"]`); an answer with one is fed back,
+    then the run stops typed naming it, never COMPLETED.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class Agent[DepsT]:
         principal: Callable[[DepsT, str], Principal] | None = None,
         approvers: Collection[str] | Callable[[DepsT, str], bool] = (),
         done: Callable[[ToolContext[DepsT], str, list[Action]], bool] | None = None,
+        claims: Callable[[ToolContext[DepsT], str, list[Action]], list[str]] | None = None,
         budget: Budget | None = None,
         approval_ttl: timedelta = timedelta(hours=24),
         prompt_version: str | None = None,
@@ -139,6 +144,7 @@ class Agent[DepsT]:
         self.principal_of = principal or _default_principal
         self.approvers = approvers
         self.done = done
+        self.claims = claims
         self.budget = budget or Budget()
         self.approval_ttl = approval_ttl
         self._prompt_version = prompt_version
@@ -312,6 +318,7 @@ class Agent[DepsT]:
             "principal": self.principal_of,
             "approvers": self.approvers,
             "done": self.done,
+            "claims": self.claims,
             "budget": self.budget,
             "approval_ttl": self.approval_ttl,
             "prompt_version": self._prompt_version,
