@@ -367,10 +367,11 @@ _MONEY = re.compile(r"\b\d+\.\d{2}\b")
 QUOTED_CLAIM_CHARS = 80
 
 
-def refund_claims(ctx: Ctx, answer: str, writes: list[Action]) -> list[str]:
+def refund_claims(ctx: Ctx | None, answer: str, writes: list[Action]) -> list[str]:
     """The refunds the answer claims that the run's journal does not hold, in words: a refund
     claimed where no refund of this run succeeded, or one of an order or an amount no
-    succeeded refund has. The ids a refund produces (`rf_...`) are the runtime's to check."""
+    succeeded refund has. The ids a refund produces (`rf_...`) are the runtime's to check.
+    Judged on the journal alone: `ctx` is not needed (a benchmark judges endings with None)."""
     refunds = [
         a for a in writes if a.tool == "submit_refund" and a.status == ActionStatus.SUCCEEDED
     ]
