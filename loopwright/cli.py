@@ -926,12 +926,20 @@ def worker(
     to 30 s between tries. One it cannot connect to at all at start is a configuration error
     (one that drops the worker's first connections has been reached: it reconnects)."""
     from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
+    from loopwright.graph.bounded import stop_all
     from loopwright.worker import work
 
     hosted = agent_for(agent)
     stop = threading.Event()
+
+    def stop_now(*_: object) -> None:
+        """No run started after this; a model request in flight ends now (the attempt unwinds
+        and gives its lease up), rather than at its timeout."""
+        stop.set()
+        stop_all()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop_now)
 
     def show_attempt(run_id: str, result: RunOutcome | Exception) -> None:
         if isinstance(result, Exception):

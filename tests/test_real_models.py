@@ -213,3 +213,37 @@ def test_a_signal_ends_a_run_waiting_on_its_model_at_once_and_gives_its_lease_up
         "loopwright: interrupted: run run-sig keeps the steps it committed; go on with:"
         " loopwright resume run-sig"
     )
+
+
+def test_a_worker_told_to_stop_ends_the_model_request_in_flight_and_gives_the_run_up(
+    database_url: str,
+    services: ServiceEndpoints,
+    openai_stub: OpenAIStub,
+    openai_model: ModelFactory,
+    tmp_path: Path,
+    open_test_runner: RunnerFactory,
+) -> None:
+    """SIGTERM to a worker whose run waits on a model that would go on for a minute: the
+    request ends now, the attempt unwinds, and the run is free for another worker at once."""
+    openai_model("chat", stream=True, timeout_s=60)
+    openai_stub.hold_next("keep_alive")
+    with open_test_runner() as runner:
+        run_id = runner.submit(TASK, principal(task=TASK))
+    env = {**os.environ, **services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    command = ["worker", "--db", database_url, "--poll", "0.2", "--model", f"openai:{MODEL}"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", *command],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: openai_stub.requests())  # the held request is in flight
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    finally:
+        worker.kill()
+    with open_test_runner() as runner:
+        lease = runner.leases.get(run_id)
+    assert lease is not None and not lease.lease_live
