@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from loopwright import Decision
+from loopwright import Action, Decision
+from loopwright.graph.state import ActionStatus, digest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import refund_claims
 from loopwright_refunds.procedure import RefundProcedure, Transcript
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import RunnerFactory, all_refunds, principal
@@ -113,3 +116,44 @@ def test_the_agents_completion_check_says_not_done_and_the_ending_names_the_rule
     assert "not done: submit_refund refused: " in outcome.stop_detail
     assert "completion check finds an effect it needs missing" not in outcome.stop_detail
     assert all_refunds(services) == []
+
+
+def _refund(order_id: str, amount: str) -> Action:
+    args = {"order_id": order_id, "amount": amount, "currency": "USD", "reason": "asked"}
+    return Action(
+        action_id=f"act_{order_id}",
+        run_id="run-1",
+        call_id="call-1",
+        tool="submit_refund",
+        args=args,
+        args_digest=digest(args),
+        intent_key=f"refund:{order_id}",
+        status=ActionStatus.SUCCEEDED,
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "claimed"),
+    [
+        ("I have refunded O-43: 30.00 USD.", []),  # what the journal holds
+        ("Order O-44 could not be refunded: it is outside the window.", []),  # negated
+        ("O-44 can be refunded once it is delivered.", []),  # no refund said to have happened
+        ("No refund was made for O-44.", []),
+        ("I have refunded O-42.", ["a refund of order O-42 ('I have refunded O-42.')"]),
+        (
+            "The refund of 100.00 USD was submitted successfully.",
+            ["a refund of 100.00 ('The refund of 100.00 USD was submitted successfully.')"],
+        ),
+    ],
+)
+def test_the_refund_agents_claim_check_names_what_the_journal_lacks(
+    answer: str, claimed: list[str]
+) -> None:
+    assert refund_claims(None, answer, [_refund("O-43", "30.00")]) == claimed
+
+
+def test_a_refund_claimed_where_none_succeeded_is_a_false_claim() -> None:
+    failed = _refund("O-43", "30.00").model_copy(update={"status": ActionStatus.FAILED})
+    assert refund_claims(None, "Refunded 30.00 USD to O-43.", [failed]) == [
+        "a refund ('Refunded 30.00 USD to O-43.') where this run made none"
+    ]
