@@ -22,6 +22,7 @@ from loopwright.runner import ModelChanged
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests import stubborn_agent as stubborn
 from tests.openai_server import HOLDS, MODEL, Hold, ModelFactory, OpenAIStub
 from tests.runtime_fixtures import REPO, RunnerFactory, all_refunds, principal, wait_for
 
@@ -247,3 +248,37 @@ def test_a_worker_told_to_stop_ends_the_model_request_in_flight_and_gives_the_ru
     with open_test_runner() as runner:
         lease = runner.leases.get(run_id)
     assert lease is not None and not lease.lease_live
+
+
+def test_code_that_swallows_the_interrupt_cannot_keep_the_process_or_the_lease(
+    database_url: str, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    """A tool that ignores KeyboardInterrupt and would wait two minutes: a second after
+    SIGINT the process gives the run's lease up, says how to resume, and exits with 130."""
+    waiting = tmp_path / "waiting"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "LOOPWRIGHT_HOME": str(tmp_path / "home"),
+        stubborn.STARTED_ENV: str(waiting),
+    }
+    agent = ("--agent", "tests.stubborn_agent:agent", "--db", database_url)
+    command = ["run", stubborn.TASK, "--user", "u-1", "--run-id", "run-stubborn", *agent]
+    started = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", *command],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(waiting.exists)  # the wait is in flight
+    started.send_signal(signal.SIGINT)
+    _, stderr = started.communicate(timeout=60)  # not the tool's two minutes
+    with open_runner(database_url, stubborn.agent) as runner:
+        lease = runner.leases.get("run-stubborn")
+    assert started.returncode == 130
+    assert lease is not None and not lease.lease_live
+    assert stderr.splitlines()[-1].startswith(
+        "loopwright: interrupted: run run-stubborn keeps the steps it committed; go on with:"
+    )
