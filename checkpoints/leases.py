@@ -531,11 +531,29 @@ class LeaseKeeper:
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
+        with _keeping_lock:
+            _keeping.add(self)
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        with _keeping_lock:
+            _keeping.discard(self)
         self._stop.set()
         self._thread.join()
+
+
+_keeping: set[LeaseKeeper] = set()
+_keeping_lock = threading.Lock()
+
+
+def give_up_kept_leases() -> None:
+    """Release every lease a keeper of this process holds now: for a process about to exit
+    without unwinding (a signal's last resort), so that no run waits for its lease's expiry."""
+    with _keeping_lock:
+        keepers = list(_keeping)
+    for keeper in keepers:
+        keeper._stop.set()
+        keeper.store.release(keeper.lease)
 
 
 @contextlib.contextmanager

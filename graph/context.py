@@ -59,6 +59,8 @@ class RunContext:
     # The agent's completion check: whether the task is done given the task and the run's
     # writes (each intent's latest action). None: done when every write planned happened.
     done: Callable[[ToolContext[Any], str, list[Action]], bool] | None = None
+    # The agent's claim check: the effects a final answer claims that the writes do not hold.
+    claims: Callable[[ToolContext[Any], str, list[Action]], list[str]] | None = None
     # The clock every expiry and deadline is judged on: the database's (one clock for every
     # process of a run; the Python clock only where no database is at hand). In a runner's
     # attempt, the database's time at the lease's last renewal moved on by the monotonic clock

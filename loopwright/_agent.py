@@ -145,7 +145,11 @@ class Agent[DepsT]:
     ends COMPLETED only if every write it made is verified in the business system and the task
     is done. By default it is done when every write it planned happened; a team that knows what
     its tasks need says so (a booking owed but never made: not done; one a task did not need:
-    done). `writes` holds each intent's latest action, with its status and outcome.
+    done). `writes` holds each intent's latest action, with its status and outcome. Without
+    it, a run whose writes were all refused by a rule (nothing succeeded) is not done either.
+    `claims(ctx, answer, writes)` is the claim check: the effects the final answer claims that
+    `writes` do not hold, in words (`["a booking of room 12"]`); an answer with one is fed back,
+    then the run stops typed naming it, never COMPLETED.
     `shared()` opens what every process serving the agent must share when several do (e.g. a
     business service started locally, which two instances must not each start their own of)
     and yields the environment variables that point each process's `deps` at it:
@@ -160,6 +164,7 @@ class Agent[DepsT]:
         principal(deps, user_id: str) -> Principal                        whom a run acts for
         approvers(deps, user_id: str) -> bool                             who may decide
         done(ctx, task: str, writes: list[Action]) -> bool                whether the task is done
+        claims(ctx, answer: str, writes: list[Action]) -> list[str]       effects claimed, not held
         authorize(ctx, args) -> bool | None                               False refuses the call
         resources(args) -> Iterable[str]                                  what a call touches
         precondition(ctx, args) -> None                                   raises PreconditionFailed
@@ -192,6 +197,7 @@ class Agent[DepsT]:
         principal: Callable[[DepsT, str], Principal] | None = None,
         approvers: Collection[str] | Callable[[DepsT, str], bool] = (),
         done: Callable[[ToolContext[DepsT], str, list[Action]], bool] | None = None,
+        claims: Callable[[ToolContext[DepsT], str, list[Action]], list[str]] | None = None,
         budget: Budget | None = None,
         approval_ttl: timedelta = timedelta(hours=24),
         prompt_version: str | None = None,
@@ -214,6 +220,7 @@ class Agent[DepsT]:
         self.principal_of = principal or _default_principal
         self.approvers = approvers
         self.done = done
+        self.claims = claims
         self.budget = budget or Budget()
         self.approval_ttl = approval_ttl
         self._prompt_version = prompt_version
@@ -404,6 +411,7 @@ class Agent[DepsT]:
             "principal": self.principal_of,
             "approvers": self.approvers,
             "done": self.done,
+            "claims": self.claims,
             "budget": self.budget,
             "approval_ttl": self.approval_ttl,
             "prompt_version": self._prompt_version,

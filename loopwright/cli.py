@@ -391,18 +391,21 @@ def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> Ti
 
 @contextmanager
 def advancing(run_id: str, again: str) -> Iterator[None]:
-    """Where Ctrl-C stops a run this command advances: the run keeps every step it committed
-    (a step in flight is run again, an action in flight reconciled), and the user is told how
-    it goes on; the command still ends with 130, as an interrupted one does."""
-    try:
-        yield
-    except KeyboardInterrupt:
+    """Where Ctrl-C (or SIGTERM) stops a run this command advances, at once in any phase
+    (`stopping_at_once`): the run keeps every step it committed (a step in flight is run
+    again, an action in flight reconciled), its lease is given up, and the user is told how it
+    goes on; the command still ends with 130, as an interrupted one does."""
+    from loopwright.stopping import stopping_at_once
+
+    def tell() -> None:
         errors.print(
             f"loopwright: interrupted: run {run_id} keeps the steps it committed; go on with:"
             f" loopwright resume {run_id}{again}",
             markup=False,
         )
-        raise
+
+    with stopping_at_once(tell):
+        yield
 
 
 def print_json(document: dict[str, Any]) -> None:
@@ -1046,12 +1049,20 @@ def worker(
     to 30 s between tries. One it cannot connect to at all at start is a configuration error
     (one that drops the worker's first connections has been reached: it reconnects)."""
     from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
+    from loopwright.graph.bounded import stop_all
     from loopwright.worker import work
 
     hosted = agent_for(agent)
     stop = threading.Event()
+
+    def stop_now(*_: object) -> None:
+        """No run started after this; a model request in flight ends now (the attempt unwinds
+        and gives its lease up), rather than at its timeout."""
+        stop.set()
+        stop_all()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop_now)
 
     def show_attempt(run_id: str, result: RunOutcome | Exception) -> None:
         if isinstance(result, Exception):

@@ -316,6 +316,7 @@ class Runner:
             planner=agent.planner,
             agents=agent.specialists,
             done=agent.done,
+            claims=agent.claims,
         )
 
     def owned(self, run_id: str) -> RunRecord:

@@ -360,6 +360,58 @@ def refunds_done(ctx: Ctx, task: str, writes: list[Action]) -> bool:
     return True
 
 
+# A sentence that says a refund happened: "I have refunded O-42", "O-43 was refunded", "the
+# refund of 100.00 USD was submitted successfully", "Refunded 20.00 USD". One that negates it
+# ("could not be refunded", "no refund was made") says the opposite and claims nothing.
+_CLAIMS_A_REFUND = re.compile(
+    r"\b(?:I|we)\s+(?:have\s+|'ve\s+|just\s+)?refunded\b"
+    r"|\b(?:has|have|had)\s+been\s+refunded\b|\b(?:was|were|is)\s+(?:successfully\s+)?refunded\b"
+    r"|\bsuccessfully\s+refunded\b|\brefunded\s+(?:\$?\d|[A-Z]{3}\s*\d)"
+    r"|\brefund\b(?:[^.!?\n]|\.(?=\d)){0,80}?\b(?:was|has\s+been|have\s+been|is)\s+(?:successfully\s+)?"
+    r"(?:submitted|issued|processed|completed|sent|confirmed|made|done|succeeded|created)\b",
+    re.IGNORECASE,
+)
+_NEGATED = re.compile(
+    r"\b(?:not|no|never|cannot|unable|failed|refused|ineligible)\b|n't\b", re.IGNORECASE
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_ORDER_ID = re.compile(r"\bO-\d+\b")
+_MONEY = re.compile(r"\b\d+\.\d{2}\b")
+# A claim is quoted back this long at most.
+QUOTED_CLAIM_CHARS = 80
+
+
+def refund_claims(ctx: Ctx | None, answer: str, writes: list[Action]) -> list[str]:
+    """The refunds the answer claims that the run's journal does not hold, in words: a refund
+    claimed where no refund of this run succeeded, or one of an order or an amount no
+    succeeded refund has. The ids a refund produces (`rf_...`) are the runtime's to check.
+    Judged on the journal alone: `ctx` is not needed (a benchmark judges endings with None)."""
+    refunds = [
+        a for a in writes if a.tool == "submit_refund" and a.status == ActionStatus.SUCCEEDED
+    ]
+    orders = {str(a.args["order_id"]) for a in refunds}
+    amounts = {Decimal(str(a.args["amount"])) for a in refunds}
+    false: list[str] = []
+    for sentence in _SENTENCE_END.split(answer):
+        if not _CLAIMS_A_REFUND.search(sentence) or _NEGATED.search(sentence):
+            continue
+        quoted = sentence.strip()[:QUOTED_CLAIM_CHARS]
+        if not refunds:
+            false.append(f"a refund ({quoted!r}) where this run made none")
+            continue
+        false += [
+            f"a refund of order {o} ({quoted!r})"
+            for o in _ORDER_ID.findall(sentence)
+            if o not in orders
+        ]
+        false += [
+            f"a refund of {m} ({quoted!r})"
+            for m in _MONEY.findall(sentence)
+            if Decimal(m) not in amounts
+        ]
+    return list(dict.fromkeys(false))
+
+
 agent: Agent[RefundServices] = Agent(
     "refunds",
     version="1",
@@ -370,6 +422,7 @@ agent: Agent[RefundServices] = Agent(
     principal=principal,
     approvers=is_approver,
     done=refunds_done,
+    claims=refund_claims,
     demo=Demo(
         task="Check whether order O-42 can be refunded and refund it if so.",
         user="u-1",

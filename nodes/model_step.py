@@ -5,6 +5,11 @@ before validate starts, so a crash from here on never asks the model again for t
 Only complete, parsed calls become pending calls; unparsable ones are recorded as such and are
 answered with an error by validate, never executed.
 
+The request ends by the clock (`graph.bounded.call_by`): at the budget's bound for one request,
+what the run's deadline leaves, or the model's own `request_limit_s` if it declares one
+(`StrictChatOpenAI`: `LOOPWRIGHT_MODEL_TIMEOUT_S`), whichever comes first, whatever the model's
+server keeps sending; a process stopping (SIGINT, SIGTERM) ends it at once.
+
 Where the run context has a deterministic planner (the hybrid, workflow case), the planner
 decides instead of the model, and its decision takes the same path: the same protocol item in
 history, the same validation, approvals and journal. Its revised plan is committed with it.
@@ -12,11 +17,13 @@ history, the same validation, approvals and journal. Its revised plan is committ
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
+from loopwright.graph.bounded import call_by
 from loopwright.graph.budget import REQUEST_BOUNDS
 from loopwright.graph.context import RunContext, model_name
 from loopwright.graph.crashpoints import crash_point
@@ -83,10 +90,18 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         reply, plan = _planned(state, planner)
     else:
         bounds = context.budget.request_bounds(usage_of(state), started_at(state), context.now())
+        seconds = min(
+            (bounds.stop_by - context.now()).total_seconds(),
+            getattr(model, "request_limit_s", math.inf),
+        )
         bound = REQUEST_BOUNDS.set(bounds)
         try:
             with model_span(model, context.prompt_version) as span:
-                reply = context.with_tools(model, allowed).invoke(render(state))
+                bound_model = context.with_tools(model, allowed)
+                messages = render(state)
+                reply = call_by(
+                    seconds, lambda: bound_model.invoke(messages), what="the model request"
+                )
                 note_model_reply(span, reply)
         except Exception as exc:  # the model client already retried transient faults (one layer)
             # The request was made (and may be billed) though nothing came back of it.

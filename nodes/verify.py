@@ -16,8 +16,18 @@ When the model gives a final answer, the run's writes are checked:
   declares which, with a pattern) only where the run can back it: a write of this run produced
   it and was verified, a tool observed it, or the task itself names it.
 
+* a write call refused by a rule before it was journaled (a business precondition, the
+  task's boundary) is named in words; without the agent's completion check, a run whose writes
+  were all refused (none succeeded) is not done;
+* the answer may not claim an effect the journal does not hold: the agent's claim check
+  (`Agent(claims=...)`) names each such claim.
+
 Anything else goes back to the model as feedback. An answer refused twice in a row ends the
-run INCOMPLETE: `not_done` naming the writes that did not happen, or `no_progress`.
+run INCOMPLETE: `not_done` naming the writes that did not happen, the rules that refused, the
+false claims; or `no_progress`. Except where the business state speaks for itself: when the task
+is done and every write it made is verified, and the only fault of the answer is its form (a
+call written as text), the run completes with an answer written from the journal; the model's
+text stays in the history and in `facts["model_answer"]`.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from loopwright.graph.views import (
     latest_per_intent,
     messages_of,
     not_done,
+    rule_refusals,
     stop,
     why_not,
 )
@@ -138,17 +149,31 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
         {"action_id": a.action_id, "tool": a.tool, "status": a.status, "why": why_not(a)}
         for a in missing
     ]
+    write_tools = {c.name for c in context.tools if c.effect is Effect.WRITE}
+    refused = rule_refusals(state, write_tools, {a.call_id for a in writes})
+    facts["refused"] = refused
+    latest = latest_per_intent(writes)
     if context.done is not None:
-        done = context.done(ctx, state["task"], latest_per_intent(writes))
+        done = context.done(ctx, state["task"], latest)
     else:
-        done = not missing
+        succeeded = any(a.status is ActionStatus.SUCCEEDED for a in latest)
+        done = not missing and (succeeded or not refused)
     facts["task_done"] = done
     if not done:
-        problems += [f"not done: {why_not(a)}" for a in missing] or [
-            "the task is not done: the agent's completion check finds an effect it needs missing"
-        ]
+        problems += [f"not done: {why_not(a)}" for a in missing]
+        problems += [f"not done: {r}" for r in refused]
+        if not missing and not refused:
+            problems.append(
+                "the task is not done: the agent's completion check finds an effect it needs "
+                "missing"
+            )
     final = messages_of(state)[-1]
     answer = final.text if isinstance(final, AIMessage) else ""
+    false_claims = context.claims(ctx, answer, latest) if context.claims is not None else []
+    facts["false_claims"] = false_claims
+    problems += [
+        f"the answer claims {claim}, which the journal does not hold" for claim in false_claims
+    ]
     patterns = [p for c in context.tools if c.effect is Effect.WRITE for p in c.id_patterns()]
     observed = _ids(patterns, _observed_text(state))
     for claim in sorted(_ids(patterns, answer) - backed - observed):
@@ -156,16 +181,36 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
             f"the answer cites {claim[:QUOTED_ID_CHARS]!r}, which no verified write of this run "
             "produced and nothing the run observed holds"
         )
+    facts["answer_form"] = []
     if (called := _written_call(answer, [c.name for c in context.tools])) is not None:
-        problems.append(
+        facts["answer_form"].append(
             f"the answer looks like a call of {called} written as text: call the tool, or "
             "answer in words"
         )
+        problems += facts["answer_form"]
     facts["answer"] = answer
     summary = "; ".join(_described(w) for w in facts["writes"]) or "no business effect"
     if missing:
         summary += "; not done: " + "; ".join(why_not(a) for a in missing)
+    if refused:
+        summary += "; refused by a rule: " + "; ".join(refused)
     return Verification(verified=not problems, summary=summary, facts=facts, problems=problems)
+
+
+def _spoken_by_the_journal(verification: Verification) -> Verification | None:
+    """The verification of a run whose business state speaks for itself though its answer
+    cannot: the task done, every write it made verified (at least one), and nothing wrong but
+    the answer's form. Its answer is then written from the journal; None for any other run."""
+    facts = verification.facts
+    form = facts.get("answer_form") or []
+    if not (facts["task_done"] and facts["writes"] and form) or verification.problems != form:
+        return None
+    told = {
+        **facts,
+        "answer": f"Done, as the business system confirms: {verification.summary}.",
+        "model_answer": facts["answer"],
+    }
+    return Verification(verified=True, summary=verification.summary, facts=told, problems=[])
 
 
 # A tool call written out as text, as weak models do on servers without tool-call parsing:
@@ -204,6 +249,12 @@ def verify(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             "stop_reason": StopReason.COMPLETED.value,
         }
     refused = state.get("refused_answers", 0) + 1
+    if refused >= MAX_REFUSED_ANSWERS and (spoken := _spoken_by_the_journal(verification)):
+        return {
+            "verification": spoken.model_dump(mode="json"),
+            "phase": Phase.COMPLETED.value,
+            "stop_reason": StopReason.COMPLETED.value,
+        }
     if refused >= MAX_REFUSED_ANSWERS:
         reason = StopReason.NO_PROGRESS if verification.facts["task_done"] else StopReason.NOT_DONE
         detail = f"the final answer was refused {refused} times: {'; '.join(verification.problems)}"
@@ -211,7 +262,7 @@ def verify(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     return {
         "verification": recorded,
         "feedback": [*verification.problems, NOT_DONE_HINT]
-        if verification.facts["not_done"]
+        if not verification.facts["task_done"]
         else verification.problems,
         "phase": Phase.READY.value,
         "refused_answers": refused,

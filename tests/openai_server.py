@@ -14,23 +14,28 @@ next message. A run that completes against it therefore carried its protocol ite
 
 Faults are scripted: N answers with a status (429, 503) before the next success, or a status for
 ever; a stream that stops after some characters of a function call's arguments (no completion
-event, no `[DONE]`; the body itself ends cleanly).
+event, no `[DONE]`; the body itself ends cleanly); and answers that never end (`hold_next`),
+each with bytes that keep a read timeout from firing: SSE keep-alive comments, chunks with empty
+`choices`, the other API's events, a trickle of text, or nothing at all after the headers.
+
+It imports nothing of pytest: the benchmarks serve it too (the fixtures live in
+`tests/runtime_fixtures.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
-import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from langchain_core.language_models import BaseChatModel
@@ -45,8 +50,6 @@ from langchain_core.messages import (
 )
 
 from loopwright.graph.state import digest
-from loopwright.models.factory import make_model
-from loopwright.models.openai_chat import API_ENV, REASONING_ENV, RETRIES_ENV, STREAM_ENV
 from loopwright.models.scripted import Decision, Policy
 from loopwright_refunds.procedure import RefundProcedure, Transcript
 from tests.stub_server import serve_app
@@ -56,6 +59,11 @@ FRAGMENT_CHARS = 5
 REASONING_TOKENS = 3
 # Tells the SDK how long to wait before a retry: short, so fault tests stay fast.
 RETRY_AFTER_MS = "5"
+# How an answer that never ends keeps its connection busy (`OpenAIStub.hold_next`).
+Hold = Literal["keep_alive", "empty_chunks", "other_protocol", "trickle", "silent"]
+HOLDS: tuple[Hold, ...] = ("keep_alive", "empty_chunks", "other_protocol", "trickle", "silent")
+# Seconds between the bytes of a held answer: far below any read timeout.
+HOLD_INTERVAL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,7 @@ class OpenAIStub:
         self._cut_after: int | None = None
         # Behaviours of real servers and weak models, scripted (see the methods below).
         self.refuse_trailing_assistant = False
-        self._endless = False
+        self._hold: Hold | None = None
         self._truncate = False
         self._turns = 0
         self._issued: dict[str, tuple[str, str]] = {}
@@ -249,9 +257,13 @@ class OpenAIStub:
         """End the next stream after `after_chars` characters of its first call's arguments."""
         self._cut_after = after_chars
 
-    def stream_forever_next(self) -> None:
-        """Make the next streamed answer never end: text chunks, one every 20 ms, for ever."""
-        self._endless = True
+    def hold_next(self, how: Hold = "trickle") -> None:
+        """Make the next answer (streamed or not, on either API) never end, sending bytes as
+        `how` says every HOLD_INTERVAL_S: SSE comments (`: keep-alive`), Chat Completions chunks
+        with empty `choices`, the other API's events (Chat Completions chunks on /v1/responses,
+        Responses events on /v1/chat/completions), a piece of text, or nothing after the
+        headers. A held answer that is not streamed trickles whitespace, or sends nothing."""
+        self._hold = how
 
     def truncate_next(self) -> None:
         """Answer the next request as if the output limit cut it (finish_reason "length")."""
@@ -530,19 +542,6 @@ class OpenAIStub:
         return "length" if truncated else "tool_calls" if turn.calls else "stop"
 
     @staticmethod
-    def _endless_chunks(completion: dict[str, Any]) -> Iterator[str]:
-        base = {k: completion[k] for k in ("id", "created", "model")}
-        while True:
-            delta = {"content": "and so on "}
-            data = {
-                **base,
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
-            }
-            yield f"data: {json.dumps(data)}\n\n"
-            time.sleep(0.02)
-
-    @staticmethod
     def _chat_chunks(
         completion: dict[str, Any], cut: int | None, include_usage: bool
     ) -> Iterator[str]:
@@ -577,6 +576,28 @@ class OpenAIStub:
             yield f"data: {json.dumps({**usage, 'usage': completion['usage']})}\n\n"
         yield "data: [DONE]\n\n"
 
+    # --- answers that never end -------------------------------------------------------------
+
+    def _held(self, path: str, body: dict[str, Any]) -> Response | None:
+        with self._lock:
+            how, self._hold = self._hold, None
+        if how is None:
+            return None
+        self._record(path, body, 200)
+        if not body.get("stream"):
+            idle = how == "silent"
+            return StreamingResponse(_endless(b"" if idle else b" "), media_type="application/json")
+        on_chat = path.endswith("/chat/completions")
+        chat_chunk = {"id": "chatcmpl-held", "object": "chat.completion.chunk", "created": 0}
+        piece = {
+            "keep_alive": b": keep-alive\n\n",
+            "empty_chunks": f"data: {json.dumps({**chat_chunk, 'choices': []})}\n\n".encode(),
+            "other_protocol": _other_protocol_event(on_chat, chat_chunk),
+            "trickle": _text_event(on_chat, chat_chunk),
+            "silent": b"",
+        }[how]
+        return StreamingResponse(_endless(piece), media_type="text/event-stream")
+
     # --- HTTP -------------------------------------------------------------------------------
 
     def _build_app(self) -> FastAPI:
@@ -587,6 +608,8 @@ class OpenAIStub:
             path, body = request.url.path, await request.json()
             if (fault := self._fault(path, body)) is not None:
                 return fault
+            if (held := self._held(path, body)) is not None:
+                return held
             try:
                 response, turn = self._responses(body)
             except ProtocolViolation as violation:
@@ -601,6 +624,8 @@ class OpenAIStub:
             path, body = request.url.path, await request.json()
             if (fault := self._fault(path, body)) is not None:
                 return fault
+            if (held := self._held(path, body)) is not None:
+                return held
             try:
                 completion, turn = self._chat(body)
             except ProtocolViolation as violation:
@@ -609,13 +634,6 @@ class OpenAIStub:
                 return self._send(path, body, completion, turn)
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             render = partial(self._chat_chunks, completion, include_usage=usage)
-            with self._lock:
-                endless, self._endless = self._endless, False
-            if endless:
-                self._record(path, body, 200, completion)
-                return StreamingResponse(
-                    self._endless_chunks(completion), media_type="text/event-stream"
-                )
             return self._stream(path, body, completion, turn, render)
 
         return app
@@ -626,6 +644,29 @@ class OpenAIStub:
         with serve_app(self.app) as base_url:
             self.url = f"{base_url}/v1"
             yield self
+
+
+async def _endless(piece: bytes) -> AsyncIterator[bytes]:
+    """`piece` every HOLD_INTERVAL_S for ever (an empty piece: nothing, for ever)."""
+    while True:
+        if piece:
+            yield piece
+        await asyncio.sleep(HOLD_INTERVAL_S)
+
+
+def _other_protocol_event(on_chat: bool, chat_chunk: dict[str, Any]) -> bytes:
+    """What the other API streams: a Responses text delta on Chat Completions, a Chat
+    Completions chunk on the Responses API."""
+    if on_chat:
+        delta = {"type": "response.output_text.delta", "item_id": "msg_held", "delta": "and "}
+        return f"event: response.output_text.delta\ndata: {json.dumps(delta)}\n\n".encode()
+    choice = {"index": 0, "delta": {"content": "and "}, "finish_reason": None}
+    return f"data: {json.dumps({**chat_chunk, 'choices': [choice]})}\n\n".encode()
+
+
+def _text_event(on_chat: bool, chat_chunk: dict[str, Any]) -> bytes:
+    """A piece of text, in the API's own events."""
+    return _other_protocol_event(not on_chat, chat_chunk)
 
 
 class ReadsTogether(RefundProcedure):
@@ -642,33 +683,3 @@ class ReadsTogether(RefundProcedure):
 # Priced in the tests' budgets; the stub answers under whatever model name it is asked for.
 MODEL = "gpt-stub"
 ModelFactory = Callable[..., BaseChatModel]
-
-
-@pytest.fixture
-def openai_stub() -> Iterator[OpenAIStub]:
-    """A running stub playing the refund procedure; tests may swap `policy` or script faults."""
-    with OpenAIStub().serving() as stub:
-        yield stub
-
-
-@pytest.fixture
-def openai_model(openai_stub: OpenAIStub, monkeypatch: pytest.MonkeyPatch) -> ModelFactory:
-    """Build the runtime's production model (`make_model("openai:...")`) pointed at the stub,
-    configured only through the environment, as an operator would configure it."""
-
-    def factory(
-        api: str = "responses", *, stream: bool = False, retries: int = 2, reasoning: str = "low"
-    ) -> BaseChatModel:
-        env = {
-            "OPENAI_BASE_URL": openai_stub.url,
-            "OPENAI_API_KEY": "sk-test",
-            API_ENV: api,
-            STREAM_ENV: "1" if stream else "0",
-            RETRIES_ENV: str(retries),
-            REASONING_ENV: reasoning,
-        }
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        return make_model(f"openai:{MODEL}")
-
-    return factory

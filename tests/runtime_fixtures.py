@@ -21,6 +21,14 @@ from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
 from loopwright.graph.build import NODES
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ApprovalDecision, Principal, RunState
+from loopwright.models.factory import make_model
+from loopwright.models.openai_chat import (
+    API_ENV,
+    REASONING_ENV,
+    RETRIES_ENV,
+    STREAM_ENV,
+    TIMEOUT_ENV,
+)
 from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
 from loopwright_refunds.agent import RefundServices, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
@@ -28,6 +36,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from loopwright_refunds.services.orders import SEED_ORDERS
+from tests.openai_server import MODEL, ModelFactory, OpenAIStub
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
@@ -189,3 +198,39 @@ def cli(
             f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+@pytest.fixture
+def openai_stub() -> Iterator[OpenAIStub]:
+    """A running stub playing the refund procedure; tests may swap `policy` or script faults."""
+    with OpenAIStub().serving() as stub:
+        yield stub
+
+
+@pytest.fixture
+def openai_model(openai_stub: OpenAIStub, monkeypatch: pytest.MonkeyPatch) -> ModelFactory:
+    """Build the runtime's production model (`make_model("openai:...")`) pointed at the stub,
+    configured only through the environment, as an operator would configure it."""
+
+    def factory(
+        api: str = "responses",
+        *,
+        stream: bool = False,
+        retries: int = 2,
+        reasoning: str = "low",
+        timeout_s: float | None = None,
+    ) -> BaseChatModel:
+        env = {
+            "OPENAI_BASE_URL": openai_stub.url,
+            "OPENAI_API_KEY": "sk-test",
+            API_ENV: api,
+            STREAM_ENV: "1" if stream else "0",
+            RETRIES_ENV: str(retries),
+            REASONING_ENV: reasoning,
+            TIMEOUT_ENV: "" if timeout_s is None else str(timeout_s),
+        }
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return make_model(f"openai:{MODEL}")
+
+    return factory

@@ -24,13 +24,10 @@ from loopwright.graph.state import RunState
 from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests import openai_server
 from tests.openai_server import FRAGMENT_CHARS, MODEL, ModelFactory, OpenAIStub, ReadsTogether
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
 
 # The stub's fixtures, bound here so that pytest finds them in this module.
-openai_stub = openai_server.openai_stub
-openai_model = openai_server.openai_model
 
 PRICE = Price(input_per_mtok=2.0, output_per_mtok=8.0)
 PRICED = Budget(prices={MODEL: PRICE})

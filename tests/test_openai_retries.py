@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from langchain_core.messages import HumanMessage
 
-from tests import openai_server
 from tests.openai_server import ModelFactory, OpenAIStub
 from tests.runtime_fixtures import (
     DEMO_TASK,
@@ -20,8 +19,6 @@ from tests.runtime_fixtures import (
 )
 
 # The stub's fixtures, bound here so that pytest finds them in this module.
-openai_stub = openai_server.openai_stub
-openai_model = openai_server.openai_model
 
 
 @pytest.fixture

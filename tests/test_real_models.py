@@ -5,8 +5,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,12 +22,9 @@ from loopwright.runner import ModelChanged
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests import openai_server
-from tests.openai_server import MODEL, ModelFactory, OpenAIStub
-from tests.runtime_fixtures import RunnerFactory, all_refunds, principal
-
-openai_stub = openai_server.openai_stub
-openai_model = openai_server.openai_model
+from tests import stubborn_agent as stubborn
+from tests.openai_server import HOLDS, MODEL, Hold, ModelFactory, OpenAIStub
+from tests.runtime_fixtures import REPO, RunnerFactory, all_refunds, principal, wait_for
 
 OUTSIDE_WINDOW_TASK = "Please refund 40.00 USD on my order O-44."  # delivered 90 days ago
 TASK = "Check whether order O-43 can be refunded and refund it if so."
@@ -56,20 +58,49 @@ def test_a_business_rule_holds_whatever_the_model_read(
     assert facts["writes"] == []  # whatever the answer says, the verification holds no refund
 
 
-def test_an_endless_stream_is_cut_at_the_request_bound_and_the_run_ends_typed(
-    open_test_runner: RunnerFactory, openai_stub: OpenAIStub, openai_model: ModelFactory
+# (API, streamed, how the answer never ends): every hold on both APIs streamed; the two a
+# request that is not streamed can meet (bytes that never finish a body, nothing at all).
+HELD = [(api, True, how) for api in ("chat", "responses") for how in HOLDS] + [
+    (api, False, how) for api in ("chat", "responses") for how in ("trickle", "silent")
+]
+
+
+@pytest.mark.parametrize(("api", "stream", "how"), HELD)
+def test_a_model_request_ends_by_its_timeout_whatever_the_server_sends(
+    open_test_runner: RunnerFactory,
+    openai_stub: OpenAIStub,
+    openai_model: ModelFactory,
+    api: str,
+    stream: bool,
+    how: Hold,
 ) -> None:
-    openai_stub.stream_forever_next()
-    model = openai_model("chat", stream=True)
-    with open_test_runner(model=model, budget=Budget(max_model_request_s=2.0)) as runner:
+    """LOOPWRIGHT_MODEL_TIMEOUT_S bounds one request, retries included, whatever bytes keep
+    arriving; the run ends typed and lets go of its lease. Every answer after the held one would
+    be served: one request means the client did not retry past its bound."""
+    openai_stub.hold_next(how)
+    model = openai_model(api, stream=stream, timeout_s=1.5, retries=2)
+    with open_test_runner(model=model) as runner:
         started = time.monotonic()
         outcome = runner.start(TASK, principal(task=TASK))
         took = time.monotonic() - started
         lease = runner.leases.get(outcome.run_id)
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "tool_unavailable")
-    assert "ModelRequestOutlasted" in outcome.stop_detail
-    assert took < 30  # cut at its 2 s bound, not left to run until the run's 300 s deadline
+    assert "CallOutlasted: the model request was still going after its bound of 1.5 s" in (
+        outcome.stop_detail
+    )
+    assert took < 60  # the bound, not the run's 300 s deadline nor a timeout per retry
     assert lease is not None and not lease.lease_live  # let go: nothing holds the run
+    assert len(openai_stub.requests()) == 1
+
+
+def test_the_budget_bounds_a_request_below_the_models_own_timeout(
+    open_test_runner: RunnerFactory, openai_stub: OpenAIStub, openai_model: ModelFactory
+) -> None:
+    openai_stub.hold_next("trickle")
+    model = openai_model("chat", stream=True)  # its own timeout: the default 60 s
+    with open_test_runner(model=model, budget=Budget(max_model_request_s=1.0)) as runner:
+        outcome = runner.start(TASK, principal(task=TASK))
+    assert "after its bound of 1 s" in outcome.stop_detail
     [request] = openai_stub.requests("/chat/completions")
     assert request["max_tokens"] == Budget().max_output_tokens_per_request
 
@@ -145,3 +176,109 @@ def test_a_run_keeps_the_model_it_was_started_with(
             pytest.raises(ModelChanged, match=f"was started with {spec}"),
         ):
             other.decide(second.run_id, "approve", "a-1")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_a_run_waiting_on_its_model_at_once_and_gives_its_lease_up(
+    database_url: str,
+    services: ServiceEndpoints,
+    openai_stub: OpenAIStub,
+    openai_model: ModelFactory,
+    tmp_path: Path,
+    open_test_runner: RunnerFactory,
+    sig: signal.Signals,
+) -> None:
+    """A model request that would go on for a minute (keep-alive comments, its timeout 60 s):
+    the signal ends the process in its model step, the run's lease is free the moment it has
+    exited (not at the lease's expiry), and the user is told how the run goes on."""
+    openai_model("chat", stream=True, timeout_s=60)  # the stub's environment, as an operator's
+    openai_stub.hold_next("keep_alive")
+    env = {**os.environ, **services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    command = ["run", TASK, "--user", "u-1", "--run-id", "run-sig", "--db", database_url]
+    started = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", *command, "--model", f"openai:{MODEL}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: openai_stub.requests())  # the held request is in flight
+    started.send_signal(sig)
+    _, stderr = started.communicate(timeout=60)
+    with open_test_runner() as runner:
+        lease = runner.leases.get("run-sig")
+    assert started.returncode == 130
+    assert lease is not None and not lease.lease_live  # given up, not left to expire
+    assert stderr.splitlines()[-1].startswith(
+        "loopwright: interrupted: run run-sig keeps the steps it committed; go on with:"
+        " loopwright resume run-sig"
+    )
+
+
+def test_a_worker_told_to_stop_ends_the_model_request_in_flight_and_gives_the_run_up(
+    database_url: str,
+    services: ServiceEndpoints,
+    openai_stub: OpenAIStub,
+    openai_model: ModelFactory,
+    tmp_path: Path,
+    open_test_runner: RunnerFactory,
+) -> None:
+    """SIGTERM to a worker whose run waits on a model that would go on for a minute: the
+    request ends now, the attempt unwinds, and the run is free for another worker at once."""
+    openai_model("chat", stream=True, timeout_s=60)
+    openai_stub.hold_next("keep_alive")
+    with open_test_runner() as runner:
+        run_id = runner.submit(TASK, principal(task=TASK))
+    env = {**os.environ, **services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    command = ["worker", "--db", database_url, "--poll", "0.2", "--model", f"openai:{MODEL}"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", *command],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: openai_stub.requests())  # the held request is in flight
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    finally:
+        worker.kill()
+    with open_test_runner() as runner:
+        lease = runner.leases.get(run_id)
+    assert lease is not None and not lease.lease_live
+
+
+def test_code_that_swallows_the_interrupt_cannot_keep_the_process_or_the_lease(
+    database_url: str, tmp_path: Path, open_test_runner: RunnerFactory
+) -> None:
+    """A tool that ignores KeyboardInterrupt and would wait two minutes: a second after
+    SIGINT the process gives the run's lease up, says how to resume, and exits with 130."""
+    waiting = tmp_path / "waiting"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "LOOPWRIGHT_HOME": str(tmp_path / "home"),
+        stubborn.STARTED_ENV: str(waiting),
+    }
+    agent = ("--agent", "tests.stubborn_agent:agent", "--db", database_url)
+    command = ["run", stubborn.TASK, "--user", "u-1", "--run-id", "run-stubborn", *agent]
+    started = subprocess.Popen(
+        [sys.executable, "-m", "loopwright", *command],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(waiting.exists)  # the wait is in flight
+    started.send_signal(signal.SIGINT)
+    _, stderr = started.communicate(timeout=60)  # not the tool's two minutes
+    with open_runner(database_url, stubborn.agent) as runner:
+        lease = runner.leases.get("run-stubborn")
+    assert started.returncode == 130
+    assert lease is not None and not lease.lease_live
+    assert stderr.splitlines()[-1].startswith(
+        "loopwright: interrupted: run run-stubborn keeps the steps it committed; go on with:"
+    )

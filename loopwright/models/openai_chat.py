@@ -18,11 +18,13 @@ sent back verbatim, ahead of the function calls they produced, as the API requir
 Retries live in one layer, the OpenAI client (`max_retries`): 408, 409, 429 and 5xx answers and
 connection errors before an answer starts are retried there, honouring `Retry-After`.
 
-Every request is bounded by what the run's budget leaves it (`graph.budget.REQUEST_BOUNDS`, set
-by the model step): its timeout and a streamed answer's total time end at the bound (a stream
-that keeps sending is cut, `ModelRequestOutlasted`), and `max_tokens` is sent (Chat
-Completions: `max_completion_tokens` to OpenAI itself, `max_tokens` to a custom base URL, the
-name llama.cpp, vLLM and Ollama document; Responses: `max_output_tokens`).
+Every request ends by the clock: the model step waits for it at most until its bound (the
+budget's, what the run's deadline leaves, and `timeout_s`, this model's `request_limit_s`: the
+total of one request, retries included), and the client's transport (`bounded_http`) makes the
+request itself end there, whatever bytes keep coming. `max_tokens` is sent from what the run's
+budget leaves (`graph.budget.REQUEST_BOUNDS`; Chat Completions: `max_completion_tokens` to
+OpenAI itself, `max_tokens` to a custom base URL, the name llama.cpp, vLLM and Ollama document;
+Responses: `max_output_tokens`).
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpx
 from langchain_core.messages import AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from loopwright.graph.budget import REQUEST_BOUNDS, RequestBounds
-from loopwright.graph.state import utcnow
+from loopwright.graph.budget import REQUEST_BOUNDS
+from loopwright.models.bounded_http import BoundedTransport
 
 API_ENV = "LOOPWRIGHT_OPENAI_API"
 RETRIES_ENV = "LOOPWRIGHT_MODEL_RETRIES"
@@ -118,10 +121,6 @@ class IncompleteModelOutput(RuntimeError):
     """
 
 
-class ModelRequestOutlasted(IncompleteModelOutput):
-    """A streamed answer still coming when its request's bound (the budget) ran out: cut."""
-
-
 @dataclass
 class StreamEnd:
     """What a stream said about its own end, seen chunk by chunk; `check` once it is over.
@@ -166,6 +165,12 @@ class StrictChatOpenAI(ChatOpenAI):
     # What it was made from: recorded in a run's V, so that a resumed run gets the same model.
     settings: OpenAISettings | None = Field(default=None, exclude=True)
 
+    @property
+    def request_limit_s(self) -> float:
+        """The total time one request may take, retries included (`LOOPWRIGHT_MODEL_TIMEOUT_S`):
+        the model step bounds the request by it as well as by the budget."""
+        return _seconds(self.request_timeout)
+
     def _stream_api(self) -> str:
         return "Responses" if self.use_responses_api else "Chat Completions"
 
@@ -176,8 +181,6 @@ class StrictChatOpenAI(ChatOpenAI):
         bounds = REQUEST_BOUNDS.get()
         if bounds is None:
             return payload
-        left = (bounds.stop_by - utcnow()).total_seconds()
-        payload["timeout"] = max(MIN_REQUEST_S, min(left, _seconds(self.request_timeout)))
         for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             payload.pop(name, None)
         if self.use_responses_api:
@@ -200,24 +203,17 @@ class StrictChatOpenAI(ChatOpenAI):
 
     def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         end = StreamEnd(self._stream_api())
-        bounds = REQUEST_BOUNDS.get()
         for chunk in super()._stream(*args, **kwargs):
-            _within(bounds)
             end.see(chunk)
             yield chunk
         end.check()
 
     async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         end = StreamEnd(self._stream_api())
-        bounds = REQUEST_BOUNDS.get()
         async for chunk in super()._astream(*args, **kwargs):
-            _within(bounds)
             end.see(chunk)
             yield chunk
         end.check()
-
-
-MIN_REQUEST_S = 0.5
 
 
 def _seconds(timeout: Any) -> float:
@@ -229,13 +225,6 @@ def _seconds(timeout: Any) -> float:
     return float("inf")
 
 
-def _within(bounds: RequestBounds | None) -> None:
-    if bounds is not None and utcnow() > bounds.stop_by:
-        raise ModelRequestOutlasted(
-            f"the answer was still streaming at its bound ({bounds.stop_by.isoformat()}): cut"
-        )
-
-
 def make_openai_model(settings: OpenAISettings) -> StrictChatOpenAI:
     """The chat model for `settings`, speaking the Responses API or Chat Completions."""
     common: dict[str, Any] = {
@@ -245,6 +234,7 @@ def make_openai_model(settings: OpenAISettings) -> StrictChatOpenAI:
         "api_key": settings.api_key,
         "max_retries": settings.max_retries,
         "timeout": settings.timeout_s,
+        "http_client": httpx.Client(transport=BoundedTransport(), timeout=settings.timeout_s),
         "streaming": settings.streaming,
         "temperature": settings.temperature,
     }

@@ -1,0 +1,129 @@
+"""Calls that end by the clock, whatever the other side does; and a process's stop, which ends
+every such call at once.
+
+Why a thread: a blocking call ends when its bytes stop, and some never stop. An HTTP client
+reading a stream of SSE comments, of events it does not know, or of a byte a second is never
+idle long enough for a read timeout, and its retries add up timeouts. `call_by` runs the call on
+a daemon thread and waits for it at most until its bound: the caller goes on at the bound,
+whatever the call is doing. The call is told it was abandoned (`BoundedCall.abandoned`, the
+hooks it registered with `on_abandon`), so that it lets go of its sockets rather than read on,
+and a daemon thread never holds the process at its exit.
+
+Why a process-wide stop: SIGINT or SIGTERM must end a run in any phase at once. The signal
+reaches the main thread; a node may be running on LangGraph's pool thread, which the main
+thread then waits for. `stop_all` (called by the CLI's signal handler) wakes every bounded call
+in flight, which raises KeyboardInterrupt in its caller's thread, so the graph unwinds and the
+run's lease is given up at once; a call begun after it raises at once too.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+
+
+class CallOutlasted(TimeoutError):
+    """The call was still going at its bound: abandoned, its result (if any comes) ignored."""
+
+
+class BoundedCall:
+    """One call under `call_by`, as the call itself sees it (`current_call()`): when it must be
+    over, whether it was abandoned, and the hooks that let go of what it holds."""
+
+    def __init__(self, stop_by: float) -> None:
+        self.stop_by = stop_by  # time.monotonic()
+        self.over = threading.Event()  # the call returned, or its caller stopped waiting
+        self.abandoned = False
+        self._hooks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def left(self) -> float:
+        return self.stop_by - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.abandoned or self.left() <= 0
+
+    def on_abandon(self, hook: Callable[[], None]) -> None:
+        """Run `hook` when the caller stops waiting (at once, if it has already)."""
+        with self._lock:
+            if not self.abandoned:
+                self._hooks.append(hook)
+                return
+        hook()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned, hooks, self._hooks = True, self._hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # a hook that fails lets go of nothing more; the caller goes on
+                continue
+
+
+_CURRENT: ContextVar[BoundedCall | None] = ContextVar("bounded_call", default=None)
+_in_flight: set[BoundedCall] = set()
+_stopping = threading.Event()
+_registry = threading.Lock()
+
+
+def current_call() -> BoundedCall | None:
+    """The bounded call this code runs in, if any: a client reads its bound and registers what
+    to let go of when abandoned."""
+    return _CURRENT.get()
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
+
+
+def stop_all() -> None:
+    """Wake every bounded call in flight, and refuse new ones: the process is stopping."""
+    _stopping.set()
+    with _registry:
+        calls = list(_in_flight)
+    for call in calls:
+        call.over.set()
+
+
+def call_by[T](seconds: float, fn: Callable[[], T], *, what: str = "the call") -> T:
+    """`fn()`, or CallOutlasted once `seconds` have passed, or KeyboardInterrupt once the process
+    is stopping (`stop_all`). `fn` runs on a daemon thread in a copy of this context."""
+    if _stopping.is_set():
+        raise KeyboardInterrupt
+    call = BoundedCall(time.monotonic() + max(0.0, seconds))
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        _CURRENT.set(call)
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # handed to the caller, whatever it is
+            failure.append(exc)
+        finally:
+            call.over.set()
+
+    with _registry:
+        _in_flight.add(call)
+    try:
+        thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(run,), name="bounded-call", daemon=True
+        )
+        thread.start()
+        while not call.over.wait(max(0.0, call.left())) and call.left() > 0:
+            pass  # a wait may wake early on some platforms
+    finally:
+        with _registry:
+            _in_flight.discard(call)
+    if failure:
+        raise failure[0]
+    if outcome:
+        return outcome[0]
+    call.abandon()
+    if _stopping.is_set():
+        raise KeyboardInterrupt
+    raise CallOutlasted(f"{what} was still going after its bound of {seconds:.3g} s: abandoned")
