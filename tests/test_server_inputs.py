@@ -173,6 +173,10 @@ def test_token_table_and_authorization_header() -> None:
         ('["t"]', "expected an object of token -> user entries"),
         ('{"t": {"user_id": "u-1", "role": "approver"}}', "role: Extra inputs are not permitted"),
         ("{nope", "not JSON"),
+        # Never sent as such: a bearer header's token is what follows "Bearer ", stripped.
+        ('{"": {"user_id": "u-1"}}', "a token is one word"),
+        ('{" t ": {"user_id": "u-1"}}', "a token is one word"),
+        ('{"t t": {"user_id": "u-1"}}', "a token is one word"),
     ],
 )
 def test_a_token_table_that_cannot_be_used_is_refused_in_one_line(table: str, problem: str) -> None:

@@ -7,9 +7,12 @@ and who may do what (the auth hooks, the inbox's JSON routes, the served graph's
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -692,3 +695,17 @@ def test_no_customer_holds_up_another_customers_run(served: Served) -> None:
         slow_down(served.services.payments, 0, methods=("POST",))
     for thread in (*in_flight, other):
         wait_for_end(served.client("t-a1"), thread)
+
+
+def test_the_inbox_page_runs_only_its_own_script_in_no_frame(served: Served) -> None:
+    """A page that framed the inbox could lay its own buttons over an approver's; an injected
+    script would act with their token. The page allows its own inline script and style only
+    (by their hashes), talks to its own origin only, and may be framed by nobody."""
+    page = httpx.get(f"{served.url}/inbox")
+    assert page.headers["x-frame-options"] == "DENY"
+    policy = page.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy
+    assert "unsafe-inline" not in policy and "connect-src 'self'" in policy
+    [script] = re.findall(r"<script>(.*?)</script>", page.text, re.DOTALL)
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in policy

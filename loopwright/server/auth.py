@@ -125,6 +125,9 @@ def token_table(environ: Mapping[str, str] | None = None) -> dict[str, User]:
         raise TokenTableError(f"{source}: expected an object of token -> user entries")
     users = {}
     for token, entry in table.items():
+        if not token or any(character.isspace() for character in token):
+            # A bearer header's token is the word after "Bearer ": this one would match nobody.
+            raise TokenTableError(f"{source}: token {token!r}: a token is one word, not blank")
         try:
             parsed = _TokenEntry.model_validate(entry)
         except ValidationError as exc:
