@@ -214,9 +214,25 @@ def _not_theirs(order_id: str, user_id: str) -> str:
     return f"order {order_id} is not an order of {user_id}"
 
 
+# The reference business keeps the orders of one tenant's users: a principal of another tenant
+# owns none of them, whatever its user id (the same id may be a user of two tenants).
+ORDERS_TENANT = "default"
+
+
+def _of_other_tenant(principal: Principal) -> str | None:
+    if principal.tenant == ORDERS_TENANT:
+        return None
+    return (
+        f"the orders service keeps the orders of tenant {ORDERS_TENANT!r}, not"
+        f" {principal.tenant!r}: none is {principal.user_id}'s there"
+    )
+
+
 def owns_order(ctx: Ctx, order_id: str) -> None:
     """PermissionDenied unless the run's user owns the order (an unknown order answers the
     same: the existence of other users' orders is not disclosed)."""
+    if (other := _of_other_tenant(ctx.user)) is not None:
+        raise PermissionDenied(other)
     try:
         order = fetch_order(ctx, order_id)
     except ToolFault as fault:
@@ -257,8 +273,11 @@ def principal(deps: RefundServices, user_id: str) -> Principal:
 
 
 def boundary(deps: RefundServices, principal: Principal, task: str) -> set[str]:
-    """The orders the task names; each must exist and belong to the user."""
+    """The orders the task names; each must exist and belong to the user (of the tenant whose
+    orders the service keeps)."""
     orders = sorted(set(ORDER_IN_TEXT.findall(task)))
+    if orders and (other := _of_other_tenant(principal)) is not None:
+        raise TaskRefused(other)
     if len(orders) > MAX_ORDERS_PER_TASK:
         raise TaskRefused(f"a task may name at most {MAX_ORDERS_PER_TASK} orders")
     for order_id in orders:

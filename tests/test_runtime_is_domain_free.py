@@ -31,7 +31,10 @@ CORE = [
 DOMAIN_WORDS = re.compile(r"refund|\border(s|ed|ing)?\b|\bpolic(y|ies)\b|payment", re.IGNORECASE)
 # What may name the domain anyway: SQL's ORDER BY, and the import path of the reference agent,
 # which the CLI and the server host when none is named.
-ALLOWED = re.compile(r"\bORDER BY\b|loopwright_refunds\.agent:agent|`loopwright_refunds`")
+ALLOWED = re.compile(
+    r"\bORDER BY\b|loopwright_refunds\.agent:agent|`loopwright_refunds`"
+    r"|\b(Content-Security|Referrer)-Policy\b"  # HTTP headers' names
+)
 
 
 def core_files() -> list[Path]:

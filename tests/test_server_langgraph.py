@@ -47,6 +47,8 @@ TOKENS = {
     "t-u2-approver": {"user_id": "u-2", "roles": ["approver"]},
     # An approver of another tenant: nothing of the default tenant's is theirs to see or decide.
     "t-bank-b": {"user_id": "a-1", "roles": ["approver"], "tenant": "bank-b"},
+    # The same user id as t-u1's, of another tenant: another principal altogether.
+    "t-bank-b-u1": {"user_id": "u-1", "roles": ["customer"], "tenant": "bank-b"},
 }
 
 
@@ -709,3 +711,17 @@ def test_the_inbox_page_runs_only_its_own_script_in_no_frame(served: Served) -> 
     [script] = re.findall(r"<script>(.*?)</script>", page.text, re.DOTALL)
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     assert f"script-src 'sha256-{digest}'" in policy
+
+
+def test_the_same_user_id_in_another_tenant_is_another_principal(served: Served) -> None:
+    """u-1 of tenant bank-b is not u-1 of the default tenant: it neither refunds their orders
+    (the reference business keeps the default tenant's) nor reads their runs."""
+    create_order(served.services, "O-990", "u-1", "30.00")
+    task = "Check whether order O-990 can be refunded and refund it if so."
+    theirs, _ = start_run(served.client("t-u1"), task)
+    impostor = served.client("t-bank-b-u1")
+    thread = impostor.threads.create()["thread_id"]
+    assert status_of(lambda: impostor.runs.wait(thread, GRAPH, input={"task": task})) == 403
+    assert served.sql("SELECT 1 FROM lw_runs WHERE run_id = %s", thread) == []
+    assert status_of(lambda: impostor.threads.get_state(theirs)) == 404
+    assert len(list_refunds(served.services, "O-990")) == 1  # u-1's own, under the threshold
