@@ -725,3 +725,12 @@ def test_the_same_user_id_in_another_tenant_is_another_principal(served: Served)
     assert served.sql("SELECT 1 FROM lw_runs WHERE run_id = %s", thread) == []
     assert status_of(lambda: impostor.threads.get_state(theirs)) == 404
     assert len(list_refunds(served.services, "O-990")) == 1  # u-1's own, under the threshold
+
+
+def test_a_decision_nested_past_any_decision_is_a_422(served: Served) -> None:
+    """JSON nested deeper than the parser recurses was a 500 from the inbox's decision route."""
+    headers = {"Authorization": "Bearer t-a1", "Content-Type": "application/json"}
+    body = "[" * 100_000 + "]" * 100_000
+    answer = httpx.post(f"{served.url}/inbox/api/decisions", content=body, headers=headers)
+    assert answer.status_code == 422, answer.text
+    assert "nested too deep" in answer.json()["detail"]

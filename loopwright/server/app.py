@@ -183,6 +183,8 @@ async def decide(request: Request) -> Response:
             raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
         except ValueError as exc:  # not JSON
             raise InboxError(422, f"bad decision: {exc}") from None
+        except RecursionError:  # JSON nested deeper than any decision
+            raise InboxError(422, "bad decision: nested too deep to be one") from None
         run = await visible_run(user, body.thread_id)
         req = run.requests.get(body.interrupt_id)
         if req is None:
