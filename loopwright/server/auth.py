@@ -163,14 +163,6 @@ def _user(ctx: Auth.types.AuthContext) -> User:
     return User(user_id=principal.user_id, roles=principal.roles, tenant=principal.tenant)
 
 
-async def run_record(thread_id: Any) -> RunRecord | None:
-    """The loopwright run on a thread (its user), if one was started there."""
-    if not thread_id:
-        return None
-    res = await aresources()
-    return await asyncio.to_thread(res.leases.get, str(thread_id))
-
-
 async def task_refusal(user: User, task: str) -> str | None:
     """Why the hosted agent does not take `task` for `user`, or None if it does."""
     res = await aresources()
@@ -299,6 +291,7 @@ class ThreadOwner:
     known: bool
     user_id: str | None = None
     tenant: str | None = None
+    run: RunRecord | None = None  # the loopwright run on it, if one was registered
 
 
 async def thread_owner(thread_id: Any) -> ThreadOwner:
@@ -311,7 +304,7 @@ async def thread_owner(thread_id: Any) -> ThreadOwner:
     def read() -> ThreadOwner:
         run = res.leases.get(str(thread_id))
         if run is not None:
-            return ThreadOwner(True, run.user_id, run.tenant)
+            return ThreadOwner(True, run.user_id, run.tenant, run)
         known, user_id, tenant = res.engine_threads.owner(str(thread_id))
         return ThreadOwner(known, user_id, tenant)
 
@@ -322,21 +315,20 @@ def _not_found(thread_id: Any) -> Auth.exceptions.HTTPException:
     return Auth.exceptions.HTTPException(status_code=404, detail=f"thread {thread_id} not found")
 
 
-async def refuse_unless_own(user: User, thread_id: Any, refusal: str) -> None:
+def refuse_unless_own(user: User, owner: ThreadOwner, thread_id: Any, refusal: str) -> None:
     """403 unless the thread is the caller's, 404 if it is another tenant's (whose threads are
     not even named); nothing for a thread nobody knows (the engine answers 404 itself)."""
-    owner = await thread_owner(thread_id)
     if owner.tenant is not None and owner.tenant != user.tenant:
         raise _not_found(thread_id)
     if owner.user_id is not None and owner.user_id != user.user_id:
         raise _forbidden(refusal)
 
 
-async def refuse_unless_visible(user: User, thread_id: Any) -> None:
+def refuse_unless_visible(user: User, owner: ThreadOwner, thread_id: Any) -> None:
     """What a caller may read: an approver their tenant's threads, anyone else their own."""
     if not user.is_approver:
-        await refuse_unless_own(user, thread_id, "this run belongs to another user")
-    elif (await thread_owner(thread_id)).tenant not in (None, user.tenant):
+        refuse_unless_own(user, owner, thread_id, "this run belongs to another user")
+    elif owner.tenant not in (None, user.tenant):
         raise _not_found(thread_id)
 
 
@@ -365,7 +357,8 @@ async def on_thread_read(
     """A thread, its state, history, runs and streams: its own user's, or an approver's of
     its tenant (the engine keeps tenants apart, see `server.engine`)."""
     user = _user(ctx)
-    await refuse_unless_visible(user, value.get("thread_id"))
+    thread_id = value.get("thread_id")
+    refuse_unless_visible(user, await thread_owner(thread_id), thread_id)
     return _filter(user)
 
 
@@ -375,7 +368,8 @@ async def on_thread_search(
 ) -> Auth.types.FilterType | None:
     """A search of threads (filtered), or of one thread's runs (Aegra: its own user's only)."""
     user = _user(ctx)
-    await refuse_unless_visible(user, cast(Mapping[str, Any], value).get("thread_id"))
+    thread_id = cast(Mapping[str, Any], value).get("thread_id")
+    refuse_unless_visible(user, await thread_owner(thread_id), thread_id)
     return _filter(user)
 
 
@@ -405,7 +399,9 @@ async def on_thread_update(
     user = _user(ctx)
     if not update.get("thread_id"):
         raise _forbidden("cancel a run by its thread and run id")
-    await refuse_unless_own(user, update.get("thread_id"), "only the run's own user may cancel it")
+    thread_id = update.get("thread_id")
+    owner = await thread_owner(thread_id)
+    refuse_unless_own(user, owner, thread_id, "only the run's own user may cancel it")
     return _filter(user)
 
 
@@ -430,7 +426,9 @@ async def on_thread_delete(
     if thread_id is None and (await aresources()).engine_threads.kept:
         # Aegra's prune: every expired thread of the engine identity, the tenant's.
         raise _forbidden("threads are deleted one by one, by their own user")
-    await refuse_unless_own(user, thread_id, "this thread belongs to another user")
+    refuse_unless_own(
+        user, await thread_owner(thread_id), thread_id, "this thread belongs to another user"
+    )
     return _filter(user, own=True)  # approvers read their tenant's threads, not delete them
 
 
@@ -484,7 +482,9 @@ async def admit(user: User, thread_id: Any) -> None:
 NO_THREAD = "a run is a thread: create one first (POST /threads), then start the run on it"
 
 
-async def refuse_threadless(value: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+async def refuse_threadless(
+    value: Mapping[str, Any], kwargs: Mapping[str, Any], owner: ThreadOwner
+) -> None:
     """A run only on a thread that exists: not a stateless run (whose thread the server deletes
     as the run stops, leaving a waiting approval nobody can decide, on LangGraph's server) nor
     one that creates its thread (Aegra creates a missing one, stamped with nothing of ours)."""
@@ -492,7 +492,7 @@ async def refuse_threadless(value: Mapping[str, Any], kwargs: Mapping[str, Any])
     creates = kwargs.get("if_not_exists") or value.get("if_not_exists")
     if not thread_id or creates == "create":
         raise Auth.exceptions.HTTPException(status_code=422, detail=NO_THREAD)
-    if not (await thread_owner(thread_id)).known and (await aresources()).engine_threads.kept:
+    if not owner.known and (await aresources()).engine_threads.kept:
         raise Auth.exceptions.HTTPException(
             status_code=404, detail=f"thread {thread_id} not found: {NO_THREAD}"
         )
@@ -519,7 +519,9 @@ async def on_run_create(
                 detail=f"the run's {part} is {size} bytes: at most {MAX_INPUT_BYTES}",
             )
     command = kwargs.get("command") or {}
-    run = await run_record(value.get("thread_id"))
+    thread_id = value.get("thread_id")
+    owner = await thread_owner(thread_id)  # read once: every check below judges by it
+    run = owner.run
     if command.get("update") is not None or command.get("goto"):
         raise _forbidden("a client may resume a run, not write its state or route it")
     if (field := checkpoint_choice(kwargs)) is not None:
@@ -527,9 +529,9 @@ async def on_run_create(
     strategy = kwargs.get("multitask_strategy") or value.get("multitask_strategy")
     if strategy == "rollback":
         raise _forbidden("multitask_strategy rollback would erase a run's record: use reject")
-    await refuse_threadless(value, kwargs)
+    await refuse_threadless(value, kwargs, owner)
     # Before anything that tells a thread's state: another tenant's threads are not named.
-    await refuse_unless_visible(user, value.get("thread_id"))
+    refuse_unless_visible(user, owner, thread_id)
     if kwargs.get("after_seconds") or value.get("after_seconds"):
         # Pending for its delay, then due on a thread that may be busy: LangGraph's server
         # looks past no queued run whose thread is busy (`server.admissions`).
@@ -574,7 +576,7 @@ async def on_run_create(
                 " or a map of interrupt ids to decisions"
             )
         raise _forbidden("only customers start runs")
-    await refuse_unless_own(user, value.get("thread_id"), "this run belongs to another user")
+    refuse_unless_own(user, owner, thread_id, "this run belongs to another user")
     if run is not None and run.phase == Phase.WAITING_APPROVAL:
         # A resume would answer the approval (ignored, and the request asked again, anew); any
         # other run is queued behind it, and cancelled before it runs it leaves the thread
