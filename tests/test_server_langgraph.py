@@ -734,3 +734,30 @@ def test_a_decision_nested_past_any_decision_is_a_422(served: Served) -> None:
     answer = httpx.post(f"{served.url}/inbox/api/decisions", content=body, headers=headers)
     assert answer.status_code == 422, answer.text
     assert "nested too deep" in answer.json()["detail"]
+
+
+def test_a_decision_the_request_does_not_allow_is_a_422_through_the_api(served: Served) -> None:
+    """Through the server's own API as through the inbox: an edit of an argument the write
+    keeps fixed, an edit its rules refuse, and an approval by the approver who edited the
+    action are each a 422, and the approval still waits (before: 200, and the run ended the
+    action not done, or asked again)."""
+    create_order(served.services, "O-991", "u-1", "80.00")
+    task = "Check whether order O-991 can be refunded and refund it if so."
+    thread_id, state = start_run(served.client("t-u1"), task)
+    [interrupt] = state["interrupts"]
+    ann = served.client("t-a1")
+
+    def decide(decision: str, **args: str) -> int:
+        [(key, value)] = decision_for(interrupt, decision, "a-1").items()
+        edited = {**interrupt["value"]["args"], **args} if args else None
+        body = {key: {**value, **({"args": edited} if edited else {})}}
+        return status_of(lambda: ann.runs.wait(thread_id, GRAPH, command={"resume": body}))
+
+    assert decide("edit", order_id="O-42") == 422  # not an editable argument
+    assert decide("edit", amount="900.00") == 422  # more than the order's refundable balance
+    assert values_of(ann, thread_id)["phase"] == "WAITING_APPROVAL"
+    assert decide("edit", amount="40.00") == 200  # the edited refund waits for another approver
+    [interrupt] = ann.threads.get_state(thread_id)["interrupts"]
+    assert interrupt["value"]["args"]["amount"] == "40.00"
+    assert decide("approve") == 422  # whoever edited an action cannot approve it
+    assert values_of(ann, thread_id)["phase"] == "WAITING_APPROVAL"

@@ -44,9 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.graph.state import ApprovalDecision, Phase, Principal
+from loopwright.graph.state import ApprovalDecision, ApprovalRequest, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
-from loopwright.runner import UnknownRun
+from loopwright.runner import EditRefused, UnknownRun
 from loopwright.server.admissions import Refusal, admissions
 from loopwright.server.engine import TENANT_KEY, USER_KEY, engine_identity
 from loopwright.server.inputs import (
@@ -174,26 +174,46 @@ async def task_refusal(user: User, task: str) -> str | None:
     return None
 
 
-async def stale_decision(thread_id: Any, decisions: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why the run on the thread would not take a decision, or None: its approval does not wait
-    (decided, expired, never asked there), or asks about another action than the digest names.
-    The run would re-ask and the client be told 200; the run still checks as it resumes (two
-    approvers at once), this answers the client truthfully, as the inbox and the CLI do."""
+async def decision_refusal(
+    thread_id: Any, decisions: Sequence[ApprovalDecision]
+) -> Auth.exceptions.HTTPException | None:
+    """Why the run on the thread would not take a decision, or None. A 409 when its approval
+    does not wait (decided, expired, never asked there) or asks about another action than the
+    digest names; a 422 for a decision the request does not allow (an edit of an argument the
+    write keeps fixed, or that its rules refuse; an approval by whoever edited the action). The
+    run would re-ask, or end the action, and the client be told 200: this answers truthfully,
+    as the inbox and the CLI do (the run still checks as it resumes: two approvers at once)."""
     res = await aresources()
     try:
         outcome = await asyncio.to_thread(res.runner.outcome, str(thread_id or ""))
     except UnknownRun:
-        return "no approval waits on this thread"
-    asked = {r.get("approval_id"): r.get("digest") for r in outcome.waiting_for_approval}
+        return Auth.exceptions.HTTPException(409, detail="no approval waits on this thread")
+    asked = {
+        str(r.get("approval_id")): ApprovalRequest.model_validate(r)
+        for r in outcome.waiting_for_approval
+    }
     for decision in decisions:
-        approval = decision.get("approval_id")
-        if approval not in asked:
-            return f"approval {approval} does not wait on this run: decided, expired or not asked"
-        if decision.get("digest") != asked[approval]:
-            return (
+        approval = decision.approval_id
+        if (request := asked.get(approval)) is None:
+            detail = f"approval {approval} does not wait on this run: decided, expired or not asked"
+            return Auth.exceptions.HTTPException(409, detail=detail)
+        if decision.digest != request.digest:
+            detail = (
                 f"the decision's digest is not that of the action approval {approval} asks"
                 " about: read the request again"
             )
+            return Auth.exceptions.HTTPException(409, detail=detail)
+        args = decision.args
+        changes = {k: v for k, v in (args or {}).items() if request.args.get(k) != v}
+        try:  # the request's own rules: editable arguments, separation of duties
+            if args is not None and set(args) - set(request.args):
+                raise ValueError(f"an edit names arguments {request.tool} does not have")
+            request.answer(decision.decision, decision.approver, changes=changes or None)
+            if args is not None and changes:
+                await asyncio.to_thread(res.runner.check_edit, request, args)
+        except (ValueError, EditRefused) as exc:
+            detail = f"{exc}; approval {approval} still waits"
+            return Auth.exceptions.HTTPException(422, detail=detail)
     return None
 
 
@@ -556,15 +576,17 @@ async def on_run_create(
             raise _forbidden("an approver cannot decide about their own run")
         if strategy == "interrupt":  # it would cancel the run in flight: only its user may
             raise _forbidden("a decision cannot interrupt the run in flight: use reject")
-        for decision in decisions:
-            try:  # as the run will read it, signed by the authenticated approver
+        try:  # as the run will read them, signed by the authenticated approver
+            signed = [
                 ApprovalDecision.model_validate({**decision, "approver": user.user_id})
-            except ValidationError as exc:  # the run would take no such decision
-                raise Auth.exceptions.HTTPException(
-                    status_code=422, detail=f"bad decision: {validation_problems(exc)}"
-                ) from None
-        if (stale := await stale_decision(value.get("thread_id"), decisions)) is not None:
-            raise Auth.exceptions.HTTPException(status_code=409, detail=stale)
+                for decision in decisions
+            ]
+        except ValidationError as exc:  # the run would take no such decision
+            raise Auth.exceptions.HTTPException(
+                status_code=422, detail=f"bad decision: {validation_problems(exc)}"
+            ) from None
+        if (refused := await decision_refusal(thread_id, signed)) is not None:
+            raise refused
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
         await admit(user, value.get("thread_id"))
         return _filter(user)  # and only in their own tenant
