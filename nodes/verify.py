@@ -38,6 +38,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
+from pydantic import ValidationError
 
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
@@ -50,6 +51,7 @@ from loopwright.graph.state import (
     StopReason,
     Verification,
 )
+from loopwright.graph.text import storable, validation_problems
 from loopwright.graph.views import (
     evidence_of,
     latest_per_intent,
@@ -153,8 +155,12 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
     refused = rule_refusals(state, write_tools, {a.call_id for a in writes})
     facts["refused"] = refused
     latest = latest_per_intent(writes)
+    check_failed = None
     if context.done is not None:
-        done = context.done(ctx, state["task"], latest)
+        try:
+            done = context.done(ctx, state["task"], latest)
+        except Exception as exc:  # the agent's own code: its failure is told, not the run's end
+            done, check_failed = False, f"the agent's completion check failed: {_why(exc)}"
     else:
         succeeded = any(a.status is ActionStatus.SUCCEEDED for a in latest)
         done = not missing and (succeeded or not refused)
@@ -162,14 +168,19 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
     if not done:
         problems += [f"not done: {why_not(a)}" for a in missing]
         problems += [f"not done: {r}" for r in refused]
-        if not missing and not refused:
+        if check_failed is not None:
+            problems.append(check_failed)
+        elif not missing and not refused:
             problems.append(
                 "the task is not done: the agent's completion check finds an effect it needs "
                 "missing"
             )
     final = messages_of(state)[-1]
     answer = final.text if isinstance(final, AIMessage) else ""
-    false_claims = context.claims(ctx, answer, latest) if context.claims is not None else []
+    try:
+        false_claims = context.claims(ctx, answer, latest) if context.claims is not None else []
+    except Exception as exc:  # as for the completion check: told, not a crash of the run
+        false_claims = [f"what the agent's claim check could not read ({_why(exc)})"]
     facts["false_claims"] = false_claims
     problems += [
         f"the answer claims {claim}, which the journal does not hold" for claim in false_claims
@@ -195,6 +206,12 @@ def check_outcome(state: RunState, context: RunContext) -> Verification:
     if refused:
         summary += "; refused by a rule: " + "; ".join(refused)
     return Verification(verified=not problems, summary=summary, facts=facts, problems=problems)
+
+
+def _why(exc: Exception) -> str:
+    """An agent callback's failure in one line (e.g. a business record its models refuse)."""
+    detail = validation_problems(exc) if isinstance(exc, ValidationError) else str(exc)
+    return storable(f"{type(exc).__name__}: {' '.join(detail.split())}")[:500]
 
 
 def _spoken_by_the_journal(verification: Verification) -> Verification | None:

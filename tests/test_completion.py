@@ -32,6 +32,7 @@ from loopwright import (
     open_runner,
 )
 from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.services.admin import create_order
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import RunnerFactory, all_refunds, principal
 
@@ -61,6 +62,21 @@ def test_a_refund_the_downstream_refuses_never_ends_completed(
     facts = (outcome.verification or {})["facts"]
     assert facts["writes"] == [] and facts["task_done"] is False
     assert "was not made" in facts["answer"]  # what the user was told, kept apart from the facts
+    assert all_refunds(services) == []
+
+
+def test_a_business_record_the_agents_check_cannot_read_ends_the_run_typed(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """An order whose currency holds markup: the refund agent's completion check raises on it.
+    The run ends INCOMPLETE, its detail naming the check and what it refused, where verify
+    crashed (a served run was left in READY with no stop reason)."""
+    create_order(services, "O-701", "u-1", "20.00", currency="<b>USD</b>")
+    task = "Check whether order O-701 can be refunded and refund it if so."
+    with open_test_runner() as runner:
+        outcome = runner.start(task, principal(task=task))
+    assert outcome.phase == "INCOMPLETE" and outcome.stop_reason is not None
+    assert "completion check failed: ValidationError: currency" in outcome.stop_detail
     assert all_refunds(services) == []
 
 
