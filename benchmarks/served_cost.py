@@ -108,6 +108,7 @@ def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> tuple[float,
             submitted_s = time.monotonic() - started
             _wait_completed(bench.database_url, run_ids)
             used = process_cpu_s(one.pid) - before
+    cluster.forget_keys(redis_url, cluster.deployment_prefix(bench.database_url))
     return used / len(run_ids), submitted_s
 
 

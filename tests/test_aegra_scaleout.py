@@ -42,6 +42,7 @@ from tests.ports import reserved_port
 from tests.test_server_langgraph import GRAPH, TOKENS, decision_for, values_of
 
 REDIS = ("127.0.0.1", 6379)
+REDIS_URL = f"redis://{REDIS[0]}:{REDIS[1]}/0"
 RUNS = 20
 
 
@@ -132,7 +133,7 @@ def deployment(postgres_server_url: str, workdir: Path) -> Iterator[Cluster]:
         env = cluster_module.instance_env(
             base,
             database_url=url,
-            redis_url=f"redis://{REDIS[0]}:{REDIS[1]}/0",
+            redis_url=REDIS_URL,
             config=cluster_module.write_config(workdir),
             extra=extra,
         )
@@ -142,7 +143,7 @@ def deployment(postgres_server_url: str, workdir: Path) -> Iterator[Cluster]:
         finally:
             for instance in cluster.instances:
                 instance.stop()
-            _forget_redis_keys(cluster_module.deployment_prefix(url))
+            cluster_module.forget_keys(REDIS_URL, cluster_module.deployment_prefix(url))
 
 
 @pytest.fixture
@@ -166,19 +167,6 @@ def openapi_document(cluster: Cluster) -> dict[str, Any]:
     )
     document: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return document
-
-
-def _forget_redis_keys(prefix: str) -> None:
-    """Aegra's queue, channels and done-markers of this test, so nothing piles up in Redis."""
-    import redis  # installed with aegra-api
-
-    client = redis.Redis(host=REDIS[0], port=REDIS[1])
-    try:
-        keys = list(client.scan_iter(f"{prefix}*"))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def refund_task(order_id: str) -> str:

@@ -188,3 +188,16 @@ def redis_unreachable(redis_url: str, timeout: float = 2.0) -> str | None:
     if not answer.startswith((b"+PONG", b"-NOAUTH")):
         return f"{parts.hostname}:{parts.port or 6379} does not answer as Redis does"
     return None
+
+
+def forget_keys(redis_url: str, prefix: str) -> None:
+    """Delete a deployment's keys (its queue, channels and done-markers) from Redis: for a
+    deployment that is gone for good, e.g. one a test or a benchmark made."""
+    import redis  # installed with the aegra extra
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        if keys := list(client.scan_iter(f"{prefix}*")):
+            client.delete(*keys)
+    finally:
+        client.close()
