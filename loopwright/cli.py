@@ -1215,7 +1215,8 @@ def serve(
 
     if engine == "langgraph" and instances not in (None, 1):
         raise UsageError("--instances: langgraph dev serves from one process; use --engine aegra")
-    ports = list(range(port, port + (instances or 2 if engine == "aegra" else 1)))
+    count = (instances or 2) if engine == "aegra" else 1
+    ports = list(range(port, port + count))
     if ports[-1] > 65_535:
         raise UsageError(f"--port {port} leaves no room for {instances} instances")
     # Refused before anything starts: langgraph would move to another port, or fail later.

@@ -140,14 +140,14 @@ def _server(request: Request) -> LangGraphClient:
 async def visible_run(user: User, run_id: str) -> Waiting:
     """The run, if `user` (an approver) may see it: a run of their tenant (404 otherwise, as
     for a run that does not exist: another tenant's runs are not even named)."""
-    res = await aresources()
+    runner = (await aresources()).runner
+    record = await asyncio.to_thread(runner.leases.get, run_id)
+    if record is None or record.tenant != user.tenant:
+        raise InboxError(404, f"no run {run_id}")
     try:
-        run = await asyncio.to_thread(waiting_run, res.runner, run_id)
+        return await asyncio.to_thread(waiting_run, runner, record)
     except UnknownRun:
         raise InboxError(404, f"no run {run_id}") from None
-    if run.tenant != user.tenant:
-        raise InboxError(404, f"no run {run_id}")
-    return run
 
 
 async def page(_request: Request) -> Response:

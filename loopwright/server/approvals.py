@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalRequest, Phase
 from loopwright.runner import Runner, UnknownRun
 from loopwright.server.auth import User
@@ -28,17 +29,14 @@ class Waiting:
     requests: dict[str, ApprovalRequest]  # by interrupt id
 
 
-def waiting_run(runner: Runner, run_id: str) -> Waiting:
-    """The run's user, tenant and pending approval requests, from its own checkpoints (the
-    engine's thread records differ: Aegra's carry no interrupts)."""
-    principal = runner.state(run_id).get("principal") or {}
+def waiting_run(runner: Runner, record: RunRecord) -> Waiting:
+    """The run's pending approval requests, from its own checkpoints (the engine's thread
+    records differ: Aegra's carry no interrupts), and whose it is, from lw_runs."""
     requests = {
         str(request["interrupt_id"]): ApprovalRequest.model_validate(request)
-        for request in runner.outcome(run_id).waiting_for_approval
+        for request in runner.outcome(record.run_id).waiting_for_approval
     }
-    return Waiting(
-        run_id, str(principal.get("user_id")), str(principal.get("tenant", "default")), requests
-    )
+    return Waiting(record.run_id, record.user_id, record.tenant, requests)
 
 
 def listing(
@@ -64,13 +62,13 @@ def pending_for(runner: Runner, user: User) -> list[dict[str, Any]]:
     now = runner.leases.now()
     found = []
     for record in runner.leases.runs(Phase.WAITING_APPROVAL.value):
-        if record.agent not in ("", runner.agent.name) or record.user_id == user.user_id:
+        if record.agent not in ("", runner.agent.name) or record.tenant != user.tenant:
+            continue
+        if record.user_id == user.user_id:
             continue
         try:
-            run = waiting_run(runner, record.run_id)
+            run = waiting_run(runner, record)
         except UnknownRun:  # pruned, or registered and never stepped
-            continue
-        if run.tenant != user.tenant:
             continue
         for interrupt_id, req in run.requests.items():
             if req.requested_by != user.user_id:

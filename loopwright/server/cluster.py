@@ -23,7 +23,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -33,7 +32,7 @@ import httpx
 
 from loopwright.processes import ChildProcess, spawn
 from loopwright.server.aegra import GRACE_S
-from loopwright.server.launch import OFFLINE_ENV, ServerFailedToStart, file_config
+from loopwright.server.launch import OFFLINE_ENV, file_config, wait_until_answering
 
 # The engine's worker lease and its reaper decide when a dead instance's run is re-queued;
 # loopwright's run lease when another instance may take it; the drain how long a SIGTERM'd
@@ -134,30 +133,18 @@ def start_instance(
         )
     instance = Instance(process, lifeline, f"http://{host}:{port}", log)
     try:
-        _wait_until_answering(instance, timeout)
+        wait_until_answering(
+            process,
+            lambda: httpx.get(f"{instance.url}/health", timeout=1).status_code == 200,
+            what="Aegra",
+            log=log,
+            timeout=timeout,
+            where=lambda: instance.url,
+        )
     except BaseException:
         instance.stop()
         raise
     return instance
-
-
-def _wait_until_answering(instance: Instance, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if instance.process.poll() is not None:
-            raise ServerFailedToStart(
-                f"Aegra exited with {instance.process.returncode}; see {instance.log}:\n"
-                + instance.log.read_text(errors="replace")[-4000:]
-            )
-        try:
-            if httpx.get(f"{instance.url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise ServerFailedToStart(
-        f"Aegra did not answer at {instance.url} within {timeout} s; see {instance.log}"
-    )
 
 
 @contextmanager

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -211,22 +211,46 @@ def start_server(
 
 
 def _wait_until_answering(server: RunningServer, timeout: float) -> None:
+    def answers() -> bool:
+        url = server.output.url
+        return url is not None and httpx.get(f"{url}/ok", timeout=1).status_code == 200
+
+    wait_until_answering(
+        server.process,
+        answers,
+        what="langgraph dev",
+        log=server.log,
+        timeout=timeout,
+        where=lambda: server.output.url or "the URL it announces",
+        # Everything the stopped server wrote, in the log before it is quoted.
+        on_exit=lambda: server.output.finish(server.grace_s),
+    )
+
+
+def wait_until_answering(
+    process: subprocess.Popen[bytes],
+    answers: Callable[[], bool],
+    *,
+    what: str,
+    log: Path,
+    timeout: float,
+    where: Callable[[], str],
+    on_exit: Callable[[], None] = lambda: None,
+) -> None:
+    """Poll `answers` (a transport error is no answer yet) until it holds; ServerFailedToStart,
+    quoting the end of `log`, if the process exits first or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            server.output.finish(server.grace_s)
+        if process.poll() is not None:
+            on_exit()
             raise ServerFailedToStart(
-                f"langgraph dev exited with {server.process.returncode}; see {server.log}:\n"
-                + server.log.read_text(errors="replace")[-4000:]
+                f"{what} exited with {process.returncode}; see {log}:\n"
+                + log.read_text(errors="replace")[-4000:]
             )
-        url = server.output.url
         try:
-            if url is not None and httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+            if answers():
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    where = server.output.url or "the URL it announces"
-    raise ServerFailedToStart(
-        f"langgraph dev did not answer at {where} within {timeout} s; see {server.log}"
-    )
+    raise ServerFailedToStart(f"{what} did not answer at {where()} within {timeout} s; see {log}")
