@@ -219,6 +219,8 @@ def _prune(db: Database, summary: Summary) -> bool:
             ),
         )
         db.execute("UPDATE lw_runs SET pruned_at = now() WHERE run_id = %s", (summary.run_id,))
+        # No request of it waits any more: its decision claims go with its checkpoints.
+        db.execute("DELETE FROM lw_decision_claims WHERE run_id = %s", (summary.run_id,))
         for table in _TABLES[db.kind]:
             db.execute(f"DELETE FROM {table} WHERE thread_id = %s", (summary.run_id,))
     return True

@@ -205,6 +205,22 @@ def _v9_run_tenant_and_engine(db: Database) -> None:
     db.execute("ALTER TABLE lw_runs ADD COLUMN engine TEXT NOT NULL DEFAULT ''")
 
 
+def _v10_decision_claims(db: Database) -> None:
+    """One decision per approval request across server instances (`checkpoints.decision_claims`):
+    the first approver's claim on a request wins; it lapses at `claimed_until`."""
+    db.execute(
+        """CREATE TABLE IF NOT EXISTS lw_decision_claims (
+            run_id TEXT NOT NULL,
+            approval_id TEXT NOT NULL,
+            asked TEXT NOT NULL,
+            approver TEXT NOT NULL,
+            decision TEXT NOT NULL,
+            claimed_until {timestamp} NOT NULL,
+            PRIMARY KEY (run_id, approval_id, asked)
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
@@ -215,6 +231,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v7_compact_checkpoints,
     _v8_unended_runs_index,
     _v9_run_tenant_and_engine,
+    _v10_decision_claims,
 )
 LATEST = len(MIGRATIONS)
 

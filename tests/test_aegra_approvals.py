@@ -19,7 +19,16 @@ import pytest
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.runtime_fixtures import cli
 from tests.test_aegra_scaleout import Cluster, Instance, cluster, pytestmark, refund_task
-from tests.test_server_langgraph import GRAPH, decision_for, status_of, values_of
+from tests.test_server_langgraph import (
+    DECISION_ROUTES,
+    GRAPH,
+    decision_for,
+    one_decision_taken,
+    status_of,
+    two_decisions_at_once,
+    values_of,
+    wait_for_end,
+)
 
 __all__ = ["cluster", "pytestmark"]  # the fixture and the skip conditions, used here
 
@@ -101,3 +110,20 @@ def test_an_approval_is_seen_and_decided_through_another_instance(
     assert phase == "COMPLETED"
     # The engine's records agree: the run that waited and the one that resumed both ended.
     assert engine_records(cluster, thread_id) == ("idle", ["interrupted", "success"])
+
+
+@pytest.mark.parametrize("routes", DECISION_ROUTES, ids="+".join)
+def test_two_approvers_deciding_at_once_on_two_instances_are_told_200_and_409(
+    cluster: Cluster, routes: tuple[str, str]
+) -> None:
+    """A decision is claimed where every instance sees it (the database), not in one instance's
+    memory: a-1's approval on one instance and a-2's rejection on the other, sent at the same
+    moment, are one 200 (the decision the run took) and one 409 (before: 200 twice)."""
+    first, second = cluster.start("aegra-1"), cluster.start("aegra-2")
+    order_id = f"O-62{DECISION_ROUTES.index(routes)}"
+    thread_id, interrupt = waiting_refund(cluster, first, order_id)
+    answers = two_decisions_at_once((first.url, second.url), routes, thread_id, interrupt)
+    values = wait_for_end(first.client("t-u1"), thread_id)["values"]
+    refunds = len(list_refunds(cluster.services, order_id))
+    one_decision_taken(answers, values, refunds, interrupt["value"]["approval_id"])
+    assert engine_records(cluster, thread_id)[0] == "idle"

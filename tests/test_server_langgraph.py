@@ -13,9 +13,11 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -761,3 +763,80 @@ def test_a_decision_the_request_does_not_allow_is_a_422_through_the_api(served: 
     assert interrupt["value"]["args"]["amount"] == "40.00"
     assert decide("approve") == 422  # whoever edited an action cannot approve it
     assert values_of(ann, thread_id)["phase"] == "WAITING_APPROVAL"
+
+
+DECISION_ROUTES = (("sdk", "sdk"), ("inbox", "sdk"), ("inbox", "inbox"))
+
+
+def decide_through(
+    url: str, route: str, thread_id: str, interrupt: dict[str, Any], decision: str, approver: str
+) -> tuple[int, str]:
+    """One approver's decision through a route ("inbox": the inbox's JSON route; "sdk": a resume
+    run through the server's own API); the HTTP status and the answer's text."""
+    token = {"a-1": "t-a1", "a-2": "t-a2"}[approver]
+    headers = {"Authorization": f"Bearer {token}"}
+    if route == "inbox":
+        body = {"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": decision}
+        comment = {"comment": "not this one"} if decision == "reject" else {}
+        answer = httpx.post(
+            f"{url}/inbox/api/decisions", json=body | comment, headers=headers, timeout=120
+        )
+        return answer.status_code, answer.text
+    client = get_sync_client(url=url, headers=headers, timeout=120)
+    try:
+        client.runs.wait(
+            thread_id, GRAPH, command={"resume": decision_for(interrupt, decision, approver)}
+        )
+    except httpx.HTTPStatusError as exc:
+        return exc.response.status_code, exc.response.text
+    return 200, ""
+
+
+def two_decisions_at_once(
+    urls: tuple[str, str], routes: tuple[str, str], thread_id: str, interrupt: dict[str, Any]
+) -> list[tuple[int, str]]:
+    """a-1 approves through the first route and server, a-2 rejects through the second, both
+    sent at the same moment."""
+    barrier = threading.Barrier(2)
+
+    def one(i: int) -> tuple[int, str]:
+        decision, approver = (("approve", "a-1"), ("reject", "a-2"))[i]
+        barrier.wait()
+        return decide_through(urls[i], routes[i], thread_id, interrupt, decision, approver)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(one, (0, 1)))
+
+
+def one_decision_taken(
+    answers: list[tuple[int, str]], values: dict[str, Any], refunds: int, approval_id: str
+) -> None:
+    """Of two decisions at once, the run took the one told 200; the other was told 409."""
+    assert sorted(status for status, _ in answers) == [200, 409], answers
+    [loser] = [text for status, text in answers if status == 409]
+    told = ("being decided already", "no longer pending", "does not wait on this run")
+    assert any(words in loser for words in told), loser
+    taken = [r for r in values["approvals"] if r["approval_id"] == approval_id]
+    winner = ("approve", "reject")[[status for status, _ in answers].index(200)]
+    assert [r["decision"] for r in taken] == [winner]
+    assert refunds == (1 if winner == "approve" else 0)
+
+
+@pytest.mark.parametrize("routes", DECISION_ROUTES, ids="+".join)
+def test_two_approvers_deciding_at_once_are_told_200_and_409(
+    served: Served, routes: tuple[str, str]
+) -> None:
+    """An approval authorises one decision: a-1's approval and a-2's rejection sent at the same
+    moment, through any pair of decision routes, are one 200 (the decision the run took) and
+    one 409, never two 200s with one of them dropped."""
+    order_id = f"O-97{DECISION_ROUTES.index(routes)}"
+    create_order(served.services, order_id, "u-1", "80.00")
+    thread_id, state = start_run(
+        served.client("t-u1"),
+        f"Check whether order {order_id} can be refunded and refund it if so.",
+    )
+    [interrupt] = state["interrupts"]
+    answers = two_decisions_at_once((served.url, served.url), routes, thread_id, interrupt)
+    values = wait_for_end(served.client("t-u1"), thread_id)["values"]
+    refunds = len(list_refunds(served.services, order_id))
+    one_decision_taken(answers, values, refunds, interrupt["value"]["approval_id"])

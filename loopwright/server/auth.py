@@ -34,7 +34,8 @@ import asyncio
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +44,7 @@ from langgraph_sdk import Auth
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright._agent import TaskRefused
+from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalDecision, ApprovalRequest, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
@@ -174,29 +176,44 @@ async def task_refusal(user: User, task: str) -> str | None:
     return None
 
 
-async def decision_refusal(
-    thread_id: Any, decisions: Sequence[ApprovalDecision]
-) -> Auth.exceptions.HTTPException | None:
-    """Why the run on the thread would not take a decision, or None. A 409 when its approval
-    does not wait (decided, expired, never asked there) or asks about another action than the
-    digest names; a 422 for a decision the request does not allow (an edit of an argument the
-    write keeps fixed, or that its rules refuse; an approval by whoever edited the action). The
-    run would re-ask, or end the action, and the client be told 200: this answers truthfully,
-    as the inbox and the CLI do (the run still checks as it resumes: two approvers at once)."""
+@dataclass(frozen=True)
+class Waiting:
+    """An approval request a run waits on, and the interrupt that asks it now (each asking of
+    one request, after a decision the run did not take, is a new interrupt)."""
+
+    request: ApprovalRequest
+    interrupt_id: str
+
+
+async def waiting_requests(thread_id: Any) -> dict[str, Waiting]:
+    """What the run on the thread waits on, by approval id."""
     res = await aresources()
     try:
         outcome = await asyncio.to_thread(res.runner.outcome, str(thread_id or ""))
     except UnknownRun:
-        return Auth.exceptions.HTTPException(409, detail="no approval waits on this thread")
-    asked = {
-        str(r.get("approval_id")): ApprovalRequest.model_validate(r)
+        return {}
+    return {
+        str(r.get("approval_id")): Waiting(ApprovalRequest.model_validate(r), r["interrupt_id"])
         for r in outcome.waiting_for_approval
     }
+
+
+async def decision_refusal(
+    asked: Mapping[str, Waiting], decisions: Sequence[ApprovalDecision]
+) -> Auth.exceptions.HTTPException | None:
+    """Why the run would not take a decision, or None. A 409 when its approval does not wait
+    (decided, expired, never asked there) or asks about another action than the digest names;
+    a 422 for a decision the request does not allow (an edit of an argument the write keeps
+    fixed, or that its rules refuse; an approval by whoever edited the action). The run would
+    re-ask, or end the action, and the client be told 200: this answers truthfully, as the
+    inbox and the CLI do."""
+    res = await aresources()
     for decision in decisions:
         approval = decision.approval_id
-        if (request := asked.get(approval)) is None:
+        if (waiting := asked.get(approval)) is None:
             detail = f"approval {approval} does not wait on this run: decided, expired or not asked"
             return Auth.exceptions.HTTPException(409, detail=detail)
+        request = waiting.request
         if decision.digest != request.digest:
             detail = (
                 f"the decision's digest is not that of the action approval {approval} asks"
@@ -215,6 +232,37 @@ async def decision_refusal(
             detail = f"{exc}; approval {approval} still waits"
             return Auth.exceptions.HTTPException(422, detail=detail)
     return None
+
+
+@asynccontextmanager
+async def claimed(
+    asked: Mapping[str, Waiting], decisions: Sequence[ApprovalDecision]
+) -> AsyncIterator[None]:
+    """Hold the claim on each decided request (`checkpoints.decision_claims`) for the block,
+    and keep them if it succeeds: two approvers deciding at once through any route or any
+    instance are told 200 and 409, not 200 twice with one decision taken. Claims are given
+    back if the block raises (the run was not admitted)."""
+    claims = DecisionClaims((await aresources()).leases.db)
+    held: list[tuple[str, str, str, str]] = []
+    try:
+        for decision in decisions:
+            waiting = asked[decision.approval_id]
+            key = (waiting.request.run_id, decision.approval_id, waiting.interrupt_id)
+            holder = await asyncio.to_thread(
+                claims.claim, *key, decision.approver, decision.decision
+            )
+            if holder is not None:
+                raise Auth.exceptions.HTTPException(
+                    409,
+                    detail=f"approval {decision.approval_id} is being decided already"
+                    f" ({holder.decision} by {holder.approver}): read the request again",
+                )
+            held.append((*key, decision.approver))
+        yield
+    except BaseException:
+        for claim in held:
+            await asyncio.to_thread(claims.release, *claim)
+        raise
 
 
 def refuse_copied(value: Mapping[str, Any], kwargs: Mapping[str, Any], what: str) -> None:
@@ -585,10 +633,12 @@ async def on_run_create(
             raise Auth.exceptions.HTTPException(
                 status_code=422, detail=f"bad decision: {validation_problems(exc)}"
             ) from None
-        if (refused := await decision_refusal(thread_id, signed)) is not None:
+        asked = await waiting_requests(thread_id)
+        if (refused := await decision_refusal(asked, signed)) is not None:
             raise refused
+        async with claimed(asked, signed):
+            await admit(user, value.get("thread_id"))
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
-        await admit(user, value.get("thread_id"))
         return _filter(user)  # and only in their own tenant
     if not user.is_customer:
         if "resume" in command:  # most likely a decision that is not one
