@@ -127,3 +127,16 @@ def test_two_approvers_deciding_at_once_on_two_instances_are_told_200_and_409(
     refunds = len(list_refunds(cluster.services, order_id))
     one_decision_taken(answers, values, refunds, interrupt["value"]["approval_id"])
     assert engine_records(cluster, thread_id)[0] == "idle"
+
+
+def test_an_instance_tells_an_outsider_nothing_but_that_it_is_up(cluster: Cluster) -> None:
+    """Without a token an instance answers that it is up (its probes and root) and nothing else
+    (before: its root and /info named the engine and its version to anyone)."""
+    instance = cluster.start("aegra-1")
+    for path in ("/", "/health"):
+        answer = httpx.get(f"{instance.url}{path}", timeout=30)
+        assert answer.status_code == 200 and "version" not in answer.text, (path, answer.text)
+    assert httpx.get(f"{instance.url}/info", timeout=30).status_code == 401
+    thread_id, _ = waiting_refund(cluster, instance, "O-631")
+    theirs = instance.client("t-bank-b-u1")
+    assert status_of(lambda: theirs.threads.create(thread_id=thread_id)) == 422

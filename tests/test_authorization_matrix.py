@@ -154,8 +154,8 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("POST", "/assistants/{assistant_id}/latest"): refused(CLOSED),
     # threads
     ("POST", "/threads"): harmless(
-        "anyone with a token creates an empty thread, which is theirs (metadata overwritten); "
-        "an existing thread is not theirs to write (supersteps are a state update: refused)"
+        "anyone with a token creates an empty thread, which is theirs (metadata overwritten), "
+        "of an id the server chooses (a client's thread_id: 422, whoever's it would have been)"
     ),
     ("POST", "/threads/search"): harmless("filtered to the caller's own / tenant's threads"),
     ("POST", "/threads/count"): harmless("filtered to the caller's own / tenant's threads"),
@@ -171,8 +171,8 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("POST", "/threads/{thread_id}/state/checkpoint"): allowed(READERS, THREAD_READ),
     ("GET", "/threads/{thread_id}/history"): allowed(READERS, THREAD_READ),
     ("POST", "/threads/{thread_id}/history"): allowed(READERS, THREAD_READ),
-    ("POST", "/threads/{thread_id}/copy"): allowed(
-        READERS, "a copy on a new thread, read-only to runs (its run id is not its thread's)"
+    ("POST", "/threads/{thread_id}/copy"): refused(
+        "threads are not copied (the same 403 for every thread: no thread's existence told)"
     ),
     ("GET", "/threads/{thread_id}"): allowed(READERS, THREAD_READ),
     ("DELETE", "/threads/{thread_id}"): refused(JOURNALED),
@@ -230,9 +230,9 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("GET", "/mcp/"): harmless("no such MCP method (405)"),
     ("DELETE", "/mcp/"): harmless("no MCP session to end (404)"),
     # the server's own
-    ("GET", "/info"): harmless("server info", public=True),
-    ("GET", "/metrics"): harmless("server metrics", public=True),
-    ("GET", "/docs"): harmless("API docs", public=True),
+    ("GET", "/info"): harmless("the server's versions: with a token only"),
+    ("GET", "/metrics"): harmless("the server's metrics: with a token only"),
+    ("GET", "/docs"): harmless("the API's description: with a token only"),
     ("GET", "/ok"): harmless("health check", public=True),
     # loopwright's inbox (server.app)
     ("GET", "/inbox/api/approvals"): allowed(
@@ -303,7 +303,6 @@ AEGRA_SHARED: tuple[Route, ...] = (
 )
 AEGRA_CLASSIFICATION: dict[Route, Rule] = {
     **{route: CLASSIFICATION[route] for route in AEGRA_SHARED},
-    ("GET", "/"): harmless("the server's name and version", public=True),
     ("GET", "/health"): harmless("health check", public=True),
     ("GET", "/ready"): harmless("readiness check", public=True),
     ("GET", "/live"): harmless("liveness check", public=True),
@@ -1317,7 +1316,8 @@ def in_flight_running(env: Env, report: Report) -> tuple[list[Probe], str]:
 
 
 def document_of(served: Served) -> dict[str, Any]:
-    answer = httpx.get(f"{served.url}/openapi.json", timeout=TIMEOUT)
+    headers = {"Authorization": f"Bearer {TOKENS[OWNER]}"}  # the API's description: a token's
+    answer = httpx.get(f"{served.url}/openapi.json", headers=headers, timeout=TIMEOUT)
     assert answer.status_code == 200, answer.text
     document: dict[str, Any] = answer.json()
     return document

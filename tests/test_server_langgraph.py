@@ -829,7 +829,7 @@ def test_two_approvers_deciding_at_once_are_told_200_and_409(
     """An approval authorises one decision: a-1's approval and a-2's rejection sent at the same
     moment, through any pair of decision routes, are one 200 (the decision the run took) and
     one 409, never two 200s with one of them dropped."""
-    order_id = f"O-97{DECISION_ROUTES.index(routes)}"
+    order_id = f"O-96{DECISION_ROUTES.index(routes)}"
     create_order(served.services, order_id, "u-1", "80.00")
     thread_id, state = start_run(
         served.client("t-u1"),
@@ -840,3 +840,30 @@ def test_two_approvers_deciding_at_once_are_told_200_and_409(
     values = wait_for_end(served.client("t-u1"), thread_id)["values"]
     refunds = len(list_refunds(served.services, order_id))
     one_decision_taken(answers, values, refunds, interrupt["value"]["approval_id"])
+
+
+def test_nothing_tells_an_outsider_what_runs_or_which_threads_exist(served: Served) -> None:
+    """Without a token the server says it is up and nothing else: not its versions, metrics or
+    API (before: /info, /metrics, /docs answered anyone). With one, no answer tells whether a
+    thread the caller may not see exists: a client-chosen thread id is a 422 whoever's it would
+    be (before: 409 "already exists" for another's), and a copy is a 403 for every thread
+    (before: 404 for another tenant's thread with a run, 409 for one that does not exist)."""
+    for path in ("/info", "/metrics", "/docs", "/openapi.json"):
+        assert httpx.get(f"{served.url}{path}").status_code == 401, path
+    for path in ("/", "/ok"):
+        answer = httpx.get(f"{served.url}{path}")
+        assert answer.status_code == 200 and "version" not in answer.text, (path, answer.text)
+    assert httpx.get(f"{served.url}/info", headers={"Authorization": "Bearer t-u1"}).is_success
+
+    create_order(served.services, "O-993", "u-1", "20.00")
+    mine, _ = start_run(served.client("t-u1"), "Refund order O-993 if it can be.")
+    theirs = served.client("t-bank-b-u1")
+    for thread_id in (mine, str(uuid.uuid4())):  # another's thread, and one that does not exist
+        for if_exists in ("raise", "do_nothing"):
+            made = functools.partial(
+                theirs.threads.create, thread_id=thread_id, if_exists=if_exists
+            )
+            assert status_of(made) == 422
+        assert status_of(functools.partial(theirs.threads.copy, thread_id)) == 403
+    assert status_of(lambda: served.client("t-u1").threads.copy(mine)) == 403
+    assert status_of(lambda: theirs.threads.create()) == 200  # a thread of the server's id

@@ -54,6 +54,7 @@ from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.approvals import Waiting, pending_for, waiting_run
 from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.decision_outcome import decision_result, taken_decision
+from loopwright.server.gate import Gate
 from loopwright.server.launch import GRAPH_ID
 from loopwright.server.resources import aresources
 
@@ -267,8 +268,16 @@ def _upstream(exc: httpx.HTTPStatusError) -> Response:
     return JSONResponse({"detail": detail}, status_code=exc.response.status_code)
 
 
+async def root(request: Request) -> Response:
+    """The root answers that the server is up, as both engines' own do, but names neither the
+    engine nor its version (Aegra's told anyone both)."""
+    return JSONResponse({"ok": True})
+
+
 # FastAPI (a Starlette app) because Aegra mounts only FastAPI apps; LangGraph's server takes either.
 app = FastAPI(title="loopwright inbox", docs_url=None, redoc_url=None, openapi_url=None)
+app.add_middleware(Gate)  # before every route of the server's, not only these (`server.gate`)
+app.add_api_route("/", root, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox", page, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox/api/approvals", list_approvals, methods=["GET"])
 app.add_api_route("/inbox/api/decisions", decide, methods=["POST"])
