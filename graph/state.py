@@ -127,13 +127,17 @@ UNRESOLVED_STATUSES = frozenset({S.DISPATCHED, S.UNKNOWN, S.RECONCILING})
 NOT_DONE_STATUSES = frozenset({S.FAILED, S.REJECTED, S.CANCELLED, S.ESCALATED})
 
 
+# The tenant of a principal nobody named one for (a single-tenant deployment's only one).
+DEFAULT_TENANT = "default"
+
+
 class Principal(BaseModel):
     """Who the run acts for. Set by the trusted caller (CLI flag, server auth), never by a model."""
 
     model_config = ConfigDict(frozen=True)
 
     user_id: str
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     roles: tuple[str, ...] = ("customer",)
     # The task boundary: the resources this run may touch, e.g. ("ticket:T-42",), from the
     # agent's `boundary`. An entry ending in "*" covers every resource it is a prefix of ("*"

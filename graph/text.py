@@ -24,6 +24,8 @@ MAX_TASK_CHARS = 2_000
 MAX_RUN_ID_CHARS = 128
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9._:-]")
+# A tenant's name, as a token table or an operator's --tenant gives it.
+TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class InvalidText(ValueError):
@@ -63,6 +65,16 @@ def checked_run_id(value: object) -> str:
     raise InvalidText(
         f"the run id {fault}: a run id is letters, digits and . _ : -, beginning with a letter"
         " or a digit"
+    )
+
+
+def checked_tenant(value: str) -> str:
+    """`value` if it is a tenant's name (letters, digits and . _ -, at most 64); else
+    InvalidText saying so."""
+    if TENANT.fullmatch(value):
+        return value
+    raise InvalidText(
+        f"the tenant {value!r} is not a tenant's name: letters, digits and . _ -, at most 64"
     )
 
 

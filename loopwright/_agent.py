@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from loopwright.graph.agents import AgentProfile, handoff_contract
 from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
-from loopwright.graph.state import Action, Evidence, Principal
+from loopwright.graph.state import DEFAULT_TENANT, Action, Evidence, Principal
 from loopwright.tools.contract import (
     Guarantee,
     Precondition,
@@ -468,10 +468,13 @@ class Agent[DepsT]:
             return make_model(source)
         return source()
 
-    def principal_for(self, deps: DepsT, user_id: str, task: str) -> Principal:
-        """The trusted principal of a new run of `task` for `user_id`, scoped to the task's
-        boundary. Raises TaskRefused for a user or task the agent does not take."""
-        principal = self.principal_of(deps, user_id)
+    def principal_for(
+        self, deps: DepsT, user_id: str, task: str, *, tenant: str = DEFAULT_TENANT
+    ) -> Principal:
+        """The trusted principal of a new run of `task` for `user_id` of `tenant` (the trusted
+        caller's word, like the user id), scoped to the task's boundary. Raises TaskRefused for
+        a user or task the agent does not take."""
+        principal = self.principal_of(deps, user_id).model_copy(update={"tenant": tenant})
         boundary = self.boundary_of or _no_boundary
         scope = tuple(sorted(set(boundary(deps, principal, task))))
         return principal.model_copy(update={"scope": scope})

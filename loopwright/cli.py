@@ -103,6 +103,15 @@ AgentOption = Annotated[
 ]
 
 
+TenantOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        metavar="TENANT",
+        help="The user's tenant (default: the default one): a principal is a tenant's user, the"
+        " same user id in another tenant is someone else.",
+    ),
+]
 JsonOption = Annotated[
     bool,
     typer.Option(
@@ -268,12 +277,21 @@ def records(agent: Agent[Any], db: str | None) -> Iterator[Runner | None]:
         yield runner
 
 
-def principal_for(runner: Runner, user_id: str, task: str) -> Principal:
+def tenant_of(given: str | None) -> str:
+    """The tenant an option names (checked: one line, exit 2 if it is no tenant's name), or
+    the default one."""
+    from loopwright.graph.state import DEFAULT_TENANT
+    from loopwright.graph.text import checked_tenant
+
+    return DEFAULT_TENANT if given is None else checked_tenant(given)
+
+
+def principal_for(runner: Runner, user_id: str, task: str, tenant: str | None = None) -> Principal:
     """The trusted principal of a new run, as the agent derives it from the user and task."""
     from loopwright._agent import TaskRefused
 
     try:
-        return runner.principal_for(user_id, task)
+        return runner.principal_for(user_id, task, tenant=tenant_of(tenant))
     except TaskRefused as exc:
         raise UsageError(str(exc)) from None
 
@@ -529,15 +547,16 @@ def run(
             " A run of this id that exists is refused.",
         ),
     ] = None,
+    tenant: TenantOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Start a run of TASK for USER."""
+    """Start a run of TASK for USER (of TENANT)."""
     from loopwright.graph.text import checked_run_id
     from loopwright.runner import new_run_id
 
     run_id = new_run_id() if run_id is None else checked_run_id(run_id)
     with session(agent_for(agent), db, model) as runner:
-        principal = principal_for(runner, user, task)
+        principal = principal_for(runner, user, task, tenant)
         printer = step_printer(runner, as_json)
         printer.console.print(f"run {run_id}", markup=False)
         again = repeat_options(agent, db)
@@ -747,26 +766,33 @@ def faults(
         raise typer.Exit(1)
 
 
-def _pending_approvals(runner: Runner) -> list[dict[str, Any]]:
-    """The approval requests of the agent's runs that have not ended (only their states are
-    read: a database's runs are mostly ended ones)."""
+def _pending_approvals(runner: Runner, tenant: str | None = None) -> list[dict[str, Any]]:
+    """The approval requests of the agent's runs (of `tenant`'s users, if given) that have not
+    ended (only their states are read: a database's runs are mostly ended ones)."""
     found = []
     for record in runner.leases.unended():
-        if record.agent in ("", runner.agent.name):
+        if record.agent in ("", runner.agent.name) and tenant in (None, record.tenant):
             found += runner.outcome(record.run_id).waiting_for_approval
     return found
 
 
 @approvals_app.command("list")
 def approvals_list(
-    db: DbOption = None, agent: AgentOption = None, as_json: JsonOption = False
+    db: DbOption = None,
+    agent: AgentOption = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", metavar="TENANT", help="Only the runs of this tenant's users."),
+    ] = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Pending approvals across the agent's runs."""
+    """Pending approvals across the agent's runs (every tenant's, unless one is named)."""
     from loopwright.reports import approvals_document
 
     hosted = agent_for(agent)
     with records(hosted, db) as runner:
-        pending = _pending_approvals(runner) if runner else []
+        named = None if tenant is None else tenant_of(tenant)
+        pending = _pending_approvals(runner, named) if runner else []
         if as_json:
             print_json(approvals_document(pending, hosted.tools))
             return
@@ -828,15 +854,20 @@ def _decide_command(
     *,
     confirmed: bool = False,
     server: str | None = None,
+    tenant: str | None = None,
 ) -> None:
+    """An approver of `tenant` decides a request of that tenant's runs (another tenant's are
+    not theirs to see: the same answer as for no request at all)."""
     from loopwright.graph.state import ApprovalDecision, ApprovalRequest
     from loopwright.runner import DecisionRefused, EditRefused
 
     with session(agent_for(agent), db) as runner:
         require_approver(runner, approver)
-        match = [r for r in _pending_approvals(runner) if r["approval_id"] == approval_id]
+        of_tenant = tenant_of(tenant)
+        pending = _pending_approvals(runner, of_tenant)
+        match = [r for r in pending if r["approval_id"] == approval_id]
         if not match:
-            raise UsageError(f"no pending approval {approval_id!r}")
+            raise UsageError(f"no pending approval {approval_id!r} of tenant {of_tenant!r}")
         request = match[0]
         if decision == "approve" and request.get("confirm") and not confirmed:
             confirm_approval(request)
@@ -974,10 +1005,20 @@ def approvals_approve(
         ),
     ] = False,
     server: ServerOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Approve one pending action (exactly the digest it names) and resume its run."""
     _decide_command(
-        approval_id, "approve", approver, db, agent, comment, as_json, confirmed=yes, server=server
+        approval_id,
+        "approve",
+        approver,
+        db,
+        agent,
+        comment,
+        as_json,
+        confirmed=yes,
+        server=server,
+        tenant=tenant,
     )
 
 
@@ -990,11 +1031,14 @@ def approvals_reject(
     agent: AgentOption = None,
     as_json: JsonOption = False,
     server: ServerOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Reject one pending action and resume its run."""
     if not comment.strip():
         raise UsageError("a rejection needs a reason: --comment TEXT")
-    _decide_command(approval_id, "reject", approver, db, agent, comment, as_json, server=server)
+    _decide_command(
+        approval_id, "reject", approver, db, agent, comment, as_json, server=server, tenant=tenant
+    )
 
 
 @approvals_app.command("edit")
@@ -1012,13 +1056,23 @@ def approvals_edit(
     comment: CommentOption = "",
     as_json: JsonOption = False,
     server: ServerOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Change some arguments of one pending action and resume its run.
 
     The action asked about is rejected; the edited one waits for an approval of its own.
     """
     _decide_command(
-        approval_id, "edit", approver, db, agent, comment, as_json, changes, server=server
+        approval_id,
+        "edit",
+        approver,
+        db,
+        agent,
+        comment,
+        as_json,
+        changes,
+        server=server,
+        tenant=tenant,
     )
 
 

@@ -54,6 +54,7 @@ from loopwright.graph.budget import Budget
 from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import (
+    DEFAULT_TENANT,
     Action,
     ApprovalChoice,
     ApprovalDecision,
@@ -68,6 +69,7 @@ from loopwright.graph.state import (
 from loopwright.graph.text import (
     MAX_TASK_CHARS,
     checked_run_id,
+    checked_tenant,
     checked_text,
     named_run,
     storable,
@@ -280,12 +282,13 @@ class Runner:
     def is_approver(self, user_id: str) -> bool:
         return self.agent.is_approver(self.deps, user_id)
 
-    def principal_for(self, user_id: str, task: str) -> Principal:
+    def principal_for(self, user_id: str, task: str, *, tenant: str = DEFAULT_TENANT) -> Principal:
         """The trusted principal of a new run (the agent's answer; may raise TaskRefused, or
         InvalidText before the agent is asked)."""
         checked_text("the user id", user_id)
         checked_text("the task", task, max_chars=MAX_TASK_CHARS)
-        return self.agent.principal_for(self.deps, user_id, task)
+        checked_tenant(tenant)
+        return self.agent.principal_for(self.deps, user_id, task, tenant=tenant)
 
     def context(
         self, run_id: str, fence: int, values: Mapping[str, Any] | None = None

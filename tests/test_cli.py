@@ -13,7 +13,7 @@ from pathlib import Path
 from langchain_core.messages import AIMessage
 
 from loopwright.checkpoints.database import redact
-from loopwright.checkpoints.leases import LeaseHeld
+from loopwright.checkpoints.leases import LeaseHeld, open_lease_store
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
@@ -300,6 +300,37 @@ def test_an_approval_the_write_asks_to_confirm_needs_yes_and_the_list_shows_its_
     assert approval_id in cli("approvals", "list", env=env, expect=0).stdout
     cli("approvals", "approve", approval_id, "--as", "a-1", "--yes", env=env, expect=0)
     assert [r["amount"] for r in list_refunds(services, "O-99")] == ["10000.00"]
+
+
+def test_a_principal_is_a_tenants_user_on_the_command_line(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """`--tenant` names the user's tenant, as a token does on the server: u-1 of bank-b is not
+    the default tenant's u-1 (their order is refused, nothing started), and an approver of
+    bank-b neither lists nor decides the default tenant's approval; lw_runs keeps each run's
+    tenant. A name that is no tenant's is one line, exit 2."""
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    foreign = cli("run", DEMO_TASK, "--user", "u-1", "--tenant", "bank-b", env=env, expect=2)
+    assert "tenant 'default', not 'bank-b'" in foreign.stderr, foreign.stderr
+    odd = cli("run", DEMO_TASK, "--user", "u-1", "--tenant", "bank b", env=env, expect=2)
+    assert odd.stderr.count("\n") == 1 and "is not a tenant's name" in odd.stderr
+    waiting = cli("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-t", env=env, expect=3)
+    [approval_id] = set(re.findall(r"apr_[0-9a-f]+", waiting.stdout))
+
+    def listed(*tenant: str) -> str:
+        return cli("approvals", "list", *tenant, env=env, expect=0).stdout
+
+    assert approval_id in listed() and approval_id in listed("--tenant", "default")
+    assert approval_id not in listed("--tenant", "bank-b")
+    approve = ("approvals", "approve", approval_id, "--as", "a-1", "--yes")
+    refused = cli(*approve, "--tenant", "bank-b", env=env, expect=2)
+    assert f"no pending approval '{approval_id}' of tenant 'bank-b'" in refused.stderr
+    assert list_refunds(services, "O-42") == []
+    cli(*approve, env=env, expect=0)  # the default tenant's approver
+    assert len(list_refunds(services, "O-42")) == 1
+    with open_lease_store(sqlite_url) as leases:
+        record = leases.get("run-t")
+    assert record is not None and record.tenant == "default"
 
 
 def test_ctrl_c_keeps_the_committed_steps_and_says_how_the_run_goes_on(
