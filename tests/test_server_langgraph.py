@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import random
 import re
 import threading
 import time
@@ -867,3 +868,124 @@ def test_nothing_tells_an_outsider_what_runs_or_which_threads_exist(served: Serv
         assert status_of(functools.partial(theirs.threads.copy, thread_id)) == 403
     assert status_of(lambda: served.client("t-u1").threads.copy(mine)) == 403
     assert status_of(lambda: theirs.threads.create()) == 200  # a thread of the server's id
+
+
+# One customer's requests, and what each may be told: never a 5xx, never a run accepted
+# behind a busy thread, delayed, or without a thread.
+STALL_ANSWERS = {
+    "start": {200, 429},  # a run on a new thread; 429 past one user's bound
+    "queue": {409},  # behind their busy thread, with the server's default strategy
+    "queue-enqueue": {409},
+    "queue-reject": {409},
+    "queue-interrupt": {409},
+    "queue-rollback": {403},  # would erase a run's record
+    "delayed": {422},
+    "threadless-wait": {422},
+    "threadless-create": {422},
+    "threadless-stream": {422},
+    "cancel": {200, 204, 404, 409},
+}
+THREADLESS_ROUTES = {"wait": "/runs/wait", "create": "/runs", "stream": "/runs/stream"}
+
+
+def task_about(order_id: str) -> dict[str, str]:
+    return {"task": f"Check whether order {order_id} can be refunded and refund it if so."}
+
+
+@dataclass
+class Customer:
+    """One customer's threads and runs as generated requests leave them."""
+
+    client: SyncLangGraphClient
+    url: str
+    busy: str  # a thread whose run is in flight
+    threads: list[str]
+    started: list[tuple[str, str]]  # runs they started besides the busy one: (thread, run)
+
+    def request(self, operation: str, order_id: str, rng: random.Random) -> int:
+        """Send one generated request; the HTTP status it was answered with."""
+        kind, _, variant = operation.partition("-")
+        new_run = functools.partial(self.client.runs.create, input=task_about(order_id))
+        if kind in ("start", "delayed"):
+            thread = self.client.threads.create()["thread_id"]
+            self.threads.append(thread)
+            if kind == "delayed":
+                return status_of(functools.partial(new_run, thread, GRAPH, after_seconds=1))
+            try:
+                self.started.append((thread, new_run(thread, GRAPH)["run_id"]))
+            except httpx.HTTPStatusError as exc:
+                return exc.response.status_code
+            return 200
+        if kind == "queue":
+            options = {"multitask_strategy": variant} if variant else {}
+            return status_of(functools.partial(new_run, self.busy, GRAPH, **options))
+        if kind == "threadless":
+            return httpx.post(
+                f"{self.url}{THREADLESS_ROUTES[variant]}",
+                json={"assistant_id": GRAPH, **task_about(order_id)},
+                headers={"Authorization": "Bearer t-u1"},
+                timeout=30,
+            ).status_code
+        if not self.started:
+            return 404  # nothing of theirs to cancel
+        thread, run_id = self.started[rng.randrange(len(self.started))]
+        return status_of(functools.partial(self.client.runs.cancel, thread, run_id))
+
+
+def test_no_ordering_of_one_customers_requests_holds_up_anyone_else(served: Served) -> None:
+    """Generated orderings of one customer's requests (runs started, queued behind their busy
+    thread with every multitask strategy, delayed, without a thread on every stateless route,
+    cancelled), sent while their first run waits on its refund's send. LangGraph's server holds
+    up everyone's runs behind a queued run whose thread is busy (it looks past none), so after
+    each ordering: nothing of theirs is queued behind a busy thread, nothing was accepted
+    delayed or without a thread, they hold no more runs than one user may; and another
+    customer's new run and an approver's decision, asked for while u-1's runs are still in
+    flight, start (neither is left pending behind them) and complete."""
+    ada, ben, ann = served.client("t-u1"), served.client("t-u2"), served.client("t-a1")
+    orderings = [(seed, random.Random(seed)) for seed in range(4)]
+    generated = [
+        (seed, rng, [rng.choice(list(STALL_ANSWERS)) for _ in range(6)]) for seed, rng in orderings
+    ]
+    for seed, _, operations in generated:
+        for number in range(len(operations)):
+            create_order(served.services, f"O-5{seed}{number}", "u-1", "20.00")
+    for order_id, amount in (("O-590", "20.00"), ("O-591", "20.00"), ("O-580", "80.00")):
+        create_order(served.services, order_id, "u-1" if order_id == "O-591" else "u-2", amount)
+    waiting, state = start_run(ben, task_about("O-580")["task"])  # an approval, asked before
+    [interrupt] = state["interrupts"]
+    slow_down(served.services.payments, 8.0, methods=("POST",))
+    try:
+        busy = ada.threads.create()["thread_id"]
+        ada.runs.create(busy, GRAPH, input=task_about("O-591"))
+        journaled = "SELECT count(*) FROM lw_actions WHERE run_id = %s"
+        wait_for(lambda: served.sql(journaled, busy) == [(1,)])  # waiting on its send
+        customer = Customer(ada, served.url, busy, [busy], [])
+        for seed, rng, operations in generated:
+            answers = [
+                (operation, customer.request(operation, f"O-5{seed}{number}", rng))
+                for number, operation in enumerate(operations)
+            ]
+            unexpected = [(op, code) for op, code in answers if code not in STALL_ANSWERS[op]]
+            assert not unexpected, f"{operations}: unexpected answers {unexpected}"
+            for thread in customer.threads:  # at most one run not ended a thread: none queued
+                statuses = [run["status"] for run in ada.runs.list(thread)]
+                unended = [status for status in statuses if status in ("pending", "running")]
+                assert len(unended) <= 1, f"{operations}: thread {thread} holds {statuses}"
+    finally:
+        slow_down(served.services.payments, 0, methods=("POST",))
+
+    # Started at once: neither waits on a slot nor behind anything of u-1's.
+    other = ben.threads.create()["thread_id"]
+    asked = [(other, ben.runs.create(other, GRAPH, input=task_about("O-590"))["run_id"])]
+    approve = decision_for(interrupt, "approve", "a-1")
+    asked.append((waiting, ann.runs.create(waiting, GRAPH, command={"resume": approve})["run_id"]))
+    since = time.monotonic()
+    for thread, run_id in asked:
+        wait_for(lambda: ann.runs.get(thread, run_id)["status"] != "pending", timeout=60)  # noqa: B023
+    print(f"\nanother customer's run and a decision started {time.monotonic() - since:.2f} s on")
+    for thread, _ in asked:
+        values = wait_for_end(ann, thread)["values"]
+        assert values["stop_reason"] == "completed", values.get("stop_detail")
+    for thread in (busy, *(thread for thread, _ in customer.started)):
+        if served.sql("SELECT 1 FROM lw_runs WHERE run_id = %s", thread):  # it got to start
+            wait_for_end(ann, thread)
