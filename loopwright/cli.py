@@ -286,6 +286,18 @@ def tenant_of(given: str | None) -> str:
     return DEFAULT_TENANT if given is None else checked_tenant(given)
 
 
+def require_run(agent: Agent[Any], db: str | None, run_id: str) -> None:
+    """UnknownRun (or OtherAgentsRun) before a command that advances `run_id` opens anything:
+    a run that is not there is told from the records alone, so that no database is created
+    and no business service started for it."""
+    from loopwright.runner import UnknownRun
+
+    with records(agent, db) as runner:
+        if runner is None:
+            raise UnknownRun(run_id)
+        runner.owned(run_id)
+
+
 def principal_for(runner: Runner, user_id: str, task: str, tenant: str | None = None) -> Principal:
     """The trusted principal of a new run, as the agent derives it from the user and task."""
     from loopwright._agent import TaskRefused
@@ -574,7 +586,9 @@ def resume(
     as_json: JsonOption = False,
 ) -> None:
     """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
-    with session(agent_for(agent), db, model) as runner:
+    hosted = agent_for(agent)
+    require_run(hosted, db, run_id)
+    with session(hosted, db, model) as runner:
         printer = step_printer(runner, as_json, run_id)
         again = repeat_options(agent, db)
         with advancing(run_id, again):
@@ -590,7 +604,9 @@ def cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Stop a run: no new step or action starts, writes in flight are reconciled first."""
-    with session(agent_for(agent), db) as runner:
+    hosted = agent_for(agent)
+    require_run(hosted, db, run_id)
+    with session(hosted, db) as runner:
         printer = step_printer(runner, as_json, run_id)
         with advancing(run_id, repeat_options(agent, db)):
             outcome = runner.cancel(run_id, on_step=printer)
@@ -776,6 +792,12 @@ def _pending_approvals(runner: Runner, tenant: str | None = None) -> list[dict[s
     return found
 
 
+def _pending_approval(runner: Runner, approval_id: str, tenant: str) -> dict[str, Any] | None:
+    """The pending request `approval_id` names, if it is pending in a run of `tenant`'s."""
+    pending = _pending_approvals(runner, tenant)
+    return next((r for r in pending if r["approval_id"] == approval_id), None)
+
+
 @approvals_app.command("list")
 def approvals_list(
     db: DbOption = None,
@@ -861,14 +883,19 @@ def _decide_command(
     from loopwright.graph.state import ApprovalDecision, ApprovalRequest
     from loopwright.runner import DecisionRefused, EditRefused
 
-    with session(agent_for(agent), db) as runner:
+    hosted = agent_for(agent)
+    of_tenant = tenant_of(tenant)
+    missing = f"no pending approval {approval_id!r} of tenant {of_tenant!r}"
+    # An approval that is not pending is told from the records alone: no database is created
+    # and no business service started for it.
+    with records(hosted, db) as reader:
+        if reader is None or _pending_approval(reader, approval_id, of_tenant) is None:
+            raise UsageError(missing)
+    with session(hosted, db) as runner:
         require_approver(runner, approver)
-        of_tenant = tenant_of(tenant)
-        pending = _pending_approvals(runner, of_tenant)
-        match = [r for r in pending if r["approval_id"] == approval_id]
-        if not match:
-            raise UsageError(f"no pending approval {approval_id!r} of tenant {of_tenant!r}")
-        request = match[0]
+        request = _pending_approval(runner, approval_id, of_tenant)
+        if request is None:  # decided by someone else meanwhile
+            raise UsageError(missing)
         if decision == "approve" and request.get("confirm") and not confirmed:
             confirm_approval(request)
         # Separation of duties, judged on the run's own records before the run is resumed.

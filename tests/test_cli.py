@@ -141,18 +141,28 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
 
 NOWHERE = "http://127.0.0.1:1"
 READ_ONLY = (("runs",), ("approvals", "list"), ("runs", "--json"), ("approvals", "list", "--json"))
+# About a run or an approval that is not there: one line, exit 2, and nothing written or started
+# (reject and edit decide through the same code as approve).
+NOTHING_THERE = (
+    ("show", "run-1"),
+    ("cancel", "run-1"),
+    ("resume", "run-1"),
+    ("approvals", "approve", "apr_1", "--as", "a-1"),
+)
 
 
 def test_reading_commands_create_nothing_and_start_no_service(
     sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
 ) -> None:
-    """In a directory with no database yet, they answer from nothing and write nothing; on a
-    database with runs, they read it without any business service (the agent's dependencies
-    are never opened: a dead service address changes nothing)."""
+    """In a directory with no database yet, they answer from nothing and write nothing, and so
+    does a command about a run or an approval that is not there (cancel, resume, a decision: no
+    database, no .loopwright folder, no business service started); on a database with runs,
+    they read it without any business service (the agent's dependencies are never opened: a
+    dead service address changes nothing)."""
     empty = tmp_path / "empty"
     empty.mkdir()
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LOOPWRIGHT_HOME")}
-    for args in (*READ_ONLY, ("show", "run-1")):
+    for args in (*READ_ONLY, *NOTHING_THERE):
         result = subprocess.run(
             [sys.executable, "-m", "loopwright", *args],
             cwd=empty,
@@ -161,9 +171,14 @@ def test_reading_commands_create_nothing_and_start_no_service(
             text=True,
             timeout=120,
         )
-        assert result.returncode == (2 if args[0] == "show" else 0), (args, result.stderr)
+        expected = 2 if args in NOTHING_THERE else 0
+        assert result.returncode == expected, (args, result.stderr)
+        if expected == 2:
+            assert re.fullmatch(
+                r"loopwright: error: no (run run-1|pending approval 'apr_1')[^\n]*\n", result.stderr
+            ), (args, result.stderr)
         assert "Traceback" not in result.stderr
-    assert list(empty.iterdir()) == []
+        assert list(empty.iterdir()) == [], args
 
     env = env_for(services, tmp_path)
     cli(
