@@ -73,7 +73,9 @@ FINISHED = frozenset({"COMPLETED", "INCOMPLETE"})
 AGENT = "loopwright_refunds.agent:agent"
 READY_LINE = b"polling every"  # what `loopwright worker` prints once it is past its imports
 RECONNECT_LINE = "reconnecting in"  # what it prints when it opens new connections after a fault
-RECONNECT_WAIT_S = 10.0
+# How long the last drop is given to be told: a worker notices it at its next poll (0.5 s on a
+# quiet machine; many seconds on a loaded one, which must not read as "never reconnected").
+RECONNECT_WAIT_S = 60.0
 ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):")
 
 

@@ -23,6 +23,10 @@ from types import TracebackType
 from typing import Any, Self
 
 LIFELINE_ENV = "LOOPWRIGHT_LIFELINE"  # the child's file descriptor of its lifeline
+# How long a child (a server, the business services) may take to start answering before it is
+# given up on. A child that exits is told at once; this bound is for one that hangs, and is
+# generous because a loaded machine takes minutes to import a server that starts in seconds.
+START_TIMEOUT_S = 300.0
 
 
 class ChildProcess:

@@ -145,7 +145,17 @@ def history_steps(runner: Runner, run_id: str) -> list[tuple[str, dict[str, Any]
     return [(task.name, task.result or {}) for _, task in found]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+# How long a test waits for something that is bound to happen (a process to answer or exit, a
+# run to end, a condition to hold): only a hang takes this long. A loaded machine (CI's two
+# cores running three test processes, or other jobs beside them) makes every step many times
+# slower than a quiet one; no test fails because something took long, only because it never came.
+PATIENCE_S = 600.0
+# How long something took, as progress lines print it (`12s`, `4m10s`, `1h02m`, see
+# `loopwright_refunds.experiments.progress.duration`): a test reads the line whatever it says.
+DURATION = r"(?:\d+h\d{2}m|\d+m\d{2}s|\d+s)"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = PATIENCE_S) -> None:
     """Poll `predicate` until it holds; fail the test if it has not within `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -176,7 +186,7 @@ def cli(
     *args: str,
     env: dict[str, str],
     expect: int | None = None,
-    timeout: float = 120,
+    timeout: float = PATIENCE_S,
     cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
     """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin,

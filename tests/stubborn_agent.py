@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from loopwright import Agent, Decision, ScriptedChatModel, ToolContext
 
 TASK = "Wait it out."
-WAIT_S = 120.0
+WAIT_S = 3600.0  # an hour: longer than any test waits for the process
 # A file the tool creates once it waits: where a test knows the wait is in flight.
 STARTED_ENV = "STUBBORN_STARTED"
 

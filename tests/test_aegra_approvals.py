@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from loopwright_refunds.services.admin import create_order, list_refunds
-from tests.runtime_fixtures import cli
+from tests.runtime_fixtures import PATIENCE_S, cli
 from tests.test_aegra_scaleout import Cluster, Instance, cluster, pytestmark, refund_task
 from tests.test_server_langgraph import (
     DECISION_ROUTES,
@@ -35,7 +35,7 @@ __all__ = ["cluster", "pytestmark"]  # the fixture and the skip conditions, used
 
 def inbox(instance: Instance, token: str) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"}
-    return httpx.get(f"{instance.url}/inbox/api/approvals", headers=headers, timeout=30)
+    return httpx.get(f"{instance.url}/inbox/api/approvals", headers=headers, timeout=PATIENCE_S)
 
 
 def engine_records(cluster: Cluster, thread_id: str) -> tuple[str, list[str]]:
@@ -88,7 +88,7 @@ def test_an_approval_is_seen_and_decided_through_another_instance(
             f"{second.url}/inbox/api/decisions",
             json=decision,
             headers={"Authorization": "Bearer t-a1"},
-            timeout=60,
+            timeout=PATIENCE_S,
         )
         assert answer.status_code == 200, answer.text
         assert answer.json()["result"]["stop_reason"] == "completed", answer.json()

@@ -32,6 +32,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
+    PATIENCE_S,
     REPO,
     RunnerFactory,
     all_refunds,
@@ -555,7 +556,7 @@ def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
         )
         for verb, who in ((("approve",), "a-1"), (("reject", "--comment", "no"), "a-2"))
     ]
-    results = [(p.wait(timeout=120), *p.communicate()) for p in deciders]
+    results = [(p.wait(timeout=PATIENCE_S), *p.communicate()) for p in deciders]
     # One decision takes effect: an approval completes the run (0), a rejection ends it (4).
     codes = [code for code, _, _ in results]
     assert codes in ([0, 2], [2, EXIT_CODES["incomplete"]]), results

@@ -47,7 +47,7 @@ import pytest
 from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from tests import test_server_langgraph
-from tests.runtime_fixtures import wait_for
+from tests.runtime_fixtures import PATIENCE_S, wait_for
 from tests.test_aegra_scaleout import deployment, openapi_document, redis_reachable
 from tests.test_server_langgraph import GRAPH, Served, decision_for, start_run, values_of
 
@@ -76,7 +76,7 @@ ROLES = tuple(TOKENS)
 # A refusal: unauthenticated, forbidden, not found (filtered away), not allowed, conflict,
 # invalid; 400 is the server's own "invalid request" (e.g. a resume without a thread).
 REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 422})
-TIMEOUT = httpx.Timeout(20.0, connect=5.0)
+TIMEOUT = httpx.Timeout(PATIENCE_S, connect=60.0)  # only a server that hangs takes this long
 ACCEPT = "application/json, text/event-stream"  # the MCP transport wants both
 HELLO = "Hello, what can you do for me?"  # a new run that touches nothing: no order in it
 SPOOF = {"owner": "u-2", "tenant": "bank-b"}
@@ -624,7 +624,7 @@ def snapshot(env: Env, exclude: Sequence[str] = ()) -> dict[str, Any]:
     }
 
 
-def quiet(env: Env, thread_id: str | None = None, timeout: float = 60) -> None:
+def quiet(env: Env, thread_id: str | None = None, timeout: float = PATIENCE_S) -> None:
     """Wait until no run is pending or running (on `thread_id`, or anywhere): a route may
     legitimately start one."""
     deadline = time.monotonic() + timeout
@@ -660,7 +660,7 @@ def call(env: Env, probe: Probe, *, busy_is_an_answer: bool = False) -> Answer:
     run is rejected while one is; 429: the user has as many runs in flight as one may) says
     nothing about the probe: it is asked again, until the
     server answers about the probe itself (unless the thread is kept busy on purpose)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while True:
         answer = call_once(env, probe)
         # A user's runs in flight at their bound (429) say as little about the probe.
@@ -678,7 +678,11 @@ def call_once(env: Env, probe: Probe) -> Answer:
     content = None if probe.body is None else json.dumps(probe.body)
     if content is not None:
         headers["Content-Type"] = "application/json"
-    timeout = httpx.Timeout(20.0, connect=5.0, read=1.0) if probe.route in OPEN_STREAMS else TIMEOUT
+    timeout = (
+        httpx.Timeout(PATIENCE_S, connect=60.0, read=1.0)
+        if probe.route in OPEN_STREAMS
+        else TIMEOUT
+    )
     with env.http.stream(
         method,
         probe.path,

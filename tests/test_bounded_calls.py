@@ -50,5 +50,5 @@ def test_an_abandoned_model_request_lets_go_of_its_connection(
     before = set(_bounded_call_threads())
     with pytest.raises(CallOutlasted):
         call_by(0.5, lambda: model.invoke([HumanMessage("hello")]), what="the model request")
-    wait_for(lambda: not set(_bounded_call_threads()) - before, timeout=10)
+    wait_for(lambda: not set(_bounded_call_threads()) - before)
     assert len(openai_stub.requests()) == 1  # and no retry after the bound

@@ -14,17 +14,19 @@ import sys
 
 import pytest
 
-from tests.runtime_fixtures import REPO
+from tests.runtime_fixtures import DURATION, PATIENCE_S, REPO
 
 # 20 runs, 10 kills of working workers, and now and then a worker's Postgres connections
-# terminated under it; a run stalled for 15 s is reported as stuck. The schedule is completed
-# whatever the timing (every kill, a connection drop at least: on idle workers once the runs are
-# done if need be), so the figures asserted below never depend on chance.
+# terminated under it. The schedule is completed whatever the timing (every kill, a connection
+# drop at least: on idle workers once the runs are done if need be), so the figures asserted
+# below never depend on chance; nor on the machine's load: a run is given up on as stalled only
+# after minutes without a change, and the benchmark's time limit is the test's patience (only a
+# hang reaches either; a loaded machine makes a worker's start alone take many seconds).
 SMALL = (
     *("--runs", "20", "--kills", "10", "--kill-every-ms", "300"),
-    *("--drop-every-ms", "800", "--stall-s", "15", "--complete-schedule"),
+    *("--drop-every-ms", "800", "--stall-s", "180", "--complete-schedule"),
 )
-BENCHMARK = (sys.executable, "-m", "benchmarks.chaos", *SMALL, "--timeout-s", "90")
+BENCHMARK = (sys.executable, "-m", "benchmarks.chaos", *SMALL, "--timeout-s", f"{PATIENCE_S:.0f}")
 
 
 def figure(output: str, name: str) -> int:
@@ -43,7 +45,7 @@ def test_runs_survive_workers_killed_at_random(postgres_url: str) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=PATIENCE_S + 60,  # the benchmark's own limit, then its report
     )
     output = result.stdout + result.stderr
     assert figure(output, "runs") == 20, output
@@ -61,10 +63,10 @@ def test_runs_survive_workers_killed_at_random(postgres_url: str) -> None:
     lines = [
         line for line in result.stderr.splitlines() if re.match(r"(finished|judged) runs ", line)
     ]
-    assert lines[0] == "finished runs 0/20 (0%), 0s elapsed", result.stderr
+    assert re.fullmatch(rf"finished runs 0/20 \(0%\), {DURATION} elapsed", lines[0]), lines
     # The last word on the chaos (kills may go on once the runs are done: --complete-schedule).
     done = [line for line in lines if line.startswith("finished runs ")][-1]
     assert re.fullmatch(
-        r"finished runs 20/20 \(100%\), \d+s elapsed, kills 10 \(mid-run \d+\).*", done
-    )
+        rf"finished runs 20/20 \(100%\), {DURATION} elapsed, kills 10 \(mid-run \d+\).*", done
+    ), done
     assert lines[-1].startswith("judged runs 20/20 (100%), "), result.stderr

@@ -23,6 +23,7 @@ from loopwright_refunds.services.admin import list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ENV_VAR, ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
+    PATIENCE_S,
     REPO,
     UNCRASHED_MODEL_CALLS,
     RunnerFactory,
@@ -169,7 +170,7 @@ def test_reading_commands_create_nothing_and_start_no_service(
             env={**clean, "PYTHONPATH": str(REPO)},
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=PATIENCE_S,
         )
         expected = 2 if args in NOTHING_THERE else 0
         assert result.returncode == expected, (args, result.stderr)
@@ -285,8 +286,8 @@ def test_an_idle_worker_says_what_it_waits_for(
         wait_for(lambda: any(line.startswith("worker: nothing due") for line in lines))
     finally:
         worker.terminate()
-        worker.wait(timeout=30)
-        reader.join(timeout=10)
+        worker.wait(timeout=PATIENCE_S)
+        reader.join(timeout=PATIENCE_S)
     [said] = [line for line in lines if line.startswith("worker: nothing due")]
     assert "run run-held leased by worker-elsewhere until " in said, said
     assert "1 waiting for a person" in said, said
@@ -370,7 +371,7 @@ def test_ctrl_c_keeps_the_committed_steps_and_says_how_the_run_goes_on(
         if "allows get_policy" in line:
             break
     started.send_signal(signal.SIGINT)
-    _, stderr = started.communicate(timeout=60)
+    _, stderr = started.communicate(timeout=PATIENCE_S)
     assert started.returncode == 130
     assert stderr.splitlines() == [
         "loopwright: interrupted: run run-int keeps the steps it committed; go on with:"

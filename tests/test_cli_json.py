@@ -21,7 +21,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import CARD
 from tests.card_payments import TASK as CARD_TASK
-from tests.runtime_fixtures import DEMO_TASK, REPO, cli
+from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, cli
 from tests.test_cli import env_for
 
 OTHER_TASK = "Check whether order O-46 can be refunded and refund it if so."  # 1,000.00
@@ -198,7 +198,7 @@ def test_the_readme_script_approves_what_waits_and_reads_completed(
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=PATIENCE_S,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "completed", result.stdout + result.stderr

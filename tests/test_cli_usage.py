@@ -18,7 +18,7 @@ from typer.core import TyperOption
 
 from loopwright import __version__
 from loopwright.cli import app
-from tests.runtime_fixtures import REPO
+from tests.runtime_fixtures import PATIENCE_S, REPO
 
 
 def command_paths() -> list[tuple[str, ...]]:
@@ -40,7 +40,7 @@ def loopwright(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         stdin=subprocess.DEVNULL,
         cwd=REPO,
         env={**os.environ, **(env or {})},
-        timeout=60,
+        timeout=PATIENCE_S,
     )
 
 
@@ -99,7 +99,7 @@ def test_help_imports_no_runtime(args: tuple[str, ...]) -> None:
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=PATIENCE_S
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-500:]
@@ -138,7 +138,7 @@ def test_shell_completion_completes_commands_and_options() -> None:
             capture_output=True,
             text=True,
             cwd=REPO,
-            timeout=60,
+            timeout=PATIENCE_S,
             env={
                 **os.environ,
                 "_LOOPWRIGHT_COMPLETE": "complete_bash",

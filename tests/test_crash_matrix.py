@@ -23,6 +23,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
+    PATIENCE_S,
     REPO,
     UNCRASHED_MODEL_CALLS,
     RunnerFactory,
@@ -126,7 +127,7 @@ def _process_passing(points: str, armed: str) -> subprocess.CompletedProcess[str
         env={**os.environ, "PYTHONPATH": str(REPO), CRASH_ENV: armed},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=PATIENCE_S,
     )
 
 

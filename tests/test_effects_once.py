@@ -16,7 +16,7 @@ from loopwright.tools.contract import ToolContext
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import PAY_WITH_CARD, TASK, PayArgs, card_runner
-from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, approve, principal
+from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, RunnerFactory, approve, principal
 
 
 def start_and_approve(runner: Runner) -> RunOutcome:
@@ -100,13 +100,13 @@ def test_still_processing_parks_the_run_and_a_worker_finishes_it(
     )
     try:
         with open_test_runner() as runner:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + PATIENCE_S
             while runner.outcome(run_id).phase != "COMPLETED" and time.monotonic() < deadline:
                 time.sleep(0.3)
             final = runner.outcome(run_id)
     finally:
         worker.terminate()
-        output, _ = worker.communicate(timeout=15)
+        output, _ = worker.communicate(timeout=PATIENCE_S)
     assert final.stop_reason == "completed", output
     assert [a.status for a in final.actions] == [ActionStatus.SUCCEEDED]
     [refund] = list_refunds(services, "O-42")

@@ -26,14 +26,14 @@ from loopwright_refunds.experiments.report import (
 )
 from loopwright_refunds.experiments.scenarios import SKIPS_POLICY
 from loopwright_refunds.experiments.trials import TrialResult
-from tests.runtime_fixtures import REPO
+from tests.runtime_fixtures import DURATION, PATIENCE_S, REPO
 from tests.test_cli_json import readme_block
 from tests.test_experiment_parts import trial
 
 PROG = (sys.executable, "-m", "loopwright_refunds.experiments")
 
 
-def experiment(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def experiment(*args: str, timeout: float = PATIENCE_S) -> subprocess.CompletedProcess[str]:
     """The experiment in a new process, piped, as CI or `| tee` runs it."""
     return subprocess.run(
         [*PROG, *args],
@@ -180,15 +180,15 @@ def test_the_readme_reads_the_json_document_while_progress_goes_to_stderr_in_lin
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=PATIENCE_S,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "loopwright 0\n", result.stdout + result.stderr
     assert (tmp_path / ".loopwright" / "experiment" / "report.md").is_file()
     lines = result.stderr.splitlines()
-    assert lines[0] == "trials 0/1 (0%), 0s elapsed", result.stderr
+    assert re.fullmatch(rf"trials 0/1 \(0%\), {DURATION} elapsed", lines[0]), result.stderr
     assert re.fullmatch(
-        rf"trials 1/1 \(100%\), \d+s elapsed, not done: loopwright 0/1; "
+        rf"trials 1/1 \(100%\), {DURATION} elapsed, not done: loopwright 0/1; "
         rf"last: loopwright {SKIPS_POLICY} none: done",
         lines[-1],
     ), result.stderr

@@ -34,7 +34,7 @@ from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import wait_for
+from tests.runtime_fixtures import PATIENCE_S, wait_for
 from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, values_of
 
 CHROMIUM = os.environ.get("LOOPWRIGHT_CHROMIUM", "/usr/bin/chromium")
@@ -90,7 +90,7 @@ def waiting_thread(url: str, task: str) -> tuple[str, dict[str, Any]]:
 
 def final_values(url: str, thread_id: str) -> dict[str, Any]:
     ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
-    wait_for(lambda: values_of(ada, thread_id).get("stop_reason") is not None, timeout=60)
+    wait_for(lambda: values_of(ada, thread_id).get("stop_reason") is not None)
     return values_of(ada, thread_id)
 
 
@@ -111,7 +111,7 @@ def post_decision(url: str, token: str, thread_id: str, **body: Any) -> httpx.Re
         f"{url}/inbox/api/decisions",
         headers={"Authorization": f"Bearer {token}"},
         json={"thread_id": thread_id, "interrupt_id": interrupt["id"], **body},
-        timeout=60,
+        timeout=PATIENCE_S,
     )
 
 
@@ -124,7 +124,7 @@ def inbox_page(
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     # Playwright's assertions give up after 5 s by default: too little for Chromium, the server
     # and the run on a loaded machine. They return as soon as they hold.
-    sync_api.expect.set_options(timeout=60_000)
+    sync_api.expect.set_options(timeout=PATIENCE_S * 1000)
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
         try:
@@ -355,7 +355,7 @@ def test_a_refund_the_payments_service_refuses_is_said_to_be_refused(
         f"{services.payments}/refunds",
         json={"order_id": "O-872", "amount": "150.00", "currency": "USD", "reason": "desk"},
         headers={"Idempotency-Key": "other-desk:O-872"},
-        timeout=10,
+        timeout=PATIENCE_S,
     )
     assert other.status_code < 300 and other.json()["status"] == "processing", other.text
     thread_id, request = waiting_thread(url, refund_task("O-872"))

@@ -23,6 +23,7 @@ from loopwright.checkpoints.journal import (
 from loopwright.checkpoints.leases import StaleWriter, lock_run, open_lease_store
 from loopwright.checkpoints.sql import open_database
 from loopwright.graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus, digest
+from tests.runtime_fixtures import PATIENCE_S
 
 S = ActionStatus
 INTENT = "refund:O-42:EUR:10.00"
@@ -256,7 +257,7 @@ def plan_together(journals: list[ActionJournal], intent_key: str) -> list[Action
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=PATIENCE_S)
     return results
 
 

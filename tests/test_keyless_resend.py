@@ -21,9 +21,9 @@ from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.keyless_agent import TASK, with_resend
 from tests.keyless_agent import agent as keyless
-from tests.runtime_fixtures import RunnerFactory, cli, principal
+from tests.runtime_fixtures import PATIENCE_S, RunnerFactory, cli, principal
 
-WAIT_LIMIT_S = 60.0
+WAIT_LIMIT_S = PATIENCE_S
 
 
 def credit_entries(services: ServiceEndpoints) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import ChildProcess
 from loopwright.reports import EXIT_CODES
 from tests.ports import reserved_port
-from tests.runtime_fixtures import REPO, wait_for
+from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
 from tests.test_inbox_browser import CHROMIUM, inbox_page
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """A fresh virtualenv with the wheel and its dependencies (from the package index)."""
     venv = tmp_path_factory.mktemp("venv") / "env"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=PATIENCE_S)
     python = venv / "bin" / "python"
     subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", str(wheel)],
@@ -133,7 +133,7 @@ def desk(installed: Installed, app: Path) -> Iterator[DeskService]:
         stdin=subprocess.DEVNULL,
     )
     with DeskService(process, "") as service:
-        wait_for(lambda: ready.exists() and ready.read_text().startswith("http"), timeout=60)
+        wait_for(lambda: ready.exists() and ready.read_text().startswith("http"))
         service.url = ready.read_text()
         yield service
 
@@ -313,7 +313,7 @@ def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
             command, cwd=app, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
         )
         with ChildProcess(serving):
-            wait_for(lambda: _answers(url), timeout=90)
+            wait_for(lambda: _answers(url))
             guest = get_sync_client(url=url, headers={"Authorization": "Bearer t-guest"})
             thread = guest.threads.create()["thread_id"]
             guest.runs.wait(thread, "loopwright", input={"task": "Book slot 4 for g-1."})
@@ -324,13 +324,13 @@ def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
                 page.get_by_role(
                     "button", name=f"Approve {interrupt['value']['approval_id']}"
                 ).click()
-                page.get_by_text("Approved").wait_for(timeout=30_000)
+                page.get_by_text("Approved").wait_for(timeout=PATIENCE_S * 1000)
 
             def finished() -> bool:
                 values = guest.threads.get_state(thread)["values"]
                 return isinstance(values, dict) and values.get("stop_reason") == "completed"
 
-            wait_for(finished, timeout=60)
+            wait_for(finished)
             assert desk.state() == {"bookings": [["4", "g-1"]], "confirmations": [["4", "g-1"]]}
 
             # A second run waits for the boss; its guest cancels it: nothing more is confirmed.

@@ -8,10 +8,12 @@ moves.
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
 from loopwright_refunds.experiments.progress import Progress, duration
+from tests.runtime_fixtures import DURATION
 
 
 class Clock:
@@ -94,3 +96,5 @@ def test_a_terminal_line_is_cut_to_the_terminal_width(monkeypatch: pytest.Monkey
 )
 def test_durations_are_short_and_whole(seconds: float, shown: str) -> None:
     assert duration(seconds) == shown
+    # What the tests that read a command's progress lines accept as a duration, whatever it is.
+    assert re.fullmatch(DURATION, shown)

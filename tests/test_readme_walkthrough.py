@@ -24,7 +24,7 @@ import pytest
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
 from tests.ports import reserved_port, reserved_ports
-from tests.runtime_fixtures import REPO, wait_for
+from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -65,7 +65,7 @@ def sh(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
-        timeout=240,
+        timeout=PATIENCE_S,
     )
 
 
@@ -86,12 +86,12 @@ def served(
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_for(lambda: process.poll() is not None or reachable(base), timeout=180)
+            wait_for(lambda: process.poll() is not None or reachable(base))
             assert process.poll() is None, process.stdout.read() if process.stdout else ""
             yield base, process
         finally:
             process.terminate()
-            process.wait(timeout=60)
+            process.wait(timeout=PATIENCE_S)
 
 
 def reachable(base: str) -> bool:
@@ -186,7 +186,7 @@ def test_the_production_recipe_serves_approvals_across_its_instances(
         )
         first, second = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
         try:
-            wait_for(lambda: process.poll() is not None or reachable_aegra(second), timeout=180)
+            wait_for(lambda: process.poll() is not None or reachable_aegra(second))
             assert process.poll() is None, process.stdout.read() if process.stdout else ""
             example = sdk_example().replace("http://127.0.0.1:2024", first, 1)
             namespace: dict[str, Any] = {}
@@ -198,7 +198,7 @@ def test_the_production_recipe_serves_approvals_across_its_instances(
             assert (final["phase"], final["stop_reason"]) == ("COMPLETED", "completed")
         finally:
             process.terminate()
-            output, _ = process.communicate(timeout=60)
+            output, _ = process.communicate(timeout=PATIENCE_S)
         assert f"API    {first}" in output and f"API    {second}" in output, output
         assert not reachable_aegra(first) and not reachable_aegra(second)
 

@@ -24,7 +24,7 @@ from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import stubborn_agent as stubborn
 from tests.openai_server import HOLDS, MODEL, Hold, ModelFactory, OpenAIStub
-from tests.runtime_fixtures import REPO, RunnerFactory, all_refunds, principal, wait_for
+from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, all_refunds, principal, wait_for
 
 OUTSIDE_WINDOW_TASK = "Please refund 40.00 USD on my order O-44."  # delivered 90 days ago
 TASK = "Check whether order O-43 can be refunded and refund it if so."
@@ -205,7 +205,7 @@ def test_a_signal_ends_a_run_waiting_on_its_model_at_once_and_gives_its_lease_up
     )
     wait_for(lambda: openai_stub.requests())  # the held request is in flight
     started.send_signal(sig)
-    _, stderr = started.communicate(timeout=60)
+    _, stderr = started.communicate(timeout=PATIENCE_S)
     with open_test_runner() as runner:
         lease = runner.leases.get("run-sig")
     assert started.returncode == 130
@@ -242,7 +242,7 @@ def test_a_worker_told_to_stop_ends_the_model_request_in_flight_and_gives_the_ru
     try:
         wait_for(lambda: openai_stub.requests())  # the held request is in flight
         worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+        worker.wait(timeout=PATIENCE_S)
     finally:
         worker.kill()
     with open_test_runner() as runner:
@@ -253,7 +253,7 @@ def test_a_worker_told_to_stop_ends_the_model_request_in_flight_and_gives_the_ru
 def test_code_that_swallows_the_interrupt_cannot_keep_the_process_or_the_lease(
     database_url: str, tmp_path: Path, open_test_runner: RunnerFactory
 ) -> None:
-    """A tool that ignores KeyboardInterrupt and would wait two minutes: a second after
+    """A tool that ignores KeyboardInterrupt and would wait an hour: a second after
     SIGINT the process gives the run's lease up, says how to resume, and exits with 130."""
     waiting = tmp_path / "waiting"
     env = {
@@ -274,7 +274,7 @@ def test_code_that_swallows_the_interrupt_cannot_keep_the_process_or_the_lease(
     )
     wait_for(waiting.exists)  # the wait is in flight
     started.send_signal(signal.SIGINT)
-    _, stderr = started.communicate(timeout=60)  # not the tool's two minutes
+    _, stderr = started.communicate(timeout=PATIENCE_S)  # not the tool's hour
     with open_runner(database_url, stubborn.agent) as runner:
         lease = runner.leases.get("run-stubborn")
     assert started.returncode == 130

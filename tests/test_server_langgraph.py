@@ -35,7 +35,7 @@ from loopwright_refunds.services.admin import create_order, list_refunds, set_fa
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import wait_for
+from tests.runtime_fixtures import PATIENCE_S, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -175,7 +175,7 @@ def test_cancel_in_the_middle_of_a_refund_and_a_busy_thread(served: Served) -> N
     set_fault(served.services, "latency", delay_s=3)  # the refund takes 3 s to answer
     approve = decision_for(waiting["interrupts"][0], "approve", "a-1")
     resumed = ann.runs.create(thread_id, GRAPH, command={"resume": approve})
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + PATIENCE_S
     while not served.sql(
         "SELECT 1 FROM lw_actions WHERE run_id = %s AND status = 'DISPATCHED'", thread_id
     ):
@@ -333,7 +333,7 @@ def test_an_approvers_resume_that_is_no_decision_is_refused_saying_why(served: S
             f"{served.url}/threads/{thread_id}/runs/wait",
             json={"assistant_id": GRAPH, "command": {"resume": resume}},
             headers={"Authorization": "Bearer t-a1"},
-            timeout=60,
+            timeout=PATIENCE_S,
         )
         assert answer.status_code == status, (resume, answer.text)
         assert detail in answer.json()["detail"] and "\n" not in answer.json()["detail"]
@@ -357,7 +357,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
             f"{served.url}/inbox/api/decisions",
             headers={"Authorization": f"Bearer {token}"},
             json={**body, "changes": changes},
-            timeout=60,
+            timeout=PATIENCE_S,
         )
 
     refused = post("edit", interrupt["id"], iban="DE00")
@@ -597,7 +597,7 @@ def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served:
             f"{served.url}/threads/{thread_id}/runs/wait",
             json={"assistant_id": GRAPH, "input": run_input},
             headers={"Authorization": "Bearer t-u1"},
-            timeout=60,
+            timeout=PATIENCE_S,
         )
         assert response.status_code == 422, (run_input, response.text)
         assert response.json()["detail"].endswith('a new run takes {"task": "<what to do>"}')

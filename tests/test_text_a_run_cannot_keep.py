@@ -25,7 +25,7 @@ from loopwright.graph.state import Principal
 from loopwright.graph.text import MAX_TASK_CHARS, InvalidText
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.tools.contract import Effect, ToolContext, ToolContract
-from tests.runtime_fixtures import REPO, RunnerFactory, principal
+from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, principal
 from tests.test_worker_failures import NoArgs, Nothing
 
 TASK = "Read order O-42 and tell me its status."
@@ -77,7 +77,7 @@ def test_a_command_line_that_is_not_utf8_is_one_line_and_exit_2(
         stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(REPO), "LOOPWRIGHT_HOME": str(tmp_path)},
         capture_output=True,
-        timeout=60,
+        timeout=PATIENCE_S,
         cwd=REPO,
     )
     position = next(i for i, arg in enumerate(args, 1) if b"\xff" in arg)

@@ -17,7 +17,7 @@ from loopwright.graph.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, cli, wait_for
+from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, RunnerFactory, cli, wait_for
 
 
 def fault_mode(services: ServiceEndpoints) -> str:
@@ -77,7 +77,7 @@ def test_stalled_worker_is_taken_over_and_its_late_writes_are_refused(
         assert "COMPLETED" in taken_over.stdout, taken_over.stdout + taken_over.stderr
     finally:
         os.kill(worker_a.pid, signal.SIGCONT)
-        out_a, err_a = worker_a.communicate(timeout=60)
+        out_a, err_a = worker_a.communicate(timeout=PATIENCE_S)
 
     # A woke up with its answer in hand; every durable write it tried was refused.
     assert worker_a.returncode == 2, out_a + err_a

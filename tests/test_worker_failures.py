@@ -29,7 +29,7 @@ from loopwright.worker import work
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import REPO, RunnerFactory, principal, wait_for
+from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, principal, wait_for
 
 POISONED = "Check the flaky ledger."
 HEALTHY = "Say hello."
@@ -99,7 +99,7 @@ def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_oth
             wait_for(lambda: _failures(runner, poisoned) >= 2)
         finally:
             stop.set()
-            thread.join(timeout=30)
+            thread.join(timeout=PATIENCE_S)
         record = runner.leases.get(poisoned)
 
     assert not thread.is_alive()
@@ -212,12 +212,12 @@ def test_a_worker_outlives_its_database_connections(
                 )
             wait_for(lambda: len(set(_worker_backends(postgres_url)) - set(first)) >= 3)
             run_id = runner.submit(SMALL_REFUND, principal(task=SMALL_REFUND))
-            wait_for(lambda: runner.outcome(run_id).phase == "COMPLETED", timeout=60)
+            wait_for(lambda: runner.outcome(run_id).phase == "COMPLETED")
             record = runner.leases.get(run_id)
         assert worker.poll() is None, "the worker is still running"
     finally:
         worker.terminate()
-        output, _ = worker.communicate(timeout=15)
+        output, _ = worker.communicate(timeout=PATIENCE_S)
     assert "database fault" in output and "reconnecting in 1s" in output, output
     assert output.count("polling every") >= 2, output  # connected again
     assert record is not None and record.failures == 0

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from loopwright.processes import ChildProcess, spawn
+from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.aegra import GRACE_S
 from loopwright.server.launch import OFFLINE_ENV, file_config, wait_until_answering
 
@@ -118,7 +118,7 @@ def start_instance(
     index: int,
     host: str,
     port: int,
-    timeout: float = 60,
+    timeout: float = START_TIMEOUT_S,
 ) -> Instance:
     """Start instance `index` and wait until it answers; its output goes to its log."""
     log = workdir / INSTANCE_LOG.format(index=index)

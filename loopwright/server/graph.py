@@ -117,6 +117,10 @@ def where_it_stands(snapshot: StateSnapshot) -> tuple[str, datetime | None]:
     return str((snapshot.values or {}).get("phase", Phase.READY.value)), None
 
 
+# How often a run's claim is tried again while a dead owner's lease runs out.
+CLAIM_POLL_S = 0.2
+
+
 def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float) -> Lease:
     """Claim the run, waiting out a dead owner's lease (it expires after `ttl_s`), no longer."""
     give_up = time.monotonic() + ttl_s + 1
@@ -126,7 +130,7 @@ def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float) -> Lease:
         except LeaseHeld:
             if time.monotonic() >= give_up:
                 raise
-            time.sleep(0.2)
+            time.sleep(CLAIM_POLL_S)
 
 
 @dataclass(frozen=True)

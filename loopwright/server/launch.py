@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import httpx
 
-from loopwright.processes import ChildProcess, spawn
+from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.admissions import RUN_SLOTS
 from loopwright.server.dev import GRACE_S
 
@@ -183,7 +183,7 @@ def start_server(
     *,
     host: str = "127.0.0.1",
     port: int = 2024,
-    timeout: float = 60,
+    timeout: float = START_TIMEOUT_S,
     stdout: IO[bytes] | None = None,
 ) -> RunningServer:
     """Start the server in `workdir` and wait until it answers at the URL it announced; its

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from loopwright.processes import ChildProcess, spawn
+from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 READY_FILE = "endpoints.json"
@@ -36,7 +36,7 @@ class RunningServices(ChildProcess):
         self.endpoints = endpoints
 
 
-def start_services(data_dir: Path, *, timeout: float = 20) -> RunningServices:
+def start_services(data_dir: Path, *, timeout: float = START_TIMEOUT_S) -> RunningServices:
     """Spawn ``python -m loopwright_refunds.services`` on `data_dir`; wait until all three listen.
 
     Existing data in `data_dir` is kept, so starting again after `stop` resumes where it was.
