@@ -1309,9 +1309,7 @@ def serve(
     url = resolve_database_url(db)
     if database_kind(url) is not DatabaseKind.POSTGRES:
         raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
-    # The server runs in a directory of its own: the application's, here, stays importable.
-    importable = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-    extra = {"DATABASE_URL": url, AGENT_ENV: path, "PYTHONPATH": importable}
+    extra = {"DATABASE_URL": url, AGENT_ENV: path, **_paths_from_here()}
     extra |= _token_table_env(use_dev=dev_tokens or engine == "langgraph")
     # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -1322,10 +1320,30 @@ def serve(
         _serve_langgraph(extra, host=host, port=port)
 
 
+def _paths_from_here() -> dict[str, str]:
+    """The paths the environment names, resolved against the directory the command was started
+    in, for a server that runs in a directory of its own: the application stays importable
+    (this directory, then PYTHONPATH's entries), and loopwright's home and trace file are
+    where the user meant them."""
+    from loopwright.checkpoints.database import HOME_ENV
+    from loopwright.observability.tracing import TRACE_FILE_ENV
+
+    named = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = {"PYTHONPATH": os.pathsep.join([os.getcwd(), *(os.path.abspath(p) for p in named)])}
+    for name in (HOME_ENV, TRACE_FILE_ENV):
+        if value := os.environ.get(name):
+            paths[name] = os.path.abspath(value)
+    return paths
+
+
 def _token_table_env(*, use_dev: bool) -> dict[str, str]:
     """The token table the server reads: the operator's (a relative file made absolute: the
-    server runs in a directory of its own), else the development one where allowed, saying so."""
-    from loopwright.server.auth import TOKENS_ENV, TOKENS_FILE_ENV, TokenTableError, token_table
+    server runs in a directory of its own), else the development one where allowed, saying so.
+    A table the server could not use is refused here, in one line."""
+    try:  # loading the module reads the table this process is given
+        from loopwright.server.auth import TOKENS_ENV, TOKENS_FILE_ENV, token_table
+    except (OSError, ValueError) as exc:  # the file named (missing, unreadable), TokenTableError
+        raise UsageError(_token_table_problem(exc)) from None
     from loopwright.server.launch import DEV_TOKENS
 
     env: dict[str, str] = {}
@@ -1341,9 +1359,16 @@ def _token_table_env(*, use_dev: bool) -> dict[str, str]:
         errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")
     try:
         token_table({**os.environ, **env})  # a table the server cannot use: refused here
-    except (TokenTableError, OSError) as exc:
-        raise UsageError(f"token table: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(_token_table_problem(exc)) from None
     return env
+
+
+def _token_table_problem(exc: OSError | ValueError) -> str:
+    """One line for a token table that cannot be used, naming the file as resolved."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"token table file {Path(exc.filename).absolute()}: {exc.strerror or exc}"
+    return f"token table: {exc}"
 
 
 def _serve_langgraph(extra: dict[str, str], *, host: str, port: int) -> None:

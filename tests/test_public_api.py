@@ -415,7 +415,7 @@ def readme_section(title: str) -> list[str]:
 
 
 def test_the_readme_write_your_own_agent_section_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blocks = readme_section("Write your own agent")
     assert len(blocks) >= 2
@@ -430,6 +430,20 @@ def test_the_readme_write_your_own_agent_section_runs(
     monkeypatch.setitem(sys.modules, module.__name__, module)
     for block in blocks:
         exec(compile(block, "README.md", "exec"), module.__dict__)
+    # What the examples print: the run's ending and its effect, then one line per trial.
+    printed = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"completed \{'restart:[\w.:-]+:web': 'web'\}", printed[0]), printed
+    trials = [line.split(" ", 2) for line in printed[1:]]
+    assert [fault for fault, _, _ in trials] == [
+        "clean",
+        "request_lost",
+        "answer_lost",
+        "answer_late",
+        "delivered_late",
+    ], printed
+    for _, ending, effects in trials:
+        assert ending == "completed", printed
+        assert re.fullmatch(r"\{'credit:[\w.:-]+:web': 1\}", effects), printed
 
 
 @pytest.mark.parametrize("name", ["desk\n", "Desk", "desk desk", ""])

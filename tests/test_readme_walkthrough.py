@@ -127,7 +127,7 @@ def test_the_walkthroughs_run_in_order_after_the_demo(
 
 
 def test_the_sdk_example_against_loopwright_serve(
-    served: tuple[str, subprocess.Popen[str]],
+    served: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     base, _ = served
     namespace: dict[str, Any] = {}
@@ -138,6 +138,10 @@ def test_the_sdk_example_against_loopwright_serve(
     final = namespace["ann"].threads.get_state(namespace["thread"]["thread_id"])["values"]
     assert (final["phase"], final["stop_reason"]) == ("COMPLETED", "completed")
     assert final["verification"]["verified"] is True
+    # What it prints: the run's ending, then the refund it made, with the refund's id.
+    ending, refund = capsys.readouterr().out.splitlines()
+    assert ending == "COMPLETED completed"
+    assert re.fullmatch(r"Refund 120\.00 USD to order O-47 \{'refund_id': 'rf_\w+'\}", refund)
 
 
 def production_recipe() -> str:
