@@ -134,6 +134,27 @@ def test_serve_refuses_a_busy_port_before_starting_anything(busy_port: int, tmp_
     assert not home.exists()  # no server directory, no services, no database file
 
 
+def test_serve_names_a_token_file_that_is_not_there_as_resolved(tmp_path: Path) -> None:
+    """A relative LOOPWRIGHT_TOKENS_FILE is taken from where serve was started; missing, it
+    is one line naming it there, exit 2, before anything starts."""
+    home = tmp_path / "home"
+    with reserved_port() as port:
+        refused = cli(
+            *("serve", "--port", str(port)),
+            cwd=tmp_path,
+            env=clean_env(
+                LOOPWRIGHT_HOME=str(home),
+                LOOPWRIGHT_TOKENS_FILE="tokens.json",
+                DATABASE_URL="postgresql://postgres@127.0.0.1:1/none",
+            ),
+        )
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"loopwright: error: token table file {tmp_path / 'tokens.json'}: No such file or directory"
+    ]
+    assert not home.exists()
+
+
 @pytest.mark.parametrize(
     ("host", "why"),
     [
@@ -182,19 +203,19 @@ def test_the_server_is_polled_where_langgraph_really_listens(
 def test_serve_killed_leaves_no_server_no_service_and_a_free_port(
     postgres_url: str, tmp_path: Path
 ) -> None:
+    """Started in a directory of the user's with a relative LOOPWRIGHT_HOME, which the server
+    (running in a directory of its own) and the services it starts use as the user meant."""
     home = tmp_path / "home"
     output = tmp_path / "serve.out"
     with reserved_port() as port, output.open("wb") as out:
         url = f"http://127.0.0.1:{port}"
         serving = subprocess.Popen(
             [sys.executable, "-m", "loopwright", "serve", "--port", str(port)],
-            cwd=REPO,
+            cwd=tmp_path,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=clean_env(
-                DATABASE_URL=postgres_url, LOOPWRIGHT_HOME=str(home), PYTHONPATH=str(REPO)
-            ),
+            env=clean_env(DATABASE_URL=postgres_url, LOOPWRIGHT_HOME="home", PYTHONPATH=str(REPO)),
         )
         with ChildProcess(serving):
             wait_for(lambda: _answers(url) or serving.poll() is not None)
