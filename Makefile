@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`.
+# The commands of the README: `make demo`, `make test` and `make test-quick`.
 # Each creates .venv with a Python 3.12+ on first use and installs the project into it.
 
 VENV := .venv
@@ -9,7 +9,7 @@ RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 PIP := PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test serve lint typecheck ci clean
+.PHONY: demo test test-quick serve lint typecheck ci clean
 
 $(PY):
 	@echo "make: creating $(VENV) with $$(scripts/find-python)"
@@ -35,6 +35,10 @@ TEST_WORKERS ?= 3
 
 test: $(DEV)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
+
+# Every module's core behaviour in a minute or so (the `quick` mark, tests/conftest.py).
+test-quick: $(DEV)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m quick $(ARGS)
 
 # The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
 serve: $(RUNTIME)

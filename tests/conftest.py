@@ -33,6 +33,38 @@ def pytest_configure(config: pytest.Config) -> None:
     process_guard.start(scratch)
 
 
+# `make test-quick` (`-m quick`): every module's core behaviour in a minute or so, for someone
+# changing one part. Quick are the tests neither slow nor on Postgres (the SQLite half of each
+# database test is), except in the modules below, whose tests each start a process or a server:
+# there the module's first test stands for the module (each puts its core behaviour first).
+ONE_STANDS_FOR_THE_MODULE = frozenset(
+    {
+        "test_cli.py",
+        "test_cli_json.py",
+        "test_cli_usage.py",
+        "test_faults.py",
+        "test_real_models.py",
+        "test_serve_lifecycle.py",
+        "test_text_a_run_cannot_keep.py",
+        "test_experiment_command.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the quick tests (see ONE_STANDS_FOR_THE_MODULE)."""
+    represented: set[str] = set()
+    for item in items:
+        if item.get_closest_marker("slow") or item.get_closest_marker("postgres"):
+            continue
+        module = item.path.name
+        if module in ONE_STANDS_FOR_THE_MODULE:
+            if module in represented:
+                continue
+            represented.add(module)
+        item.add_marker(pytest.mark.quick)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def loopwright_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """LOOPWRIGHT_HOME in a temp dir, so that no test writes into the repository."""
