@@ -174,6 +174,7 @@ def test_the_server_is_polled_where_langgraph_really_listens(
             "DATABASE_URL": postgres_url,
             "PYTHONPATH": str(REPO),
             "LOOPWRIGHT_TOKENS_FILE": str(DEV_TOKENS),
+            "LOOPWRIGHT_DEV_TOKENS": "1",
         },
     )
     with start_server(tmp_path / "server", env, port=busy_port) as server:
