@@ -17,8 +17,10 @@ import pytest
 
 from loopwright.server.bearer_tokens import TokenTableError, hash_token, hashed_table
 from loopwright.server.identities import Identities, IdentityRefused
+from loopwright.server.launch import DEV_TOKENS
 from loopwright.server.users import IdentityConfigError, User
 from tests.identity_provider import AUDIENCE, ISSUER, IdentityProvider, SigningKey
+from tests.ports import reserved_ports
 from tests.runtime_fixtures import cli, wait_for
 
 ANN = User("a-1", ("approver",), "bank-a")
@@ -277,3 +279,33 @@ def test_tokens_new_makes_a_token_and_its_entry_and_hash_refuses_a_short_one() -
     assert short.stderr.count("\n") == 1 and "guessable" in short.stderr
     bad = cli("tokens", "new", "--user", "a 1", "--role", "approver", env={}, expect=2)
     assert bad.stderr.count("\n") == 1 and "user_id" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "problem"),
+    [
+        (["--engine", "aegra"], {}, "no identities: set LOOPWRIGHT_JWKS"),
+        (["--engine", "aegra"], {"LOOPWRIGHT_TOKENS_FILE": str(DEV_TOKENS)}, "stored in plain"),
+        ([], {"LOOPWRIGHT_JWT_ALGORITHMS": "HS256"}, "HS256 refused"),
+    ],
+)
+def test_serve_refuses_identities_no_server_could_use_before_starting(
+    provider: IdentityProvider,
+    tmp_path: Path,
+    args: list[str],
+    env: dict[str, str],
+    problem: str,
+) -> None:
+    if "LOOPWRIGHT_JWT_ALGORITHMS" in env:
+        env = provider.env(str(provider.write_jwks(tmp_path / "jwks.json"))) | env
+    unset = {
+        name: "" for name in ("LOOPWRIGHT_TOKENS", "LOOPWRIGHT_TOKENS_FILE", "LOOPWRIGHT_JWKS")
+    }
+    with reserved_ports(2) as port:  # aegra: two instances, on port and the next
+        refused = cli(
+            *("serve", "--port", str(port), "--db", "postgresql://nobody@127.0.0.1:1/none", *args),
+            env={"LOOPWRIGHT_HOME": str(tmp_path / "home"), **unset, **env},
+            expect=2,
+        )
+    assert refused.stderr.count("\n") == 1 and problem in refused.stderr, refused.stderr
+    assert not (tmp_path / "home").exists()  # nothing started
