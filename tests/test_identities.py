@@ -9,6 +9,9 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -309,3 +312,28 @@ def test_serve_refuses_identities_no_server_could_use_before_starting(
         )
     assert refused.stderr.count("\n") == 1 and problem in refused.stderr, refused.stderr
     assert not (tmp_path / "home").exists()  # nothing started
+
+
+def test_an_aegra_instance_with_unusable_identities_does_not_start(tmp_path: Path) -> None:
+    """Not served with no identities: Aegra would serve everyone as one anonymous identity
+    were its auth module to fail as it loads."""
+    env = {
+        **os.environ,
+        "LOOPWRIGHT_JWKS": str(tmp_path / "missing.json"),
+        "LOOPWRIGHT_JWT_ISSUER": ISSUER,
+        "LOOPWRIGHT_JWT_AUDIENCE": AUDIENCE,
+    }
+    with reserved_ports(1) as port:
+        started = subprocess.run(
+            [sys.executable, "-m", "loopwright.server.aegra", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+    assert started.returncode == 1
+    assert (
+        started.stderr
+        == f"identities: LOOPWRIGHT_JWKS: {tmp_path}/missing.json: No such file or directory\n"
+    )
