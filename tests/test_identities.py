@@ -211,6 +211,17 @@ def test_keys_from_a_url_are_fetched_once_then_again_for_a_new_key_id(
     assert provider.fetches == 2  # the unknown key id made it fetch the set again
 
 
+def test_keys_from_a_url_are_fetched_again_once_older_than_their_ttl(
+    served_provider: tuple[IdentityProvider, str],
+) -> None:
+    provider, url = served_provider
+    settings = {"LOOPWRIGHT_JWKS_TTL_S": "0", "LOOPWRIGHT_JWKS_REFETCH_S": "0"}
+    identities = Identities(provider.env(url) | settings)
+    for fetched in (1, 2, 3):
+        assert user_for(identities, provider.token("u-1", ["customer"])).user_id == "u-1"
+        assert provider.fetches == fetched
+
+
 def test_unknown_key_ids_refetch_at_most_once_per_interval(
     served_provider: tuple[IdentityProvider, str],
 ) -> None:
@@ -243,8 +254,8 @@ def test_the_token_table_holds_hashes_and_plain_tokens_only_in_development() -> 
         Identities({"LOOPWRIGHT_TOKENS": json.dumps(table)})
     development = Identities({"LOOPWRIGHT_TOKENS": json.dumps(table), "LOOPWRIGHT_DEV_TOKENS": "1"})
     assert user_for(development, "tok-ann-0123456789") == ANN
-    nobody = Identities({})
-    assert not nobody.configured and refusal(nobody, "tok-ann-0123456789").status == 401
+    nobody = Identities({})  # nothing configured: nobody is anybody
+    assert refusal(nobody, "tok-ann-0123456789").status == 401
 
 
 def test_the_token_table_file_is_followed_without_a_restart(tmp_path: Path) -> None:

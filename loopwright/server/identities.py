@@ -85,10 +85,6 @@ class Identities:
     def table(self) -> TokenTable:
         return self._table_file.current if self._table_file is not None else self._table
 
-    @property
-    def configured(self) -> bool:
-        return self.jwt is not None or self._table_file is not None or len(self._table) > 0
-
     def user_for_token(self, token: str) -> User:
         """The user `token` names, by what is held now (no I/O); IdentityRefused otherwise."""
         if looks_like_jwt(token) and self.jwt is not None:
