@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import tempfile
 import time
@@ -33,6 +34,7 @@ from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
 from loopwright.server import cluster
+from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import GRAPH_ID
 from loopwright_refunds.services.admin import create_order, list_refunds
 
@@ -42,7 +44,7 @@ RUNS = 40
 CPU_GOAL = 1.3  # the engine's CPU per run against the worker's
 SUBMIT_GOAL_S = 1.0  # client time to create RUNS runs through the API
 TOKEN = "bench-u1"
-TOKENS = '{"bench-u1": {"user_id": "u-1", "roles": ["customer"]}}'
+TOKENS = json.dumps(hashed_table({TOKEN: {"user_id": "u-1", "roles": ["customer"]}}))
 
 
 def _wait_completed(url: str, run_ids: list[str], timeout: float = 600) -> None:

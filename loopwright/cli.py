@@ -70,6 +70,12 @@ approvals_app = typer.Typer(
     no_args_is_help=True, help="List and decide pending approvals.", rich_markup_mode="markdown"
 )
 app.add_typer(approvals_app, name="approvals")
+tokens_app = typer.Typer(
+    no_args_is_help=True,
+    help="Entries of a token table (`LOOPWRIGHT_TOKENS_FILE`): tokens stored hashed.",
+    rich_markup_mode="markdown",
+)
+app.add_typer(tokens_app, name="tokens")
 console = SafeConsole(highlight=False, soft_wrap=True)
 errors = SafeConsole(stderr=True, highlight=False, soft_wrap=True)
 
@@ -1284,8 +1290,9 @@ def serve(
         bool,
         typer.Option(
             "--dev-tokens",
-            help="aegra: serve with the development token table (dev-u1, dev-a1, ...); without"
-            " it, name yours in LOOPWRIGHT_TOKENS_FILE or LOOPWRIGHT_TOKENS.",
+            help="aegra: serve with the development token table (dev-u1, dev-a1, ...: plain"
+            " tokens, published) where no identities are configured; otherwise set"
+            " LOOPWRIGHT_JWKS (JWTs) or LOOPWRIGHT_TOKENS_FILE (hashed tokens).",
         ),
     ] = False,
 ) -> None:
@@ -1310,7 +1317,7 @@ def serve(
     if database_kind(url) is not DatabaseKind.POSTGRES:
         raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
     extra = {"DATABASE_URL": url, AGENT_ENV: path, **_paths_from_here()}
-    extra |= _token_table_env(use_dev=dev_tokens or engine == "langgraph")
+    extra |= _identity_env(use_dev=dev_tokens or engine == "langgraph")
     # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     console.print(f"agent  {hosted.name} {hosted.version} ({path})", markup=False)
@@ -1336,39 +1343,87 @@ def _paths_from_here() -> dict[str, str]:
     return paths
 
 
-def _token_table_env(*, use_dev: bool) -> dict[str, str]:
-    """The token table the server reads: the operator's (a relative file made absolute: the
-    server runs in a directory of its own), else the development one where allowed, saying so.
-    A table the server could not use is refused here, in one line."""
-    try:  # loading the module reads the table this process is given
-        from loopwright.server.auth import TOKENS_ENV, TOKENS_FILE_ENV, token_table
-    except (OSError, ValueError) as exc:  # the file named (missing, unreadable), TokenTableError
-        raise UsageError(_token_table_problem(exc)) from None
+@tokens_app.command("new")
+def tokens_new(
+    user: Annotated[str, typer.Option("--user", metavar="USER_ID", help="Whom the token names.")],
+    role: Annotated[
+        list[str],
+        typer.Option("--role", metavar="ROLE", help="A role (customer, approver); repeatable."),
+    ],
+    tenant: Annotated[str, typer.Option("--tenant", help="The user's tenant.")] = "default",
+) -> None:
+    """A new random token and its table entry: the token on the first line (hand it to its
+    user; it is stored nowhere), the entry (its hash) as JSON on the second, to add to the
+    table's object."""
+    from loopwright.server.bearer_tokens import hash_token, new_token
+    from loopwright.server.users import user_of
+
+    try:
+        named = user_of({"user_id": user, "roles": role, "tenant": tenant})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    token = new_token()
+    entry = {"user_id": named.user_id, "roles": list(named.roles), "tenant": named.tenant}
+    console.print(token, markup=False)
+    console.print(json.dumps({hash_token(token): entry}), markup=False)
+
+
+@tokens_app.command("hash")
+def tokens_hash(
+    token: Annotated[
+        str | None,
+        typer.Argument(help="The token; default: read from standard input (out of the history)."),
+    ] = None,
+) -> None:
+    """The table key of a token you have: `sha256:<hex>`."""
+    from loopwright.server.bearer_tokens import MIN_TOKEN_CHARS, hash_token
+
+    given = (token if token is not None else sys.stdin.readline()).strip()
+    if not given or any(character.isspace() for character in given):
+        raise UsageError("a token is one word, not blank")
+    if len(given) < MIN_TOKEN_CHARS:
+        raise UsageError(
+            f"a token of {len(given)} characters is guessable from its hash: take one of at"
+            f" least {MIN_TOKEN_CHARS} (loopwright tokens new makes one)"
+        )
+    console.print(hash_token(given), markup=False)
+
+
+def _identity_env(*, use_dev: bool) -> dict[str, str]:
+    """The identities the server takes: the operator's JWT keys and token table (relative
+    files made absolute: the server runs in a directory of its own), else the development
+    table where allowed, saying so. Refused here, in one line, if a server could not use them
+    (an Aegra instance whose auth module fails to load would serve without any)."""
+    from loopwright.server.bearer_tokens import PLAIN_TOKENS_ENV, TOKENS_ENV, TOKENS_FILE_ENV
+    from loopwright.server.identities import Identities
+    from loopwright.server.jwt_identity import JWKS_ENV, JwtSettings
     from loopwright.server.launch import DEV_TOKENS
+    from loopwright.server.users import IdentityConfigError
 
     env: dict[str, str] = {}
     if named := os.environ.get(TOKENS_FILE_ENV):
         env[TOKENS_FILE_ENV] = str(Path(named).absolute())
-    elif not os.environ.get(TOKENS_ENV):
+    try:
+        jwt_settings = JwtSettings.from_env(os.environ)
+    except IdentityConfigError as exc:
+        raise UsageError(f"identities: {exc}") from None
+    if jwt_settings is not None and not jwt_settings.is_url:
+        env[JWKS_ENV] = str(Path(jwt_settings.jwks).absolute())
+    if not (named or jwt_settings or os.environ.get(TOKENS_ENV)):
         if not use_dev:
             raise UsageError(
-                f"no token table: name yours in {TOKENS_FILE_ENV} (or {TOKENS_ENV}), or serve"
-                " with --dev-tokens for the development one (never in production)"
+                f"no identities: set {JWKS_ENV} (your identity provider's keys) or name a token"
+                f" table in {TOKENS_FILE_ENV}, or serve with --dev-tokens for the development"
+                " one (never in production)"
             )
         env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
-        errors.print(f"no token table configured: using the dev tokens in {DEV_TOKENS}")
+        env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published: development only
+        errors.print(f"no identities configured: using the development tokens in {DEV_TOKENS}")
     try:
-        token_table({**os.environ, **env})  # a table the server cannot use: refused here
-    except (OSError, ValueError) as exc:
-        raise UsageError(_token_table_problem(exc)) from None
+        Identities({**os.environ, **env})  # what each server builds at its start
+    except IdentityConfigError as exc:
+        raise UsageError(f"identities: {exc}") from None
     return env
-
-
-def _token_table_problem(exc: OSError | ValueError) -> str:
-    """One line for a token table that cannot be used, naming the file as resolved."""
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"token table file {Path(exc.filename).absolute()}: {exc.strerror or exc}"
-    return f"token table: {exc}"
 
 
 def _serve_langgraph(extra: dict[str, str], *, host: str, port: int) -> None:

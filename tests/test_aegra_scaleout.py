@@ -35,6 +35,7 @@ from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server import cluster as cluster_module
+from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.graph import CLAIM_POLL_S
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -127,7 +128,7 @@ def deployment(postgres_server_url: str, workdir: Path) -> Iterator[Cluster]:
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         extra = {
             **services.endpoints.to_env(),
-            "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+            "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
             # Two instances' workers on CI's two cores.
             "WORKER_COUNT": "2",
             "N_JOBS_PER_WORKER": "6",

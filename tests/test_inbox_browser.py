@@ -30,6 +30,7 @@ import pytest
 from langgraph_sdk import get_sync_client
 
 from loopwright.checkpoints.scratch import fresh_database
+from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
 from loopwright_refunds.services.launcher import start_services
@@ -68,7 +69,7 @@ def inbox_server(
                 {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                 {
                     "DATABASE_URL": url,
-                    "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+                    "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
                     **services.endpoints.to_env(),
                 },
             )

@@ -37,6 +37,7 @@ from langgraph_sdk import get_sync_client
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import ChildProcess
 from loopwright.reports import EXIT_CODES
+from loopwright.server.bearer_tokens import hashed_table
 from tests.ports import reserved_port
 from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
 from tests.test_inbox_browser import CHROMIUM, inbox_page
@@ -307,7 +308,7 @@ def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
             "DESK_URL": desk.url,
             "DATABASE_URL": database_url,
             "LOOPWRIGHT_HOME": str(app / ".loopwright"),
-            "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+            "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
         }
         serving = subprocess.Popen(
             command, cwd=app, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE

@@ -23,6 +23,7 @@ import pytest
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
+from loopwright.server.bearer_tokens import hashed_table
 from tests.ports import reserved_port, reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
 
@@ -172,7 +173,9 @@ def test_the_production_recipe_serves_approvals_across_its_instances(
     recipe = "\n".join(
         line for line in production_recipe().splitlines() if not line.startswith("pip install")
     )
-    (tmp_path / "tokens.json").write_text((REPO / "loopwright/server/dev-tokens.json").read_text())
+    # The development table's users, stored as production stores them: hashed.
+    dev_table = json.loads((REPO / "loopwright/server/dev-tokens.json").read_text())
+    (tmp_path / "tokens.json").write_text(json.dumps(hashed_table(dev_table)))
     with fresh_database(postgres_server_url, prefix="lw_test") as url, reserved_ports(2) as port:
         recipe = re.sub(r"DATABASE_URL=\S+", f"DATABASE_URL={url}", recipe)
         recipe = re.sub(r"REDIS_URL=\S+", f"REDIS_URL={redis}", recipe)

@@ -150,7 +150,8 @@ def test_serve_names_a_token_file_that_is_not_there_as_resolved(tmp_path: Path) 
         )
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.splitlines() == [
-        f"loopwright: error: token table file {tmp_path / 'tokens.json'}: No such file or directory"
+        f"loopwright: error: identities: token table file {tmp_path / 'tokens.json'}:"
+        " No such file or directory"
     ]
     assert not home.exists()
 
@@ -190,6 +191,7 @@ def test_the_server_is_polled_where_langgraph_really_listens(
             "DATABASE_URL": postgres_url,
             "PYTHONPATH": str(REPO),
             "LOOPWRIGHT_TOKENS_FILE": str(DEV_TOKENS),
+            "LOOPWRIGHT_DEV_TOKENS": "1",
         },
     )
     with start_server(tmp_path / "server", env, port=busy_port) as server:

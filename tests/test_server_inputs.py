@@ -13,12 +13,8 @@ import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
 
 from loopwright.graph.state import Principal, initial_state
-from loopwright.server.auth import (
-    TokenTableError,
-    authorization_of,
-    decisions_in,
-    token_table,
-)
+from loopwright.server.auth import authorization_of, decisions_in
+from loopwright.server.bearer_tokens import TokenTableError, token_table
 from loopwright.server.graph import is_user_cancel
 from loopwright.server.inputs import (
     Continue,
@@ -154,10 +150,13 @@ def test_principal_of_either_servers_user_object() -> None:
 
 
 def test_token_table_and_authorization_header() -> None:
-    environ = {"LOOPWRIGHT_TOKENS": '{"t": {"user_id": "a-2", "roles": ["customer", "approver"]}}'}
-    (user,) = token_table(environ).values()
-    assert user.user_id == "a-2" and user.is_approver and user.is_customer
-    assert token_table({}) == {}
+    environ = {
+        "LOOPWRIGHT_TOKENS": '{"t": {"user_id": "a-2", "roles": ["customer", "approver"]}}',
+        "LOOPWRIGHT_DEV_TOKENS": "1",
+    }
+    user = token_table(environ).user_for("t")
+    assert user is not None and user.user_id == "a-2" and user.is_approver and user.is_customer
+    assert len(token_table({})) == 0
     assert authorization_of({b"authorization": b"Bearer t"}) == "Bearer t"
     assert authorization_of({"Authorization": "Bearer t"}) == "Bearer t"
     assert authorization_of({"x-other": "1"}) is None
@@ -183,7 +182,7 @@ def test_a_token_table_that_cannot_be_used_is_refused_in_one_line(table: str, pr
     """A null user id is not the user "None", a repeated token is not the last one, an entry
     that is not an object is not a raw Python error: each says what is wrong, and where."""
     with pytest.raises(TokenTableError, match=problem) as refused:
-        token_table({"LOOPWRIGHT_TOKENS": table})
+        token_table({"LOOPWRIGHT_TOKENS": table, "LOOPWRIGHT_DEV_TOKENS": "1"})
     assert "\n" not in str(refused.value)
 
 

@@ -30,6 +30,7 @@ from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.retention import retain
 from loopwright.checkpoints.scratch import fresh_database
+from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -79,7 +80,7 @@ def served(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -
                 {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                 {
                     "DATABASE_URL": url,
-                    "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+                    "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
                     "LOOPWRIGHT_LEASE_TTL_S": "5",
                     **services.endpoints.to_env(),
                 },

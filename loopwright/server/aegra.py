@@ -14,6 +14,8 @@ import argparse
 from collections.abc import Sequence
 
 from loopwright.processes import exit_with_parent
+from loopwright.server import identities
+from loopwright.server.users import IdentityConfigError
 
 # Longer than a child's default: a graceful stop hands the runs in flight back first.
 GRACE_S = 15.0
@@ -24,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
+    try:  # Aegra serves everyone as one anonymous identity if the auth module fails to load
+        identities.configured()
+    except IdentityConfigError as exc:
+        raise SystemExit(f"identities: {exc}") from None
     exit_with_parent(GRACE_S)
     import uvicorn
 

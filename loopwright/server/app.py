@@ -7,8 +7,9 @@ arguments, the facts the agent declares for it (drawn from the run's evidence), 
 run rests on, how long the request stays valid, and the run's timeline on request. It approves
 (with a second click where the write's `confirm` asks for one), rejects (with a reason) or
 edits one (the arguments the write lets an approver change). Its data comes from JSON routes,
-which authenticate with the same token table as the server (`server.auth`) and then talk to the
-server's own API with the caller's token, so every rule of the auth hooks applies to them too:
+which authenticate as the server does (`server.identities`: a JWT or the token table) and then
+talk to the server's own API with the caller's token, so every rule of the auth hooks applies
+to them too:
 
 * `GET /inbox/api/approvals`: pending approvals (the request as the run asked it, and the
   seconds until it expires), for approvers only, without the runs they started themselves;
@@ -52,11 +53,12 @@ from loopwright.graph.state import ApprovalChoice, ApprovalRequest
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.approvals import Waiting, pending_for, waiting_run
-from loopwright.server.auth import User, user_for_authorization
 from loopwright.server.decision_outcome import decision_result, taken_decision
 from loopwright.server.gate import Gate
+from loopwright.server.identities import IdentityRefused, authenticated_user
 from loopwright.server.launch import GRAPH_ID
 from loopwright.server.resources import aresources
+from loopwright.server.users import User
 
 # The graph a decision resumes a run on (what langgraph.json calls it; `loopwright serve`'s).
 ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
@@ -121,10 +123,11 @@ class InboxError(Exception):
         self.detail = detail
 
 
-def _approver(request: Request) -> User:
-    user = user_for_authorization(request.headers.get("authorization"))
-    if user is None:
-        raise InboxError(401, "a valid bearer token is required")
+async def _approver(request: Request) -> User:
+    try:
+        user = await authenticated_user(request.headers.get("authorization"))
+    except IdentityRefused as exc:
+        raise InboxError(exc.status, exc.detail) from None
     if not user.is_approver:
         raise InboxError(403, "only approvers may see and decide approvals")
     return user
@@ -157,7 +160,7 @@ async def page(_request: Request) -> Response:
 
 async def list_approvals(request: Request) -> Response:
     try:
-        user = _approver(request)
+        user = await _approver(request)
         runner = (await aresources()).runner
         return JSONResponse({"approvals": await asyncio.to_thread(pending_for, runner, user)})
     except InboxError as exc:
@@ -177,7 +180,7 @@ def _deliberate(req: ApprovalRequest, body: DecisionRequest) -> None:
 
 async def decide(request: Request) -> Response:
     try:
-        user = _approver(request)
+        user = await _approver(request)
         try:
             body = DecisionRequest.model_validate(await request.json())
         except ValidationError as exc:
@@ -234,7 +237,7 @@ async def decide(request: Request) -> Response:
 async def timeline(request: Request) -> Response:
     """The run's timeline, for a run the caller may read (the server decides, by their token)."""
     try:
-        user = _approver(request)
+        user = await _approver(request)
         run_id = request.path_params["run_id"]
         await visible_run(user, run_id)
         res = await aresources()

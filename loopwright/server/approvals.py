@@ -16,7 +16,7 @@ from typing import Any
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalRequest, Phase
 from loopwright.runner import Runner, UnknownRun
-from loopwright.server.auth import User
+from loopwright.server.users import User
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,8 @@
 """Who may do what on the server (langgraph.json `auth`): bearer tokens to principals, and rules.
 
-A reference token table maps each bearer token to a user, e.g.
-
-    {"tok-ada": {"user_id": "u-1", "roles": ["customer"]},
-     "tok-ann": {"user_id": "a-1", "roles": ["approver"]}}
-
-read from `LOOPWRIGHT_TOKENS` (the JSON itself) or `LOOPWRIGHT_TOKENS_FILE` (a path to it). With
-neither set, every request is refused: a server without a token table has no trusted identity.
+A bearer token is a JWT signed by the identity provider, or an entry of a token table (see
+`server.identities`); the user it proves is a user id, a tenant and roles. With neither
+configured, every request is refused: a server without them has no trusted identity.
 
 The rules, enforced here and again by the served graph (`server.inputs`), so that a server whose
 auth hooks differ (Aegra calls them with other shapes) still cannot be talked into more:
@@ -31,17 +27,14 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 from langgraph_sdk import Auth
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.decision_claims import DecisionClaims
@@ -49,10 +42,10 @@ from loopwright.checkpoints.leases import RunRecord
 from loopwright.graph.state import ApprovalDecision, ApprovalRequest, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import EditRefused, UnknownRun
+from loopwright.server import identities
 from loopwright.server.admissions import Refusal, admissions
 from loopwright.server.engine import TENANT_KEY, USER_KEY, engine_identity
 from loopwright.server.inputs import (
-    APPROVER_ROLE,
     NEW_RUN_TAKES,
     RunRefused,
     new_run_task,
@@ -60,10 +53,8 @@ from loopwright.server.inputs import (
     principal_of_user,
 )
 from loopwright.server.resources import aresources
+from loopwright.server.users import User
 
-TOKENS_ENV = "LOOPWRIGHT_TOKENS"
-TOKENS_FILE_ENV = "LOOPWRIGHT_TOKENS_FILE"
-CUSTOMER_ROLE = "customer"
 # What a client may have copied into every checkpoint of its run (`copied_into_checkpoints`):
 # past it, one request would make every step of the run store as much again.
 MAX_COPIED_BYTES = 1_024
@@ -71,87 +62,6 @@ MAX_COPIED_BYTES = 1_024
 # at most 500, at most 20 changes) fit in this many bytes of JSON; the server keeps either whole
 # (a resume value as a write of the run).
 MAX_INPUT_BYTES = 16_384
-
-
-@dataclass(frozen=True)
-class User:
-    user_id: str
-    roles: tuple[str, ...]
-    tenant: str = "default"
-
-    @property
-    def is_approver(self) -> bool:
-        return APPROVER_ROLE in self.roles
-
-    @property
-    def is_customer(self) -> bool:
-        return CUSTOMER_ROLE in self.roles
-
-
-class TokenTableError(ValueError):
-    """The token table cannot be used as it is; the message says which entry and why."""
-
-
-class _TokenEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    user_id: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,64}$")
-    roles: tuple[str, ...] = ()
-    tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise TokenTableError(f"token {key[:4]}... appears twice: which user it is is unclear")
-        seen[key] = value
-    return seen
-
-
-def token_table(environ: Mapping[str, str] | None = None) -> dict[str, User]:
-    """The token table from the environment; empty if none is configured. A table that is not
-    an object of token -> {"user_id", "roles", "tenant"} entries, with each token once and each
-    user id a real one, raises TokenTableError (the server does not start on it)."""
-    env = os.environ if environ is None else environ
-    source = TOKENS_ENV
-    raw = env.get(TOKENS_ENV) or ""
-    if not raw and env.get(TOKENS_FILE_ENV):
-        source = env[TOKENS_FILE_ENV]
-        raw = Path(source).read_text()
-    try:
-        table = json.loads(raw, object_pairs_hook=_no_duplicates) if raw else {}
-    except json.JSONDecodeError as exc:
-        raise TokenTableError(f"{source}: not JSON ({exc})") from None
-    if not isinstance(table, dict):
-        raise TokenTableError(f"{source}: expected an object of token -> user entries")
-    users = {}
-    for token, entry in table.items():
-        if not token or any(character.isspace() for character in token):
-            # A bearer header's token is the word after "Bearer ": this one would match nobody.
-            raise TokenTableError(f"{source}: token {token!r}: a token is one word, not blank")
-        try:
-            parsed = _TokenEntry.model_validate(entry)
-        except ValidationError as exc:
-            problem = validation_problems(exc)
-            raise TokenTableError(f"{source}: token {token[:4]}...: {problem}") from None
-        users[token] = User(parsed.user_id, parsed.roles, parsed.tenant)
-    return users
-
-
-@functools.cache
-def configured_tokens() -> dict[str, User]:
-    """The process's token table, read once (at import: reading a file in the server's event
-    loop would block it). Changing the table takes a restart."""
-    return token_table()
-
-
-def user_for_authorization(authorization: str | None) -> User | None:
-    """The user an `Authorization: Bearer <token>` header names, or None."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return configured_tokens().get(token.strip())
 
 
 def _forbidden(detail: str) -> Auth.exceptions.HTTPException:
@@ -311,7 +221,7 @@ def decisions_in(resume: Any) -> list[Mapping[str, Any]]:
     return [v for v in resume.values() if isinstance(v, Mapping) and "approval_id" in v]
 
 
-configured_tokens()  # a broken token table stops the server at startup, not at a request
+identities.configured()  # a broken identity configuration stops the server at its start
 auth = Auth()
 
 
@@ -326,12 +236,12 @@ def authorization_of(headers: Mapping[Any, Any]) -> str | None:
 
 @auth.authenticate
 async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict:
-    """Bearer token to user. Takes `headers` (not `authorization`): Aegra passes them whole."""
-    user = user_for_authorization(authorization_of(headers))
-    if user is None:
-        raise Auth.exceptions.HTTPException(
-            status_code=401, detail="a valid bearer token is required"
-        )
+    """Bearer token (a JWT, or one of the token table's) to user (`server.identities`). Takes
+    `headers` (not `authorization`): Aegra passes them whole."""
+    try:
+        user = await identities.authenticated_user(authorization_of(headers))
+    except identities.IdentityRefused as exc:
+        raise Auth.exceptions.HTTPException(status_code=exc.status, detail=exc.detail) from None
     return {
         # The engine scopes its rows to the identity: the tenant, whose approvers see every
         # thread of it (see `server.engine`); the hooks below draw each user's part.

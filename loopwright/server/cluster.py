@@ -6,8 +6,8 @@ fencing keep one writer per run whatever the engine does; what this module adds 
 deployment an operator can plan on:
 
 * every instance gets the same environment: the database, Redis under a key prefix of this
-  deployment's own (two deployments on one Redis never share a queue), the agent, the token
-  table the operator names, and what the agent's instances must share (`Agent(shared=...)`,
+  deployment's own (two deployments on one Redis never share a queue), the agent, the
+  identities the operator configures (JWT keys, a token table), and what the agent's instances must share (`Agent(shared=...)`,
   started once here: e.g. the reference agent's business services);
 * the engine's and loopwright's timings are one set (`HANDOVER_SETTINGS`), chosen so that a
   killed instance's runs are continued by another within `KILLED_HANDOVER_S` and a SIGTERM'd

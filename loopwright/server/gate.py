@@ -27,7 +27,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loopwright.server.auth import authorization_of, user_for_authorization
+from loopwright.server.auth import authorization_of
+from loopwright.server.identities import IdentityRefused, authenticated_user
 
 TOKEN_ONLY = frozenset({"/metrics", "/docs", "/redoc", "/openapi.json", "/info"})
 NEW_THREAD = re.compile(r"^/threads/?$")
@@ -46,7 +47,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path, method = scope["path"], scope["method"]
-        known = user_for_authorization(authorization_of(dict(scope["headers"]))) is not None
+        known = await _known(scope)
         refusal: tuple[int, str] | None = None
         if path in TOKEN_ONLY and not known:
             refusal = (401, "a valid bearer token is required")
@@ -70,6 +71,15 @@ class Gate:
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+
+async def _known(scope: Scope) -> bool:
+    """Whether the request's bearer token proves an identity (`server.identities`)."""
+    try:
+        await authenticated_user(authorization_of(dict(scope["headers"])))
+    except IdentityRefused:
+        return False
+    return True
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, Receive]:

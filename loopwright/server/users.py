@@ -1,0 +1,55 @@
+"""Who a bearer token names: a user of a tenant, with roles, whichever way it was proven.
+
+Both ways a server learns identities (`server.bearer_tokens`, `server.jwt_identity`) end in a
+`User`, checked by the same rules: an id and tenant are short words (they are stamped on
+threads, stored with every run and shown to approvers), roles are words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from loopwright.graph.text import validation_problems
+from loopwright.server.inputs import APPROVER_ROLE
+
+CUSTOMER_ROLE = "customer"
+
+
+class IdentityConfigError(ValueError):
+    """The identity settings (token table, JWT keys and claims) cannot be used; the message
+    names the setting or entry and why, in one line."""
+
+
+@dataclass(frozen=True)
+class User:
+    user_id: str
+    roles: tuple[str, ...]
+    tenant: str = "default"
+
+    @property
+    def is_approver(self) -> bool:
+        return APPROVER_ROLE in self.roles
+
+    @property
+    def is_customer(self) -> bool:
+        return CUSTOMER_ROLE in self.roles
+
+
+class _UserFields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,64}$")
+    roles: tuple[str, ...] = ()
+    tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def user_of(fields: object) -> User:
+    """A `User` of `{"user_id", "roles", "tenant"}` (tenant optional); ValueError saying what
+    is wrong in one line otherwise."""
+    try:
+        parsed = _UserFields.model_validate(fields)
+    except ValidationError as exc:
+        raise ValueError(validation_problems(exc)) from None
+    return User(parsed.user_id, parsed.roles, parsed.tenant)
