@@ -77,7 +77,7 @@ class Identities:
                     path, lambda text: parse_token_table(text, path, plain_allowed=plain)
                 )
             except OSError as exc:
-                raise TokenTableError(f"{path}: {exc.strerror}") from None
+                raise TokenTableError(f"token table file {path}: {exc.strerror}") from None
         else:
             self._table = token_table(environ)
 
