@@ -41,7 +41,7 @@ from loopwright_refunds.services.admin import create_order, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import RunningServices, start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import REPO, wait_for
+from tests.runtime_fixtures import REPO, cli, wait_for
 from tests.test_aegra_scaleout import redis_reachable
 from tests.test_server_langgraph import TOKENS as SERVER_TOKENS
 
@@ -293,6 +293,8 @@ def test_a_worker_s_metrics_agree_with_lw_runs_and_the_journal(
                 wait_for(lambda: rows(postgres_url, settled) == [(4,)], timeout=120)
                 wait_ready(url)
                 figures = parsed(httpx.get(f"{url}/metrics", timeout=30).text)
+                # Its probes: not ready while its database or the agent's services are down.
+                check_services_and_database(url, postgres_url, services)
                 # The dead owner's late writes are refused (counted in this process).
                 with pytest.raises(Exception, match="lost"):
                     runner.leases.renew(lease)
@@ -339,3 +341,16 @@ def test_a_worker_s_metrics_agree_with_lw_runs_and_the_journal(
     model = (("model", MODEL_NAME),)
     assert figures["loopwright_model_request_seconds_count"][model] > 0
     assert figures["loopwright_database_up"][()] == 1
+
+
+def test_a_metrics_port_in_use_is_refused_in_one_line(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        db = f"sqlite:///{tmp_path / 'runs.sqlite3'}"
+        result = cli("worker", "--db", db, "--metrics-port", str(port), env={}, expect=2)
+    [line] = result.stderr.strip().splitlines()
+    assert line.endswith(
+        f"--metrics-port {port}: cannot listen on 127.0.0.1: Address already in use"
+    )
