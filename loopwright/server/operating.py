@@ -87,8 +87,20 @@ async def live(_request: Request) -> Response:
     return JSONResponse(LIVE, headers={"Cache-Control": "no-store"})
 
 
+_checking: asyncio.Future[dict[str, str]] | None = None
+
+
+async def _down_now() -> dict[str, str]:
+    """`server_down`, one check at a time: probes that come while one runs share its answer
+    (an unauthenticated caller cannot make the process open connections faster than that)."""
+    global _checking
+    if _checking is None or _checking.done():
+        _checking = asyncio.ensure_future(asyncio.to_thread(server_down))
+    return await asyncio.shield(_checking)
+
+
 async def ready(_request: Request) -> Response:
-    down = await asyncio.to_thread(server_down)
+    down = await _down_now()
     _log.note(down)
     return JSONResponse(
         NOT_READY if down else READY,
