@@ -98,6 +98,7 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.crashpoints import armed, crash_point
+from loopwright.observability.metrics import FENCE_REFUSALS, NODE_COMMIT_SECONDS
 
 # LangGraph names the durability a graph runs with in its config (CONFIG_KEY_DURABILITY), and
 # writes that belong to no task (resume values, updates) are NULL_TASK_ID's.
@@ -144,17 +145,21 @@ class Fence(BaseModel):
 
     def check_thread(self, run_id: str) -> None:
         if run_id != self.run_id:
-            raise StaleWriter(run_id, self.fence, None, f"the saver is fenced for {self.run_id}")
+            raise self._refused(run_id, None, f"the saver is fenced for {self.run_id}")
 
     def check_row(self, run_id: str, run: FenceRow | None) -> FenceRow:
         """Refuse unless `run`, the run's row as locked by the writing transaction, is ours."""
         if run is None:
-            raise StaleWriter(run_id, self.fence, None, "the run is not registered")
+            raise self._refused(run_id, None, "the run is not registered")
         if run.fence != self.fence or run.owner != self.owner:
-            raise StaleWriter(run_id, self.fence, run.fence, f"the run is held by {run.owner}")
+            raise self._refused(run_id, run.fence, f"the run is held by {run.owner}")
         if not run.lease_live:
-            raise StaleWriter(run_id, self.fence, run.fence, "the lease has expired")
+            raise self._refused(run_id, run.fence, "the lease has expired")
         return run
+
+    def _refused(self, run_id: str, current: int | None, reason: str) -> StaleWriter:
+        FENCE_REFUSALS.labels("checkpoint").inc()
+        return StaleWriter(run_id, self.fence, current, reason)
 
 
 @dataclass(frozen=True)
@@ -341,7 +346,8 @@ class FencedSaver(BaseCheckpointSaver[str]):
             if parent is not None:
                 remember(self._saved_after, (thread, ns), str(parent))
         save = Save(config, checkpoint, metadata, new_versions)
-        self._commit(thread, held, save)
+        with NODE_COMMIT_SECONDS.time():
+            self._commit(thread, held, save)
         return save.next_config
 
     def put_writes(

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.database import DatabaseKind
-from loopwright.checkpoints.leases import refuse_if_superseded
+from loopwright.checkpoints.leases import StaleWriter, refuse_if_superseded
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
 from loopwright.graph.state import TRANSITIONS, Action, ActionStatus
+from loopwright.observability.metrics import FENCE_REFUSALS, note_transition
 
 PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})
 
@@ -260,6 +261,7 @@ class SqlJournal:
                     if moved is not None:
                         self._append_event(action_id, expected, to, fence, detail)
             if moved is not None:
+                note_transition(to.value, detail)
                 return self._action(moved)
             self._refuse(action_id, expected, fence)
 
@@ -269,9 +271,15 @@ class SqlJournal:
         current = self.get(action_id)
         if current is None:
             raise ActionNotFound(action_id)
+        if current.fence > fence:
+            FENCE_REFUSALS.labels("journal").inc()
         if current.status != expected or current.fence > fence:
             raise StaleTransition(current, expected, fence)
-        refuse_if_superseded(self.db, current.run_id, fence)
+        try:
+            refuse_if_superseded(self.db, current.run_id, fence)
+        except StaleWriter:
+            FENCE_REFUSALS.labels("journal").inc()
+            raise
 
     def get(self, action_id: str) -> Action | None:
         return self._first(_SELECT + " WHERE action_id = %s", action_id)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from loopwright.checkpoints.schema import UNENDED_RUNS, migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
 from loopwright.graph.state import Phase
+from loopwright.observability.metrics import FENCE_REFUSALS, LEASE_TAKEOVERS
 
 _LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock
 _RUN_COLUMNS = (
@@ -37,6 +38,16 @@ _LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at, now() AS
 # fence), checked and changed in one statement: the UPDATE locks the row as the check's lock
 # would, and waits for a commit in flight that holds it shared, as a takeover does.
 _HELD = " WHERE run_id = %s AND owner = %s AND fence = %s"
+# A claim: the new owner, a new fence unless the owner renews its own live lease; guarded by
+# what follows it (whose the run may be taken from), then `_CLAIMED`.
+_CLAIM = (
+    "UPDATE lw_runs SET owner = %s,"
+    " fence = fence + CASE WHEN owner = %s AND lease_expires_at > now() THEN 0 ELSE 1"
+    " END, lease_expires_at = {after_seconds}, updated_at = now()"
+    " WHERE run_id = %s AND pruned_at IS NULL"
+)
+_TAKEN_OVER = " AND owner <> %s AND lease_expires_at <= now()"
+_CLAIMED = " RETURNING cancel_requested_at, " + _LEASE_COLUMNS
 
 
 class Lease(BaseModel):
@@ -308,17 +319,15 @@ class LeaseStore:
         while True:
             # One guarded UPDATE: it locks the row, so it waits for a commit in flight that
             # checked the old fence (held shared), and on Postgres its guard is judged again on
-            # the row as that commit or a prune left it.
-            rows = self.db.write(
-                "UPDATE lw_runs SET owner = %s,"
-                " fence = fence + CASE WHEN owner = %s AND lease_expires_at > now() THEN 0 ELSE 1"
-                " END, lease_expires_at = {after_seconds}, updated_at = now()"
-                " WHERE run_id = %s AND pruned_at IS NULL"
-                " AND (owner IS NULL OR owner = %s OR lease_expires_at <= now())"
-                " RETURNING cancel_requested_at, " + _LEASE_COLUMNS,
-                (owner, owner, ttl_s, run_id, owner),
-            )
-            if rows:
+            # the row as that commit or a prune left it. A run nobody holds (or we do) first;
+            # only if that finds none, a takeover of another owner's expired lease, counted.
+            params = (owner, owner, ttl_s, run_id, owner)
+            if rows := self.db.write(
+                _CLAIM + " AND (owner IS NULL OR owner = %s)" + _CLAIMED, params
+            ):
+                return _lease(rows[0], ttl_s, rows[0]["cancel_requested_at"] is not None)
+            if rows := self.db.write(_CLAIM + _TAKEN_OVER + _CLAIMED, params):
+                LEASE_TAKEOVERS.inc()
                 return _lease(rows[0], ttl_s, rows[0]["cancel_requested_at"] is not None)
             run = self.get(run_id)
             if run is None:
@@ -343,7 +352,7 @@ class LeaseStore:
             (lease.ttl_s, *_held(lease)),
         )
         if not rows:
-            raise LeaseLost(lease, self.get(lease.run_id))
+            raise self._lost(lease, self.get(lease.run_id))
         return _lease(rows[0], lease.ttl_s, rows[0]["cancel_requested_at"] is not None)
 
     def runs(self, phase: str | None = None) -> list[RunRecord]:
@@ -392,7 +401,7 @@ class LeaseStore:
             (phase, self.db.timestamp(next_attempt_at), *_held(lease)),
         )
         if not rows:
-            raise LeaseLost(lease, self.get(lease.run_id))
+            raise self._lost(lease, self.get(lease.run_id))
 
     def record_failure(self, lease: Lease, error: str) -> RunRecord:
         """Note an attempt that ended in an error, and when to try again: after
@@ -409,8 +418,13 @@ class LeaseStore:
     def _check_held(self, lease: Lease) -> RunRecord:
         run = lock_run(self.db, lease.run_id, exclusive=True)
         if run is None or run.fence != lease.fence or run.owner != lease.owner:
-            raise LeaseLost(lease, run)
+            raise self._lost(lease, run)
         return run
+
+    @staticmethod
+    def _lost(lease: Lease, current: RunRecord | None) -> LeaseLost:
+        FENCE_REFUSALS.labels("lease").inc()
+        return LeaseLost(lease, current)
 
     def request_cancel(self, run_id: str) -> RunRecord:
         """Ask for a run to stop. Not fenced: anyone allowed to cancel may, at any time; the

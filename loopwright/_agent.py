@@ -155,6 +155,9 @@ class Agent[DepsT]:
     and yields the environment variables that point each process's `deps` at it:
     `loopwright serve --engine aegra` enters it once and gives its variables to every instance.
     `scenarios` are the tasks `loopwright faults` proves the agent on (default: its `demo`).
+    `health(deps)` names the agent's own dependencies that do not answer now (empty: all do),
+    for readiness probes: a process serving the agent is not ready while any is named (or the
+    hook raises, or takes longer than a probe's bound). Keep it quick: one cheap request each.
 
     The functions an agent and its tools declare, and what each is given (`ctx` is the call's
     `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):
@@ -163,6 +166,7 @@ class Agent[DepsT]:
                                                       (or boundary(deps, principal, task))
         principal(deps, user_id: str) -> Principal                        whom a run acts for
         approvers(deps, user_id: str) -> bool                             who may decide
+        health(deps) -> Iterable[str]                                     dependencies down now
         done(ctx, task: str, writes: list[Action]) -> bool                whether the task is done
         claims(ctx, answer: str, writes: list[Action]) -> list[str]       effects claimed, not held
         authorize(ctx, args) -> bool | None                               False refuses the call
@@ -206,6 +210,7 @@ class Agent[DepsT]:
         demo: Demo | None = None,
         shared: Callable[[], AbstractContextManager[Mapping[str, str]]] | None = None,
         scenarios: Sequence[Scenario] = (),
+        health: Callable[[DepsT], Iterable[str]] | None = None,
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -230,6 +235,7 @@ class Agent[DepsT]:
         self.demo = demo
         self.shared = shared
         self.scenarios = tuple(scenarios)
+        self.health = health
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
         self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]
@@ -419,6 +425,7 @@ class Agent[DepsT]:
             "specialists": list(self.specialists.values()),
             "demo": self.demo,
             "scenarios": self.scenarios,
+            "health": self.health,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:

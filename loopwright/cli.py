@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         ApprovalChoice,
         Principal,
     )
+    from loopwright.probe_port import ProbePort
     from loopwright.runner import (
         Runner,
         RunOutcome,
@@ -1128,6 +1129,19 @@ def worker(
             help="Seconds between looks for due runs.",
         ),
     ] = 0.5,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65_535,
+            help="Serve /metrics (Prometheus), /ready and /live on this port; no token: keep it"
+            " where only your scraper and probes reach it.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Interface --metrics-port listens on.")
+    ] = "127.0.0.1",
 ) -> None:
     """Claim and advance the agent's runs that need it (expired leases, due reconciliations)
     until stopped.
@@ -1135,12 +1149,23 @@ def worker(
     A database that goes away does not end the worker: it reconnects, waiting 1, 2, 4, ... up
     to 30 s between tries. One it cannot connect to at all at start is a configuration error
     (one that drops the worker's first connections has been reached: it reconnects)."""
-    from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
+    from loopwright.checkpoints.database import (
+        DATABASE_FAULTS,
+        DatabaseUnavailable,
+        resolve_database_url,
+    )
     from loopwright.graph.bounded import stop_all
     from loopwright.worker import work
 
     hosted = agent_for(agent)
     stop = threading.Event()
+    current: list[Runner] = []  # the worker's session, while it has one (for its probes)
+    probes = _probe_port(
+        metrics_host,
+        metrics_port,
+        resolve_database_url(db),
+        lambda: current[0] if current else None,
+    )
 
     def stop_now(*_: object) -> None:
         """No run started after this; a model request in flight ends now (the attempt unwinds
@@ -1173,13 +1198,17 @@ def worker(
                     markup=False,
                 )
                 connected, reconnect_s = True, RECONNECT_FIRST_S
-                work(
-                    runner,
-                    stop=stop,
-                    poll_s=poll,
-                    on_attempt=show_attempt,
-                    on_idle=lambda line: console.print(f"worker: {flat(line)}", markup=False),
-                )
+                current[:] = [runner]
+                try:
+                    work(
+                        runner,
+                        stop=stop,
+                        poll_s=poll,
+                        on_attempt=show_attempt,
+                        on_idle=lambda line: console.print(f"worker: {flat(line)}", markup=False),
+                    )
+                finally:
+                    current.clear()
         except DATABASE_FAULTS as exc:
             if not connected and isinstance(exc, DatabaseUnavailable):
                 raise  # never reached: a wrong URL or a database that is not there
@@ -1192,6 +1221,32 @@ def worker(
             )
             stop.wait(reconnect_s)
             reconnect_s = min(2 * reconnect_s, RECONNECT_MAX_S)
+    if probes is not None:
+        probes.close()
+
+
+def _probe_port(
+    host: str, port: int | None, database_url: str, runner: Callable[[], Runner | None]
+) -> ProbePort | None:
+    """The worker's probes and metrics on `port` (None: not asked for); a port it cannot
+    listen on is refused in one line, before the worker starts."""
+    if port is None:
+        return None
+    from loopwright.observability.stored_state import scrape
+    from loopwright.probe_port import ProbePort
+    from loopwright.worker import worker_down
+
+    try:
+        return ProbePort(
+            host,
+            port,
+            down=lambda: worker_down(database_url, runner()),
+            scrape=lambda: scrape(database_url),
+        )
+    except OSError as exc:
+        raise UsageError(
+            f"--metrics-port {port}: cannot listen on {host}: {exc.strerror or exc}"
+        ) from None
 
 
 @app.command()

@@ -79,6 +79,7 @@ from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
 from loopwright.nodes.approval import editors_of
 from loopwright.observability.instrument import note_run, traced_journal
+from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings, run_span
 from loopwright.tools.contract import ToolFault
 
@@ -659,6 +660,7 @@ class Runner:
             outcome = self._outcome(run_id, ended.values, ended.interrupts)
             self.leases.record(lease, outcome.phase, outcome.next_attempt_at, release=True)
             released = True
+            note_run_end(values, ended.values)
         except NOT_THE_RUNS_FAULT:
             raise  # the new owner carries on, or the database failed us: not the run's fault
         except Exception as exc:
@@ -718,10 +720,10 @@ class Runner:
         detail. Written as guard's step, whose edge then ends the graph; the journal keeps all
         the run did, and any write it could not confirm is reported as such."""
         detail = f"{self.max_failures} attempts in a row ended in an error; the last: {error}"
-        self.graph.update_state(
-            self.config(run_id), stop(StopReason.NEEDS_HUMAN, detail), as_node="guard"
-        )
+        ended = stop(StopReason.NEEDS_HUMAN, detail)
+        self.graph.update_state(self.config(run_id), ended, as_node="guard")
         self.leases.record(lease, Phase.INCOMPLETE.value)
+        note_run_end({}, ended)
 
     def _claim(self, run_id: str) -> Lease:
         give_up = time.monotonic() + self.lease_wait_s

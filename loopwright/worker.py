@@ -19,12 +19,27 @@ from datetime import datetime
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
 from loopwright.graph.state import ENDED_PHASES
+from loopwright.readiness import agent_answers, connection_answers, database_answers, failing
 from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
 WorkListener = Callable[[str, RunOutcome | Exception], None]
 # Called when the worker runs out of due runs: what it then waits for (`waiting_for`).
 IdleListener = Callable[[str], None]
+
+
+def worker_down(database_url: str, runner: Runner | None) -> dict[str, str]:
+    """What a worker cannot reach now, each with why (empty: it is ready): its database (a new
+    connection, and the one it keeps) and the agent's own dependencies. A worker without a
+    session (reconnecting to its database) is not ready either."""
+    checks = {"database": database_answers(database_url)}
+    if runner is not None:
+        checks["database connection"] = connection_answers(runner.leases.db)
+        checks["agent"] = agent_answers(runner.agent, runner.deps)
+    down = failing(checks)
+    if runner is None:
+        down["worker"] = "no session: reconnecting to the database"
+    return down
 
 
 def waiting_for(runs: list[RunRecord]) -> str:

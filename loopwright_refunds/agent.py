@@ -127,6 +127,20 @@ def shared_services() -> Iterator[dict[str, str]]:
         yield started.endpoints.to_env()
 
 
+HEALTH_TIMEOUT_S = 0.5
+
+
+def services_down(services: RefundServices) -> list[str]:
+    """The reference services that do not answer their health check now (readiness)."""
+    down = []
+    for name, url in services.endpoints.model_dump().items():
+        try:
+            services.http.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S).raise_for_status()
+        except httpx.HTTPError:
+            down.append(name)
+    return down
+
+
 @contextmanager
 def fresh_services() -> Iterator[RefundServices]:
     """Like `open_services`, on freshly seeded data when it starts the services itself."""
@@ -449,6 +463,7 @@ agent: Agent[RefundServices] = Agent(
         deps=fresh_services,
     ),
     shared=shared_services,
+    health=services_down,
     # What `loopwright faults` proves it on: the demo's task, each trial on fresh services, which
     # a crash trial's processes reach through $LOOPWRIGHT_SERVICES.
     scenarios=[

@@ -32,6 +32,7 @@ from loopwright.graph.state import PendingCall, Phase, RunState, StopReason, dig
 from loopwright.graph.views import dump_pending, started_at, stop, usage_of
 from loopwright.nodes.compile_context import render
 from loopwright.observability.instrument import model_span, note_model_reply
+from loopwright.observability.metrics import MODEL_REQUEST_SECONDS
 
 
 def _pending_calls(message: AIMessage) -> list[PendingCall]:
@@ -96,7 +97,10 @@ def model_step(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         )
         bound = REQUEST_BOUNDS.set(bounds)
         try:
-            with model_span(model, context.prompt_version) as span:
+            with (
+                model_span(model, context.prompt_version) as span,
+                MODEL_REQUEST_SECONDS.labels(model_name(model)).time(),
+            ):
                 bound_model = context.with_tools(model, allowed)
                 messages = render(state)
                 reply = call_by(

@@ -234,6 +234,13 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("GET", "/metrics"): harmless("the server's metrics: with a token only"),
     ("GET", "/docs"): harmless("the API's description: with a token only"),
     ("GET", "/ok"): harmless("health check", public=True),
+    # loopwright's probes and metrics (server.operating)
+    ("GET", "/live"): harmless("liveness: a status word", public=True),
+    ("GET", "/ready"): harmless("readiness: a status word", public=True),
+    ("GET", "/health"): harmless("readiness: a status word", public=True),
+    ("GET", "/loopwright/metrics"): refused(
+        "operators only (every tenant's runs are counted): no customer or approver reads them"
+    ),
     # loopwright's inbox (server.app)
     ("GET", "/inbox/api/approvals"): allowed(
         APPROVERS, "approvers list their own tenant's pending approvals"
@@ -297,15 +304,16 @@ AEGRA_SHARED: tuple[Route, ...] = (
     ("POST", "/store/items/search"),
     ("POST", "/store/namespaces"),
     ("GET", "/info"),
+    ("GET", "/live"),
+    ("GET", "/ready"),
+    ("GET", "/health"),
+    ("GET", "/loopwright/metrics"),
     ("GET", "/inbox/api/approvals"),
     ("POST", "/inbox/api/decisions"),
     ("GET", "/inbox/api/runs/{run_id}/timeline"),
 )
 AEGRA_CLASSIFICATION: dict[Route, Rule] = {
     **{route: CLASSIFICATION[route] for route in AEGRA_SHARED},
-    ("GET", "/health"): harmless("health check", public=True),
-    ("GET", "/ready"): harmless("readiness check", public=True),
-    ("GET", "/live"): harmless("liveness check", public=True),
     ("GET", "/assistants"): harmless("assistants are readable"),
     ("GET", "/assistants/{assistant_id}/subgraphs"): harmless("assistants are readable"),
     ("GET", "/threads"): harmless("filtered to the caller's own / tenant's threads"),

@@ -1,4 +1,6 @@
-"""loopwright's own HTTP routes on the server (langgraph.json `http.app`): the approval inbox.
+"""loopwright's own HTTP routes on the server (langgraph.json `http.app`): the approval inbox,
+and an operator's probes and metrics (`server.operating`: `/live`, `/ready`, `/health`,
+`/loopwright/metrics`).
 
 `GET /inbox` is a small page (plain HTML and script, no assets from elsewhere) that asks for a
 bearer token and lists the approvals waiting across threads, each with what a person decides
@@ -57,6 +59,7 @@ from loopwright.server.decision_outcome import decision_result, taken_decision
 from loopwright.server.gate import Gate
 from loopwright.server.identities import IdentityRefused, authenticated_user
 from loopwright.server.launch import GRAPH_ID
+from loopwright.server.operating import METRICS_PATH, live, metrics, ready
 from loopwright.server.resources import aresources
 from loopwright.server.users import User
 
@@ -285,3 +288,8 @@ app.add_api_route("/inbox", page, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox/api/approvals", list_approvals, methods=["GET"])
 app.add_api_route("/inbox/api/decisions", decide, methods=["POST"])
 app.add_api_route("/inbox/api/runs/{run_id}/timeline", timeline, methods=["GET"])
+# An operator's: probes and metrics (`server.operating`).
+app.add_api_route("/live", live, methods=["GET"])
+app.add_api_route("/ready", ready, methods=["GET"])
+app.add_api_route("/health", ready, methods=["GET"])
+app.add_api_route(METRICS_PATH, metrics, methods=["GET"])

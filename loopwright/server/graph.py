@@ -62,6 +62,7 @@ from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
 from loopwright.graph.text import InvalidText
+from loopwright.observability.metrics import note_run_end
 from loopwright.runner import OtherAgentsRun, UnknownRun, worker_name
 from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
@@ -280,9 +281,8 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 watch = saver.watch = RunWatch(lease)
                 graph = self.copy(update={"checkpointer": saver, "store": None})
                 run_config = _with_writer(config, owner)
-                payload = payload_for(
-                    request, graph.get_state(run_config), run_id, principal, watch.now()
-                )
+                before = graph.get_state(run_config)
+                payload = payload_for(request, before, run_id, principal, watch.now())
                 context = dataclasses.replace(
                     served_context(res, run_id, lease.fence, request, principal),
                     clock=watch.now,
@@ -300,8 +300,10 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                         emit(chunk)
                         if pause.is_set():
                             break  # a step boundary: what ran is committed
-                phase, next_attempt_at = where_it_stands(graph.get_state(run_config))
+                after = graph.get_state(run_config)
+                phase, next_attempt_at = where_it_stands(after)
                 res.leases.record(lease, phase, next_attempt_at)
+                note_run_end(before.values or {}, after.values or {})
         finally:
             res.leases.release(lease)
 

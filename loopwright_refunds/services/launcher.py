@@ -36,10 +36,16 @@ class RunningServices(ChildProcess):
         self.endpoints = endpoints
 
 
-def start_services(data_dir: Path, *, timeout: float = START_TIMEOUT_S) -> RunningServices:
+def start_services(
+    data_dir: Path,
+    *,
+    timeout: float = START_TIMEOUT_S,
+    endpoints: ServiceEndpoints | None = None,
+) -> RunningServices:
     """Spawn ``python -m loopwright_refunds.services`` on `data_dir`; wait until all three listen.
 
-    Existing data in `data_dir` is kept, so starting again after `stop` resumes where it was.
+    Existing data in `data_dir` is kept, so starting again after `stop` resumes where it was;
+    given the `endpoints` they had, on the same ports, where their clients still look.
     The child's stderr is appended to ``services.log`` there and quoted if it fails to start.
     The child stops when this process dies, however it dies (`loopwright.processes.spawn`):
     services left running, adopted by init, would share the data directory with the next ones.
@@ -49,6 +55,9 @@ def start_services(data_dir: Path, *, timeout: float = START_TIMEOUT_S) -> Runni
     ready_file = data_dir / READY_FILE
     ready_file.unlink(missing_ok=True)
     command = [sys.executable, "-m", "loopwright_refunds.services", "--data-dir", str(data_dir)]
+    if endpoints is not None:
+        for service, url in endpoints.model_dump().items():
+            command += [f"--{service}-port", url.rpartition(":")[2]]
     with (data_dir / LOG_FILE).open("ab") as log:
         log_start = log.tell()
         process, lifeline = spawn(

@@ -1,4 +1,6 @@
-"""What every reference service exposes for tests: a request log and a slow-down knob.
+"""What every reference service exposes beside its business routes: a health check (`GET
+/health`, what the refund agent's readiness asks), and for tests a request log and a slow-down
+knob.
 
 Concurrency claims ("two reads ran side by side", "two writes to one order never overlapped")
 are checked where they happen, at the service: each request's method, path and start/end times
@@ -16,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
 ADMIN = "/admin/"
+HEALTH = "/health"
 
 
 class Slowness(BaseModel):
@@ -38,8 +41,8 @@ def install(app: FastAPI) -> None:
     async def observe(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if request.url.path.startswith(ADMIN):
-            return await call_next(request)
+        if request.url.path.startswith(ADMIN) or request.url.path == HEALTH:
+            return await call_next(request)  # not business: neither logged nor slowed down
         started = time.monotonic()
         if request.method in slowness.methods and slowness.seconds:
             await asyncio.sleep(slowness.seconds)
@@ -53,6 +56,10 @@ def install(app: FastAPI) -> None:
             )
         )
         return response
+
+    @app.get(HEALTH)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
 
     @app.get("/admin/requests")
     async def requests() -> list[LoggedRequest]:
