@@ -40,8 +40,8 @@ from loopwright.readiness import (
     database_answers,
     failing,
 )
-from loopwright.server.auth import user_for_authorization
 from loopwright.server.cluster import REDIS_ENV, redis_unreachable
+from loopwright.server.identities import IdentityRefused, authenticated_user
 from loopwright.server.resources import resources, server_database_url
 
 OPERATOR_ROLE = "operator"
@@ -110,9 +110,10 @@ async def ready(_request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    user = user_for_authorization(request.headers.get("authorization"))
-    if user is None:
-        return JSONResponse({"detail": "a valid bearer token is required"}, status_code=401)
+    try:
+        user = await authenticated_user(request.headers.get("authorization"))
+    except IdentityRefused as exc:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
     if OPERATOR_ROLE not in user.roles:
         return JSONResponse({"detail": "only operators read the metrics"}, status_code=403)
     body = await asyncio.to_thread(scrape, server_database_url())
