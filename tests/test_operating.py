@@ -35,6 +35,7 @@ from loopwright.checkpoints.scratch import fresh_database
 from loopwright.observability.stored_state import exposition
 from loopwright.runner import LEASE_TTL_ENV, open_runner
 from loopwright.server import cluster as cluster_module
+from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.agent import MODEL_NAME, agent, connect
 from loopwright_refunds.services.admin import create_order, set_fault
@@ -137,7 +138,7 @@ def test_langgraph_server_probes_and_operator_metrics(
                 {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                 {
                     "DATABASE_URL": database_url,
-                    "LOOPWRIGHT_TOKENS": json.dumps(TOKENS),
+                    "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
                     **services.endpoints.to_env(),
                 },
             )
@@ -200,7 +201,10 @@ def test_aegra_instance_probes_follow_its_database_redis_and_services(
                     database_url=database_url,
                     redis_url=redis_url,
                     config=cluster_module.write_config(tmp_path),
-                    extra={**services.endpoints.to_env(), "LOOPWRIGHT_TOKENS": json.dumps(TOKENS)},
+                    extra={
+                        **services.endpoints.to_env(),
+                        "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
+                    },
                 )
                 with (
                     reserved_port() as port,
