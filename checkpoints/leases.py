@@ -296,12 +296,16 @@ class LeaseStore:
         row = self.db.one(_SELECT_RUN, (run_id,))
         return RunRecord.model_validate(row) if row else None
 
-    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+    def claim(
+        self, run_id: str, owner: str, ttl_s: float, *, agent_version: str | None = None
+    ) -> Lease:
         """Lease the run to `owner` for `ttl_s` seconds.
 
         The same owner re-claiming a live lease extends it under the same fence. Any other
         acquisition (first claim, after a release, after expiry, or a takeover by a different
         owner) bumps the fence, so that every earlier holder's writes are refused from now on.
+        `agent_version`: the version of the agent that advances the run under this lease, which
+        becomes the run's (an upgrade's new version continuing a run begun by the old one).
         """
         if ttl_s <= 0:
             raise ValueError(f"lease ttl must be positive, got {ttl_s}")
@@ -312,11 +316,12 @@ class LeaseStore:
             rows = self.db.write(
                 "UPDATE lw_runs SET owner = %s,"
                 " fence = fence + CASE WHEN owner = %s AND lease_expires_at > now() THEN 0 ELSE 1"
-                " END, lease_expires_at = {after_seconds}, updated_at = now()"
+                " END, lease_expires_at = {after_seconds}, updated_at = now(),"
+                " agent_version = COALESCE(%s, agent_version)"
                 " WHERE run_id = %s AND pruned_at IS NULL"
                 " AND (owner IS NULL OR owner = %s OR lease_expires_at <= now())"
                 " RETURNING cancel_requested_at, " + _LEASE_COLUMNS,
-                (owner, owner, ttl_s, run_id, owner),
+                (owner, owner, ttl_s, agent_version, run_id, owner),
             )
             if rows:
                 return _lease(rows[0], ttl_s, rows[0]["cancel_requested_at"] is not None)

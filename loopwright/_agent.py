@@ -418,6 +418,7 @@ class Agent[DepsT]:
             "planner": self.planner,
             "specialists": list(self.specialists.values()),
             "demo": self.demo,
+            "shared": self.shared,
             "scenarios": self.scenarios,
         }
         unknown = sorted(set(changes) - set(parts))

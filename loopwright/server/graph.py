@@ -62,7 +62,7 @@ from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
 from loopwright.graph.text import InvalidText
-from loopwright.runner import OtherAgentsRun, UnknownRun, worker_name
+from loopwright.runner import VERSION_METADATA_KEY, OtherAgentsRun, UnknownRun, worker_name
 from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
     APPROVER_ROLE,
@@ -117,12 +117,13 @@ def where_it_stands(snapshot: StateSnapshot) -> tuple[str, datetime | None]:
     return str((snapshot.values or {}).get("phase", Phase.READY.value)), None
 
 
-def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float) -> Lease:
-    """Claim the run, waiting out a dead owner's lease (it expires after `ttl_s`), no longer."""
+def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float, agent_version: str) -> Lease:
+    """Claim the run for `agent_version`'s process, waiting out a dead owner's lease (it
+    expires after `ttl_s`), no longer."""
     give_up = time.monotonic() + ttl_s + 1
     while True:
         try:
-            return leases.claim(run_id, owner, ttl_s)
+            return leases.claim(run_id, owner, ttl_s, agent_version=agent_version)
         except LeaseHeld:
             if time.monotonic() >= give_up:
                 raise
@@ -265,7 +266,8 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
             raise RunRefused(str(exc)) from None
         except UnknownRun:
             pass  # nothing registered: payload_for says there is no run to continue
-        lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s)
+        version = res.agent.version
+        lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s, version)
         try:
             with connect_postgres(res.database_url) as conn:
                 # A new thread in LangGraph's layout: the server's own reads (its API,
@@ -275,7 +277,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 # renewals and the commits' fence checks, not read by every node.
                 watch = saver.watch = RunWatch(lease)
                 graph = self.copy(update={"checkpointer": saver, "store": None})
-                run_config = _with_writer(config, owner)
+                run_config = _with_writer(config, owner, version)
                 payload = payload_for(
                     request, graph.get_state(run_config), run_id, principal, watch.now()
                 )
@@ -344,8 +346,14 @@ def _run_config(config: RunnableConfig | None) -> RunnableConfig:
     return {**(config or {}), "configurable": configurable}
 
 
-def _with_writer(config: RunnableConfig, owner: str) -> RunnableConfig:
-    metadata = {**(config.get("metadata") or {}), WRITER_METADATA_KEY: owner}
+def _with_writer(config: RunnableConfig, owner: str, version: str) -> RunnableConfig:
+    """`config` stamping every checkpoint this attempt writes with the process that wrote it
+    and the agent version that decided it."""
+    metadata = {
+        **(config.get("metadata") or {}),
+        WRITER_METADATA_KEY: owner,
+        VERSION_METADATA_KEY: version,
+    }
     return {**config, "metadata": metadata, "recursion_limit": 10_000}
 
 
