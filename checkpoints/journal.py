@@ -32,6 +32,8 @@ from loopwright.graph.state import TRANSITIONS, Action, ActionStatus
 from loopwright.observability.metrics import FENCE_REFUSALS, note_transition
 
 PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})
+# The key of an event's detail naming the agent version that decided the change.
+VERSION_KEY = "version"
 
 # Timestamps come last: they are not taken from the caller but from the database clock.
 _WRITTEN = (
@@ -71,7 +73,8 @@ _MOVE = (
 # waits for the move, and a move that waited for a takeover reads the new fence.
 _PG_PLAN = (
     f"WITH planned AS ({_INSERT_NEW_INTENT}), event AS (INSERT INTO lw_action_events"
-    f" {_EVENT_COLUMNS} SELECT action_id, 1, NULL, status, fence, now(), NULL FROM planned)"
+    f" {_EVENT_COLUMNS} SELECT action_id, 1, NULL, status, fence, now(), CAST(%s AS JSON)"
+    " FROM planned)"
     " SELECT * FROM planned"
 )
 _PG_MOVE = (
@@ -112,6 +115,13 @@ class ActionEvent(BaseModel):
     @property
     def why(self) -> str:
         return str((self.detail or {}).get("reason", ""))
+
+    @property
+    def version(self) -> str | None:
+        """The agent version whose process made this change (`VersionedJournal`); None for a
+        change journaled before versions were."""
+        found = (self.detail or {}).get(VERSION_KEY)
+        return None if found is None else str(found)
 
 
 class ActionNotFound(LookupError):
@@ -159,8 +169,9 @@ class ActionJournal(Protocol):
 
     def setup(self) -> None: ...
 
-    def plan(self, action: Action) -> Action:
-        """Journal a new intent, or return the action already journaled for it."""
+    def plan(self, action: Action, *, detail: dict[str, Any] | None = None) -> Action:
+        """Journal a new intent, or return the action already journaled for it; `detail` is
+        kept with the planning event."""
         ...
 
     def transition(
@@ -202,7 +213,7 @@ class SqlJournal:
         the current version."""
         migrate(self.db)
 
-    def plan(self, action: Action) -> Action:
+    def plan(self, action: Action, *, detail: dict[str, Any] | None = None) -> Action:
         """Insert `action` unless its intent is journaled already; return the journaled action.
 
         Atomic under concurrency: of two writers planning one intent, one inserts and the other
@@ -215,12 +226,12 @@ class SqlJournal:
         data["outcome"] = self.db.to_json(data["outcome"])
         values = [data[column] for column in _WRITTEN]
         if self.db.kind is DatabaseKind.POSTGRES:
-            inserted = self.db.one(_PG_PLAN, values)
+            inserted = self.db.one(_PG_PLAN, [*values, self.db.to_json(detail)])
         else:
             with self.db.transaction():
                 inserted = self.db.one(_INSERT_NEW_INTENT, values)
                 if inserted is not None:
-                    self._append_event(action.action_id, None, action.status, action.fence, None)
+                    self._append_event(action.action_id, None, action.status, action.fence, detail)
         if inserted is not None:
             return self._action(inserted)
         existing = self.by_intent(action.intent_key)
@@ -349,6 +360,61 @@ class SqlJournal:
                 "outcome": self.db.from_json(row["outcome"]),
             }
         )
+
+
+class VersionedJournal:
+    """`journal` as one agent version's process writes it: every event it journals (a plan, a
+    move) also records `version`, so that a run that changed hands during an upgrade tells
+    which version decided each change of each action (`ActionEvent.version`)."""
+
+    def __init__(self, journal: ActionJournal, version: str) -> None:
+        self._journal = journal
+        self._version = version
+
+    def _stamped(self, detail: dict[str, Any] | None) -> dict[str, Any]:
+        return {**(detail or {}), VERSION_KEY: self._version}
+
+    def setup(self) -> None:
+        self._journal.setup()
+
+    def plan(self, action: Action, *, detail: dict[str, Any] | None = None) -> Action:
+        return self._journal.plan(action, detail=self._stamped(detail))
+
+    def transition(
+        self,
+        action_id: str,
+        expected: ActionStatus,
+        to: ActionStatus,
+        *,
+        fence: int,
+        outcome: dict[str, Any] | None = None,
+        count_attempt: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> Action:
+        return self._journal.transition(
+            action_id,
+            expected,
+            to,
+            fence=fence,
+            outcome=outcome,
+            count_attempt=count_attempt,
+            detail=self._stamped(detail),
+        )
+
+    def get(self, action_id: str) -> Action | None:
+        return self._journal.get(action_id)
+
+    def by_intent(self, intent_key: str) -> Action | None:
+        return self._journal.by_intent(intent_key)
+
+    def for_run(self, run_id: str) -> list[Action]:
+        return self._journal.for_run(run_id)
+
+    def events(self, action_id: str) -> list[ActionEvent]:
+        return self._journal.events(action_id)
+
+    def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
+        return self._journal.in_status(statuses)
 
 
 @contextlib.contextmanager

@@ -43,7 +43,8 @@ _HELD = " WHERE run_id = %s AND owner = %s AND fence = %s"
 _CLAIM = (
     "UPDATE lw_runs SET owner = %s,"
     " fence = fence + CASE WHEN owner = %s AND lease_expires_at > now() THEN 0 ELSE 1"
-    " END, lease_expires_at = {after_seconds}, updated_at = now()"
+    " END, lease_expires_at = {after_seconds}, updated_at = now(),"
+    " agent_version = COALESCE(%s, agent_version)"
     " WHERE run_id = %s AND pruned_at IS NULL"
 )
 _TAKEN_OVER = " AND owner <> %s AND lease_expires_at <= now()"
@@ -307,12 +308,16 @@ class LeaseStore:
         row = self.db.one(_SELECT_RUN, (run_id,))
         return RunRecord.model_validate(row) if row else None
 
-    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+    def claim(
+        self, run_id: str, owner: str, ttl_s: float, *, agent_version: str | None = None
+    ) -> Lease:
         """Lease the run to `owner` for `ttl_s` seconds.
 
         The same owner re-claiming a live lease extends it under the same fence. Any other
         acquisition (first claim, after a release, after expiry, or a takeover by a different
         owner) bumps the fence, so that every earlier holder's writes are refused from now on.
+        `agent_version`: the version of the agent that advances the run under this lease, which
+        becomes the run's (an upgrade's new version continuing a run begun by the old one).
         """
         if ttl_s <= 0:
             raise ValueError(f"lease ttl must be positive, got {ttl_s}")
@@ -321,7 +326,7 @@ class LeaseStore:
             # checked the old fence (held shared), and on Postgres its guard is judged again on
             # the row as that commit or a prune left it. A run nobody holds (or we do) first;
             # only if that finds none, a takeover of another owner's expired lease, counted.
-            params = (owner, owner, ttl_s, run_id, owner)
+            params = (owner, owner, ttl_s, agent_version, run_id, owner)
             if rows := self.db.write(
                 _CLAIM + " AND (owner IS NULL OR owner = %s)" + _CLAIMED, params
             ):

@@ -424,6 +424,7 @@ class Agent[DepsT]:
             "planner": self.planner,
             "specialists": list(self.specialists.values()),
             "demo": self.demo,
+            "shared": self.shared,
             "scenarios": self.scenarios,
             "health": self.health,
         }

@@ -649,9 +649,20 @@ def runs(
     version: Annotated[
         str | None,
         typer.Option(
-            "--version", metavar="VERSION", help="Only runs pinned to this agent version."
+            "--version",
+            metavar="VERSION",
+            help="Only runs this agent version advanced last (a run continued by a new version"
+            " is the new version's).",
         ),
     ] = None,
+    unfinished: Annotated[
+        bool,
+        typer.Option(
+            "--unfinished",
+            help="Only runs that have not ended (running, waiting for a person, parked): what a"
+            " drain waits for.",
+        ),
+    ] = False,
     limit: Annotated[
         int,
         typer.Option(
@@ -676,7 +687,9 @@ def runs(
     with records(hosted, db) as runner:
         shown = hosted.name if named else None
         listed = (
-            run_lines(runner, agent=shown, version=version, limit=limit or None)
+            run_lines(
+                runner, agent=shown, version=version, limit=limit or None, unfinished=unfinished
+            )
             if runner
             else RunList([], 0)
         )

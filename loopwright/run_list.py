@@ -21,7 +21,7 @@ from rich.console import Console
 
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.display import flat
-from loopwright.graph.state import Action
+from loopwright.graph.state import ENDED_PHASES, Action
 from loopwright.runner import Runner, UnknownRun
 from loopwright.timeline import UNCONFIRMED, Redactor
 
@@ -68,13 +68,19 @@ def run_lines(
     agent: str | None = None,
     version: str | None = None,
     limit: int | None = None,
+    unfinished: bool = False,
 ) -> RunList:
-    """The registered runs (of `agent`, at `version`, if given): every one with an unconfirmed
-    write, then the newest `limit` of the others (all, if None)."""
+    """The registered runs (of `agent`, at `version`, that have not ended: if given): every one
+    with an unconfirmed write, then the newest `limit` of the others (all, if None).
+
+    A run's version is the version of its agent that last advanced it (a run begun by version 1
+    and continued by version 2 is version 2's): `unfinished` runs at an old version are what an
+    upgrade still has to see through, whatever the new version continues."""
     unconfirmed = {action.run_id for action in runner.journal.in_status(UNCONFIRMED)}
+    candidates = runner.leases.unended() if unfinished else runner.leases.runs()
     records = [
         record
-        for record in runner.leases.runs()  # newest first
+        for record in candidates  # newest first
         if not (agent and record.agent != agent)
         and not (version and record.agent_version != version)
     ]
@@ -92,6 +98,8 @@ def run_lines(
         for action in outcome.actions:
             redactor.learn(action.tool, action.args)
         task = redactor.text(record.task, markup=False)
+        if unfinished and outcome.phase in ENDED_PHASES:
+            continue  # ended since its process last wrote lw_runs (it died after the end)
         stop = outcome.stop_reason or ""
         lines.append(RunLine(record, outcome.phase, stop, outcome.actions, task))
     # Stable: newest first stays. Sorted again: a write may have settled, or begun, meanwhile.

@@ -36,7 +36,13 @@ from loopwright._agent import Agent
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver, Superstep
-from loopwright.checkpoints.journal import ActionEvent, ActionJournal, StaleTransition, open_journal
+from loopwright.checkpoints.journal import (
+    ActionEvent,
+    ActionJournal,
+    StaleTransition,
+    VersionedJournal,
+    open_journal,
+)
 from loopwright.checkpoints.leases import (
     Lease,
     LeaseHeld,
@@ -89,6 +95,9 @@ StepUpdates = dict[str, dict[str, Any] | None]
 # Where LangGraph's streamed state carries the interrupts of its superstep (documented, as in
 # `invoke`'s result).
 INTERRUPTS_KEY = "__interrupt__"
+# Checkpoint metadata naming the agent version whose process wrote a step: which version
+# decided each step of a run that changed hands during an upgrade.
+VERSION_METADATA_KEY = "lw_version"
 # How LangGraph names a node's task in its path (`task_path_str` of (PULL, node)).
 _PULL_PATH = "~__pregel_pull, "
 
@@ -313,7 +322,7 @@ class Runner:
             agent_version=agent.version,
             instructions=agent.instructions,
             prompt_version=agent.prompt_version,
-            journal=traced_journal(self.journal),
+            journal=traced_journal(VersionedJournal(self.journal, agent.version)),
             budget=self.budget,
             approval_ttl=agent.approval_ttl,
             fence=fence,
@@ -696,7 +705,7 @@ class Runner:
         for only where someone listens to the steps."""
         stream = self.graph.stream(
             payload,
-            config,
+            {**config, "metadata": {VERSION_METADATA_KEY: self.agent.version}},
             context=context,
             durability=RUN_DURABILITY,
             stream_mode=["values", "updates"] if on_step else ["values"],
@@ -730,7 +739,9 @@ class Runner:
         told = False
         while True:
             try:
-                return self.leases.claim(run_id, self.owner, self.lease_ttl_s)
+                return self.leases.claim(
+                    run_id, self.owner, self.lease_ttl_s, agent_version=self.agent.version
+                )
             except LeaseHeld as held:
                 if time.monotonic() >= give_up:
                     raise

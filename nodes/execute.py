@@ -155,10 +155,15 @@ def _cancel_unsent(call: PendingCall, context: RunContext) -> Done:
 
 
 def changed_since_decided(tool: str, state: RunState, context: RunContext) -> bool:
-    """Whether the tool's contract differs from the one the run recorded (V) when it began:
-    code deployed since the decision was made, which must be checked again before it runs."""
-    recorded = (state.get("versions") or {}).get("tool_schemas") or {}
+    """Whether the call may have been decided under code other than this process's, which must
+    check it again before it runs: the tool's contract differs from the one the run recorded
+    (V) when it began, or the run began under another version of its agent (a decision of any
+    version in between, newer or older, may rest on a contract V does not hold)."""
+    versions = state.get("versions") or {}
+    recorded = versions.get("tool_schemas") or {}
     contract = context.tools.get(tool)
+    if versions.get("agent_version", context.agent_version) != context.agent_version:
+        return True
     return contract is None or recorded.get(tool) != contract.schema_hash
 
 

@@ -126,9 +126,11 @@ def test_a_new_run_is_advanced_under_the_lease_it_was_registered_with(
         claimed: list[str] = []
         claim = runner.leases.claim
 
-        def counted(run_id: str, owner: str, ttl_s: float) -> Lease:
+        def counted(
+            run_id: str, owner: str, ttl_s: float, *, agent_version: str | None = None
+        ) -> Lease:
             claimed.append(run_id)
-            return claim(run_id, owner, ttl_s)
+            return claim(run_id, owner, ttl_s, agent_version=agent_version)
 
         runner.leases.claim = counted  # type: ignore[method-assign]
         outcome = runner.start(DEMO_TASK, principal(), run_id="run-new")

@@ -62,7 +62,7 @@ Attributes = dict[str, AttributeValue]
 # Actions a person may have to look at: outcome not confirmed, or escalated.
 _UNSETTLED = UNRESOLVED_STATUSES | {ActionStatus.ESCALATED}
 # Journal event details that say why a status moved; the others (a pre-image) are business data.
-_DETAIL_KEYS = ("reason", "reconciled", "stage", "approval_id", "approver")
+_DETAIL_KEYS = ("reason", "reconciled", "stage", "approval_id", "approver", "version")
 
 
 def _args(args: Mapping[str, Any], sensitive: frozenset[str]) -> Attributes:
@@ -298,9 +298,9 @@ class TracedJournal:
     def setup(self) -> None:
         self._journal.setup()
 
-    def plan(self, action: Action) -> Action:
-        planned = self._journal.plan(action)
-        _note_move("journal.plan", None, planned, None)
+    def plan(self, action: Action, *, detail: dict[str, Any] | None = None) -> Action:
+        planned = self._journal.plan(action, detail=detail)
+        _note_move("journal.plan", None, planned, detail)
         return planned
 
     def transition(

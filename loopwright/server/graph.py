@@ -63,7 +63,7 @@ from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
 from loopwright.graph.text import InvalidText
 from loopwright.observability.metrics import note_run_end
-from loopwright.runner import OtherAgentsRun, UnknownRun, worker_name
+from loopwright.runner import VERSION_METADATA_KEY, OtherAgentsRun, UnknownRun, worker_name
 from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
     APPROVER_ROLE,
@@ -122,12 +122,13 @@ def where_it_stands(snapshot: StateSnapshot) -> tuple[str, datetime | None]:
 CLAIM_POLL_S = 0.2
 
 
-def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float) -> Lease:
-    """Claim the run, waiting out a dead owner's lease (it expires after `ttl_s`), no longer."""
+def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float, agent_version: str) -> Lease:
+    """Claim the run for `agent_version`'s process, waiting out a dead owner's lease (it
+    expires after `ttl_s`), no longer."""
     give_up = time.monotonic() + ttl_s + 1
     while True:
         try:
-            return leases.claim(run_id, owner, ttl_s)
+            return leases.claim(run_id, owner, ttl_s, agent_version=agent_version)
         except LeaseHeld:
             if time.monotonic() >= give_up:
                 raise
@@ -270,7 +271,8 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
             raise RunRefused(str(exc)) from None
         except UnknownRun:
             pass  # nothing registered: payload_for says there is no run to continue
-        lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s)
+        version = res.agent.version
+        lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s, version)
         try:
             with connect_postgres(res.database_url) as conn:
                 # A new thread in LangGraph's layout: the server's own reads (its API,
@@ -280,7 +282,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 # renewals and the commits' fence checks, not read by every node.
                 watch = saver.watch = RunWatch(lease)
                 graph = self.copy(update={"checkpointer": saver, "store": None})
-                run_config = _with_writer(config, owner)
+                run_config = _with_writer(config, owner, version)
                 before = graph.get_state(run_config)
                 payload = payload_for(request, before, run_id, principal, watch.now())
                 context = dataclasses.replace(
@@ -350,8 +352,14 @@ def _run_config(config: RunnableConfig | None) -> RunnableConfig:
     return {**(config or {}), "configurable": configurable}
 
 
-def _with_writer(config: RunnableConfig, owner: str) -> RunnableConfig:
-    metadata = {**(config.get("metadata") or {}), WRITER_METADATA_KEY: owner}
+def _with_writer(config: RunnableConfig, owner: str, version: str) -> RunnableConfig:
+    """`config` stamping every checkpoint this attempt writes with the process that wrote it
+    and the agent version that decided it."""
+    metadata = {
+        **(config.get("metadata") or {}),
+        WRITER_METADATA_KEY: owner,
+        VERSION_METADATA_KEY: version,
+    }
     return {**config, "metadata": metadata, "recursion_limit": 10_000}
 
 

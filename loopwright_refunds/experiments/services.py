@@ -26,8 +26,8 @@ START_TIMEOUT_S = 20.0
 _bind = serve._bind
 
 
-def _bind_nodelay(port: int) -> socket.socket:
-    sock = _bind(port)
+def _bind_nodelay(host: str, port: int) -> socket.socket:
+    sock = _bind(host, port)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
     return sock
 

@@ -25,6 +25,7 @@ from loopwright_refunds.services import observe, orders, payments, policies
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 HOST = "127.0.0.1"
+ANY_HOST = "0.0.0.0"  # every interface: a container's services, reached from other containers
 
 
 class _Server(uvicorn.Server):
@@ -39,17 +40,20 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _bind(port: int) -> socket.socket:
+def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Accepted connections inherit it: without, each answer waits ~40 ms for a delayed ACK.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((HOST, port))
+    sock.bind((host, port))
     return sock
 
 
 def _url(sock: socket.socket) -> str:
-    return f"http://{HOST}:{sock.getsockname()[1]}"
+    """Where this process reaches the socket (every interface: through loopback). Other
+    hosts reach it by a name of theirs (a container's), which they are given."""
+    host = sock.getsockname()[0]
+    return f"http://{HOST if host == ANY_HOST else host}:{sock.getsockname()[1]}"
 
 
 def _publish(endpoints: ServiceEndpoints, ready_file: Path | None) -> None:
@@ -62,14 +66,18 @@ def _publish(endpoints: ServiceEndpoints, ready_file: Path | None) -> None:
 
 
 async def serve(
-    data_dir: Path, ready_file: Path | None = None, ports: tuple[int, int, int] = (0, 0, 0)
+    data_dir: Path,
+    ready_file: Path | None = None,
+    ports: tuple[int, int, int] = (0, 0, 0),
+    host: str = HOST,
 ) -> None:
-    """Serve orders, policies and payments (ports in that order) until SIGTERM or SIGINT.
+    """Serve orders, policies and payments (ports in that order) on `host` until SIGTERM or
+    SIGINT.
 
     The ready file exists exactly while all three listen: written once they do, removed on exit.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
-    orders_sock, policies_sock, payments_sock = (_bind(port) for port in ports)
+    orders_sock, policies_sock, payments_sock = (_bind(host, port) for port in ports)
     endpoints = ServiceEndpoints(
         orders=_url(orders_sock), policies=_url(policies_sock), payments=_url(payments_sock)
     )
@@ -119,7 +127,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--orders-port", type=int, default=0)
     parser.add_argument("--policies-port", type=int, default=0)
     parser.add_argument("--payments-port", type=int, default=0)
+    parser.add_argument(
+        "--host", default=HOST, help=f"interface to listen on ({ANY_HOST}: every one)"
+    )
     args = parser.parse_args(argv)
     ports = (args.orders_port, args.policies_port, args.payments_port)
     exit_with_parent()  # started by `launcher.start_services`: never outlive that process
-    asyncio.run(serve(args.data_dir, args.ready_file, ports))
+    asyncio.run(serve(args.data_dir, args.ready_file, ports, args.host))

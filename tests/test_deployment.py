@@ -1,0 +1,269 @@
+"""The deployable unit: the Dockerfile and compose.yaml the README starts with one command.
+
+No container runtime runs here, so the suite checks the compose file's structure itself (every
+service the README names, each instance's command as `loopwright serve --engine aegra` parses
+it, its environment pointing at the services compose starts, healthchecks on the readiness
+route, start order), and then runs the same processes directly: the business services and two
+instances, with the commands and environment compose gives them, against the local Postgres
+and Redis, and sees a refund run through them (started on one instance, approved on the other).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import typer
+import yaml
+from langgraph_sdk import get_sync_client
+
+from loopwright.checkpoints.scratch import fresh_database
+from loopwright.cli import app
+from loopwright.server import cluster as cluster_module
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests import test_aegra_scaleout
+from tests.ports import reserved_port
+from tests.runtime_fixtures import REPO
+from tests.test_aegra_scaleout import REDIS_URL
+from tests.test_server_langgraph import GRAPH, decision_for, values_of
+
+COMPOSE = REPO / "compose.yaml"
+DOCKERFILE = REPO / "Dockerfile"
+INSTANCE = re.compile(r"loopwright-(\d+)")
+READY = "/ready"  # Aegra's readiness route, unauthenticated
+
+
+def compose() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
+
+
+def instances(services: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: spec for name, spec in services.items() if INSTANCE.fullmatch(name)}
+
+
+def serve_options(command: list[str]) -> dict[str, Any]:
+    """The options `loopwright serve` takes `command` for, parsed by the CLI itself."""
+    assert command[:2] == ["loopwright", "serve"], command
+    serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    params: dict[str, Any] = serve.make_context("serve", list(command[2:])).params
+    return params
+
+
+def options(command: list[str]) -> dict[str, str]:
+    """`--name value` pairs of a command line."""
+    found = {}
+    for i, word in enumerate(command):
+        if word.startswith("--") and i + 1 < len(command) and not command[i + 1].startswith("--"):
+            found[word] = command[i + 1]
+    return found
+
+
+def healthcheck_url(spec: Mapping[str, Any]) -> str:
+    [url] = re.findall(r"http://[^'\"]+", " ".join(spec["healthcheck"]["test"]))
+    return url
+
+
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    return [
+        line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in block.splitlines()
+    ]
+
+
+def test_the_compose_file_starts_what_the_readme_says() -> None:
+    services = compose()["services"]
+    assert {"postgres", "redis", "business"} <= set(services)
+    serving = instances(services)
+    assert len(serving) >= 2, "a deployment of several instances"
+    assert any(c.split("#")[0].strip() == "docker compose up --build" for c in readme_commands())
+    readme = (REPO / "README.md").read_text()
+    postgres = services["postgres"]["environment"]
+    business = options(services["business"]["command"])
+    assert services["business"]["command"][:3] == ["python", "-m", "loopwright_refunds.services"]
+    assert business["--host"] == "0.0.0.0"
+    business_ports = {
+        "orders": business["--orders-port"],
+        "policies": business["--policies-port"],
+        "payments": business["--payments-port"],
+    }
+    assert healthcheck_url(services["business"]).startswith(
+        f"http://127.0.0.1:{business_ports['payments']}/"
+    )
+    for name, spec in sorted(serving.items()):
+        served = serve_options(spec["command"])
+        assert (served["engine"], served["instances"], served["host"]) == ("aegra", 1, "0.0.0.0")
+        port = served["port"]
+        assert healthcheck_url(spec) == f"http://127.0.0.1:{port}{READY}"
+        [published] = spec["ports"]
+        host_port, container_port = published.split(":")
+        assert int(container_port) == port and f"http://127.0.0.1:{host_port}" in readme, name
+        env = spec["environment"]
+        database = urlsplit(env["DATABASE_URL"])
+        assert (database.hostname, database.username, database.password) == (
+            "postgres",
+            postgres["POSTGRES_USER"],
+            postgres["POSTGRES_PASSWORD"],
+        )
+        assert database.path == f"/{postgres['POSTGRES_DB']}"
+        assert urlsplit(env[cluster_module.REDIS_ENV]).hostname == "redis"
+        endpoints = ServiceEndpoints.model_validate_json(env[SERVICES_ENV])
+        for service, port_of in business_ports.items():
+            url = urlsplit(getattr(endpoints, service))
+            assert (url.hostname, str(url.port)) == ("business", port_of), service
+        assert served["dev_tokens"] or "LOOPWRIGHT_TOKENS_FILE" in env
+        assert spec["build"] == "." and spec["stop_grace_period"]
+    # The first instance waits for what it needs, the others for the first (its migrations).
+    first, *others = sorted(serving, key=lambda name: int(INSTANCE.fullmatch(name)[1]))  # type: ignore[index]
+    assert serving[first]["depends_on"] == {
+        name: {"condition": "service_healthy"} for name in ("postgres", "redis", "business")
+    }
+    for name in others:
+        assert serving[name]["depends_on"] == {first: {"condition": "service_healthy"}}
+    for name in ("postgres", "redis", "business"):
+        assert services[name]["healthcheck"]["test"][0] == "CMD"
+
+
+def test_the_image_runs_as_a_user_and_checks_readiness() -> None:
+    lines = [line.strip() for line in DOCKERFILE.read_text().splitlines()]
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    [health] = [i for i, line in enumerate(lines) if line.startswith("HEALTHCHECK")]
+    assert f"http://127.0.0.1:2031{READY}" in " ".join(lines[health : health + 2])
+    [cmd] = [  # the image's own: not HEALTHCHECK's, continued from the line before
+        line
+        for before, line in itertools.pairwise(lines)
+        if line.startswith("CMD ") and not before.endswith("\\")
+    ]
+    command = json.loads(cmd.removeprefix("CMD "))
+    served = serve_options(command)
+    assert (served["engine"], served["port"]) == ("aegra", 2031) and "EXPOSE 2031" in lines
+    # The instances compose starts are the image's command, with the development tokens.
+    for spec in instances(compose()["services"]).values():
+        assert spec["command"] == [*command, "--dev-tokens"]
+
+
+@contextmanager
+def started(
+    command: list[str], env: Mapping[str, str], cwd: Path, ready_url: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`command` as a process of its own (as its container would run it), until `ready_url`
+    answers 200; stopped with SIGTERM, as compose stops a container."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    with (cwd / "output.log").open("ab") as log:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, (cwd / "output.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{shlex.join(command)} never got ready"
+            try:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def local(url: str, ports: Mapping[str, int], host: str) -> str:
+    """A URL compose gives, pointed at the local process standing for `host`'s container."""
+    parts = urlsplit(url)
+    if parts.hostname != host:
+        return url
+    return parts._replace(netloc=f"127.0.0.1:{ports[str(parts.port)]}").geturl()
+
+
+def with_option(command: list[str], flag: str, value: str) -> list[str]:
+    """`command` with `flag`'s value replaced."""
+    changed = list(command)
+    changed[changed.index(flag) + 1] = value
+    return changed
+
+
+@pytest.mark.postgres
+def test_the_processes_compose_starts_serve_a_run(postgres_server_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("aegra_api")
+    if not test_aegra_scaleout.redis_reachable():
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    services = compose()["services"]
+    with ExitStack() as stack:
+        # The container ports, each a free local port held until its process listens on it.
+        business = list(services["business"]["command"])
+        business_ports: dict[str, int] = {}
+        for flag in ("--orders-port", "--policies-port", "--payments-port"):
+            business_ports[options(business)[flag]] = port = stack.enter_context(reserved_port())
+            business = with_option(business, flag, str(port))
+        business = with_option(business, "--host", "127.0.0.1")
+        business = with_option(business, "--data-dir", str(tmp_path / "business"))
+        url = stack.enter_context(fresh_database(postgres_server_url, prefix="lw_test"))
+        stack.callback(cluster_module.forget_keys, REDIS_URL, cluster_module.deployment_prefix(url))
+        health = local(healthcheck_url(services["business"]), business_ports, "127.0.0.1")
+        python = [sys.executable, *business[1:]]  # `python` in the image
+        stack.enter_context(started(python, base_env(), tmp_path / "business-proc", health))
+        given = json.loads(next(iter(instances(services).values()))["environment"][SERVICES_ENV])
+        endpoints = {k: local(v, business_ports, "business") for k, v in given.items()}
+        running = []
+        for name, spec in sorted(instances(services).items()):
+            port = stack.enter_context(reserved_port())
+            command = with_option(spec["command"], "--host", "127.0.0.1")
+            command = with_option(command, "--port", str(port))
+            command[0] = str(Path(sys.executable).parent / "loopwright")  # `loopwright` there
+            env = {
+                **spec["environment"],
+                "DATABASE_URL": url,  # compose's database, on the local server
+                cluster_module.REDIS_ENV: REDIS_URL,
+                SERVICES_ENV: json.dumps(endpoints),
+            }
+            home = tmp_path / name  # a container's own filesystem
+            ready = healthcheck_url(spec).replace(
+                f":{serve_options(spec['command'])['port']}/", f":{port}/"
+            )
+            env |= {"LOOPWRIGHT_HOME": str(home)}
+            stack.enter_context(started(command, {**base_env(), **env}, home, ready))
+            running.append(f"http://127.0.0.1:{port}")
+
+        customer = get_sync_client(url=running[-1], headers={"Authorization": "Bearer dev-u1"})
+        approver = get_sync_client(url=running[0], headers={"Authorization": "Bearer dev-a1"})
+        thread_id = customer.threads.create()["thread_id"]
+        task = "Check whether order O-42 can be refunded and refund it if so."
+        customer.runs.wait(thread_id, GRAPH, input={"task": task})
+        [interrupt] = approver.threads.get_state(thread_id)["interrupts"]
+        decision = decision_for(dict(interrupt), "approve", "a-1")
+        approver.runs.wait(thread_id, GRAPH, command={"resume": decision})
+        state = values_of(customer, thread_id)
+        assert state["stop_reason"] == "completed" and state["verification"]["verified"]
+        refunds = list_refunds(ServiceEndpoints.model_validate(endpoints), "O-42")
+        assert len(refunds) == 1
+
+
+def base_env() -> dict[str, str]:
+    """What a container's environment has besides compose's: a path, none of this test
+    process's own settings (the Postgres URL pytest was given, say)."""
+    keep = ("PATH", "HOME", "LANG", "PYTHONPATH", "TMPDIR")
+    return {k: v for k, v in os.environ.items() if k in keep}
