@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -31,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from loopwright.checkpoints.scratch import fresh_database
+from loopwright.checkpoints.scratch import fresh_database, with_database
 from loopwright.observability.stored_state import exposition
 from loopwright.runner import LEASE_TTL_ENV, open_runner
 from loopwright.server import cluster as cluster_module
@@ -72,8 +73,8 @@ def wait_ready(url: str) -> None:
 @contextlib.contextmanager
 def connections_refused(database_url: str) -> Iterator[None]:
     """The database refuses new connections (the ones open stay) until the block ends."""
-    name = database_url.rpartition("/")[2]
-    server = database_url.rpartition("/")[0] + "/postgres"
+    name = urlsplit(database_url).path.lstrip("/")  # a socket's host is in the query
+    server = with_database(database_url, "postgres")
     alter = "ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}"
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(sql.SQL(alter.format("{}", "false")).format(sql.Identifier(name)))
