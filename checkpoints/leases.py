@@ -395,15 +395,20 @@ class LeaseStore:
         next_attempt_at: datetime | None = None,
         *,
         release: bool = False,
+        agent_version: str | None = None,
     ) -> None:
         """Note where the run stands after an attempt that went through, for listings and
         workers; its failure streak is over. With `release`, the run is given up in the same
-        transaction (as `release` does). Refused for a lost lease."""
+        transaction (as `release` does). `agent_version`: the version that wrote the run's last
+        step, where the attempt knows it (an attempt that found nothing left to do leaves the
+        run the version that did the work, not its own, which the claim recorded). Refused for
+        a lost lease."""
         given_up = ", owner = NULL, lease_expires_at = NULL" if release else ""
         rows = self.db.write(
             "UPDATE lw_runs SET phase = %s, next_attempt_at = %s, failures = 0,"
+            " agent_version = COALESCE(%s, agent_version),"
             f" last_error = NULL, updated_at = now(){given_up}" + _HELD + " RETURNING run_id",
-            (phase, self.db.timestamp(next_attempt_at), *_held(lease)),
+            (phase, self.db.timestamp(next_attempt_at), agent_version, *_held(lease)),
         )
         if not rows:
             raise self._lost(lease, self.get(lease.run_id))

@@ -157,6 +157,12 @@ def finished(snapshot: StateSnapshot) -> bool:
     return not snapshot.tasks and not snapshot.next
 
 
+def writer_version(snapshot: StateSnapshot) -> str | None:
+    """The agent version that wrote the checkpoint `snapshot` was read from, if it says."""
+    version = (snapshot.metadata or {}).get(VERSION_METADATA_KEY)
+    return str(version) if version else None
+
+
 def check_new_run(run_id: str, task: str, principal: Principal) -> None:
     """Refuse a new run whose text no run could keep, or whose id is not a run id's name
     (`InvalidText`), before anything of it is written: its id, its task, its user's id."""
@@ -421,7 +427,7 @@ class Runner:
         snapshot = self.graph.get_state(self.config(run_id))
         kinds = {i.value.get("kind") for i in snapshot.interrupts}
         if finished(snapshot):
-            return self._record_finished(run_id)
+            return self._record_finished(run_id, snapshot)
         if "approval" in kinds and value is None:
             return self.outcome(run_id)
         if snapshot.interrupts:
@@ -541,15 +547,16 @@ class Runner:
         )
         return self._advance(run_id, payload, on_step)
 
-    def _record_finished(self, run_id: str) -> RunOutcome:
+    def _record_finished(self, run_id: str, snapshot: StateSnapshot) -> RunOutcome:
         """A run whose graph has ended, but whose last writer died before noting it in lw_runs
-        (which workers poll): note it now, so that no worker takes it for unfinished."""
+        (which workers poll): note it now, so that no worker takes it for unfinished. The run
+        stays the version that wrote its last step, not this process's."""
         outcome = self.outcome(run_id)
         run = self.leases.get(run_id)
         if run is not None and run.phase != outcome.phase:
             lease = self._claim(run_id)
             try:
-                self.leases.record(lease, outcome.phase)
+                self.leases.record(lease, outcome.phase, agent_version=writer_version(snapshot))
             finally:
                 self.leases.release(lease)
         return outcome
@@ -663,11 +670,15 @@ class Runner:
             )
             with LeaseKeeper(self.leases, lease, on_renew=watch.renewed):
                 ended = self._stream(payload, self.config(run_id), context, on_step)
+            version = None  # the claim's: this process wrote the run's last step
             if ended is None:  # nothing ran: where the run stands is its checkpoint's
                 snapshot = self.graph.get_state(self.config(run_id))
                 ended = Ended(snapshot.values, snapshot.interrupts)
+                version = writer_version(snapshot)
             outcome = self._outcome(run_id, ended.values, ended.interrupts)
-            self.leases.record(lease, outcome.phase, outcome.next_attempt_at, release=True)
+            self.leases.record(
+                lease, outcome.phase, outcome.next_attempt_at, release=True, agent_version=version
+            )
             released = True
             note_run_end(values, ended.values)
         except NOT_THE_RUNS_FAULT:

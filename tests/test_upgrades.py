@@ -92,3 +92,12 @@ def test_a_run_continued_by_a_new_version_records_which_version_decided_what(
             "run-up-1": "2",
             "run-up-2": "1",
         }
+
+    # A run whose last writer died before noting its end in lw_runs is noted by whichever process
+    # looks at it next: the run stays the version that wrote its last step, not that process's.
+    with open_lease_store(database_url) as leases:
+        leases.db.write("UPDATE lw_runs SET phase = 'VERIFYING' WHERE run_id = 'run-up-1'")
+    with connect(services) as deps, open_runner(database_url, version_1, deps=deps) as old:
+        assert old.resume("run-up-1").stop_reason == "completed"
+        record = old.leases.get("run-up-1")
+        assert record is not None and (record.phase, record.agent_version) == ("COMPLETED", "2")

@@ -63,7 +63,13 @@ from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
 from loopwright.graph.text import InvalidText
 from loopwright.observability.metrics import note_run_end
-from loopwright.runner import VERSION_METADATA_KEY, OtherAgentsRun, UnknownRun, worker_name
+from loopwright.runner import (
+    VERSION_METADATA_KEY,
+    OtherAgentsRun,
+    UnknownRun,
+    worker_name,
+    writer_version,
+)
 from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
     APPROVER_ROLE,
@@ -304,7 +310,11 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                             break  # a step boundary: what ran is committed
                 after = graph.get_state(run_config)
                 phase, next_attempt_at = where_it_stands(after)
-                res.leases.record(lease, phase, next_attempt_at)
+                # The version that wrote the last step: not this attempt's where it found
+                # nothing left to do (the engine handing a finished run out again).
+                res.leases.record(
+                    lease, phase, next_attempt_at, agent_version=writer_version(after)
+                )
                 note_run_end(before.values or {}, after.values or {})
         finally:
             res.leases.release(lease)
