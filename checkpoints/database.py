@@ -15,9 +15,11 @@ Messages never carry a password: the URL is redacted before it goes into an exce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -25,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -32,6 +35,8 @@ DEFAULT_HOME = "./.loopwright"
 HOME_ENV = "LOOPWRIGHT_HOME"
 DEFAULT_SQLITE_FILE = "loopwright.sqlite3"
 CONNECT_TIMEOUT_S = 5
+# How long a run waits for a pooled connection (all in use, or the database unreachable).
+POOL_WAIT_S = 30.0
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_WAL_RETRY_S = 0.01  # between tries to switch a new database to WAL (`_use_wal`)
 
@@ -180,6 +185,55 @@ def connect_postgres(url: str) -> psycopg.Connection[DictRow]:
         raise DatabaseUnavailable(redact(url), _one_line(e, url)) from None
     conn.execute("SET TIME ZONE 'UTC'")
     return conn
+
+
+def _in_utc(conn: psycopg.Connection[DictRow]) -> None:
+    conn.execute("SET TIME ZONE 'UTC'")
+
+
+def postgres_pool(url: str, max_size: int) -> ConnectionPool[psycopg.Connection[DictRow]]:
+    """Connections as `connect_postgres` makes them, kept for reuse by a process that advances
+    many runs at once (a server): a run takes one for its life, so its statements are prepared
+    once per connection rather than once per run, and the process never holds more than
+    `max_size`. Opened on demand; while some stay unused, one is closed every 2 s (a burst's
+    connections are given back within a minute or so); one broken
+    meanwhile (the database restarted) is found on checkout and replaced. Use with `pooled`."""
+    return ConnectionPool(
+        url,
+        connection_class=psycopg.Connection[DictRow],
+        kwargs={
+            "autocommit": True,
+            "row_factory": dict_row,
+            "prepare_threshold": 0,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        },
+        configure=_in_utc,
+        check=ConnectionPool.check_connection,
+        min_size=0,
+        max_size=max_size,
+        max_idle=2.0,
+        timeout=POOL_WAIT_S,
+        num_workers=1,
+        name="loopwright-runs",
+        open=True,
+    )
+
+
+@contextlib.contextmanager
+def pooled(
+    pool: ConnectionPool[psycopg.Connection[DictRow]], url: str
+) -> Iterator[psycopg.Connection[DictRow]]:
+    """A connection of `pool` (to the database at `url`) for the block; DatabaseUnavailable,
+    as `connect_postgres` says it, where none comes within `POOL_WAIT_S`."""
+    try:
+        conn = pool.getconn()
+    except PoolTimeout as e:
+        detail = f"no connection within {POOL_WAIT_S:g} s: {e}"
+        raise DatabaseUnavailable(redact(url), detail) from None
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
 
 
 async def aconnect_postgres(url: str) -> psycopg.AsyncConnection[DictRow]:

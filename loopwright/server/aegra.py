@@ -11,12 +11,15 @@ would.
 from __future__ import annotations
 
 import argparse
+import importlib
+import logging
 from collections.abc import Sequence
 
 from loopwright.processes import exit_with_parent
 from loopwright.server import identities
 from loopwright.server.users import IdentityConfigError
 
+AUTH_MODULE = "loopwright.server.auth"
 # Longer than a child's default: a graceful stop hands the runs in flight back first.
 GRACE_S = 15.0
 
@@ -26,10 +29,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    try:  # Aegra serves everyone as one anonymous identity if the auth module fails to load
+    # Aegra serves everyone as one anonymous identity if the auth module fails to load: the
+    # identities it reads, and the module itself, are checked before it may.
+    try:
         identities.configured()
     except IdentityConfigError as exc:
         raise SystemExit(f"identities: {exc}") from None
+    try:
+        importlib.import_module(AUTH_MODULE)
+    except Exception as exc:  # whatever stops it loading stops the instance, in one line
+        raise SystemExit(f"{AUTH_MODULE} does not load: {type(exc).__name__}: {exc}") from None
+    # The agent's tool calls are in the journal and the traces; httpx's line for each, rendered
+    # by Aegra's structured logger, cost the instance more CPU than the requests themselves.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     exit_with_parent(GRACE_S)
     import uvicorn
 

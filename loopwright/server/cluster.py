@@ -47,6 +47,10 @@ HANDOVER_SETTINGS: dict[str, str] = {
     "WORKER_DRAIN_TIMEOUT": "1",  # Aegra: how long SIGTERM waits before handing runs back
     "LOOPWRIGHT_LEASE_TTL_S": "4",  # loopwright: a run's lease (renewed every third of it)
 }
+# What else an instance runs with unless the operator says otherwise: log lines as JSON, one a
+# line (what a log shipper reads; Aegra's default renders each for a terminal, with colours and
+# highlighted tracebacks, at several times the CPU).
+ENGINE_SETTINGS: dict[str, str] = {"ENV_MODE": "PRODUCTION"}
 # Killed: the engine's lease runs out (4 s after the last heartbeat), its reaper re-queues the
 # run (1 s), another instance claims it once loopwright's lease has run out too (4 s after its
 # last renewal, claims polled every 0.2 s): at most ~6 s, stated with margin.
@@ -75,9 +79,10 @@ def instance_env(
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of every instance: `base` (the operator's, whose own settings win over
-    `HANDOVER_SETTINGS`), then the deployment's (database, Redis and its prefix, config)."""
+    `HANDOVER_SETTINGS` and `ENGINE_SETTINGS`), then the deployment's (database, Redis and its
+    prefix, config)."""
     prefix = deployment_prefix(database_url)
-    env = {**HANDOVER_SETTINGS, **base, **(extra or {}), **OFFLINE_ENV}
+    env = {**HANDOVER_SETTINGS, **ENGINE_SETTINGS, **base, **(extra or {}), **OFFLINE_ENV}
     env.update(
         DATABASE_URL=database_url,
         REDIS_BROKER_ENABLED="true",

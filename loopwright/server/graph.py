@@ -54,7 +54,7 @@ from pydantic import BaseModel, create_model
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.compact import Layout
-from loopwright.checkpoints.database import connect_postgres
+from loopwright.checkpoints.database import pooled
 from loopwright.checkpoints.factory import fenced_saver
 from loopwright.checkpoints.fenced import Fence
 from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, RunWatch
@@ -280,7 +280,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         version = res.agent.version
         lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s, version)
         try:
-            with connect_postgres(res.database_url) as conn:
+            with pooled(res.run_connections, res.database_url) as conn:
                 # A new thread in LangGraph's layout: the server's own reads (its API,
                 # Studio) and Aegra's are the stock saver's.
                 saver = fenced_saver(conn, fence=Fence.of(lease), new_threads=Layout.STOCK)

@@ -15,8 +15,9 @@ A server process hosts one agent (`graph_for(path)` in `loopwright.server.graph`
 code instead of the environment). Its dependencies are opened once, by the agent's own `deps`
 factory, and stay open for the life of the process. The runner is the CLI's `Runner`
 (`open_runner`): its journal and lease store each hold one connection, shared by the runs of the
-process (their `Database` serialises use with a lock); every served run gets its own
-checkpointer connection, because a fenced saver carries one run's fence.
+process (their `Database` serialises use with a lock); every served run gets a checkpointer
+connection of its own, because a fenced saver carries one run's fence, from a pool of as many
+as the engine advances runs at once (`run_pool_size`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+import psycopg
+from psycopg.rows import DictRow
+from psycopg_pool import ConnectionPool
+
 from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
-from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
+from loopwright.checkpoints.database import DatabaseKind, database_kind, postgres_pool, redact
 from loopwright.checkpoints.leases import LeaseStore
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
@@ -68,6 +74,8 @@ class ServerResources:
     runner: Runner
     # The engine's own record of threads (Aegra's), read by the auth hooks: see `server.engine`.
     engine_threads: EngineThreads
+    # Where each run's checkpointer connection comes from (`checkpoints.database.pooled`).
+    run_connections: ConnectionPool[psycopg.Connection[DictRow]]
 
     @property
     def agent(self) -> Agent[object]:
@@ -99,6 +107,20 @@ def host(path: str) -> None:
         _agent_path = path
 
 
+def run_pool_size(environ: Mapping[str, str] | None = None) -> int:
+    """The most runs the engine advances at once in one process: Aegra's `WORKER_COUNT` loops
+    of `N_JOBS_PER_WORKER` runs each (3 and 10 by default; LangGraph's server has one loop of
+    `N_JOBS_PER_WORKER`), so that no run waits for a connection while the engine would run it."""
+    env = environ if environ is not None else os.environ
+    sizes = []
+    for name, default in (("WORKER_COUNT", 3), ("N_JOBS_PER_WORKER", 10)):
+        try:
+            sizes.append(max(1, int(env.get(name) or default)))
+        except ValueError:
+            sizes.append(default)  # the engine refuses it, in its own words
+    return sizes[0] * sizes[1]
+
+
 def hosted_agent_path() -> str:
     return _agent_path or os.environ.get(AGENT_ENV) or DEFAULT_AGENT
 
@@ -120,7 +142,8 @@ def resources() -> ServerResources:
                 raise ServerMisconfigured(str(exc)) from exc
             runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
             engine_threads = EngineThreads(runner.leases.db)
-            _resources = ServerResources(url, runner, engine_threads)
+            pool = _stack.enter_context(postgres_pool(url, run_pool_size()))
+            _resources = ServerResources(url, runner, engine_threads, pool)
         return _resources
 
 
