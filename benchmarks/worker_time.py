@@ -46,10 +46,12 @@ ACTIVITY = (
 )
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far, all its threads (0 once it is gone)."""
+def process_cpu_s(pid: int, *, main_thread: bool = False) -> float:
+    """User + system CPU seconds of a process so far, all its threads, or with `main_thread`
+    that thread's alone (0 once it is gone)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        fields = stat.read_text().rpartition(")")[2].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / CLK_TCK

@@ -20,4 +20,5 @@ def test_the_served_cost_benchmark_prints_both_sides(
     out = capsys.readouterr().out
     assert re.search(r"loopwright worker\s+CPU\s+[\d.]+ ms per run", out), out
     assert re.search(r"Aegra instance\s+CPU\s+[\d.]+ ms per run\s+\([\d.]+x the worker's", out)
+    assert re.search(r"its event loop\s+CPU\s+[\d.]+ ms per run", out), out
     assert re.search(r"3 runs created through the API: [\d.]+ s of client time", out), out
