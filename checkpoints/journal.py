@@ -362,23 +362,30 @@ class SqlJournal:
         )
 
 
-class VersionedJournal:
-    """`journal` as one agent version's process writes it: every event it journals (a plan, a
-    move) also records `version`, so that a run that changed hands during an upgrade tells
-    which version decided each change of each action (`ActionEvent.version`)."""
+class JournalWrapper:
+    """An `ActionJournal` that hands every call to the journal it wraps: the base of wrappers
+    that add to what each event records (`_detail`) or tell of each event (`_journaled`)."""
 
-    def __init__(self, journal: ActionJournal, version: str) -> None:
+    def __init__(self, journal: ActionJournal) -> None:
         self._journal = journal
-        self._version = version
 
-    def _stamped(self, detail: dict[str, Any] | None) -> dict[str, Any]:
-        return {**(detail or {}), VERSION_KEY: self._version}
+    def _detail(self, detail: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The detail to journal with an event the caller gave `detail` for."""
+        return detail
+
+    def _journaled(
+        self, expected: ActionStatus | None, action: Action, detail: dict[str, Any] | None
+    ) -> None:
+        """Called with each event journaled: the status moved from (None for a plan), the
+        action as it now stands, and the caller's detail."""
 
     def setup(self) -> None:
         self._journal.setup()
 
     def plan(self, action: Action, *, detail: dict[str, Any] | None = None) -> Action:
-        return self._journal.plan(action, detail=self._stamped(detail))
+        planned = self._journal.plan(action, detail=self._detail(detail))
+        self._journaled(None, planned, detail)
+        return planned
 
     def transition(
         self,
@@ -391,15 +398,17 @@ class VersionedJournal:
         count_attempt: bool = False,
         detail: dict[str, Any] | None = None,
     ) -> Action:
-        return self._journal.transition(
+        moved = self._journal.transition(
             action_id,
             expected,
             to,
             fence=fence,
             outcome=outcome,
             count_attempt=count_attempt,
-            detail=self._stamped(detail),
+            detail=self._detail(detail),
         )
+        self._journaled(expected, moved, detail)
+        return moved
 
     def get(self, action_id: str) -> Action | None:
         return self._journal.get(action_id)
@@ -415,6 +424,19 @@ class VersionedJournal:
 
     def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
         return self._journal.in_status(statuses)
+
+
+class VersionedJournal(JournalWrapper):
+    """`journal` as one agent version's process writes it: every event it journals (a plan, a
+    move) also records `version`, so that a run that changed hands during an upgrade tells
+    which version decided each change of each action (`ActionEvent.version`)."""
+
+    def __init__(self, journal: ActionJournal, version: str) -> None:
+        super().__init__(journal)
+        self._version = version
+
+    def _detail(self, detail: dict[str, Any] | None) -> dict[str, Any]:
+        return {**(detail or {}), VERSION_KEY: self._version}
 
 
 @contextlib.contextmanager

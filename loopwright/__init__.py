@@ -81,7 +81,7 @@ _HOMES = {
     "prove": "loopwright.faults",
     # Running them
     "Runner": "loopwright.runner",
-    "RunOutcome": "loopwright.runner",
+    "RunOutcome": "loopwright.outcome",
     "open_runner": "loopwright.runner",
     "loopwright_home": "loopwright.checkpoints.database",
     # Models for tests and demos
@@ -193,7 +193,8 @@ if TYPE_CHECKING:
     )
     from loopwright.graph.text import InvalidText
     from loopwright.models.scripted import Decision, ScriptedChatModel
-    from loopwright.runner import Runner, RunOutcome, open_runner
+    from loopwright.outcome import RunOutcome
+    from loopwright.runner import Runner, open_runner
     from loopwright.tools.contract import (
         Effect,
         Guarantee,

@@ -28,7 +28,8 @@ from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASHED
 from loopwright.graph.crashpoints import nth
 from loopwright.graph.state import Action, ActionStatus, Principal
-from loopwright.runner import Runner, RunOutcome, open_runner
+from loopwright.outcome import RunOutcome
+from loopwright.runner import Runner, open_runner
 from loopwright.tools import faults as injected
 from loopwright.tools.contract import Guarantee, ReconcileStatus, ToolContext
 from loopwright.tools.faults import Fault, FaultPlan

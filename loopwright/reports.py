@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
+    from loopwright.outcome import RunOutcome
     from loopwright.run_list import RunList
-    from loopwright.runner import Runner, RunOutcome
+    from loopwright.runner import Runner
     from loopwright.tools.registry import ToolRegistry
 
 # How a command that advanced or read one run exits, by where the run stands.

@@ -22,8 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
@@ -55,13 +54,12 @@ from loopwright.checkpoints.leases import (
     StaleWriter,
     open_lease_store,
 )
-from loopwright.checkpoints.retention import Summary, summary_of
+from loopwright.checkpoints.retention import summary_of
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import (
     DEFAULT_TENANT,
-    Action,
     ApprovalChoice,
     ApprovalDecision,
     ApprovalRequest,
@@ -87,6 +85,7 @@ from loopwright.nodes.approval import editors_of
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings, run_span
+from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import ToolFault
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
@@ -115,33 +114,6 @@ class Ended:
 
     values: Mapping[str, Any]
     interrupts: Sequence[Interrupt]
-
-
-@dataclass
-class RunOutcome:
-    """Where a run stands after this process stopped advancing it."""
-
-    run_id: str
-    phase: str
-    stop_reason: str | None
-    stop_detail: str
-    verification: dict[str, Any] | None
-    interrupts: list[dict[str, Any]] = field(default_factory=list)
-    actions: list[Action] = field(default_factory=list)
-    # For a cancelled run: how its succeeded writes could be undone, offered, never performed.
-    compensations: list[str] = field(default_factory=list)
-    # For a run the retention job pruned: the summary it kept (the checkpoints are gone).
-    pruned: Summary | None = None
-
-    @property
-    def waiting_for_approval(self) -> list[dict[str, Any]]:
-        return [i for i in self.interrupts if i.get("kind") == "approval"]
-
-    @property
-    def next_attempt_at(self) -> datetime | None:
-        """When a parked reconciliation should look again, if the run is parked."""
-        waits = [i["retry_at"] for i in self.interrupts if i.get("kind") == "reconcile_wait"]
-        return datetime.fromisoformat(min(waits)) if waits else None
 
 
 def advance_kind(payload: Any) -> str:

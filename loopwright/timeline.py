@@ -38,7 +38,8 @@ from loopwright.observability.redaction import REDACTED, redact, redacted_digest
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwright.runner import Runner, RunOutcome
+    from loopwright.outcome import RunOutcome
+    from loopwright.runner import Runner
 
 # Shorter sensitive values are not blanked in free text: they would blank ordinary words.
 MIN_SECRET_CHARS = 4

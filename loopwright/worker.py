@@ -19,8 +19,9 @@ from datetime import datetime
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
 from loopwright.graph.state import ENDED_PHASES
+from loopwright.outcome import RunOutcome
 from loopwright.readiness import agent_answers, connection_answers, database_answers, failing
-from loopwright.runner import OWNERSHIP_LOST, Runner, RunOutcome, UnknownRun
+from loopwright.runner import OWNERSHIP_LOST, Runner, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
 WorkListener = Callable[[str, RunOutcome | Exception], None]

@@ -29,7 +29,8 @@ from loopwright.models.openai_chat import (
     STREAM_ENV,
     TIMEOUT_ENV,
 )
-from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome, open_runner
+from loopwright.outcome import RunOutcome
+from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from loopwright_refunds.agent import RefundServices, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import list_refunds

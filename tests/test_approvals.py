@@ -23,8 +23,9 @@ from loopwright import Budget
 from loopwright.cli import UsageError, _pending_approvals, decide
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
+from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
-from loopwright.runner import LEASE_TTL_ENV, DecisionRefused, Runner, RunOutcome, open_runner
+from loopwright.runner import LEASE_TTL_ENV, DecisionRefused, Runner, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.misbehaving import AsksForMore

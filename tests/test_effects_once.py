@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from loopwright.graph.state import ActionStatus, digest
-from loopwright.runner import LEASE_TTL_ENV, Runner, RunOutcome
+from loopwright.outcome import RunOutcome
+from loopwright.runner import LEASE_TTL_ENV, Runner
 from loopwright.tools.contract import ToolContext
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints

@@ -19,7 +19,8 @@ from loopwright.graph.budget import Budget
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ActionStatus, StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.runner import Runner, RunOutcome, open_runner
+from loopwright.outcome import RunOutcome
+from loopwright.runner import Runner, open_runner
 from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 from loopwright.tools.http import read_json
 from loopwright_refunds.agent import RefundServices, connect

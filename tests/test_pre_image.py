@@ -13,7 +13,7 @@ from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright.graph.state import ActionStatus
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.runner import RunOutcome
+from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import Guarantee, ToolContract
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import set_fault

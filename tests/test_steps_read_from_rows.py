@@ -26,7 +26,8 @@ from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import StopReason
 from loopwright.models.scripted import ScriptedChatModel
-from loopwright.runner import Runner, RunOutcome
+from loopwright.outcome import RunOutcome
+from loopwright.runner import Runner
 from loopwright_refunds.agent import connect
 from loopwright_refunds.long_task import KeepsReading
 from loopwright_refunds.services.admin import set_fault

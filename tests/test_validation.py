@@ -17,7 +17,8 @@ from loopwright.cli import decide
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import ActionStatus, RunState
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.runner import Runner, RunOutcome
+from loopwright.outcome import RunOutcome
+from loopwright.runner import Runner
 from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.misbehaving import Duplicating, OneShot
 from loopwright_refunds.services.endpoints import ServiceEndpoints

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from loopwright.models.scripted import Decision, ScriptedChatModel
-from loopwright.runner import RunOutcome
+from loopwright.outcome import RunOutcome
 from loopwright.worker import work
 from tests.runtime_fixtures import RunnerFactory, principal
 

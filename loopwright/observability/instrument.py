@@ -19,7 +19,7 @@ Nothing here changes what a node returns or raises.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +32,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
 
-from loopwright.checkpoints.journal import ActionEvent, ActionJournal
+from loopwright.checkpoints.journal import ActionJournal, JournalWrapper
 from loopwright.graph.context import model_name
 from loopwright.graph.state import (
     UNRESOLVED_STATUSES,
@@ -44,12 +44,12 @@ from loopwright.graph.state import (
 )
 from loopwright.observability.redaction import redact, redacted_digest
 from loopwright.observability.tracing import active_tracer, capture_raw_args, span
+from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import ToolContract
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
     from loopwright.graph.context import RunContext
-    from loopwright.runner import RunOutcome
 
 
 class Node(Protocol):
@@ -289,57 +289,14 @@ def traced_journal(journal: ActionJournal) -> ActionJournal:
     return journal if active_tracer() is None else TracedJournal(journal)
 
 
-class TracedJournal:
+class TracedJournal(JournalWrapper):
     """An `ActionJournal` that notes every status change as an event on the current span."""
 
-    def __init__(self, journal: ActionJournal) -> None:
-        self._journal = journal
-
-    def setup(self) -> None:
-        self._journal.setup()
-
-    def plan(self, action: Action, *, detail: dict[str, Any] | None = None) -> Action:
-        planned = self._journal.plan(action, detail=detail)
-        _note_move("journal.plan", None, planned, detail)
-        return planned
-
-    def transition(
-        self,
-        action_id: str,
-        expected: ActionStatus,
-        to: ActionStatus,
-        *,
-        fence: int,
-        outcome: dict[str, Any] | None = None,
-        count_attempt: bool = False,
-        detail: dict[str, Any] | None = None,
-    ) -> Action:
-        moved = self._journal.transition(
-            action_id,
-            expected,
-            to,
-            fence=fence,
-            outcome=outcome,
-            count_attempt=count_attempt,
-            detail=detail,
-        )
-        _note_move("journal.transition", expected, moved, detail)
-        return moved
-
-    def get(self, action_id: str) -> Action | None:
-        return self._journal.get(action_id)
-
-    def by_intent(self, intent_key: str) -> Action | None:
-        return self._journal.by_intent(intent_key)
-
-    def for_run(self, run_id: str) -> list[Action]:
-        return self._journal.for_run(run_id)
-
-    def events(self, action_id: str) -> list[ActionEvent]:
-        return self._journal.events(action_id)
-
-    def in_status(self, statuses: Iterable[ActionStatus]) -> list[Action]:
-        return self._journal.in_status(statuses)
+    def _journaled(
+        self, expected: ActionStatus | None, action: Action, detail: dict[str, Any] | None
+    ) -> None:
+        name = "journal.plan" if expected is None else "journal.transition"
+        _note_move(name, expected, action, detail)
 
 
 def _note_move(
