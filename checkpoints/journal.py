@@ -440,7 +440,7 @@ class VersionedJournal(JournalWrapper):
 
 
 @contextlib.contextmanager
-def open_journal(url: str) -> Iterator[ActionJournal]:
+def open_journal(url: str) -> Iterator[SqlJournal]:
     """A set-up journal on its own connection to the database at `url`."""
     with open_database(url) as db:
         journal = SqlJournal(db)

@@ -98,6 +98,13 @@ class Database:
             conn.create_function("now", 0, _sqlite_now)
             conn.create_function("now_plus", 1, _sqlite_now_plus)
 
+    @property
+    def lost(self) -> bool:
+        """Whether the connection was lost (the database restarted, the network dropped it): it
+        can never be used again. The statement that found out failed as it would have; what
+        holds a `Database` that is lost opens a new one."""
+        return isinstance(self.conn, psycopg.Connection) and (self.conn.closed or self.conn.broken)
+
     def spell(self, sql: str) -> str:
         text = sql.format(**_FRAGMENTS[self.kind])
         return text.replace("%s", "?") if self.kind is DatabaseKind.SQLITE else text

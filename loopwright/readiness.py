@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -48,11 +48,13 @@ def database_answers(url: str) -> Check:
     return check
 
 
-def connection_answers(db: Database) -> Check:
-    """A connection this process keeps (its lease store's) answers a query."""
+def connections_answer(databases: Sequence[Database]) -> Check:
+    """The connections this process keeps answer a query each (asking is also how a lost one
+    is found out, for the process to open anew: `Runner.connection_lost`)."""
 
     def check() -> None:
-        db.execute("SELECT 1")
+        for db in databases:
+            db.execute("SELECT 1")
 
     return check
 

@@ -55,6 +55,7 @@ from loopwright.checkpoints.leases import (
     open_lease_store,
 )
 from loopwright.checkpoints.retention import summary_of
+from loopwright.checkpoints.sql import Database
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.graph.context import RunContext
@@ -207,6 +208,7 @@ class Runner:
         owner: str | None = None,
         lease_ttl_s: float | None = None,
         lease_wait_s: float = 0.0,
+        databases: Sequence[Database] = (),
     ) -> None:
         agent.check()
         self.agent = agent
@@ -232,6 +234,14 @@ class Runner:
         self.on_lease_wait: Callable[[LeaseHeld], None] | None = None
         # Attempts in a row that may end in an error before the run ends typed (needs_human).
         self.max_failures = MAX_FAILURES
+        # The connections the runner keeps (`open_runner`'s): readiness asks each to answer,
+        # and `connection_lost` says whether one was found lost.
+        self.databases = tuple(databases)
+
+    def connection_lost(self) -> bool:
+        """Whether a connection this runner keeps was lost: it cannot go on; a process that
+        must outlive a database restart opens a new runner (`open_runner`)."""
+        return any(db.lost for db in self.databases)
 
     @property
     def model(self) -> BaseChatModel:
@@ -907,4 +917,5 @@ def open_runner(
             model_spec=model_spec,
             budget=budget,
             lease_wait_s=lease_wait_s,
+            databases=(saver.db, journal.db, leases.db),
         )

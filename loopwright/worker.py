@@ -20,7 +20,7 @@ from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
 from loopwright.graph.state import ENDED_PHASES
 from loopwright.outcome import RunOutcome
-from loopwright.readiness import agent_answers, connection_answers, database_answers, failing
+from loopwright.readiness import agent_answers, connections_answer, database_answers, failing
 from loopwright.runner import OWNERSHIP_LOST, Runner, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
@@ -35,7 +35,7 @@ def worker_down(database_url: str, runner: Runner | None) -> dict[str, str]:
     session (reconnecting to its database) is not ready either."""
     checks = {"database": database_answers(database_url)}
     if runner is not None:
-        checks["database connection"] = connection_answers(runner.leases.db)
+        checks["database connection"] = connections_answer(runner.databases)
         checks["agent"] = agent_answers(runner.agent, runner.deps)
     down = failing(checks)
     if runner is None:

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import psycopg
@@ -32,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from loopwright.checkpoints.scratch import fresh_database, with_database
+from loopwright.checkpoints.scratch import fresh_database, with_application_name, with_database
 from loopwright.observability.stored_state import exposition
 from loopwright.runner import LEASE_TTL_ENV, open_runner
 from loopwright.server import cluster as cluster_module
@@ -84,6 +84,20 @@ def connections_refused(database_url: str) -> Iterator[None]:
             admin.execute(sql.SQL(alter.format("{}", "true")).format(sql.Identifier(name)))
 
 
+def connections_dropped(database_url: str) -> None:
+    """The database drops every connection to it, as a restart or a failover does; those of
+    the URL's `application_name` only, where it names one (a database the test shares)."""
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/")
+    application = dict(parse_qsl(parts.query)).get("application_name", "%")
+    with psycopg.connect(with_database(database_url, "postgres"), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND application_name LIKE %s AND pid <> pg_backend_pid()",
+            (name, application),
+        )
+
+
 @contextlib.contextmanager
 def ports_held(endpoints: ServiceEndpoints) -> Iterator[None]:
     """The services' ports, kept from any other process while they are stopped."""
@@ -119,6 +133,9 @@ def check_services_and_database(url: str, database_url: str, services: Services)
     with connections_refused(database_url):
         assert probe(url) == (503, NOT_READY)
         assert probe(url, "/live") == (200, {"status": "live"})  # alive, only not ready
+    wait_ready(url)
+    # Every connection the process keeps is dropped (the database restarted): it reconnects.
+    connections_dropped(database_url)
     wait_ready(url)
     with services.stopped():
         assert probe(url) == (503, NOT_READY)
@@ -287,8 +304,10 @@ def test_a_worker_s_metrics_agree_with_lw_runs_and_the_journal(
             # Claimed by an owner that dies at once: its lease runs out, a worker takes it over.
             dead = runner.submit(task, runner.principal_for("u-1", task))
             lease = runner.leases.claim(dead, "dead-owner", 1.0)
+            # Its connections named, to be dropped without the test's own.
+            worker_url = with_application_name(postgres_url, "lw-test-worker")
             with reserved_port() as port:
-                worker = worker_process(postgres_url, endpoints, port, tmp_path / "home")
+                worker = worker_process(worker_url, endpoints, port, tmp_path / "home")
             url = f"http://127.0.0.1:{port}"
             try:
                 settled = (
@@ -299,7 +318,7 @@ def test_a_worker_s_metrics_agree_with_lw_runs_and_the_journal(
                 wait_ready(url)
                 figures = parsed(httpx.get(f"{url}/metrics", timeout=30).text)
                 # Its probes: not ready while its database or the agent's services are down.
-                check_services_and_database(url, postgres_url, services)
+                check_services_and_database(url, worker_url, services)
                 # The dead owner's late writes are refused (counted in this process).
                 with pytest.raises(Exception, match="lost"):
                     runner.leases.renew(lease)

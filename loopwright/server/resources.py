@@ -23,6 +23,7 @@ as the engine advances runs at once (`run_pool_size`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -40,6 +41,8 @@ from loopwright.checkpoints.leases import LeaseStore
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
 from loopwright.server.engine import EngineThreads
+
+log = logging.getLogger(__name__)
 
 DATABASE_ENV = "DATABASE_URL"
 AGENT_ENV = "LOOPWRIGHT_AGENT"
@@ -94,6 +97,7 @@ _lock = threading.Lock()
 _resources: ServerResources | None = None
 _agent_path: str | None = None
 _stack = ExitStack()  # kept open for the life of the process
+_runner_stack = ExitStack()  # the runner's connections: opened anew when one is lost
 
 
 def host(path: str) -> None:
@@ -126,29 +130,49 @@ def hosted_agent_path() -> str:
 
 
 def resources() -> ServerResources:
-    """The process's resources, created on first use (blocking: call from a thread)."""
+    """The process's resources, created on first use (blocking: call from a thread).
+
+    Where a connection the runner keeps was lost (the database restarted, a failover), the
+    runner is opened anew on the next use, as `loopwright worker` reconnects: the requests in
+    flight on the lost connection fail, the ones after it are served (and readiness says so).
+    The agent's dependencies and the runs' connection pool are kept."""
     global _resources
     with _lock:
+        if _resources is not None and not _resources.runner.connection_lost():
+            return _resources
         if _resources is None:
-            url = server_database_url()
-            try:
-                agent = load_agent(hosted_agent_path())
-                agent.check()
-                spec = os.environ.get(MODEL_ENV) or None
-                agent.chat_model(spec)  # a bad spec stops the server here, in one line
-                lease_ttl_from_env()  # and so does a bad lease time to live
-                TraceSettings.from_env()  # or a tracing switch neither on nor off
-            except (AgentNotFound, ValueError, TypeError) as exc:
-                raise ServerMisconfigured(str(exc)) from exc
-            runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
-            engine_threads = EngineThreads(runner.leases.db)
+            url, agent, spec = _configured()
+            deps = _stack.enter_context(agent.open_deps())
             pool = _stack.enter_context(postgres_pool(url, run_pool_size()))
-            _resources = ServerResources(url, runner, engine_threads, pool)
+        else:
+            log.warning("a database connection this server keeps was lost: reconnecting")
+            url, agent, deps = _resources.database_url, _resources.agent, _resources.runner.deps
+            spec, pool = _resources.runner.model_spec, _resources.run_connections
+            _runner_stack.close()
+        runner = _runner_stack.enter_context(open_runner(url, agent, deps=deps, model_spec=spec))
+        _resources = ServerResources(url, runner, EngineThreads(runner.leases.db), pool)
         return _resources
 
 
+def _configured() -> tuple[str, Agent[object], str | None]:
+    """The database URL, the hosted agent and the model spec, each checked: a setting that
+    cannot be used stops the server here, in one line."""
+    url = server_database_url()
+    try:
+        agent = load_agent(hosted_agent_path())
+        agent.check()
+        spec = os.environ.get(MODEL_ENV) or None
+        agent.chat_model(spec)
+        lease_ttl_from_env()
+        TraceSettings.from_env()  # a tracing switch neither on nor off
+    except (AgentNotFound, ValueError, TypeError) as exc:
+        raise ServerMisconfigured(str(exc)) from exc
+    return url, agent, spec
+
+
 async def aresources() -> ServerResources:
-    """`resources()` from async code: the first call connects, which must not block the loop."""
-    if _resources is not None:
+    """`resources()` from async code: the first call connects (and a call after a connection
+    was lost reconnects), which must not block the loop."""
+    if _resources is not None and not _resources.runner.connection_lost():
         return _resources
     return await asyncio.to_thread(resources)
