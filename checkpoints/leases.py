@@ -32,6 +32,8 @@ _RUN_COLUMNS = (
     " created_at, updated_at, pruned_at, " + _LEASE_LIVE
 )
 _SELECT_RUNS = "SELECT " + _RUN_COLUMNS + " FROM lw_runs"
+# lw_runs.engine of a run a server's engine started and continues (an in-process run's is "").
+SERVER_ENGINE = "server"
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
 _LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at, now() AS granted_at"
 # A write under a lease changes the run's row only while it is still the lease's (owner and
@@ -376,15 +378,32 @@ class LeaseStore:
 
     def due(self, agent: str | None = None) -> list[RunRecord]:
         """Runs a worker should advance now: unowned or expired, and not finished or waiting
-        for a person. A parked run (RECONCILING) is due once its next attempt time has come.
-        With `agent`, only that agent's runs (and those from before agents were recorded)."""
+        for a person. A parked run (RECONCILING) is due once its next attempt time has come,
+        unless a server's engine hosts it: the engine continues it (`wake`), so that its own
+        records of the run stay true. With `agent`, only that agent's runs (and those from
+        before agents were recorded)."""
         rows = self.db.execute(
             _SELECT_RUNS + f" WHERE {UNENDED_RUNS} AND phase <> 'WAITING_APPROVAL'"
             " AND (owner IS NULL OR lease_expires_at <= now())"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= now())"
+            " AND NOT (phase = 'RECONCILING' AND engine = %s)"
             " AND (CAST(%s AS TEXT) IS NULL OR agent = %s OR agent = '')"
             " ORDER BY updated_at",
-            (agent, agent),
+            (SERVER_ENGINE, agent, agent),
+        )
+        return [RunRecord.model_validate(row) for row in rows]
+
+    def wake(self, agent: str, hold_s: float) -> list[RunRecord]:
+        """The runs a server's engine hosts that are parked in a reconciliation and due now,
+        each taken for waking by this caller alone: its next attempt is put off by `hold_s`
+        in the same statement, so another instance asking at once gets none of them, and a run
+        whose wake-up never started is due again after `hold_s`."""
+        rows = self.db.write(
+            "UPDATE lw_runs SET next_attempt_at = {after_seconds}"
+            f" WHERE {UNENDED_RUNS} AND phase = 'RECONCILING' AND engine = %s AND agent = %s"
+            " AND next_attempt_at <= now() AND (owner IS NULL OR lease_expires_at <= now())"
+            " RETURNING " + _RUN_COLUMNS,
+            (hold_s, SERVER_ENGINE, agent),
         )
         return [RunRecord.model_validate(row) for row in rows]
 

@@ -98,6 +98,8 @@ INTERRUPTS_KEY = "__interrupt__"
 # Checkpoint metadata naming the agent version whose process wrote a step: which version
 # decided each step of a run that changed hands during an upgrade.
 VERSION_METADATA_KEY = "lw_version"
+# What a run parked in a reconciliation is resumed with to look again (the value means nothing).
+WAKE_VALUE = {"kind": "retry"}
 # How LangGraph names a node's task in its path (`task_path_str` of (PULL, node)).
 _PULL_PATH = "~__pregel_pull, "
 
@@ -414,7 +416,7 @@ class Runner:
             return self.outcome(run_id)
         if snapshot.interrupts:
             # A parked reconciliation is resumed to look again; the value carries no meaning.
-            payload: Any = Command(resume=value if value is not None else {"kind": "retry"})
+            payload: Any = Command(resume=value if value is not None else WAKE_VALUE)
         else:
             payload = None
         return self._advance(run_id, payload, on_step, snapshot.values)

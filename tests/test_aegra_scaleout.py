@@ -37,12 +37,12 @@ from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server import cluster as cluster_module
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.graph import CLAIM_POLL_S
-from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
+from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
 from tests.runtime_fixtures import PATIENCE_S
-from tests.test_server_langgraph import GRAPH, TOKENS, decision_for, values_of
+from tests.test_server_langgraph import GRAPH, TOKENS, decision_for, parked_then_woken, values_of
 
 REDIS = ("127.0.0.1", 6379)
 REDIS_URL = f"redis://{REDIS[0]}:{REDIS[1]}/0"
@@ -447,3 +447,14 @@ def test_the_stated_handover_bounds_follow_from_the_settings() -> None:
     claimed = max(requeued, settings["LOOPWRIGHT_LEASE_TTL_S"]) + CLAIM_POLL_S
     assert claimed <= cluster_module.KILLED_HANDOVER_S
     assert settings["WORKER_DRAIN_TIMEOUT"] < cluster_module.STOPPED_HANDOVER_S
+
+
+def test_a_parked_run_is_woken_by_an_instance_when_due(cluster: Cluster) -> None:
+    """On the engine, as on LangGraph's server: the parked run is woken through an instance
+    (whichever asks first: one wake-up per due time), its thread ends idle."""
+    cluster.start("i-1")
+    instance = cluster.start("i-2")
+    create_order(cluster.services, "O-7700", "u-1", "20.00")
+    set_fault(cluster.services, "processing", delay_s=4)
+    parked_then_woken(instance.client("t-u1"), cluster.sql)
+    assert [r["status"] for r in list_refunds(cluster.services, "O-7700")] == ["succeeded"]

@@ -6,6 +6,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import partial
 from typing import Any, TypedDict
 
@@ -21,6 +22,7 @@ from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import (
+    SERVER_ENGINE,
     LeaseHeld,
     LeaseLost,
     LeaseStore,
@@ -112,6 +114,26 @@ def test_an_attempt_s_record_can_give_the_run_up_with_it(leases: LeaseStore) -> 
         leases.record(lease, "COMPLETED", release=True)
     assert leases.get(RUN).phase == "RECONCILING"  # type: ignore[union-attr]
     assert leases.claim(RUN, "worker-b", ttl_s=30).fence == lease.fence + 1
+
+
+def test_a_parked_run_an_engine_hosts_is_woken_by_one_caller_and_never_by_a_worker(
+    leases: LeaseStore,
+) -> None:
+    past = leases.now() - timedelta(seconds=1)
+    for run_id, engine in (("served-1", SERVER_ENGINE), ("in-process-1", "")):
+        _, lease = leases.begin(run_id, "w", 30, task="t", user_id="u-1", agent="a", engine=engine)
+        assert lease is not None
+        leases.record(lease, "RECONCILING", past, release=True)
+    # A worker takes the in-process run only (and the fixture's, of no agent): the engine
+    # continues its own (`server.waker`).
+    assert [run.run_id for run in leases.due("a")] == [RUN, "in-process-1"]
+    # Of two callers at once, one gets the served run, and it is not due again until the hold.
+    assert [run.run_id for run in leases.wake("a", hold_s=30)] == ["served-1"]
+    assert leases.wake("a", hold_s=30) == []
+    assert leases.wake("other-agent", hold_s=30) == []
+    held = leases.get("served-1")
+    assert held is not None and held.next_attempt_at is not None
+    assert held.next_attempt_at > leases.now() + timedelta(seconds=20)
 
 
 def test_a_record_after_a_takeover_is_refused_and_changes_nothing(leases: LeaseStore) -> None:

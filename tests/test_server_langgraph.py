@@ -166,6 +166,38 @@ def test_refund_with_an_approval_through_the_sdk(served: Served) -> None:
     assert stock > 10 and compact == 0
 
 
+def parked_then_woken(customer: SyncLangGraphClient, served_sql: Callable[..., Any]) -> None:
+    """A refund the payment service is still processing (the fault is armed) parks its run;
+    nobody resumes it, yet it ends completed: the server woke it through its own API when it
+    was due (`server.waker`), so the engine's thread ends idle and its last run a success."""
+    thread_id = customer.threads.create()["thread_id"]
+    customer.runs.wait(thread_id, GRAPH, input=task_about("O-7700"))
+    assert served_sql("SELECT phase FROM lw_runs WHERE run_id = %s", thread_id) == [
+        ("RECONCILING",)
+    ]
+    assert customer.threads.get(thread_id)["status"] == "interrupted"
+    wait_for(
+        lambda: (
+            customer.threads.get(thread_id)["status"] == "idle"
+            and served_sql("SELECT phase FROM lw_runs WHERE run_id = %s", thread_id)
+            == [("COMPLETED",)]
+        ),
+        timeout=PATIENCE_S,
+    )
+    values = values_of(customer, thread_id)
+    assert values["stop_reason"] == "completed" and values["verification"]["verified"]
+    # The customer's run, and after it the wake-ups (newest first), the last a success.
+    runs = customer.runs.list(thread_id)
+    assert len(runs) >= 2 and runs[0]["status"] == "success"
+
+
+def test_a_parked_run_is_woken_by_its_server_when_due(served: Served) -> None:
+    create_order(served.services, "O-7700", "u-1", "20.00")  # no approval needed
+    set_fault(served.services, "processing", delay_s=4)
+    parked_then_woken(served.client("t-u1"), served.sql)
+    assert [r["status"] for r in list_refunds(served.services, "O-7700")] == ["succeeded"]
+
+
 def test_cancel_in_the_middle_of_a_refund_and_a_busy_thread(served: Served) -> None:
     """LangGraph's own cancel of a running run: the refund in flight is settled, then the run
     stops with `cancelled`. A second run on the busy thread is refused."""

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 from collections.abc import Sequence
 
 from loopwright.processes import exit_with_parent
 from loopwright.server import identities
+from loopwright.server.service_identity import SELF_URL_ENV, self_url
 from loopwright.server.users import IdentityConfigError
 
 AUTH_MODULE = "loopwright.server.auth"
@@ -42,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # The agent's tool calls are in the journal and the traces; httpx's line for each, rendered
     # by Aegra's structured logger, cost the instance more CPU than the requests themselves.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    os.environ[SELF_URL_ENV] = self_url(args.host, args.port)  # for `server.waker`
     exit_with_parent(GRACE_S)
     import uvicorn
 

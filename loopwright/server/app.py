@@ -62,6 +62,7 @@ from loopwright.server.launch import GRAPH_ID
 from loopwright.server.operating import METRICS_PATH, live, metrics, ready
 from loopwright.server.resources import aresources
 from loopwright.server.users import User
+from loopwright.server.waker import waking
 
 # The graph a decision resumes a run on (what langgraph.json calls it; `loopwright serve`'s).
 ASSISTANT_ID = os.environ.get("LOOPWRIGHT_GRAPH_ID", GRAPH_ID)
@@ -281,7 +282,10 @@ async def root(request: Request) -> Response:
 
 
 # FastAPI (a Starlette app) because Aegra mounts only FastAPI apps; LangGraph's server takes either.
-app = FastAPI(title="loopwright inbox", docs_url=None, redoc_url=None, openapi_url=None)
+# Its lifespan wakes the runs parked in a reconciliation when due (`server.waker`).
+app = FastAPI(
+    title="loopwright inbox", docs_url=None, redoc_url=None, openapi_url=None, lifespan=waking
+)
 app.add_middleware(Gate)  # before every route of the server's, not only these (`server.gate`)
 app.add_api_route("/", root, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox", page, methods=["GET"], include_in_schema=False)

@@ -38,10 +38,10 @@ from pydantic import ValidationError
 
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.decision_claims import DecisionClaims
-from loopwright.checkpoints.leases import RunRecord
+from loopwright.checkpoints.leases import SERVER_ENGINE, RunRecord
 from loopwright.graph.state import ApprovalDecision, ApprovalRequest, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
-from loopwright.runner import EditRefused, UnknownRun
+from loopwright.runner import WAKE_VALUE, EditRefused, UnknownRun
 from loopwright.server import identities
 from loopwright.server.admissions import Refusal, admissions
 from loopwright.server.engine import TENANT_KEY, USER_KEY, engine_identity
@@ -53,6 +53,7 @@ from loopwright.server.inputs import (
     principal_of_user,
 )
 from loopwright.server.resources import aresources
+from loopwright.server.service_identity import is_service
 from loopwright.server.users import User
 
 # What a client may have copied into every checkpoint of its run (`copied_into_checkpoints`):
@@ -508,6 +509,8 @@ async def on_run_create(
     if strategy == "rollback":
         raise _forbidden("multitask_strategy rollback would erase a run's record: use reject")
     await refuse_threadless(value, kwargs, owner)
+    if is_service(user):
+        return await service_wake(user, value, kwargs, owner)
     # Before anything that tells a thread's state: another tenant's threads are not named.
     refuse_unless_visible(user, owner, thread_id)
     if kwargs.get("after_seconds") or value.get("after_seconds"):
@@ -581,6 +584,28 @@ async def on_run_create(
     stamp_owner(value, kwargs, user.user_id, user.tenant)
     await admit(user, value.get("thread_id"))
     return _filter(user)
+
+
+async def service_wake(
+    user: User, value: Mapping[str, Any], kwargs: Mapping[str, Any], owner: ThreadOwner
+) -> Auth.types.FilterType:
+    """The served process continuing a run parked in a reconciliation (`server.waker`): that
+    resume of a run the engine hosts, parked, in the tenant its token names; nothing else. The
+    run is its user's, as before."""
+    run = owner.run
+    if (
+        kwargs.get("command") != {"resume": WAKE_VALUE}
+        or kwargs.get("input") is not None
+        or run is None
+        or run.tenant != user.tenant
+        or run.engine != SERVER_ENGINE
+        or run.phase != Phase.RECONCILING
+    ):
+        raise _forbidden("the service identity only wakes runs parked in a reconciliation")
+    run_user = User(user_id=run.user_id, roles=(), tenant=run.tenant)
+    stamp_owner(value, kwargs, run.user_id, run.tenant)
+    await admit(run_user, value.get("thread_id"))
+    return _filter(run_user, own=True)
 
 
 @auth.on.assistants

@@ -9,20 +9,31 @@ agent's dependencies started from it (started by `spawn` too) follows it down.
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 from collections.abc import Sequence
 
 from loopwright.processes import exit_with_parent
+from loopwright.server.service_identity import SELF_URL_ENV, self_url
 
 # Longer than a child's default: a graceful stop lets runs reach their next step boundary.
 GRACE_S = 10.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    os.environ[SELF_URL_ENV] = self_url(*_listening(args))  # for `server.waker`
     exit_with_parent(GRACE_S)
     from langgraph_cli.cli import cli
 
-    cli(["dev", *(sys.argv[1:] if argv is None else argv)], prog_name="langgraph")
+    cli(["dev", *args], prog_name="langgraph")
+
+
+def _listening(args: Sequence[str]) -> tuple[str, int]:
+    """The host and port `langgraph dev ARGS` listens on (its defaults: 127.0.0.1, 2024)."""
+    given = dict(itertools.pairwise(args))
+    return given.get("--host", "127.0.0.1"), int(given.get("--port", "2024"))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,14 @@ from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import pooled
 from loopwright.checkpoints.factory import fenced_saver
 from loopwright.checkpoints.fenced import Fence
-from loopwright.checkpoints.leases import Lease, LeaseHeld, LeaseKeeper, LeaseStore, RunWatch
+from loopwright.checkpoints.leases import (
+    SERVER_ENGINE,
+    Lease,
+    LeaseHeld,
+    LeaseKeeper,
+    LeaseStore,
+    RunWatch,
+)
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
@@ -91,8 +98,6 @@ CANCEL_SETTLE_S = 60.0
 # How long a run handed back (a shutdown) may take to reach its next step boundary and give up
 # its lease: a node always finishes (a write in flight is settled), so this is one step's time.
 PAUSE_SETTLE_S = 30.0
-# What lw_runs says of the engine hosting a served run: it is resumed through the engine.
-SERVED = "server"
 # Checkpoint metadata naming the process that wrote a step (where a run went, after a takeover).
 WRITER_METADATA_KEY = "lw_writer"
 INPUT_SCHEMA: dict[str, Any] = {
@@ -269,7 +274,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 # A new run is registered leased to this attempt; one registered before is
                 # claimed.
                 _, lease = res.runner.begin(
-                    run_id, request.task, principal, owner, res.lease_ttl_s, engine=SERVED
+                    run_id, request.task, principal, owner, res.lease_ttl_s, engine=SERVER_ENGINE
                 )
             else:
                 res.runner.owned(run_id)

@@ -37,6 +37,7 @@ from loopwright.server.jwt_identity import (
     KeysUnavailable,
     looks_like_jwt,
 )
+from loopwright.server.service_identity import service_user
 from loopwright.server.users import User
 from loopwright.server.watched_file import WatchedFile
 
@@ -87,6 +88,8 @@ class Identities:
 
     def user_for_token(self, token: str) -> User:
         """The user `token` names, by what is held now (no I/O); IdentityRefused otherwise."""
+        if (service := service_user(token)) is not None:
+            return service
         if looks_like_jwt(token) and self.jwt is not None:
             try:
                 return self.jwt.verify(token)

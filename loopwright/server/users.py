@@ -15,6 +15,9 @@ from loopwright.graph.text import validation_problems
 from loopwright.server.inputs import APPROVER_ROLE
 
 CUSTOMER_ROLE = "customer"
+# The role of a served process's own identity (`server.service_identity`): no token table or
+# identity provider may grant it.
+SERVICE_ROLE = "loopwright-service"
 
 
 class IdentityConfigError(ValueError):
@@ -52,4 +55,6 @@ def user_of(fields: object) -> User:
         parsed = _UserFields.model_validate(fields)
     except ValidationError as exc:
         raise ValueError(validation_problems(exc)) from None
+    if SERVICE_ROLE in parsed.roles:
+        raise ValueError(f"roles: {SERVICE_ROLE!r} is the server's own, no user's")
     return User(parsed.user_id, parsed.roles, parsed.tenant)

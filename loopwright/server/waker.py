@@ -1,0 +1,84 @@
+"""Runs parked in a reconciliation, continued by the engine that hosts them once they are due.
+
+A served run whose write's outcome is not known yet parks: lw_runs says RECONCILING and when to
+look again, and its engine run ends `interrupted`. It must be continued then, and by its engine:
+a `loopwright worker` advancing it in its own process would leave the engine's thread
+`interrupted` while the run goes on and ends (a worker leaves these runs alone:
+`LeaseStore.due`). So each served process looks every `POLL_S` for its agent's parked runs that
+are due, each taken by one process only (`LeaseStore.wake`), and resumes each through its own
+engine's API as the process's service identity (`server.service_identity`), which may do that
+and nothing else. A wake-up that does not start (the engine refused it, the process died) is due
+again after `HOLD_S`.
+
+The process's own URL comes from `LOOPWRIGHT_SELF_URL`, which the entry points of both engines
+set (`server.dev`, `server.aegra`); a server started otherwise wakes nothing, and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from loopwright.checkpoints.leases import RunRecord
+from loopwright.runner import WAKE_VALUE
+from loopwright.server.launch import GRAPH_ID
+from loopwright.server.resources import aresources
+from loopwright.server.service_identity import SELF_URL_ENV, service_token
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+HOLD_S = 30.0
+
+
+async def wake_parked_runs(client: httpx.AsyncClient) -> None:
+    """Every `POLL_S`, resume the due parked runs through the server `client` speaks to."""
+    while True:
+        await asyncio.sleep(POLL_S)
+        try:
+            res = await aresources()
+            runs = await asyncio.to_thread(res.leases.wake, res.agent.name, HOLD_S)
+        except Exception as exc:  # the database is down: readiness says so; look again later
+            log.warning("parked runs not looked for: %s: %s", type(exc).__name__, exc)
+            continue
+        for run in runs:
+            await _wake(client, run)
+
+
+async def _wake(client: httpx.AsyncClient, run: RunRecord) -> None:
+    body: dict[str, Any] = {"assistant_id": GRAPH_ID, "command": {"resume": WAKE_VALUE}}
+    headers = {"Authorization": f"Bearer {service_token(run.tenant)}"}
+    try:
+        answer = await client.post(f"/threads/{run.run_id}/runs", json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        log.warning("run %s not woken (again in %gs): %s", run.run_id, HOLD_S, exc)
+        return
+    if answer.status_code >= 400:
+        log.warning(
+            "run %s not woken (again in %gs): %s %s",
+            *(run.run_id, HOLD_S, answer.status_code, answer.text[:200]),
+        )
+
+
+@contextlib.asynccontextmanager
+async def waking(_app: Any) -> AsyncIterator[None]:
+    """The server app's lifespan: the waker runs for as long as the server does."""
+    base_url = os.environ.get(SELF_URL_ENV)
+    if not base_url:
+        log.warning("%s is not set: runs parked in a reconciliation are not woken", SELF_URL_ENV)
+        yield
+        return
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        task = asyncio.create_task(wake_parked_runs(client))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
