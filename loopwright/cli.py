@@ -1416,13 +1416,20 @@ def tokens_new(
     user: Annotated[str, typer.Option("--user", metavar="USER_ID", help="Whom the token names.")],
     role: Annotated[
         list[str],
-        typer.Option("--role", metavar="ROLE", help="A role (customer, approver); repeatable."),
+        typer.Option(
+            "--role",
+            metavar="ROLE",
+            help="A role name the agent grants something by (its roles=: who starts runs,"
+            " decides approvals, reads the metrics); repeatable.",
+        ),
     ],
     tenant: Annotated[str, typer.Option("--tenant", help="The user's tenant.")] = "default",
+    agent: AgentOption = None,
 ) -> None:
     """A new random token and its table entry: the token on the first line (hand it to its
     user; it is stored nowhere), the entry (its hash) as JSON on the second, to add to the
-    table's object."""
+    table's object. A role the agent grants nothing by is refused: the token would be refused
+    everywhere it was used."""
     from loopwright.server.bearer_tokens import hash_token, new_token
     from loopwright.server.users import user_of
 
@@ -1430,6 +1437,12 @@ def tokens_new(
         named = user_of({"user_id": user, "roles": role, "tenant": tenant})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    hosted = agent_for(agent)
+    if idle := [name for name in named.roles if not hosted.roles.granting(name)]:
+        raise UsageError(
+            f"role {', '.join(idle)} grants nothing with agent {hosted.name}, whose roles are"
+            f" {hosted.roles} (--agent names another agent)"
+        )
     token = new_token()
     entry = {"user_id": named.user_id, "roles": list(named.roles), "tenant": named.tenant}
     console.print(token, markup=False)

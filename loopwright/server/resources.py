@@ -31,6 +31,7 @@ from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, redact
 from loopwright.checkpoints.leases import LeaseStore
+from loopwright.graph.roles import Roles
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
 from loopwright.server.engine import EngineThreads
@@ -85,6 +86,8 @@ class ServerResources:
 _lock = threading.Lock()
 _resources: ServerResources | None = None
 _agent_path: str | None = None
+_agent_lock = threading.Lock()
+_agent: Agent[object] | None = None
 _stack = ExitStack()  # kept open for the life of the process
 
 
@@ -103,20 +106,41 @@ def hosted_agent_path() -> str:
     return _agent_path or os.environ.get(AGENT_ENV) or DEFAULT_AGENT
 
 
+def hosted_agent() -> Agent[object]:
+    """The agent this process serves, loaded and checked once (blocking: call from a thread),
+    without opening its dependencies or a database: what a route asks that must answer whether
+    they do or not (the metrics route: which roles operate). ServerMisconfigured otherwise."""
+    global _agent
+    with _agent_lock:
+        if _agent is None:
+            try:
+                agent = load_agent(hosted_agent_path())
+                agent.check()
+            except (AgentNotFound, ValueError, TypeError) as exc:
+                raise ServerMisconfigured(str(exc)) from exc
+            _agent = agent
+        return _agent
+
+
+async def hosted_roles() -> Roles:
+    """Which role names grant what on this server: the hosted agent's `Roles`."""
+    agent = _agent if _agent is not None else await asyncio.to_thread(hosted_agent)
+    return agent.roles
+
+
 def resources() -> ServerResources:
     """The process's resources, created on first use (blocking: call from a thread)."""
     global _resources
     with _lock:
         if _resources is None:
             url = server_database_url()
+            agent = hosted_agent()
             try:
-                agent = load_agent(hosted_agent_path())
-                agent.check()
                 spec = os.environ.get(MODEL_ENV) or None
                 agent.chat_model(spec)  # a bad spec stops the server here, in one line
                 lease_ttl_from_env()  # and so does a bad lease time to live
                 TraceSettings.from_env()  # or a tracing switch neither on nor off
-            except (AgentNotFound, ValueError, TypeError) as exc:
+            except (ValueError, TypeError) as exc:
                 raise ServerMisconfigured(str(exc)) from exc
             runner = _stack.enter_context(open_runner(url, agent, model_spec=spec))
             engine_threads = EngineThreads(runner.leases.db)
