@@ -77,8 +77,9 @@ class Roles:
                 )
 
     def grants(self, capability: Capability, held: Iterable[str]) -> bool:
-        """Whether an identity holding the role names `held` has `capability`: the one question
-        every entry point asks before it lets a caller start, decide or operate."""
+        """Whether an identity holding the role names `held` has `capability` ("start",
+        "decide" or "operate"): the one question every entry point asks before it lets a caller
+        start runs, decide approvals or read the metrics."""
         return not set(getattr(self, capability)).isdisjoint(held)
 
     def refusal(self, capability: Capability) -> str:

@@ -10,4 +10,4 @@ from loopwright import Roles
 from loopwright_refunds.agent import agent as refunds
 
 ROLES = Roles(start=("agent",), decide=("supervisor",), operate=("sre",))
-agent = refunds.replace(roles=ROLES)
+agent = refunds.replace(name="desk", roles=ROLES)
