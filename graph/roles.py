@@ -90,7 +90,7 @@ class Roles:
 
     def granting(self, name: str) -> list[Capability]:
         """The capabilities role `name` grants (none: a name this agent does not use)."""
-        return [c for c in get_args(Capability) if name in getattr(self, c)]
+        return [c for c in get_args(Capability) if self.grants(c, [name])]
 
     def __str__(self) -> str:
         return "; ".join(f"{c}: {', '.join(getattr(self, c))}" for c in get_args(Capability))

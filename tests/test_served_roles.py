@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S, REPO
+from tests.runtime_fixtures import PATIENCE_S, REPO, cli
 from tests.test_server_langgraph import (
     GRAPH,
     Served,
@@ -162,3 +163,27 @@ def test_only_the_agents_operate_role_reads_the_metrics(desk: Served) -> None:
         assert refusal(answer) == "reading the metrics takes the role sre"
     answer = httpx.get(metrics, headers={"Authorization": "Bearer t-sre"})
     assert answer.status_code == 200 and "loopwright_database_up 1.0" in answer.text
+
+
+def test_serving_the_desk_on_the_development_tokens_says_their_roles_grant_nothing(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """The development table's people are the reference agent's (`customer`, `approver`,
+    `operator`): `loopwright serve` falling back to it for the desk says they grant nothing
+    there (an unreachable Redis then stops it before anything starts)."""
+    pytest.importorskip("aegra_api")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_TOKENS")}
+    with reserved_port() as port:
+        served = cli(
+            *("serve", "--engine", "aegra", "--dev-tokens", "--port", str(port)),
+            *("--agent", DESK_AGENT["LOOPWRIGHT_AGENT"], "--db", postgres_url),
+            *("--redis", "redis://127.0.0.1:1/0"),
+            env=env,
+            expect=2,
+            cwd=tmp_path,
+        )
+    assert (
+        "their roles approver, customer, operator grant nothing with this agent, whose roles"
+        " are start: agent; decide: supervisor; operate: sre" in served.stderr
+    ), served.stderr
+    assert "--redis:" in served.stderr.splitlines()[-1]
