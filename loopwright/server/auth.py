@@ -9,15 +9,17 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 
 * a request without a known token gets 401;
 * customers (a role the hosted agent's `Roles.start` names) see and start runs on their own
-  threads only, on tasks the hosted agent takes for them (its `boundary`: e.g. the reference agent refuses a target that is not the user's);
-  asking for another customer's thread gets 403; a task no run could keep (blank, over 2,000
-  characters) gets 422 before any run starts, as does a run whose input, resume value or
-  metadata holds text no store keeps (a NUL character, text that is not UTF-8), or whose
-  metadata and configurable values (copied into every checkpoint) pass 1 KB, or whose input
-  or resume value passes 16 KB; a thread's metadata is bounded as a run's;
+  threads only, on tasks the hosted agent takes for them (its `boundary`: e.g. the reference
+  agent refuses a target that is not the user's); asking for another customer's thread gets
+  403; a task no run could keep (blank, over 2,000 characters) gets 422 before any run starts,
+  as does a run whose input, resume value or metadata holds text no store keeps (a NUL
+  character, text that is not UTF-8), or whose metadata and configurable values (copied into
+  every checkpoint) pass 1 KB, or whose input or resume value passes 16 KB; a thread's
+  metadata is bounded as a run's;
 * only approvers (a role its `Roles.decide` names) list or decide approvals (they may read
-  every thread of their tenant for that), and never on a run they started themselves; every filter names the caller's tenant,
-  so nobody reads, lists, cancels or decides anything of another tenant's;
+  every thread of their tenant for that), and never on a run they started themselves; every
+  filter names the caller's tenant, so nobody reads, lists, cancels or decides anything of
+  another tenant's;
 * nobody writes a thread's state or metadata through the API, and assistants, crons and the
   store are read-only or closed: a run changes only by running;
 * nothing runs on a thread whose run the retention job pruned (410): it would start the run

@@ -8,8 +8,9 @@
   Unauthenticated, as probes are, so they say nothing else; why is in the server's log.
 * `GET /loopwright/metrics`: loopwright's Prometheus metrics (`observability.metrics`,
   `observability.stored_state`), for a token of a role the agent's `Roles.operate` names only
-  (401 without a token, 403 for any other role): they count every tenant's runs. LangGraph's server keeps `/metrics`
-  (its own process metrics, served to anyone), hence a path of loopwright's own on both engines.
+  (401 without a token, 403 for any other role): they count every tenant's runs. LangGraph's
+  server keeps `/metrics` (its own process metrics, served to anyone), hence a path of
+  loopwright's own on both engines.
 
 These routes are the server app's (`server.app`), which both engines serve before their own
 routes and outside their auth: LangGraph's server applies its auth middleware to its own API
