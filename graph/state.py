@@ -36,6 +36,8 @@ from langchain_core.messages import AnyMessage
 from langgraph.channels import DeltaChannel
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loopwright.graph.roles import DEFAULT_ROLES
+
 STATE_SCHEMA_VERSION = 1
 
 
@@ -138,7 +140,9 @@ class Principal(BaseModel):
 
     user_id: str
     tenant: str = DEFAULT_TENANT
-    roles: tuple[str, ...] = ("customer",)
+    # The role names of the identity it acts for (a server's token or JWT; an agent's
+    # `principal`); by default the default ones that start runs. What they grant: `Roles`.
+    roles: tuple[str, ...] = DEFAULT_ROLES.start
     # The task boundary: the resources this run may touch, e.g. ("ticket:T-42",), from the
     # agent's `boundary`. An entry ending in "*" covers every resource it is a prefix of ("*"
     # alone: everything). Empty: the run may touch no declared resource at all.

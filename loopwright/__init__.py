@@ -31,6 +31,7 @@ _HOMES = {
     "Agent": "loopwright._agent",
     "Demo": "loopwright._agent",
     "TaskRefused": "loopwright._agent",
+    "Roles": "loopwright.graph.roles",
     "InvalidText": "loopwright.graph.text",
     "load_agent": "loopwright._loading",
     "AgentProfile": "loopwright.graph.agents",
@@ -119,6 +120,7 @@ __all__ = [
     "ReconcileResult",
     "ReconcileStatus",
     "ResendAfterDeadline",
+    "Roles",
     "RunOutcome",
     "RunState",
     "Runner",
@@ -179,6 +181,7 @@ if TYPE_CHECKING:
     from loopwright.graph.crashpoints import CrashPoint, crash_point
     from loopwright.graph.plan import Planner, PlannerDecision, PlanStep, StepStatus
     from loopwright.graph.protocol import ToolEnvelope, parse_tool_content
+    from loopwright.graph.roles import Roles
     from loopwright.graph.state import (
         Action,
         ActionStatus,

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from loopwright.graph.agents import AgentProfile, handoff_contract
 from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
+from loopwright.graph.roles import DEFAULT_ROLES, Roles
 from loopwright.graph.state import DEFAULT_TENANT, Action, Evidence, Principal
 from loopwright.tools.contract import (
     Guarantee,
@@ -100,10 +101,6 @@ def _no_deps() -> Iterator[None]:
     yield None
 
 
-def _default_principal(_deps: Any, user_id: str) -> Principal:
-    return Principal(user_id=user_id)
-
-
 def _no_boundary(_deps: Any, _principal: Principal, _task: str) -> Iterable[str]:
     return ()
 
@@ -139,8 +136,12 @@ class Agent[DepsT]:
     task)`) names the resources a
     task may touch (e.g. the tickets it names) and may refuse the task (`TaskRefused`); with no
     boundary a run may touch no declared resource at all. `principal(deps, user_id)` builds the
-    trusted principal a run acts for (roles, tenant), refusing unknown users. `approvers` says
-    who may decide approvals: user ids, or `approvers(deps, user_id) -> bool`.
+    trusted principal a run acts for (roles, tenant), refusing unknown users (default: the user
+    with the agent's `roles.start` names). `approvers` says who may decide approvals: user ids,
+    or `approvers(deps, user_id) -> bool`. `roles` names the roles of your identities (token
+    table, JWT claim) that grant starting runs, deciding approvals and reading the metrics on a
+    server, e.g. `Roles(start=("agent",), decide=("supervisor",), operate=("sre",))` (default:
+    `customer`, `approver`, `operator`); a decider must also be an approver by `approvers`.
     `done(ctx, task, writes)` is the completion check: a run whose model gives its final answer
     ends COMPLETED only if every write it made is verified in the business system and the task
     is done. By default it is done when every write it planned happened; a team that knows what
@@ -211,18 +212,25 @@ class Agent[DepsT]:
         shared: Callable[[], AbstractContextManager[Mapping[str, str]]] | None = None,
         scenarios: Sequence[Scenario] = (),
         health: Callable[[DepsT], Iterable[str]] | None = None,
+        roles: Roles = DEFAULT_ROLES,
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
         if not instructions.strip():
             raise ToolDefinitionError(f"agent {name}: give it instructions=...")
+        if not isinstance(roles, Roles):
+            raise ToolDefinitionError(
+                f"agent {name}: roles={roles!r} is no Roles: give it"
+                " roles=Roles(start=(...), decide=(...), operate=(...))"
+            )
         self.name = name
         self.version = version
         self.instructions = instructions.strip()
         self.deps_factory = deps
         self.model = model
         self.boundary_of = _boundary(boundary) if boundary is not None else None
-        self.principal_of = principal or _default_principal
+        self.principal_of = principal
+        self.roles = roles
         self.approvers = approvers
         self.done = done
         self.claims = claims
@@ -427,6 +435,7 @@ class Agent[DepsT]:
             "shared": self.shared,
             "scenarios": self.scenarios,
             "health": self.health,
+            "roles": self.roles,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:
@@ -482,7 +491,10 @@ class Agent[DepsT]:
         """The trusted principal of a new run of `task` for `user_id` of `tenant` (the trusted
         caller's word, like the user id), scoped to the task's boundary. Raises TaskRefused for
         a user or task the agent does not take."""
-        principal = self.principal_of(deps, user_id).model_copy(update={"tenant": tenant})
+        if self.principal_of is not None:
+            principal = self.principal_of(deps, user_id).model_copy(update={"tenant": tenant})
+        else:  # whoever the trusted caller names, in the roles that start runs
+            principal = Principal(user_id=user_id, tenant=tenant, roles=self.roles.start)
         boundary = self.boundary_of or _no_boundary
         scope = tuple(sorted(set(boundary(deps, principal, task))))
         return principal.model_copy(update={"scope": scope})

@@ -37,6 +37,7 @@ from loopwright.display import SafeConsole, flat, inline
 if TYPE_CHECKING:
     from loopwright._agent import Agent
     from loopwright.checkpoints.leases import LeaseHeld
+    from loopwright.graph.roles import Roles
     from loopwright.graph.state import (
         ApprovalChoice,
         Principal,
@@ -1385,7 +1386,7 @@ def serve(
     if database_kind(url) is not DatabaseKind.POSTGRES:
         raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
     extra = {"DATABASE_URL": url, AGENT_ENV: path, **_paths_from_here()}
-    extra |= _identity_env(use_dev=dev_tokens or engine == "langgraph")
+    extra |= _identity_env(use_dev=dev_tokens or engine == "langgraph", roles=hosted.roles)
     # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     console.print(f"agent  {hosted.name} {hosted.version} ({path})", markup=False)
@@ -1416,13 +1417,20 @@ def tokens_new(
     user: Annotated[str, typer.Option("--user", metavar="USER_ID", help="Whom the token names.")],
     role: Annotated[
         list[str],
-        typer.Option("--role", metavar="ROLE", help="A role (customer, approver); repeatable."),
+        typer.Option(
+            "--role",
+            metavar="ROLE",
+            help="A role name the agent grants something by (its roles=: who starts runs,"
+            " decides approvals, reads the metrics); repeatable.",
+        ),
     ],
     tenant: Annotated[str, typer.Option("--tenant", help="The user's tenant.")] = "default",
+    agent: AgentOption = None,
 ) -> None:
     """A new random token and its table entry: the token on the first line (hand it to its
     user; it is stored nowhere), the entry (its hash) as JSON on the second, to add to the
-    table's object."""
+    table's object. A role the agent grants nothing by is refused: the token would be refused
+    everywhere it was used."""
     from loopwright.server.bearer_tokens import hash_token, new_token
     from loopwright.server.users import user_of
 
@@ -1430,6 +1438,12 @@ def tokens_new(
         named = user_of({"user_id": user, "roles": role, "tenant": tenant})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    hosted = agent_for(agent)
+    if idle := [name for name in named.roles if not hosted.roles.granting(name)]:
+        raise UsageError(
+            f"role {', '.join(idle)} grants nothing with agent {hosted.name}, whose roles are"
+            f" {hosted.roles} (--agent names another agent)"
+        )
     token = new_token()
     entry = {"user_id": named.user_id, "roles": list(named.roles), "tenant": named.tenant}
     console.print(token, markup=False)
@@ -1457,7 +1471,7 @@ def tokens_hash(
     console.print(hash_token(given), markup=False)
 
 
-def _identity_env(*, use_dev: bool) -> dict[str, str]:
+def _identity_env(*, use_dev: bool, roles: Roles) -> dict[str, str]:
     """The identities the server takes: the operator's JWT keys and token table (relative
     files made absolute: the server runs in a directory of its own), else the development
     table where allowed, saying so. Refused here, in one line, if a server could not use them
@@ -1487,6 +1501,15 @@ def _identity_env(*, use_dev: bool) -> dict[str, str]:
         env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
         env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published: development only
         errors.print(f"no identities configured: using the development tokens in {DEV_TOKENS}")
+        dev_roles = {
+            r for user in json.loads(DEV_TOKENS.read_text()).values() for r in user["roles"]
+        }
+        if idle := sorted(r for r in dev_roles if not roles.granting(r)):
+            errors.print(
+                f"their roles {', '.join(idle)} grant nothing with this agent, whose roles are"
+                f" {roles}: give its people tokens of those (loopwright tokens new --role ROLE)"
+                f" in a table of your own, {TOKENS_FILE_ENV}"
+            )
     try:
         Identities({**os.environ, **env})  # what each server builds at its start
     except IdentityConfigError as exc:

@@ -11,14 +11,17 @@ tenant.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import pytest
 
+from loopwright.server.bearer_tokens import hashed_table
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.runtime_fixtures import PATIENCE_S, cli
 from tests.test_aegra_scaleout import Cluster, Instance, cluster, pytestmark, refund_task
+from tests.test_served_roles import DESK_AGENT, DESK_TOKENS
 from tests.test_server_langgraph import (
     DECISION_ROUTES,
     GRAPH,
@@ -140,3 +143,39 @@ def test_an_instance_tells_an_outsider_nothing_but_that_it_is_up(cluster: Cluste
     thread_id, _ = waiting_refund(cluster, instance, "O-631")
     theirs = instance.client("t-bank-b-u1")
     assert status_of(lambda: theirs.threads.create(thread_id=thread_id)) == 422
+
+
+def test_an_agents_own_role_names_grant_on_aegra_as_on_langgraphs_server(
+    cluster: Cluster,
+) -> None:
+    """An instance hosting the desk (tests/desk_roles_agent.py): its `agent` starts a run and
+    the runtime's `customer` does not; its `supervisor` decides through the SDK and an
+    `approver` does not; its `sre` reads the metrics and an `operator` does not."""
+    tokens = json.dumps(hashed_table(DESK_TOKENS))
+    desk = cluster.start_with("aegra-desk", **DESK_AGENT, LOOPWRIGHT_TOKENS=tokens)
+    create_order(cluster.services, "O-631", "u-1", "80.00")
+    agent = desk.client("t-agent")
+    thread_id = agent.threads.create()["thread_id"]
+    agent.runs.wait(thread_id, GRAPH, input={"task": refund_task("O-631")})
+    interrupts: list[Any] = agent.threads.get_state(thread_id)["interrupts"]
+    [interrupt] = interrupts
+
+    create_order(cluster.services, "O-632", "u-2", "80.00")
+    customer = desk.client("t-customer")
+    own = customer.threads.create()["thread_id"]
+    task = {"task": refund_task("O-632")}
+    assert status_of(lambda: customer.runs.wait(own, GRAPH, input=task)) == 403
+    ann = desk.client("t-approver")
+    resume = decision_for(interrupt, "approve", "a-2")
+    assert status_of(lambda: ann.runs.wait(thread_id, GRAPH, command={"resume": resume})) == 403
+    assert inbox(desk, "t-approver").status_code == 403
+
+    sue = desk.client("t-supervisor")
+    sue.runs.wait(thread_id, GRAPH, command={"resume": decision_for(interrupt, "approve", "a-1")})
+    state = values_of(agent, thread_id)
+    assert state["stop_reason"] == "completed" and state["verification"]["verified"]
+    assert len(list_refunds(cluster.services, "O-631")) == 1
+    metrics = f"{desk.url}/loopwright/metrics"
+    for token, status in (("t-sre", 200), ("t-operator", 403), ("t-supervisor", 403)):
+        headers = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(metrics, headers=headers, timeout=PATIENCE_S).status_code == status

@@ -295,6 +295,35 @@ def test_tokens_new_makes_a_token_and_its_entry_and_hash_refuses_a_short_one() -
     assert bad.stderr.count("\n") == 1 and "user_id" in bad.stderr
 
 
+def test_tokens_new_refuses_a_role_the_agent_grants_nothing_by() -> None:
+    """The role names are the agent's (`Roles`): `sre` grants nothing with the reference agent,
+    whose operators are `operator`, and reads the metrics with a desk that calls them so."""
+    desk = ("--agent", "tests.desk_roles_agent:agent")
+    idle = cli("tokens", "new", "--user", "o-1", "--role", "sre", env={}, expect=2)
+    assert idle.stderr.count("\n") == 1
+    assert (
+        "role sre grants nothing with agent refunds, whose roles are start: customer;"
+        in idle.stderr
+    )
+    made = cli("tokens", "new", "--user", "o-1", "--role", "sre", *desk, env={}, expect=0)
+    token, entry = made.stdout.splitlines()
+    assert user_for(Identities({"LOOPWRIGHT_TOKENS": entry}), token) == User("o-1", ("sre",))
+    mixed = cli(
+        "tokens",
+        "new",
+        "--user",
+        "u-1",
+        "--role",
+        "agent",
+        "--role",
+        "customer",
+        *desk,
+        env={},
+        expect=2,
+    )
+    assert "role customer grants nothing with agent desk" in mixed.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "env", "problem"),
     [

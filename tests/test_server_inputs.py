@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
 
+from loopwright.graph.roles import DEFAULT_ROLES, Roles
 from loopwright.graph.state import Principal, initial_state
 from loopwright.server.auth import authorization_of, decisions_in
 from loopwright.server.bearer_tokens import TokenTableError, token_table
@@ -48,7 +49,9 @@ def decision(approver: str = "someone") -> dict[str, Any]:
 
 def test_a_new_run_takes_its_principal_from_the_server_never_from_the_input() -> None:
     forged = {"user_id": "u-2", "roles": ["approver"], "scope": []}
-    request = parse_request({"task": TASK, "principal": forged, "journal": {"x": {}}}, ADA)
+    request = parse_request(
+        {"task": TASK, "principal": forged, "journal": {"x": {}}}, ADA, roles=DEFAULT_ROLES
+    )
     assert request == NewRun(task=TASK)
     scoped = ADA.model_copy(update={"scope": ("order:O-42",)})  # by the agent's boundary
     state = payload_for(request, snapshot(), "t-1", scoped)
@@ -71,40 +74,62 @@ def test_a_new_run_takes_its_principal_from_the_server_never_from_the_input() ->
 )
 def test_what_no_client_may_send(raw: Any) -> None:
     with pytest.raises(RunRefused):
-        parse_request(raw, ADA)
+        parse_request(raw, ADA, roles=DEFAULT_ROLES)
 
 
 def test_a_new_run_needs_an_authenticated_principal() -> None:
     with pytest.raises(RunRefused):
-        parse_request({"task": TASK}, None)
-    assert parse_request(None, None) == Continue()
+        parse_request({"task": TASK}, None, roles=DEFAULT_ROLES)
+    assert parse_request(None, None, roles=DEFAULT_ROLES) == Continue()
 
 
 def test_a_decision_is_signed_by_the_authenticated_approver() -> None:
-    request = parse_request(Command(resume={"int-1": decision(approver="u-1")}), ANN)
+    request = parse_request(
+        Command(resume={"int-1": decision(approver="u-1")}), ANN, roles=DEFAULT_ROLES
+    )
     assert isinstance(request, Resume)
     assert request.command.resume == {"int-1": {**decision(), "approver": "a-1"}}
-    single = parse_request(Command(resume=decision(approver="u-1")), ANN)
+    single = parse_request(Command(resume=decision(approver="u-1")), ANN, roles=DEFAULT_ROLES)
     assert isinstance(single, Resume) and isinstance(single.command.resume, dict)
     assert single.command.resume["approver"] == "a-1"
 
 
 def test_only_approvers_decide() -> None:
     with pytest.raises(RunRefused):
-        parse_request(Command(resume={"int-1": decision()}), ADA)
+        parse_request(Command(resume={"int-1": decision()}), ADA, roles=DEFAULT_ROLES)
     with pytest.raises(RunRefused):
-        parse_request(Command(resume=decision()), None)
+        parse_request(Command(resume=decision()), None, roles=DEFAULT_ROLES)
     # Other resume values (a parked reconciliation's) are not decisions.
-    assert isinstance(parse_request(Command(resume={"kind": "retry"}), ADA), Resume)
+    assert isinstance(
+        parse_request(Command(resume={"kind": "retry"}), ADA, roles=DEFAULT_ROLES), Resume
+    )
+
+
+def test_whose_decisions_count_is_the_agents_roles_to_say() -> None:
+    """An agent whose deciders are `supervisor`s: a decision of one is signed, one of an
+    identity holding the runtime's own word `approver` is refused, saying which role decides."""
+    desk = Roles(start=("agent",), decide=("supervisor", "lead"), operate=("sre",))
+    sue = Principal(user_id="s-1", roles=("supervisor",))
+    request = parse_request(Command(resume={"int-1": decision()}), sue, roles=desk)
+    assert isinstance(request, Resume) and request.command.resume == {
+        "int-1": {**decision(), "approver": "s-1"}
+    }
+    with pytest.raises(
+        RunRefused, match="deciding approvals takes one of the roles supervisor, lead"
+    ):
+        parse_request(Command(resume={"int-1": decision()}), ANN, roles=desk)
 
 
 def test_an_approver_never_decides_their_own_run() -> None:
     waiting = snapshot(running(user=AL), (Interrupt(value={"kind": "approval"}, id="int-1"),))
-    request = parse_request(Command(resume={"int-1": decision()}), AL)
+    request = parse_request(Command(resume={"int-1": decision()}), AL, roles=DEFAULT_ROLES)
     with pytest.raises(RunRefused):
         payload_for(request, waiting, "t-1", AL)
     allowed = payload_for(
-        parse_request(Command(resume={"int-1": decision()}), ANN), waiting, "t-1", ANN
+        parse_request(Command(resume={"int-1": decision()}), ANN, roles=DEFAULT_ROLES),
+        waiting,
+        "t-1",
+        ANN,
     )
     assert isinstance(allowed, Command) and isinstance(allowed.resume, dict)
     assert allowed.resume["int-1"]["approver"] == "a-1"
@@ -121,9 +146,9 @@ def test_a_repeated_start_continues_and_a_different_one_is_refused() -> None:
 
 def test_a_stale_answer_continues_the_run_instead_of_answering_a_later_question() -> None:
     waiting = snapshot(running(), (Interrupt(value={"kind": "approval"}, id="int-2"),))
-    request = parse_request(Command(resume={"int-1": decision()}), ANN)
+    request = parse_request(Command(resume={"int-1": decision()}), ANN, roles=DEFAULT_ROLES)
     assert payload_for(request, waiting, "t-1", ANN) is None
-    single = parse_request(Command(resume=decision()), ANN)
+    single = parse_request(Command(resume=decision()), ANN, roles=DEFAULT_ROLES)
     assert payload_for(single, snapshot(running()), "t-1", ANN) is None
 
 
@@ -155,7 +180,7 @@ def test_token_table_and_authorization_header() -> None:
         "LOOPWRIGHT_DEV_TOKENS": "1",
     }
     user = token_table(environ).user_for("t")
-    assert user is not None and user.user_id == "a-2" and user.is_approver and user.is_customer
+    assert user is not None and user.user_id == "a-2" and user.roles == ("customer", "approver")
     assert len(token_table({})) == 0
     assert authorization_of({b"authorization": b"Bearer t"}) == "Bearer t"
     assert authorization_of({"Authorization": "Bearer t"}) == "Bearer t"

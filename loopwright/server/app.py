@@ -14,7 +14,8 @@ talk to the server's own API with the caller's token, so every rule of the auth 
 to them too:
 
 * `GET /inbox/api/approvals`: pending approvals (the request as the run asked it, and the
-  seconds until it expires), for approvers only, without the runs they started themselves;
+  seconds until it expires), for approvers only (a role the agent's `Roles.decide` names),
+  without the runs they started themselves;
 * `POST /inbox/api/decisions`: `{"thread_id", "interrupt_id", "decision": "approve"|"reject"|
   "edit", "comment", "changes", "confirmed"}` resumes the run with an `ApprovalDecision`
   through the server (a new server run with `Command(resume={interrupt_id: decision})`,
@@ -60,7 +61,7 @@ from loopwright.server.gate import Gate
 from loopwright.server.identities import IdentityRefused, authenticated_user
 from loopwright.server.launch import GRAPH_ID
 from loopwright.server.operating import METRICS_PATH, live, metrics, ready
-from loopwright.server.resources import aresources
+from loopwright.server.resources import aresources, hosted_roles
 from loopwright.server.users import User
 from loopwright.server.waker import waking
 
@@ -132,8 +133,8 @@ async def _approver(request: Request) -> User:
         user = await authenticated_user(request.headers.get("authorization"))
     except IdentityRefused as exc:
         raise InboxError(exc.status, exc.detail) from None
-    if not user.is_approver:
-        raise InboxError(403, "only approvers may see and decide approvals")
+    if not (roles := await hosted_roles()).grants("decide", user.roles):
+        raise InboxError(403, roles.refusal("decide"))
     return user
 
 

@@ -8,16 +8,18 @@ The rules, enforced here and again by the served graph (`server.inputs`), so tha
 auth hooks differ (Aegra calls them with other shapes) still cannot be talked into more:
 
 * a request without a known token gets 401;
-* customers see and start runs on their own threads only, on tasks the hosted agent takes for
-  them (its `boundary`: e.g. the reference agent refuses a target that is not the user's);
-  asking for another customer's thread gets 403; a task no run could keep (blank, over 2,000
-  characters) gets 422 before any run starts, as does a run whose input, resume value or
-  metadata holds text no store keeps (a NUL character, text that is not UTF-8), or whose
-  metadata and configurable values (copied into every checkpoint) pass 1 KB, or whose input
-  or resume value passes 16 KB; a thread's metadata is bounded as a run's;
-* only approvers list or decide approvals (they may read every thread of their tenant for
-  that), and never on a run they started themselves; every filter names the caller's tenant,
-  so nobody reads, lists, cancels or decides anything of another tenant's;
+* customers (a role the hosted agent's `Roles.start` names) see and start runs on their own
+  threads only, on tasks the hosted agent takes for them (its `boundary`: e.g. the reference
+  agent refuses a target that is not the user's); asking for another customer's thread gets
+  403; a task no run could keep (blank, over 2,000 characters) gets 422 before any run starts,
+  as does a run whose input, resume value or metadata holds text no store keeps (a NUL
+  character, text that is not UTF-8), or whose metadata and configurable values (copied into
+  every checkpoint) pass 1 KB, or whose input or resume value passes 16 KB; a thread's
+  metadata is bounded as a run's;
+* only approvers (a role its `Roles.decide` names) list or decide approvals (they may read
+  every thread of their tenant for that), and never on a run they started themselves; every
+  filter names the caller's tenant, so nobody reads, lists, cancels or decides anything of
+  another tenant's;
 * nobody writes a thread's state or metadata through the API, and assistants, crons and the
   store are read-only or closed: a run changes only by running;
 * nothing runs on a thread whose run the retention job pruned (410): it would start the run
@@ -39,6 +41,7 @@ from pydantic import ValidationError
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.leases import SERVER_ENGINE, RunRecord
+from loopwright.graph.roles import Roles
 from loopwright.graph.state import ApprovalDecision, ApprovalRequest, Phase, Principal
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import WAKE_VALUE, EditRefused, UnknownRun
@@ -52,7 +55,7 @@ from loopwright.server.inputs import (
     principal_for_task,
     principal_of_user,
 )
-from loopwright.server.resources import aresources
+from loopwright.server.resources import aresources, hosted_roles
 from loopwright.server.service_identity import is_service
 from loopwright.server.users import User
 
@@ -254,11 +257,11 @@ async def authenticate(headers: Mapping[Any, Any]) -> Auth.types.MinimalUserDict
     }
 
 
-def _filter(user: User, *, own: bool = False) -> Auth.types.FilterType:
+def _filter(user: User, roles: Roles | None) -> Auth.types.FilterType:
     """The threads a hook lets `user` act on, for the engine to apply where it applies filters
-    (approvers: their tenant's; customers, and anyone for `own`: their own). Where the engine
-    does not apply it, the hooks raise."""
-    if user.is_approver and not own:
+    (approvers, by the hosted agent's `roles`: their tenant's; customers, and anyone without
+    `roles`: their own). Where the engine does not apply it, the hooks raise."""
+    if roles is not None and roles.grants("decide", user.roles):
         return {TENANT_KEY: user.tenant}
     return {USER_KEY: user.user_id, TENANT_KEY: user.tenant}
 
@@ -303,9 +306,9 @@ def refuse_unless_own(user: User, owner: ThreadOwner, thread_id: Any, refusal: s
         raise _forbidden(refusal)
 
 
-def refuse_unless_visible(user: User, owner: ThreadOwner, thread_id: Any) -> None:
+def refuse_unless_visible(user: User, roles: Roles, owner: ThreadOwner, thread_id: Any) -> None:
     """What a caller may read: an approver their tenant's threads, anyone else their own."""
-    if not user.is_approver:
+    if not roles.grants("decide", user.roles):
         refuse_unless_own(user, owner, thread_id, "this run belongs to another user")
     elif owner.tenant not in (None, user.tenant):
         raise _not_found(thread_id)
@@ -326,7 +329,7 @@ async def on_thread_create(
     value["metadata"].pop("owner", None)
     value["metadata"][USER_KEY] = user.user_id
     value["metadata"][TENANT_KEY] = user.tenant
-    return _filter(user)
+    return _filter(user, await hosted_roles())
 
 
 @auth.on.threads.read
@@ -337,8 +340,9 @@ async def on_thread_read(
     its tenant (the engine keeps tenants apart, see `server.engine`)."""
     user = _user(ctx)
     thread_id = value.get("thread_id")
-    refuse_unless_visible(user, await thread_owner(thread_id), thread_id)
-    return _filter(user)
+    roles = await hosted_roles()
+    refuse_unless_visible(user, roles, await thread_owner(thread_id), thread_id)
+    return _filter(user, roles)
 
 
 @auth.on.threads.search
@@ -348,8 +352,9 @@ async def on_thread_search(
     """A search of threads (filtered), or of one thread's runs (Aegra: its own user's only)."""
     user = _user(ctx)
     thread_id = cast(Mapping[str, Any], value).get("thread_id")
-    refuse_unless_visible(user, await thread_owner(thread_id), thread_id)
-    return _filter(user)
+    roles = await hosted_roles()
+    refuse_unless_visible(user, roles, await thread_owner(thread_id), thread_id)
+    return _filter(user, roles)
 
 
 # What a client may send along with a cancel (Aegra passes a route's body and path together).
@@ -381,7 +386,7 @@ async def on_thread_update(
     thread_id = update.get("thread_id")
     owner = await thread_owner(thread_id)
     refuse_unless_own(user, owner, thread_id, "only the run's own user may cancel it")
-    return _filter(user)
+    return _filter(user, await hosted_roles())
 
 
 async def journaled(thread_id: Any) -> bool:
@@ -408,7 +413,7 @@ async def on_thread_delete(
     refuse_unless_own(
         user, await thread_owner(thread_id), thread_id, "this thread belongs to another user"
     )
-    return _filter(user, own=True)  # approvers read their tenant's threads, not delete them
+    return _filter(user, None)  # approvers read their tenant's threads, not delete them
 
 
 # Fields of run creation that would read or write another history than the run's own latest
@@ -512,7 +517,8 @@ async def on_run_create(
     if is_service(user):
         return await service_wake(user, value, kwargs, owner)
     # Before anything that tells a thread's state: another tenant's threads are not named.
-    refuse_unless_visible(user, owner, thread_id)
+    roles = await hosted_roles()
+    refuse_unless_visible(user, roles, owner, thread_id)
     if kwargs.get("after_seconds") or value.get("after_seconds"):
         # Pending for its delay, then due on a thread that may be busy: LangGraph's server
         # looks past no queued run whose thread is busy (`server.admissions`).
@@ -531,8 +537,8 @@ async def on_run_create(
             status_code=410, detail=f"run {run.run_id} was pruned by the retention job: it ended"
         )
     if decisions := decisions_in(command.get("resume")):
-        if not user.is_approver:
-            raise _forbidden("only approvers decide approvals")
+        if not roles.grants("decide", user.roles):
+            raise _forbidden(roles.refusal("decide"))
         if run is not None and run.user_id == user.user_id:
             raise _forbidden("an approver cannot decide about their own run")
         if strategy == "interrupt":  # it would cancel the run in flight: only its user may
@@ -552,15 +558,15 @@ async def on_run_create(
         async with claimed(asked, signed):
             await admit(user, value.get("thread_id"))
         stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
-        return _filter(user)  # and only in their own tenant
-    if not user.is_customer:
+        return _filter(user, roles)  # and only in their own tenant
+    if not roles.grants("start", user.roles):
         if "resume" in command:  # most likely a decision that is not one
             raise _forbidden(
-                "only customers start or resume runs; an approver's resume is a decision:"
+                f"{roles.refusal('start')} (resuming one too); an approver's resume is a decision:"
                 ' {"approval_id": ..., "digest": ..., "decision": "approve" | "reject" | "edit"},'
                 " or a map of interrupt ids to decisions"
             )
-        raise _forbidden("only customers start runs")
+        raise _forbidden(roles.refusal("start"))
     refuse_unless_own(user, owner, thread_id, "this run belongs to another user")
     if run is not None and run.phase == Phase.WAITING_APPROVAL:
         # A resume would answer the approval (ignored, and the request asked again, anew); any
@@ -583,7 +589,7 @@ async def on_run_create(
         )
     stamp_owner(value, kwargs, user.user_id, user.tenant)
     await admit(user, value.get("thread_id"))
-    return _filter(user)
+    return _filter(user, roles)
 
 
 async def service_wake(
@@ -605,7 +611,7 @@ async def service_wake(
     run_user = User(user_id=run.user_id, roles=(), tenant=run.tenant)
     stamp_owner(value, kwargs, run.user_id, run.tenant)
     await admit(run_user, value.get("thread_id"))
-    return _filter(run_user, own=True)
+    return _filter(run_user, None)  # the run user's own thread
 
 
 @auth.on.assistants

@@ -79,7 +79,6 @@ from loopwright.runner import (
 )
 from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
-    APPROVER_ROLE,
     NewRun,
     RunRefused,
     RunRequest,
@@ -209,7 +208,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
         run_config = _run_config(config)
         thread_id = str(run_config["configurable"]["thread_id"])
         principal = principal_of_user(run_config["configurable"].get("langgraph_auth_user"))
-        request = parse_request(input, principal)
+        request = parse_request(input, principal, roles=res.agent.roles)
 
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -336,8 +335,8 @@ def served_context(
 
     The principal (`user`, scoped to the task for a new run) is only given for a new run (guard
     fixes it on the first step; afterwards it is the run's, in state). A decision counts only
-    if it comes from the authenticated user of this server run, who holds the approver role in
-    the token table and is an approver by the agent's own rule.
+    if it comes from the authenticated user of this server run, whose identity holds a role the
+    agent's `Roles` grants deciding by, and who is an approver by the agent's own rule.
     """
     context = res.runner.context(run_id, fence)
     directory = context.is_approver
@@ -346,7 +345,7 @@ def served_context(
         return (
             user is not None
             and user_id == user.user_id
-            and APPROVER_ROLE in user.roles
+            and res.agent.roles.grants("decide", user.roles)
             and directory(user_id)
         )
 

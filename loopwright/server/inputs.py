@@ -10,7 +10,8 @@ through. It accepts three shapes and builds the graph's payload itself:
   from the task and the principal the server authenticated; any other key (`principal`
   included) is ignored.
 * a resume: a `Command` with `resume` only (no `update`, no `goto`). An approval decision is
-  accepted from an approver only, never from the run's own user, and its `approver` field is
+  accepted from an approver only (a role the agent's `Roles.decide` names), never from the
+  run's own user, and its `approver` field is
   overwritten with the authenticated user: a client cannot decide in someone else's name.
 * nothing (`None`): continue from the last checkpoint, e.g. after a crash.
 
@@ -31,10 +32,10 @@ from typing import Any, TypeGuard
 from langgraph.types import Command, StateSnapshot
 
 from loopwright._agent import Agent
+from loopwright.graph.roles import Roles
 from loopwright.graph.state import Principal, RunState, initial_state
 from loopwright.graph.text import MAX_TASK_CHARS, InvalidText, checked_text
 
-APPROVER_ROLE = "approver"
 NEW_RUN_TAKES = 'a new run takes {"task": "<what to do>"}'
 
 
@@ -82,14 +83,15 @@ def _field(user: Any, name: str) -> Any:
     return getattr(user, name, None)
 
 
-def parse_request(raw: Any, principal: Principal | None) -> RunRequest:
-    """Classify a client's input; refuse what no client may send (no thread state needed)."""
+def parse_request(raw: Any, principal: Principal | None, *, roles: Roles) -> RunRequest:
+    """Classify a client's input; refuse what no client may send (no thread state needed).
+    `roles`: the hosted agent's, which say whose decisions count."""
     if raw is None:
         return Continue()
     if isinstance(raw, Command):
         if raw.update is not None or raw.goto:
             raise RunRefused("a client may resume a run, not write its state or route it")
-        return Resume(Command(resume=_stamp_decisions(raw.resume, principal)))
+        return Resume(Command(resume=_stamp_decisions(raw.resume, principal, roles)))
     task = new_run_task(raw)
     if principal is None:
         raise RunRefused("a run needs an authenticated principal")
@@ -177,18 +179,18 @@ def _pending_resume(
     return Command(resume=resume)
 
 
-def _stamp_decisions(resume: Any, principal: Principal | None) -> Any:
+def _stamp_decisions(resume: Any, principal: Principal | None, roles: Roles) -> Any:
     """Approval decisions in `resume`, each signed with the authenticated approver."""
     if _is_id_map(resume):
-        return {key: _stamp(value, principal) for key, value in resume.items()}
-    return _stamp(resume, principal)
+        return {key: _stamp(value, principal, roles) for key, value in resume.items()}
+    return _stamp(resume, principal, roles)
 
 
-def _stamp(value: Any, principal: Principal | None) -> Any:
+def _stamp(value: Any, principal: Principal | None, roles: Roles) -> Any:
     if not _is_decision(value):
         return value
-    if principal is None or APPROVER_ROLE not in principal.roles:
-        raise RunRefused("only an approver may decide an approval")
+    if principal is None or not roles.grants("decide", principal.roles):
+        raise RunRefused(roles.refusal("decide"))
     return {**value, "approver": principal.user_id}
 
 

@@ -7,9 +7,10 @@
   (`Agent(health=...)`) answer within the probe's bound, else 503 `{"status": "not ready"}`.
   Unauthenticated, as probes are, so they say nothing else; why is in the server's log.
 * `GET /loopwright/metrics`: loopwright's Prometheus metrics (`observability.metrics`,
-  `observability.stored_state`), for a token of the `operator` role only (401 without a token,
-  403 for any other role): they count every tenant's runs. LangGraph's server keeps `/metrics`
-  (its own process metrics, served to anyone), hence a path of loopwright's own on both engines.
+  `observability.stored_state`), for a token of a role the agent's `Roles.operate` names only
+  (401 without a token, 403 for any other role): they count every tenant's runs. LangGraph's
+  server keeps `/metrics` (its own process metrics, served to anyone), hence a path of
+  loopwright's own on both engines.
 
 These routes are the server app's (`server.app`), which both engines serve before their own
 routes and outside their auth: LangGraph's server applies its auth middleware to its own API
@@ -42,9 +43,8 @@ from loopwright.readiness import (
 )
 from loopwright.server.cluster import REDIS_ENV, redis_unreachable
 from loopwright.server.identities import IdentityRefused, authenticated_user
-from loopwright.server.resources import resources, server_database_url
+from loopwright.server.resources import hosted_roles, resources, server_database_url
 
-OPERATOR_ROLE = "operator"
 METRICS_PATH = "/loopwright/metrics"
 # Aegra's setting that it queues runs in Redis (`server.cluster` sets it on every instance).
 REDIS_QUEUE_ENV = "REDIS_BROKER_ENABLED"
@@ -114,7 +114,7 @@ async def metrics(request: Request) -> Response:
         user = await authenticated_user(request.headers.get("authorization"))
     except IdentityRefused as exc:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
-    if OPERATOR_ROLE not in user.roles:
-        return JSONResponse({"detail": "only operators read the metrics"}, status_code=403)
+    if not (roles := await hosted_roles()).grants("operate", user.roles):
+        return JSONResponse({"detail": roles.refusal("operate")}, status_code=403)
     body = await asyncio.to_thread(scrape, server_database_url())
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -38,6 +38,7 @@ from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, postgres_pool, redact
 from loopwright.checkpoints.leases import LeaseStore
+from loopwright.graph.roles import Roles
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
 from loopwright.server.engine import EngineThreads
@@ -96,6 +97,8 @@ class ServerResources:
 _lock = threading.Lock()
 _resources: ServerResources | None = None
 _agent_path: str | None = None
+_agent_lock = threading.Lock()
+_agent: Agent[object] | None = None
 _stack = ExitStack()  # kept open for the life of the process
 _runner_stack = ExitStack()  # the runner's connections: opened anew when one is lost
 
@@ -129,6 +132,28 @@ def hosted_agent_path() -> str:
     return _agent_path or os.environ.get(AGENT_ENV) or DEFAULT_AGENT
 
 
+def hosted_agent() -> Agent[object]:
+    """The agent this process serves, loaded and checked once (blocking: call from a thread),
+    without opening its dependencies or a database: what a route asks that must answer whether
+    they do or not (the metrics route: which roles operate). ServerMisconfigured otherwise."""
+    global _agent
+    with _agent_lock:
+        if _agent is None:
+            try:
+                agent = load_agent(hosted_agent_path())
+                agent.check()
+            except (AgentNotFound, ValueError, TypeError) as exc:
+                raise ServerMisconfigured(str(exc)) from exc
+            _agent = agent
+        return _agent
+
+
+async def hosted_roles() -> Roles:
+    """Which role names grant what on this server: the hosted agent's `Roles`."""
+    agent = _agent if _agent is not None else await asyncio.to_thread(hosted_agent)
+    return agent.roles
+
+
 def resources() -> ServerResources:
     """The process's resources, created on first use (blocking: call from a thread).
 
@@ -158,14 +183,13 @@ def _configured() -> tuple[str, Agent[object], str | None]:
     """The database URL, the hosted agent and the model spec, each checked: a setting that
     cannot be used stops the server here, in one line."""
     url = server_database_url()
+    agent = hosted_agent()
     try:
-        agent = load_agent(hosted_agent_path())
-        agent.check()
         spec = os.environ.get(MODEL_ENV) or None
         agent.chat_model(spec)
         lease_ttl_from_env()
         TraceSettings.from_env()  # a tracing switch neither on nor off
-    except (AgentNotFound, ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         raise ServerMisconfigured(str(exc)) from exc
     return url, agent, spec
 

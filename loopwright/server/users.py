@@ -2,7 +2,9 @@
 
 Both ways a server learns identities (`server.bearer_tokens`, `server.jwt_identity`) end in a
 `User`, checked by the same rules: an id and tenant are short words (they are stamped on
-threads, stored with every run and shown to approvers), roles are words.
+threads, stored with every run and shown to approvers), roles are words. What a role grants is
+the hosted agent's to say (`Agent.roles`, `graph.roles`): the checks are given it, so this module
+knows no agent's role name (only the server's own, below) and imports no agent.
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright.graph.text import validation_problems
-from loopwright.server.inputs import APPROVER_ROLE
 
-CUSTOMER_ROLE = "customer"
 # The role of a served process's own identity (`server.service_identity`): no token table or
 # identity provider may grant it.
 SERVICE_ROLE = "loopwright-service"
@@ -30,14 +30,6 @@ class User:
     user_id: str
     roles: tuple[str, ...]
     tenant: str = "default"
-
-    @property
-    def is_approver(self) -> bool:
-        return APPROVER_ROLE in self.roles
-
-    @property
-    def is_customer(self) -> bool:
-        return CUSTOMER_ROLE in self.roles
 
 
 class _UserFields(BaseModel):
