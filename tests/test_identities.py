@@ -21,7 +21,8 @@ import pytest
 from loopwright.server.bearer_tokens import TokenTableError, hash_token, hashed_table
 from loopwright.server.identities import Identities, IdentityRefused
 from loopwright.server.launch import DEV_TOKENS
-from loopwright.server.users import IdentityConfigError, User
+from loopwright.server.service_identity import is_service, service_token
+from loopwright.server.users import SERVICE_ROLE, IdentityConfigError, User
 from tests.identity_provider import AUDIENCE, ISSUER, IdentityProvider, SigningKey
 from tests.ports import reserved_ports
 from tests.runtime_fixtures import cli, wait_for
@@ -256,6 +257,23 @@ def test_the_token_table_holds_hashes_and_plain_tokens_only_in_development() -> 
     assert user_for(development, "tok-ann-0123456789") == ANN
     nobody = Identities({})  # nothing configured: nobody is anybody
     assert refusal(nobody, "tok-ann-0123456789").status == 401
+
+
+def test_only_the_process_itself_holds_its_service_identity(
+    provider: IdentityProvider, from_file: Identities
+) -> None:
+    """The identity a server wakes its parked runs with (`server.service_identity`): its token
+    is the process's own secret; a token table or an identity provider granting its role, or a
+    token of its shape with another secret, is refused."""
+    table = {"tok-svc-0123456789": {"user_id": "u-9", "roles": [SERVICE_ROLE]}}
+    with pytest.raises(TokenTableError, match="loopwright-service"):
+        Identities({"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(table))})
+    forged = provider.token("u-9", [SERVICE_ROLE])
+    assert refusal(from_file, forged).status == 401
+    own = user_for(from_file, service_token("bank-a"))
+    assert is_service(own) and own.tenant == "bank-a"
+    guessed = service_token("bank-a").rpartition(".")[0] + ".not-the-secret"
+    assert refusal(from_file, guessed).status == 401
 
 
 def test_the_token_table_file_is_followed_without_a_restart(tmp_path: Path) -> None:
