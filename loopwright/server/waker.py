@@ -39,14 +39,18 @@ HOLD_S = 30.0
 
 async def wake_parked_runs(client: httpx.AsyncClient) -> None:
     """Every `POLL_S`, resume the due parked runs through the server `client` speaks to."""
+    said = ""  # what the last failure to look was, logged once until it changes
     while True:
         await asyncio.sleep(POLL_S)
         try:
             res = await aresources()
             runs = await asyncio.to_thread(res.leases.wake, res.agent.name, HOLD_S)
         except Exception as exc:  # the database is down: readiness says so; look again later
-            log.warning("parked runs not looked for: %s: %s", type(exc).__name__, exc)
+            if (why := f"{type(exc).__name__}: {exc}") != said:
+                log.warning("parked runs not looked for: %s", why)
+            said = why
             continue
+        said = ""
         for run in runs:
             await _wake(client, run)
 
