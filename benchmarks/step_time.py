@@ -20,13 +20,16 @@ the interquartile range and the extremes), so that one slow moment on the machin
 decide a ratio. Rounds go on past --rounds, up to --max-rounds, until the step ratio's median is
 known to within 0.05 (its interval's width); a goal is met when the whole interval is within
 it, missed when the whole interval is beyond it, and else "at the goal". Goals: loopwright /
-bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x a raw INSERT +
+bare per tool step <= 1.0x at 10 steps and <= 0.5x at 100; a node commit <= 1.5x a raw INSERT +
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
 step (Postgres, counted on the wire, and the WAL the server wrote meanwhile, see
 `benchmarks.db_work`) is the difference between a 50-step and a 25-step run, divided by 25, the
-median of three such differences; a run's work besides its tool steps is the 25-step run's less
-25 tool steps'.
+median of three such differences; goal: <= 4x the observation it carries, sent and in the WAL.
+A run's work besides its tool steps is the 25-step run's less 25 tool steps', by phase of the
+run (opening, registering, the tool steps' phase, the last supersteps, verification,
+recording), each phase with what it holds; goal: no more transactions than the bare agent's,
+or each one said why.
 Beside each step ratio, what LangGraph's own work on the supersteps loopwright has more than the
 bare agent costs at the least (`benchmarks.superstep_floor`, measured first, in this process):
 the part of the ratio that only fewer supersteps could take away. Where a goal is not met the
@@ -65,6 +68,7 @@ from benchmarks.perf_setup import (
     bare_agent,
     bare_tools,
     bench_environment,
+    observation_bytes,
     open_reading_runner,
     reading_model,
     thread_bytes,
@@ -80,8 +84,9 @@ from loopwright.checkpoints.sql import open_database
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 from loopwright.runner import Runner
 
-STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
-COMMIT_GOAL = 2.0
+STEP_GOALS = {10: 1.0, 100: 0.5}  # loopwright / bare per tool step, by run length
+COMMIT_GOAL = 1.5
+BYTES_GOAL = 4.0  # bytes a tool step sends, and writes to the WAL, / the observation's
 # Rounds go on past --rounds while the step ratio's median is known to less than this (the
 # width of its 95% interval), up to --max-rounds.
 SPREAD_GOAL = 0.05
@@ -323,6 +328,7 @@ class Measured:
     steps: int
     commits: CommitTimer
     bytes_written: int
+    observation: int = 0  # the median observation's bytes, where the run was read back
 
     @property
     def per_step_ms(self) -> float:
@@ -356,10 +362,10 @@ def run_loopwright(
         if profile is not None:
             profile.disable()
         elapsed = time.perf_counter() - started
-        mark(LoopwrightPhase.CLOSING)
+        mark(BENCHMARK_READ)
+        observation = observation_bytes(runner, run_id) if marks is not None else 0
     assert outcome.stop_reason == "completed", outcome.stop_detail
-    mark(BENCHMARK_READ)
-    return Measured(elapsed, steps, commits, backend.thread_bytes(run_id))
+    return Measured(elapsed, steps, commits, backend.thread_bytes(run_id), observation)
 
 
 class LoopwrightPhase(enum.StrEnum):
@@ -372,7 +378,6 @@ class LoopwrightPhase(enum.StrEnum):
     LAST = "last supersteps"
     VERIFICATION = "verification"
     RECORDING = "recording"
-    CLOSING = "closing"
 
 
 # What each phase of a run is, and why its fixed work is there (printed beside its counts).
@@ -390,18 +395,16 @@ PHASE_WORK = {
     LoopwrightPhase.VERIFICATION: "the verifier reads the journal (what the run did) and commits "
     "its verdict; the outcome reads the journal again for the run's actions",
     LoopwrightPhase.RECORDING: "the outcome recorded and the lease released, one statement",
-    LoopwrightPhase.CLOSING: "closing the connections: nothing waited for",
 }
 
 
-# The benchmark's own read of the bytes a run stored, after it: no phase of the run.
+# The benchmark's own reads after a run (what it stored, its observations): no phase of it.
 BENCHMARK_READ = "the benchmark's read"
 
 
 class BarePhase(enum.StrEnum):
     OPENING = "opening"
     RUN = "the run"
-    CLOSING = "closing"
 
 
 def _marker(marks: list[Mark] | None) -> Callable[[str], None]:
@@ -462,7 +465,6 @@ def run_bare(
         started = time.perf_counter()
         agent.invoke({"messages": [HumanMessage(TASK)]}, config, durability="sync")
         elapsed = time.perf_counter() - started
-        mark(BarePhase.CLOSING)
     mark(BENCHMARK_READ)
     return Measured(elapsed, steps, commits, backend.thread_bytes(thread))
 
@@ -511,6 +513,11 @@ class Work:
     bare_commits: float
     loopwright_run: dict[str, DbWork]
     bare_run: dict[str, DbWork]
+    observation: int  # a tool step's observation (the median), bytes as the model sees it
+
+    def to_observation(self, work_bytes: int) -> float:
+        """Bytes of a tool step's work over the observation it carries."""
+        return work_bytes / WORK_STEPS / max(1, self.observation)
 
 
 @dataclass
@@ -588,7 +595,7 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
     """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems; and by
     phase, a k-step run's less k tool steps' (2 short - long)."""
 
-    def traced(run: Callable[[int, list[Mark]], Measured], steps: int) -> tuple[Phases, int]:
+    def traced(run: Callable[[int, list[Mark]], Measured], steps: int) -> tuple[Phases, Measured]:
         start = wal_position(backend.url)  # read on a connection of its own, not traced
         marks: list[Mark] = []
         with (
@@ -601,34 +608,35 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
         wal = wal_position(backend.url) - start
         # The WAL is the whole run's: it goes with the tool steps' phase, which holds them.
         work[marks[1][1]] = replace(work.get(marks[1][1], DbWork()), wal_bytes=wal)
-        return work, measured.commits.puts
+        return work, measured
 
     def per_step(
         run: Callable[[int, list[Mark]], Measured],
-    ) -> tuple[DbWork, float, dict[str, DbWork]]:
+    ) -> tuple[DbWork, float, dict[str, DbWork], int]:
         """The median, field by field, of WORK_REPEATS differences: a trace now and then comes
         back short (libpq's buffered trace stream), which one difference would take for less
         work."""
         differences, commits = [], []
         fixed: dict[str, list[DbWork]] = {}
         for _ in range(WORK_REPEATS):
-            short, short_commits = traced(run, WORK_STEPS)
-            long, long_commits = traced(run, 2 * WORK_STEPS)
+            short, short_run = traced(run, WORK_STEPS)
+            long, long_run = traced(run, 2 * WORK_STEPS)
             differences.append(_total(long) - _total(short))
             for phase in dict.fromkeys([*short, *long]):
                 less = short.get(phase, DbWork()) - long.get(phase, DbWork())
                 fixed.setdefault(phase, []).append(short.get(phase, DbWork()) + less)
-            commits.append((long_commits - short_commits) / WORK_STEPS)
+            commits.append((long_run.commits.puts - short_run.commits.puts) / WORK_STEPS)
         by_phase = {phase: DbWork.median(works) for phase, works in fixed.items()}
-        return DbWork.median(differences), statistics.median(commits), by_phase
+        observation = long_run.observation
+        return DbWork.median(differences), statistics.median(commits), by_phase, observation
 
-    ours, ours_commits, ours_run = per_step(
+    ours, ours_commits, ours_run, observation = per_step(
         lambda steps, marks: run_loopwright(bench, backend, steps, marks=marks)
     )
-    bare, bare_commits, bare_run = per_step(
+    bare, bare_commits, bare_run, _ = per_step(
         lambda steps, marks: run_bare(bench, backend, steps, marks)
     )
-    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run)
+    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run, observation)
 
 
 Phases = dict[str, DbWork]
@@ -737,6 +745,9 @@ def report(figures: StepFigures) -> list[str]:
             f"{2 * WORK_STEPS}-step run less a {WORK_STEPS}-step one):",
             f"  loopwright: {work.loopwright.per(WORK_STEPS)}, in "
             f"{work.loopwright_commits:.1f} node commits",
+            f"  bytes a tool step / the observation's {work.observation:,} B: sent "
+            f"{_bytes_verdict(work.to_observation(work.loopwright.bytes_sent))}, WAL "
+            f"{_bytes_verdict(work.to_observation(work.loopwright.wal_bytes))}",
             f"  the least the card's boundaries need: {LOOPWRIGHT_NODES_PER_STEP} transactions "
             f"and {LOOPWRIGHT_NODES_PER_STEP} round trips (a commit after each of "
             f"{LOOPWRIGHT_NODES_PER_STEP} nodes, one round trip each)",
@@ -775,6 +786,10 @@ def _counts(work: DbWork) -> str:
         f"{work.transactions} transactions, {work.round_trips} round trips, "
         f"{work.statements} statements"
     )
+
+
+def _bytes_verdict(ratio: float) -> str:
+    return f"{ratio:.2f}x (goal <= {BYTES_GOAL}x) {'met' if ratio <= BYTES_GOAL else 'MISSED'}"
 
 
 def _phase_lines(work: Work) -> list[str]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 
 from benchmarks.perf_setup import (
@@ -42,6 +42,7 @@ from benchmarks.perf_setup import (
     bare_agent,
     bare_tools,
     bench_environment,
+    observation_bytes,
     open_reading_runner,
     reading_model,
 )
@@ -152,13 +153,9 @@ def loopwright_run(bench: Bench, backend: Backend, steps: int, layout: Layout) -
 
         outcome = runner.start(TASK, PRINCIPAL, run_id=run_id, on_step=measure)
         assert outcome.stop_reason == "completed", outcome.stop_detail
-        observations = [
-            len(str(m.content).encode())
-            for m in runner.state(run_id)["history"]
-            if isinstance(m, ToolMessage)
-        ]
+        observation = observation_bytes(runner, run_id)
         reads = time_reads(runner, run_id)
-    return LoopwrightRun(sizes, run_id, sorted(observations)[len(observations) // 2], reads)
+    return LoopwrightRun(sizes, run_id, observation, reads)
 
 
 def bare_sizes(bench: Bench, backend: Backend, steps: int) -> list[tuple[int, int]]:
