@@ -171,9 +171,12 @@ _PROBE = f"SELECT {_PROBE_DEPTH} AS depth"
 # A commit on Postgres: the run's row locked and read, and (if it is still this writer's, or
 # the saver is unfenced) the checkpoint's row (`_SAVE`) or the writes saved alone (`_ALONE_WRITES`):
 # one statement for each kind, so that a node's commit, the one run at every node, sends the
-# row's parameters alone, not a dozen empty arrays of writes beside them. Ordinary writes keep
-# the first value saved for a (task, idx), special ones (all of a task's writes interrupts,
-# errors, resume values) replace it, as LangGraph's savers do.
+# row's parameters alone, not a dozen empty arrays of writes beside them. A checkpoint's row is
+# a plain INSERT: an upsert inserts speculatively, a WAL record more each commit (48 bytes),
+# for a checkpoint saved again under its id, which a run never does; where it is (LangGraph's
+# savers replace such a checkpoint), the INSERT fails on the key and the upsert (`_SAVE_AGAIN`)
+# follows. Ordinary writes keep the first value saved for a (task, idx), special ones (all of a
+# task's writes interrupts, errors, resume values) replace it, as LangGraph's savers do.
 _COMMIT_SQL = """
 WITH run AS ({run}), ours AS ({ours}){writes}
 SELECT * FROM run
@@ -183,10 +186,21 @@ _SAVE = """, saved AS (
         (thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body)
     SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, NULLIF(%(parent)s::text, ''),
            %(keyframe)s::boolean, %(body)b::bytea
-      FROM ours
-    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
-        parent_id = EXCLUDED.parent_id, keyframe = EXCLUDED.keyframe, body = EXCLUDED.body
+      FROM ours{again}
 )"""
+_AGAIN = """
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_id = EXCLUDED.parent_id, keyframe = EXCLUDED.keyframe, body = EXCLUDED.body"""
+
+
+class _Kind(StrEnum):
+    """What a commit statement writes."""
+
+    ROW = "row"  # a checkpoint's row, new
+    ROW_AGAIN = "row again"  # a checkpoint's row, replacing one saved under its id
+    ALONE = "alone"  # writes saved alone
+
+
 _ALONE_WRITES = """, kept AS (
     INSERT INTO lw_checkpoint_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
@@ -206,15 +220,20 @@ _ALONE_WRITES = """, kept AS (
 _UNFENCED = {"run": "SELECT NULL WHERE FALSE", "ours": "SELECT 1"}
 
 
-def _commit_statements(fenced: dict[str, str]) -> dict[tuple[bool, bool], str]:
-    """The commit statements by (whether fenced, whether it saves a checkpoint's row), given
-    how a fenced one locks and judges the run's row."""
+def _commit_statements(fenced: dict[str, str]) -> dict[tuple[bool, _Kind], str]:
+    """The commit statements by (whether fenced, what it writes), given how a fenced one locks
+    and judges the run's row."""
+    writes = {
+        _Kind.ROW: _SAVE.format(again=""),
+        _Kind.ROW_AGAIN: _SAVE.format(again=_AGAIN),
+        _Kind.ALONE: _ALONE_WRITES,
+    }
     return {
-        (is_fenced, saves): _COMMIT_SQL.format(
-            **(fenced if is_fenced else _UNFENCED), writes=_SAVE if saves else _ALONE_WRITES
+        (is_fenced, kind): _COMMIT_SQL.format(
+            **(fenced if is_fenced else _UNFENCED), writes=writes[kind]
         )
         for is_fenced in (False, True)
-        for saves in (False, True)
+        for kind in _Kind
     }
 
 
@@ -696,17 +715,26 @@ class CompactSaver(FencedSaver):
         fence = self.fence
         if fence is not None:
             params |= {"fence": fence.fence, "owner": fence.owner}
-        statement = self._commits[(fence is not None, row is not None)]
+        fenced = fence is not None
+        kind = _Kind.ROW if row is not None else _Kind.ALONE
         point = commit.crash_point
         with self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
             if point in armed():
                 # The statement in an explicit transaction, held open where a crash test's
                 # process dies: what a crash at any moment of the commit leaves.
+                kind = _Kind.ROW_AGAIN if row is not None else kind
                 with self._pg.transaction():
-                    cursor.execute(statement, params)
+                    cursor.execute(self._commits[(fenced, kind)], params)
                     crash_point(point)
             else:
-                cursor.execute(statement, params)
+                try:
+                    cursor.execute(self._commits[(fenced, kind)], params)
+                except psycopg.errors.UniqueViolation:
+                    if row is None:
+                        raise
+                    # The row's key is taken: the checkpoint is saved again (autocommit: the
+                    # failed statement changed nothing).
+                    cursor.execute(self._commits[(fenced, _Kind.ROW_AGAIN)], params)
             record = cursor.fetchone()
         return FenceRow.of(record) if record else None
 
