@@ -312,7 +312,11 @@ def report(figures: StorageFigures) -> list[str]:
         f"{figures.last_per_step / figures.stock_layout_per_step:.2f}",
         f"where a tool step's bytes go (over {figures.steps} steps, per step):",
     ]
-    lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown if b]
+    lines += [
+        f"  {b / figures.steps:9,.0f} B  {part}"
+        for part, b in figures.breakdown
+        if round(b / figures.steps)
+    ]
     lines.append(
         "rows per tool step and their bytes, keys and headers included"
         + (" (SQLite: payload and keys)" if figures.backend == "sqlite" else " (pg_column_size)")
