@@ -10,6 +10,9 @@ store alike), and `DbWork.read` counts the traces:
   transaction, or of a statement run in autocommit (each its own transaction);
 * bytes: what the client sent.
 
+Each message carries libpq's timestamp, so that the work can also be split by phase of a run
+(`Traces.phases`): the caller marks, with `time.time()`, when each phase began.
+
 Beside them, what the server wrote for it: the WAL between two readings of the server's insert
 position (`wal_position`), which counts every client of the server: read it on an idle one.
 
@@ -24,11 +27,16 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import pq
+
+# When a phase of a run began (`time.time()`) and its name: a trace's messages from then until
+# the next mark are that phase's.
+Mark = tuple[float, str]
+WHOLE = "whole"  # the one phase of a trace read without marks
 
 
 @dataclass(frozen=True)
@@ -59,23 +67,32 @@ class DbWork:
         )
 
     @classmethod
-    def read(cls, trace: Path) -> DbWork:
-        """Count one connection's trace (written with timestamps suppressed)."""
+    def read(cls, trace: Path, marks: Sequence[Mark] = ()) -> dict[str, DbWork]:
+        """Count one connection's trace, by phase: a message's is the last mark at or before
+        its timestamp (the first mark's if it came before every mark; `WHOLE` without marks)."""
+        ordered = sorted(marks) or [(0.0, WHOLE)]
+        phases: dict[str, list[int]] = {}
         previous = ""
-        transactions = round_trips = statements = sent = 0
         for line in trace.read_text(errors="replace").splitlines():
             fields = line.split("\t")
-            if len(fields) < 3 or fields[0] not in ("F", "B"):
+            if len(fields) < 4 or fields[1] not in ("F", "B"):
                 continue  # a continuation line of a long message
-            direction, length, kind = fields[0], int(fields[1]), fields[2]
+            when, direction, length, kind = _moment(fields[0]), fields[1], int(fields[2]), fields[3]
+            phase = next((name for at, name in reversed(ordered) if at <= when), ordered[0][1])
+            counts = phases.setdefault(phase, [0, 0, 0, 0])  # the first four fields
             if direction == "F":
-                sent += length
-                statements += kind in ("Execute", "Query")
+                counts[3] += length
+                counts[2] += kind in ("Execute", "Query")
             else:
-                round_trips += previous == "F"
-                transactions += kind == "ReadyForQuery" and fields[-1].strip() == "I"
+                counts[1] += previous == "F"
+                counts[0] += kind == "ReadyForQuery" and fields[-1].strip() == "I"
             previous = direction
-        return cls(transactions, round_trips, statements, sent)
+        return {phase: cls(*counts) for phase, counts in phases.items()}
+
+
+def _moment(stamp: str) -> float:
+    """libpq's timestamp of a traced message (local time, to the microsecond) as `time.time()`."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp()
 
 
 def wal_position(url: str) -> int:
@@ -96,12 +113,17 @@ class Traces:
 
     def collect(self) -> DbWork:
         """Stop tracing every connection (flushing its trace) and count all of them."""
+        return sum(self.phases().values(), DbWork())
+
+    def phases(self, marks: Sequence[Mark] = ()) -> dict[str, DbWork]:
+        """Stop tracing every connection and count all of them by phase (see `DbWork.read`)."""
         for stop in self.stops:
             stop()
         self.stops.clear()
-        work = DbWork()
+        work: dict[str, DbWork] = {}
         for path in self.files:
-            work += DbWork.read(path)
+            for phase, counted in DbWork.read(path, marks).items():
+                work[phase] = work.get(phase, DbWork()) + counted
         return work
 
 
@@ -119,8 +141,7 @@ def traced_connections(directory: Path) -> Iterator[Traces]:
         # libpq writes to a stream of its own on this descriptor, flushed when tracing stops:
         # before the connection closes, or at `collect`.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        conn.pgconn.trace(fd)
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        conn.pgconn.trace(fd)  # with each message's timestamp, for `Traces.phases`
         close = conn.close
 
         def stop() -> None:

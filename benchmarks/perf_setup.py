@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
@@ -176,6 +177,17 @@ def bare_agent(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
         return create_react_agent(model, tools, checkpointer=saver)
+
+
+def observation_bytes(runner: Runner, run_id: str) -> int:
+    """The median observation of a finished run: a tool's answer as the model sees it (its
+    message's content), in bytes."""
+    observations = sorted(
+        len(str(m.content).encode())
+        for m in runner.state(run_id)["history"]
+        if isinstance(m, ToolMessage)
+    )
+    return observations[len(observations) // 2]
 
 
 def thread_bytes(db: Database, thread_id: str) -> int:

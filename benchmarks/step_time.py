@@ -20,13 +20,16 @@ the interquartile range and the extremes), so that one slow moment on the machin
 decide a ratio. Rounds go on past --rounds, up to --max-rounds, until the step ratio's median is
 known to within 0.05 (its interval's width); a goal is met when the whole interval is within
 it, missed when the whole interval is beyond it, and else "at the goal". Goals: loopwright /
-bare per tool step <= 1.25x at 10 steps and <= 1.0x at 100; a node commit <= 2x a raw INSERT +
+bare per tool step <= 1.0x at 10 steps and <= 0.5x at 100; a node commit <= 1.5x a raw INSERT +
 COMMIT of the same bytes, both timed alone, back to back (each round's loopwright commits are
 replayed on a fresh run; their time inside the run is printed too). The database work of a tool
 step (Postgres, counted on the wire, and the WAL the server wrote meanwhile, see
 `benchmarks.db_work`) is the difference between a 50-step and a 25-step run, divided by 25, the
-median of three such differences; a run's work besides its tool steps is the 25-step run's less
-25 tool steps'.
+median of three such differences; goal: <= 4x the observation it carries, sent and in the WAL.
+A run's work besides its tool steps is the 25-step run's less 25 tool steps', by phase of the
+run (opening, registering, the tool steps' phase, the last supersteps, verification,
+recording), each phase with what it holds; goal: no more transactions than the bare agent's,
+or each one said why.
 Beside each step ratio, what LangGraph's own work on the supersteps loopwright has more than the
 bare agent costs at the least (`benchmarks.superstep_floor`, measured first, in this process):
 the part of the ratio that only fewer supersteps could take away. Where a goal is not met the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import enum
 import pstats
 import sqlite3
 import statistics
@@ -56,7 +60,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from benchmarks.db_work import DbWork, traced_connections, wal_position
+from benchmarks.db_work import DbWork, Mark, traced_connections, wal_position
 from benchmarks.perf_setup import (
     PRINCIPAL,
     TASK,
@@ -64,6 +68,7 @@ from benchmarks.perf_setup import (
     bare_agent,
     bare_tools,
     bench_environment,
+    observation_bytes,
     open_reading_runner,
     reading_model,
     thread_bytes,
@@ -77,9 +82,11 @@ from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import LeaseStore, open_lease_store
 from loopwright.checkpoints.sql import open_database
 from loopwright.observability.tracing import TraceSettings, configure_tracing
+from loopwright.runner import Runner
 
-STEP_GOALS = {10: 1.25, 100: 1.0}  # loopwright / bare per tool step, by run length
-COMMIT_GOAL = 2.0
+STEP_GOALS = {10: 1.0, 100: 0.5}  # loopwright / bare per tool step, by run length
+COMMIT_GOAL = 1.5
+BYTES_GOAL = 4.0  # bytes a tool step sends, and writes to the WAL, / the observation's
 # Rounds go on past --rounds while the step ratio's median is known to less than this (the
 # width of its 95% interval), up to --max-rounds.
 SPREAD_GOAL = 0.05
@@ -321,6 +328,7 @@ class Measured:
     steps: int
     commits: CommitTimer
     bytes_written: int
+    observation: int = 0  # the median observation's bytes, where the run was read back
 
     @property
     def per_step_ms(self) -> float:
@@ -328,38 +336,136 @@ class Measured:
 
 
 def run_loopwright(
-    bench: Bench, backend: Backend, steps: int, profile: cProfile.Profile | None = None
+    bench: Bench,
+    backend: Backend,
+    steps: int,
+    profile: cProfile.Profile | None = None,
+    marks: list[Mark] | None = None,
 ) -> Measured:
+    """A timed run; with `marks`, the run marks its phases in it (`LoopwrightPhase`), listening
+    to its steps, which the timed runs do not."""
     run_id = f"lw-steps-{time.time_ns()}"
+    mark = _marker(marks)
+    mark(LoopwrightPhase.OPENING)
     with (
         open_reading_runner(backend.url, bench.endpoints, steps) as runner,
         timed_commits(runner.saver) as commits,
     ):
+        on_step = _mark_phases(runner, steps, mark) if marks is not None else None
+        mark(LoopwrightPhase.REGISTERING)
         started = time.perf_counter()
         # Since Python 3.12 cProfile hooks sys.monitoring, which sees every thread: LangGraph's
         # executor threads that run the nodes, and the pool execute runs tool calls on.
         if profile is not None:
             profile.enable()
-        outcome = runner.start(TASK, PRINCIPAL, run_id=run_id)
+        outcome = runner.start(TASK, PRINCIPAL, run_id=run_id, on_step=on_step)
         if profile is not None:
             profile.disable()
         elapsed = time.perf_counter() - started
+        mark(BENCHMARK_READ)
+        observation = observation_bytes(runner, run_id) if marks is not None else 0
     assert outcome.stop_reason == "completed", outcome.stop_detail
-    return Measured(elapsed, steps, commits, backend.thread_bytes(run_id))
+    return Measured(elapsed, steps, commits, backend.thread_bytes(run_id), observation)
 
 
-def run_bare(bench: Bench, backend: Backend, steps: int) -> Measured:
+class LoopwrightPhase(enum.StrEnum):
+    """The phases of a loopwright run whose database work is counted apart, in order, and why
+    each costs what it does beside the bare agent's run."""
+
+    OPENING = "opening"
+    REGISTERING = "registering"
+    STEPS = "tool steps"
+    LAST = "last supersteps"
+    VERIFICATION = "verification"
+    RECORDING = "recording"
+
+
+# What each phase of a run is, and why its fixed work is there (printed beside its counts).
+PHASE_WORK = {
+    LoopwrightPhase.OPENING: "three connections (checkpoints, journal, leases; a worker opens "
+    "them once, not per run), each setting UTC and reading the schema's versions (the "
+    "checkpointer's: both layouts' in one statement)",
+    LoopwrightPhase.REGISTERING: "the run's row inserted already leased: the fence every commit "
+    "checks (the bare agent has no run and no lease: nothing fences its writes)",
+    LoopwrightPhase.STEPS: "besides the tool steps: LangGraph's read of the thread's latest "
+    "checkpoint, its input checkpoint and start superstep (the bare agent's too), and the commit "
+    "statement prepared (a round trip of its own, once a connection)",
+    LoopwrightPhase.LAST: "the context compiled once more and the model's answer, each a node "
+    "commit (the bare agent commits its answer too)",
+    LoopwrightPhase.VERIFICATION: "the verifier reads the journal (what the run did) and commits "
+    "its verdict; the outcome reads the journal again for the run's actions",
+    LoopwrightPhase.RECORDING: "the outcome recorded and the lease released, one statement",
+}
+
+
+# The benchmark's own reads after a run (what it stored, its observations): no phase of it.
+BENCHMARK_READ = "the benchmark's read"
+
+
+class BarePhase(enum.StrEnum):
+    OPENING = "opening"
+    RUN = "the run"
+
+
+def _marker(marks: list[Mark] | None) -> Callable[[str], None]:
+    """How a run marks where a phase begins: into `marks`, or nowhere."""
+    if marks is None:
+        return lambda _phase: None
+    return lambda phase: marks.append((time.time(), phase))
+
+
+def _mark_phases(
+    runner: Runner, steps: int, mark: Callable[[str], None]
+) -> Callable[[str, dict[str, Any]], None]:
+    """Mark the phases of a run of `steps` tool steps on `runner`: the tool steps begin when its
+    row is registered, the last supersteps after the last tool step's execute, verification after
+    the model's answer, recording when the outcome is recorded. Returns the step listener."""
+    leases = runner.leases
+    begin, record = leases.begin, leases.record
+
+    def begun(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return begin(*args, **kwargs)
+        finally:
+            mark(LoopwrightPhase.STEPS)
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        mark(LoopwrightPhase.RECORDING)
+        return record(*args, **kwargs)
+
+    leases.begin = begun  # type: ignore[method-assign]
+    leases.record = recorded  # type: ignore[method-assign]
+    executed = 0
+
+    def on_step(node: str, _update: dict[str, Any]) -> None:
+        nonlocal executed
+        executed += node == "execute"
+        if node == "execute" and executed == steps:
+            mark(LoopwrightPhase.LAST)
+        elif node == "model_step" and executed == steps:
+            mark(LoopwrightPhase.VERIFICATION)
+
+    return on_step
+
+
+def run_bare(
+    bench: Bench, backend: Backend, steps: int, marks: list[Mark] | None = None
+) -> Measured:
     thread = f"bare-steps-{time.time_ns()}"
     config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 10**6}
+    mark = _marker(marks)
+    mark(BarePhase.OPENING)
     with (
         backend.bare_saver() as saver,
         httpx.Client() as client,
         timed_commits(saver) as commits,
     ):
         agent = bare_agent(reading_model(steps), bare_tools(bench.endpoints, client), saver)
+        mark(BarePhase.RUN)
         started = time.perf_counter()
         agent.invoke({"messages": [HumanMessage(TASK)]}, config, durability="sync")
         elapsed = time.perf_counter() - started
+    mark(BENCHMARK_READ)
     return Measured(elapsed, steps, commits, backend.thread_bytes(thread))
 
 
@@ -399,15 +505,19 @@ class Length:
 @dataclass(frozen=True)
 class Work:
     """Database work per tool step on Postgres, as the wire shows it, and a run's besides its
-    tool steps (a run of WORK_STEPS less WORK_STEPS tool steps' work: opening its connections,
-    its leases and reads, the supersteps before the first tool step and after the last)."""
+    tool steps (a run of WORK_STEPS less WORK_STEPS tool steps' work), by phase of the run."""
 
     loopwright: DbWork
     loopwright_commits: float
     bare: DbWork
     bare_commits: float
-    loopwright_run: DbWork
-    bare_run: DbWork
+    loopwright_run: dict[str, DbWork]
+    bare_run: dict[str, DbWork]
+    observation: int  # a tool step's observation (the median), bytes as the model sees it
+
+    def to_observation(self, work_bytes: int) -> float:
+        """Bytes of a tool step's work over the observation it carries."""
+        return work_bytes / WORK_STEPS / max(1, self.observation)
 
 
 @dataclass
@@ -482,35 +592,58 @@ def _ratios(ours: Sequence[Measured], bare: Sequence[Measured]) -> list[float]:
 
 
 def measure_work(bench: Bench, backend: Backend) -> Work:
-    """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems."""
+    """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems; and by
+    phase, a k-step run's less k tool steps' (2 short - long)."""
 
-    def traced(run: Callable[[int], Measured], steps: int) -> tuple[DbWork, int]:
+    def traced(run: Callable[[int, list[Mark]], Measured], steps: int) -> tuple[Phases, Measured]:
         start = wal_position(backend.url)  # read on a connection of its own, not traced
+        marks: list[Mark] = []
         with (
             tempfile.TemporaryDirectory(prefix="lw-wire-") as tmp,
             traced_connections(Path(tmp)) as traces,
         ):
-            measured = run(steps)
-            work = traces.collect()
+            measured = run(steps, marks)
+            work = traces.phases(marks)
+            work.pop(BENCHMARK_READ, None)
         wal = wal_position(backend.url) - start
-        return replace(work, wal_bytes=wal), measured.commits.puts
+        # The WAL is the whole run's: it goes with the tool steps' phase, which holds them.
+        work[marks[1][1]] = replace(work.get(marks[1][1], DbWork()), wal_bytes=wal)
+        return work, measured
 
-    def per_step(run: Callable[[int], Measured]) -> tuple[DbWork, float, DbWork]:
+    def per_step(
+        run: Callable[[int, list[Mark]], Measured],
+    ) -> tuple[DbWork, float, dict[str, DbWork], int]:
         """The median, field by field, of WORK_REPEATS differences: a trace now and then comes
         back short (libpq's buffered trace stream), which one difference would take for less
         work."""
-        differences, fixed, commits = [], [], []
+        differences, commits = [], []
+        fixed: dict[str, list[DbWork]] = {}
         for _ in range(WORK_REPEATS):
-            short, short_commits = traced(run, WORK_STEPS)
-            long, long_commits = traced(run, 2 * WORK_STEPS)
-            differences.append(long - short)
-            fixed.append(short - (long - short))
-            commits.append((long_commits - short_commits) / WORK_STEPS)
-        return DbWork.median(differences), statistics.median(commits), DbWork.median(fixed)
+            short, short_run = traced(run, WORK_STEPS)
+            long, long_run = traced(run, 2 * WORK_STEPS)
+            differences.append(_total(long) - _total(short))
+            for phase in dict.fromkeys([*short, *long]):
+                less = short.get(phase, DbWork()) - long.get(phase, DbWork())
+                fixed.setdefault(phase, []).append(short.get(phase, DbWork()) + less)
+            commits.append((long_run.commits.puts - short_run.commits.puts) / WORK_STEPS)
+        by_phase = {phase: DbWork.median(works) for phase, works in fixed.items()}
+        observation = long_run.observation
+        return DbWork.median(differences), statistics.median(commits), by_phase, observation
 
-    ours, ours_commits, ours_run = per_step(lambda steps: run_loopwright(bench, backend, steps))
-    bare, bare_commits, bare_run = per_step(lambda steps: run_bare(bench, backend, steps))
-    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run)
+    ours, ours_commits, ours_run, observation = per_step(
+        lambda steps, marks: run_loopwright(bench, backend, steps, marks=marks)
+    )
+    bare, bare_commits, bare_run, _ = per_step(
+        lambda steps, marks: run_bare(bench, backend, steps, marks)
+    )
+    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run, observation)
+
+
+Phases = dict[str, DbWork]
+
+
+def _total(phases: Phases) -> DbWork:
+    return sum(phases.values(), DbWork())
 
 
 def measure(
@@ -612,15 +745,17 @@ def report(figures: StepFigures) -> list[str]:
             f"{2 * WORK_STEPS}-step run less a {WORK_STEPS}-step one):",
             f"  loopwright: {work.loopwright.per(WORK_STEPS)}, in "
             f"{work.loopwright_commits:.1f} node commits",
+            f"  bytes a tool step / the observation's {work.observation:,} B: sent "
+            f"{_bytes_verdict(work.to_observation(work.loopwright.bytes_sent))}, WAL "
+            f"{_bytes_verdict(work.to_observation(work.loopwright.wal_bytes))}",
             f"  the least the card's boundaries need: {LOOPWRIGHT_NODES_PER_STEP} transactions "
             f"and {LOOPWRIGHT_NODES_PER_STEP} round trips (a commit after each of "
             f"{LOOPWRIGHT_NODES_PER_STEP} nodes, one round trip each)",
             f"  bare prebuilt agent: {work.bare.per(WORK_STEPS)}, in {work.bare_commits:.1f} "
             f"node commits",
-            "a run's besides its tool steps (opening its connections, leases, state reads, the "
-            "supersteps before the first tool step and after the last):",
-            f"  loopwright: {_counts(work.loopwright_run)}",
-            f"  bare prebuilt agent: {_counts(work.bare_run)}",
+            "a run's besides its tool steps, by phase (a run of "
+            f"{WORK_STEPS} steps less {WORK_STEPS} tool steps' work):",
+            *_phase_lines(work),
         ]
     unmet = figures.first_unmet
     if figures.profile is not None and unmet is not None:
@@ -651,6 +786,32 @@ def _counts(work: DbWork) -> str:
         f"{work.transactions} transactions, {work.round_trips} round trips, "
         f"{work.statements} statements"
     )
+
+
+def _bytes_verdict(ratio: float) -> str:
+    return f"{ratio:.2f}x (goal <= {BYTES_GOAL}x) {'met' if ratio <= BYTES_GOAL else 'MISSED'}"
+
+
+def _phase_lines(work: Work) -> list[str]:
+    """Each phase's fixed work, loopwright's with why it is there, and both totals against the
+    goal (no more transactions than the bare agent's, or each one said why)."""
+    ours, bare = _total(work.loopwright_run), _total(work.bare_run)
+    within = ours.transactions <= bare.transactions
+    lines = [
+        f"  loopwright {phase}: {_counts(work.loopwright_run.get(phase, DbWork()))}; "
+        f"{PHASE_WORK[phase]}"
+        for phase in LoopwrightPhase
+    ]
+    lines += [
+        f"  bare prebuilt agent {phase}: {_counts(work.bare_run.get(phase, DbWork()))}"
+        for phase in BarePhase
+    ]
+    return [
+        *lines,
+        f"  in all: loopwright {_counts(ours)}; bare prebuilt agent {_counts(bare)} "
+        f"(goal: no more transactions than the bare agent's, or each said why above) "
+        f"{'met' if within else 'each said why'}",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

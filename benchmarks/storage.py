@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 
 from benchmarks.perf_setup import (
@@ -42,13 +42,14 @@ from benchmarks.perf_setup import (
     bare_agent,
     bare_tools,
     bench_environment,
+    observation_bytes,
     open_reading_runner,
     reading_model,
 )
 from benchmarks.step_time import Backend
 from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import DatabaseKind
-from loopwright.checkpoints.frames import Row, rebuild
+from loopwright.checkpoints.frames import Row, packed, rebuild
 from loopwright.checkpoints.sql import open_database
 from loopwright.runner import Runner
 
@@ -152,13 +153,9 @@ def loopwright_run(bench: Bench, backend: Backend, steps: int, layout: Layout) -
 
         outcome = runner.start(TASK, PRINCIPAL, run_id=run_id, on_step=measure)
         assert outcome.stop_reason == "completed", outcome.stop_detail
-        observations = [
-            len(str(m.content).encode())
-            for m in runner.state(run_id)["history"]
-            if isinstance(m, ToolMessage)
-        ]
+        observation = observation_bytes(runner, run_id)
         reads = time_reads(runner, run_id)
-    return LoopwrightRun(sizes, run_id, sorted(observations)[len(observations) // 2], reads)
+    return LoopwrightRun(sizes, run_id, observation, reads)
 
 
 def bare_sizes(bench: Bench, backend: Backend, steps: int) -> list[tuple[int, int]]:
@@ -253,9 +250,14 @@ def measure(bench: Bench, backend: Backend, steps: int) -> StorageFigures:
     )
 
 
+# What deflating the rows takes off their encoded bytes (`checkpoints.frames`): a negative part.
+DEFLATED = "less: the rows deflated"
+
+
 def compact_breakdown(execute: Any, thread: str) -> list[tuple[str, int]]:
-    """Where the compact rows' bytes go: each write's value by channel, the keyframes (whole
-    states), and the rest of the rows (versions, seen versions, metadata that differs from its
+    """Where the compact rows' bytes go, as encoded (before a row is deflated; what deflating
+    takes off is a part of its own, negative): each write's value by channel, the keyframes
+    (whole states), and the rest of the rows (versions, seen versions, metadata that differs from its
     prediction, task ids, values that are no write), largest first."""
     parts: Counter[str] = Counter()
     records = execute(
@@ -272,7 +274,9 @@ def compact_breakdown(execute: Any, thread: str) -> list[tuple[str, int]]:
             parts[f"write {write.channel}"] += len(write.value[1])
             written += len(write.value[1])
         rest = "keyframes, but their writes" if row.key else "bookkeeping of the other rows"
-        parts[rest] += len(row.body) - written
+        encoded = len(packed(row.body))
+        parts[rest] += encoded - written
+        parts[DEFLATED] += len(row.body) - encoded
     for record in execute(
         "SELECT channel, blob FROM lw_checkpoint_writes WHERE thread_id = %s", (thread,)
     ):
@@ -308,7 +312,11 @@ def report(figures: StorageFigures) -> list[str]:
         f"{figures.last_per_step / figures.stock_layout_per_step:.2f}",
         f"where a tool step's bytes go (over {figures.steps} steps, per step):",
     ]
-    lines += [f"  {b / figures.steps:9,.0f} B  {part}" for part, b in figures.breakdown[:14] if b]
+    lines += [
+        f"  {b / figures.steps:9,.0f} B  {part}"
+        for part, b in figures.breakdown
+        if round(b / figures.steps)
+    ]
     lines.append(
         "rows per tool step and their bytes, keys and headers included"
         + (" (SQLite: payload and keys)" if figures.backend == "sqlite" else " (pg_column_size)")

@@ -47,6 +47,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
+from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg.rows import dict_row
 
 from loopwright.checkpoints.database import DatabaseKind
@@ -78,7 +79,7 @@ from loopwright.checkpoints.frames import (
     task_writes,
 )
 from loopwright.checkpoints.leases import FenceRow, RunWatch, lock_fence_sql
-from loopwright.checkpoints.schema import migrate
+from loopwright.checkpoints.schema import LATEST, migrate
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.crashpoints import armed, crash_point
 
@@ -159,23 +160,48 @@ _ROWS = (
     "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body FROM lw_checkpoints"
 )
 _OF_THREAD = " WHERE thread_id = %s ORDER BY checkpoint_ns, checkpoint_id"
+# The versions of both layouts' tables: LangGraph's migrations and loopwright's schema.
+_VERSIONS = (
+    "SELECT (SELECT max(v) FROM checkpoint_migrations) AS stock,"
+    " (SELECT max(version) FROM lw_schema) AS ours"
+)
 # Where a thread's checkpoints are, asked once a thread (unless a read found out on the way).
 _PROBE = f"SELECT {_PROBE_DEPTH} AS depth"
 
 # A commit on Postgres: the run's row locked and read, and (if it is still this writer's, or
-# the saver is unfenced) the checkpoint's row or the writes saved alone. Ordinary writes keep
-# the first value saved for a (task, idx), special ones (all of a task's writes interrupts,
-# errors, resume values) replace it, as LangGraph's savers do.
+# the saver is unfenced) the checkpoint's row (`_SAVE`) or the writes saved alone (`_ALONE_WRITES`):
+# one statement for each kind, so that a node's commit, the one run at every node, sends the
+# row's parameters alone, not a dozen empty arrays of writes beside them. A checkpoint's row is
+# a plain INSERT: an upsert inserts speculatively, a WAL record more each commit (48 bytes),
+# for a checkpoint saved again under its id, which a run never does; where it is (LangGraph's
+# savers replace such a checkpoint), the INSERT fails on the key and the upsert (`_SAVE_AGAIN`)
+# follows. Ordinary writes keep the first value saved for a (task, idx), special ones (all of a
+# task's writes interrupts, errors, resume values) replace it, as LangGraph's savers do.
 _COMMIT_SQL = """
-WITH run AS ({run}), ours AS ({ours}), saved AS (
+WITH run AS ({run}), ours AS ({ours}){writes}
+SELECT * FROM run
+"""
+_SAVE = """, saved AS (
     INSERT INTO lw_checkpoints
         (thread_id, checkpoint_ns, checkpoint_id, parent_id, keyframe, body)
     SELECT %(thread)s::text, %(ns)s::text, %(id)s::text, NULLIF(%(parent)s::text, ''),
            %(keyframe)s::boolean, %(body)b::bytea
-      FROM ours WHERE %(id)s::text <> ''
+      FROM ours{again}
+)"""
+_AGAIN = """
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
-        parent_id = EXCLUDED.parent_id, keyframe = EXCLUDED.keyframe, body = EXCLUDED.body
-), kept AS (
+        parent_id = EXCLUDED.parent_id, keyframe = EXCLUDED.keyframe, body = EXCLUDED.body"""
+
+
+class _Kind(StrEnum):
+    """What a commit statement writes."""
+
+    ROW = "row"  # a checkpoint's row, new
+    ROW_AGAIN = "row again"  # a checkpoint's row, replacing one saved under its id
+    ALONE = "alone"  # writes saved alone
+
+
+_ALONE_WRITES = """, kept AS (
     INSERT INTO lw_checkpoint_writes
         (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
     SELECT %(thread)s::text, %(ns)s::text, %(at)s::text, w.* FROM ours, unnest(
@@ -190,10 +216,26 @@ WITH run AS ({run}), ours AS ({ours}), saved AS (
         %(r_type)b::text[], %(r_blob)b::bytea[]) AS w
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
         channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob
-)
-SELECT * FROM run
-"""
-_COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
+)"""
+_UNFENCED = {"run": "SELECT NULL WHERE FALSE", "ours": "SELECT 1"}
+
+
+def _commit_statements(fenced: dict[str, str]) -> dict[tuple[bool, _Kind], str]:
+    """The commit statements by (whether fenced, what it writes), given how a fenced one locks
+    and judges the run's row."""
+    writes = {
+        _Kind.ROW: _SAVE.format(again=""),
+        _Kind.ROW_AGAIN: _SAVE.format(again=_AGAIN),
+        _Kind.ALONE: _ALONE_WRITES,
+    }
+    return {
+        (is_fenced, kind): _COMMIT_SQL.format(
+            **(fenced if is_fenced else _UNFENCED), writes=writes[kind]
+        )
+        for is_fenced in (False, True)
+        for kind in _Kind
+    }
+
 
 _SQLITE_SAVE = (
     "INSERT INTO lw_checkpoints"
@@ -337,7 +379,7 @@ class CompactSaver(FencedSaver):
         if self._pg is not None:
             register_column_arrays(self._pg)
             lock = self.db.spell(lock_fence_sql(run_id="%(thread)s::text"))
-            self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=OURS_FENCED)
+            self._commits = _commit_statements({"run": lock, "ours": OURS_FENCED})
 
     # The fence and the attempt's watch are the legacy saver's too: one writer, two layouts.
     @property
@@ -358,9 +400,28 @@ class CompactSaver(FencedSaver):
 
     def setup(self) -> None:
         """Both layouts' tables: LangGraph's (its saver's own `setup`), the compact ones
-        (loopwright's schema, `checkpoints.schema`)."""
+        (loopwright's schema, `checkpoints.schema`). Every process that opens a saver calls it
+        and nearly always finds both current: on Postgres that is asked first, in one statement
+        (LangGraph's `setup` alone is two, and loopwright's check a third)."""
+        if self._pg is not None and self._current():
+            return
         self.legacy.setup()
         migrate(self.db)
+
+    def _current(self) -> bool:
+        """Whether both layouts' tables are at their latest versions (False: either's version
+        table is missing, or behind)."""
+        try:
+            found = self.db.one(_VERSIONS)
+        except psycopg.errors.UndefinedTable:
+            return False
+        return (
+            found is not None
+            and found["stock"] is not None
+            and found["ours"] is not None
+            and found["stock"] >= len(PostgresSaver.MIGRATIONS) - 1
+            and found["ours"] >= LATEST
+        )
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -639,31 +700,41 @@ class CompactSaver(FencedSaver):
         """One statement, its own transaction (autocommit), in one round trip."""
         assert self._pg is not None
         row = commit.row
-        params: dict[str, Any] = {
-            "thread": commit.thread,
-            "ns": commit.ns,
-            "id": row.checkpoint_id if row else "",
-            "parent": (row.parent_id or "") if row else "",
-            "keyframe": bool(row and row.key),
-            "body": row.body if row else b"",
-            "at": commit.at,
-        }
-        params |= column_arrays("k", WRITE_COLUMNS, [_write_row(w) for w in commit.kept])
-        params |= column_arrays("r", WRITE_COLUMNS, [_write_row(w) for w in commit.replaced])
+        params: dict[str, Any] = {"thread": commit.thread, "ns": commit.ns}
+        if row is not None:
+            params |= {
+                "id": row.checkpoint_id,
+                "parent": row.parent_id or "",
+                "keyframe": row.key,
+                "body": row.body,
+            }
+        else:
+            params["at"] = commit.at
+            params |= column_arrays("k", WRITE_COLUMNS, [_write_row(w) for w in commit.kept])
+            params |= column_arrays("r", WRITE_COLUMNS, [_write_row(w) for w in commit.replaced])
         fence = self.fence
         if fence is not None:
             params |= {"fence": fence.fence, "owner": fence.owner}
-        statement = self._commit_fenced if fence is not None else _COMMIT_UNFENCED
+        fenced = fence is not None
+        kind = _Kind.ROW if row is not None else _Kind.ALONE
         point = commit.crash_point
         with self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
             if point in armed():
                 # The statement in an explicit transaction, held open where a crash test's
                 # process dies: what a crash at any moment of the commit leaves.
+                kind = _Kind.ROW_AGAIN if row is not None else kind
                 with self._pg.transaction():
-                    cursor.execute(statement, params)
+                    cursor.execute(self._commits[(fenced, kind)], params)
                     crash_point(point)
             else:
-                cursor.execute(statement, params)
+                try:
+                    cursor.execute(self._commits[(fenced, kind)], params)
+                except psycopg.errors.UniqueViolation:
+                    if row is None:
+                        raise
+                    # The row's key is taken: the checkpoint is saved again (autocommit: the
+                    # failed statement changed nothing).
+                    cursor.execute(self._commits[(fenced, _Kind.ROW_AGAIN)], params)
             record = cursor.fetchone()
         return FenceRow.of(record) if record else None
 

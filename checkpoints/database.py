@@ -165,20 +165,28 @@ def _password(url: str) -> str | None:
         return None
 
 
+# Executions of a statement on a connection before the next one prepares it (psycopg's
+# prepare_threshold): see `connect_postgres`.
+PREPARE_THRESHOLD = 2
+
+
 def connect_postgres(url: str) -> psycopg.Connection[DictRow]:
     """An autocommit connection: every write opens its own explicit transaction.
 
-    The session time zone is UTC so that timestamps read back are UTC-aware. prepare_threshold=0
-    prepares every statement on its first execution (as langgraph's savers do): a checkpoint
-    commit, run many times per run, is then bind and execute only. A transaction-mode pooler
-    must support prepared statements (pgbouncer does since 1.21).
+    The session time zone is UTC so that timestamps read back are UTC-aware. A statement is
+    prepared at its third execution on the connection (`PREPARE_THRESHOLD`): a checkpoint
+    commit, run at every node, is then bind and execute only. Preparing costs a round trip of
+    its own (psycopg sends the Parse and waits for it before it binds), so a statement a run
+    makes once or twice (the session's set-up, the schema's version, registering and recording
+    the run, the journal's reads for its outcome) is not prepared: one round trip, not two. A
+    transaction-mode pooler must support prepared statements (pgbouncer does since 1.21).
     """
     try:
         conn = psycopg.Connection.connect(
             url,
             autocommit=True,
             row_factory=dict_row,
-            prepare_threshold=0,
+            prepare_threshold=PREPARE_THRESHOLD,
             connect_timeout=CONNECT_TIMEOUT_S,
         )
     except psycopg.OperationalError as e:
@@ -243,7 +251,7 @@ async def aconnect_postgres(url: str) -> psycopg.AsyncConnection[DictRow]:
             url,
             autocommit=True,
             row_factory=dict_row,
-            prepare_threshold=0,
+            prepare_threshold=PREPARE_THRESHOLD,
             connect_timeout=CONNECT_TIMEOUT_S,
         )
     except psycopg.OperationalError as e:

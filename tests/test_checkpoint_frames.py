@@ -9,6 +9,7 @@ different versions and different metadata).
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -21,10 +22,13 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 
 from loopwright.checkpoints.frames import (
+    COMPRESSED,
+    FORMAT,
     Frame,
     Row,
     Write,
     encode,
+    packed,
     predicted_metadata,
     steps,
     task_writes,
@@ -195,7 +199,7 @@ def checkpoint_of(values: dict[str, Any], versions: ChannelVersions) -> Checkpoi
 
 def test_a_row_of_an_unknown_format_is_refused() -> None:
     row, _ = encode(None, "c-1", None, checkpoint_of({}, {}), {}, {}, [], SERDE)
-    future = Row(row.checkpoint_id, None, True, b"\x02" + row.body[1:])
+    future = Row(row.checkpoint_id, None, True, b"\x03" + row.body[1:])
     with pytest.raises(ValueError, match="unknown row format"):
         Frame.apply(None, future)
 
@@ -218,4 +222,20 @@ def test_writes_that_are_values_are_stored_once() -> None:
     writes: list[Write] = task_writes(str(uuid.uuid4()), "~p, x", [("a", big)], SERDE)
     checkpoint = checkpoint_of({"a": big}, {"a": "1"})
     row, _ = encode(None, "c-1", None, checkpoint, {}, {"a": "1"}, writes, SERDE)
-    assert 5_000 < len(row.body) < 5_200
+    assert 5_000 < len(packed(row.body)) < 5_200
+
+
+def test_a_row_is_stored_deflated_where_that_is_shorter_and_read_back_either_way() -> None:
+    """Text deflates (a row of it is stored so), random bytes do not (stored as they are); a
+    row written before rows were deflated (format 1) reads back the same."""
+    text = {"a": "the order was delivered on time; " * 40}
+    checkpoint = checkpoint_of(text, {"a": "1"})
+    row, _ = encode(None, "c-1", None, checkpoint, {}, {"a": "1"}, [], SERDE)
+    assert row.body[0] == COMPRESSED and len(row.body) < len(packed(row.body)) / 4
+    noise = {"a": os.urandom(2_000)}
+    plain, _ = encode(None, "c-2", None, checkpoint_of(noise, {"a": "1"}), {}, {}, [], SERDE)
+    assert plain.body[0] == FORMAT
+    before = Row(row.checkpoint_id, None, True, bytes((FORMAT,)) + packed(row.body))
+    for stored, values in ((row, text), (plain, noise), (before, text)):
+        frame = Frame.apply(None, stored)
+        assert frame.checkpoint(SERDE)["channel_values"] == values

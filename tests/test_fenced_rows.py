@@ -200,7 +200,9 @@ def test_a_string_s_blob_is_sent_by_the_saver_that_stored_it_once(postgres_url: 
 def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layout: Layout) -> None:
     """Commits with and without writes, blobs, a checkpoint or a parent (the first), an
     interrupt's writes alone and a resume value bind the same parameter types: the commit is
-    prepared once per connection, not once per spelling of its types."""
+    prepared once per connection, not once per spelling of its types. The compact layout has
+    one statement for a checkpoint's row and one for writes saved alone (a node commit sends
+    only the row's parameters), each prepared once."""
     with open_lease_store(postgres_url) as leases:
         leases.register("prepared", task="notes", user_id="u-1")
         lease = leases.claim("prepared", "worker-a", ttl_s=60)
@@ -214,7 +216,7 @@ def test_every_commit_of_a_run_is_one_prepared_statement(postgres_url: str, layo
             "SELECT count(*) AS n FROM pg_prepared_statements"
             " WHERE ltrim(statement, E'\\n') LIKE 'WITH run AS%'"
         ).fetchone()
-    assert prepared is not None and prepared["n"] == 1
+    assert prepared is not None and prepared["n"] == (2 if layout is Layout.COMPACT else 1)
 
 
 def test_a_compact_run_reads_back_the_same_across_keyframes(
@@ -332,3 +334,26 @@ def test_listing_one_checkpoint_by_id_finds_it(database_url: str, layout: Layout
                 found = list(saver.list({"configurable": {**conf, "checkpoint_id": checkpoint_id}}))
                 assert [t.checkpoint["id"] for t in found] == [checkpoint_id]
     assert len(ids) == len(history) > STEPS
+
+
+@pytest.mark.postgres
+def test_a_checkpoint_saved_again_under_its_id_replaces_its_row(postgres_url: str) -> None:
+    """A node commit inserts its row without an upsert (which writes a WAL record more): a
+    checkpoint saved again under its id, fenced, still replaces the row, as LangGraph's savers
+    replace it, and leaves the thread one row."""
+    with open_lease_store(postgres_url) as leases:
+        leases.register("again", task="notes", user_id="u-1")
+        lease = leases.claim("again", "worker-a", ttl_s=60)
+    config: RunnableConfig = {"configurable": {"thread_id": "again", "checkpoint_ns": ""}}
+    with open_checkpointer(postgres_url, fence=Fence.of(lease)) as saver:
+        checkpoint = empty_checkpoint()
+        for n, note in enumerate(("first", "second")):
+            version: dict[str, str | int | float] = {"note": f"{n + 1:010}.00000000"}
+            values = Checkpoint(
+                **{**checkpoint, "channel_values": {"note": note}, "channel_versions": version}
+            )
+            saver.put(config, values, {"step": 0}, version)
+        saved = saver.get_tuple(config)
+        rows = saver.db.one("SELECT count(*) AS n FROM lw_checkpoints WHERE thread_id = 'again'")
+    assert saved is not None and saved.checkpoint["channel_values"] == {"note": "second"}
+    assert rows is not None and rows["n"] == 1
