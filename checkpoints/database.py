@@ -212,7 +212,7 @@ def postgres_pool(url: str, max_size: int) -> ConnectionPool[psycopg.Connection[
         kwargs={
             "autocommit": True,
             "row_factory": dict_row,
-            "prepare_threshold": 0,
+            "prepare_threshold": PREPARE_THRESHOLD,
             "connect_timeout": CONNECT_TIMEOUT_S,
         },
         configure=_in_utc,
