@@ -52,8 +52,13 @@ ONE_STANDS_FOR_THE_MODULE = frozenset(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the quick tests (see ONE_STANDS_FOR_THE_MODULE)."""
+    """Mark the quick tests (see ONE_STANDS_FOR_THE_MODULE), group the tests that share a
+    module's server and put the longest first (see `_shared_group`, LONGEST_FIRST)."""
+    items.sort(key=lambda item: _rank(item.path.name))
     represented: set[str] = set()
+    for item in items:
+        if group := _shared_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
     for item in items:
         if item.get_closest_marker("slow") or item.get_closest_marker("postgres"):
             continue
@@ -63,6 +68,58 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 continue
             represented.add(module)
         item.add_marker(pytest.mark.quick)
+
+
+# Under pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`) the tests are
+# handed out in collection order: these modules first, their longest first (measured with
+# `--durations`), so that no worker starts the suite's longest test near its end while the others
+# sit idle. Every other module keeps its place after them.
+LONGEST_FIRST = (
+    "test_outside_app.py",
+    "test_authorization_matrix.py",
+    "test_approvals.py",
+    "test_retention.py",
+    "test_crash_matrix.py",
+    "test_cli.py",
+    "test_readme_walkthrough.py",
+    "test_nothing_outlives_a_test_run.py",
+    "test_fuzz_calls.py",
+    "test_aegra_upgrade.py",
+    "test_aegra_scaleout.py",
+    "test_experiment_small.py",
+    "test_cli_json.py",
+    "test_served_cost_benchmark.py",
+    "test_faults.py",
+    "test_aegra_approvals.py",
+    "test_tracing.py",
+    "test_two_workers.py",
+    "test_chaos.py",
+)
+
+
+def _rank(module: str) -> int:
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def _shared_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses a module-scoped fixture (a server, an installed
+    wheel): its module, and the parameters of those fixtures. The group's tests run on one
+    worker, so the fixture is set up once per parameter rather than once per worker that runs
+    one of the module's tests."""
+    if not isinstance(item, pytest.Function):
+        return None
+    shared = [
+        name
+        for name, definitions in item._fixtureinfo.name2fixturedefs.items()
+        if definitions and definitions[-1].scope == "module"
+    ]
+    if not shared:
+        return None
+    params = getattr(item, "callspec", None)
+    values = [
+        str(params.params[name]) for name in sorted(shared) if params and name in params.params
+    ]
+    return "-".join([item.path.stem, *values])
 
 
 @pytest.fixture(scope="session", autouse=True)
