@@ -35,14 +35,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # `make test-quick` (`-m quick`): every module's core behaviour in a minute or so, for someone
 # changing one part. Quick are the tests neither slow nor on Postgres (the SQLite half of each
-# database test is), except in the modules below, whose tests each start a process or a server:
-# there the module's first test stands for the module (each puts its core behaviour first).
+# database test is), except where a module's tests each start a process: there the module's
+# first such test stands for the rest (each module puts its core behaviour first). A test starts
+# one when it takes the reference services (STARTS_A_PROCESS: a child process per test), or
+# when its module is below (its tests run the command line, a server or a benchmark script).
+# So chosen, quick is 383 of the suite's 997 tests and about a tenth of its CPU time.
+STARTS_A_PROCESS = frozenset({"services"})
 ONE_STANDS_FOR_THE_MODULE = frozenset(
     {
         "test_cli.py",
         "test_cli_json.py",
         "test_cli_usage.py",
+        "test_agent_loading.py",
         "test_faults.py",
+        "test_retention.py",
+        "test_text_shown_to_people.py",
         "test_real_models.py",
         "test_serve_lifecycle.py",
         "test_text_a_run_cannot_keep.py",
@@ -51,23 +58,29 @@ ONE_STANDS_FOR_THE_MODULE = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the quick tests (see ONE_STANDS_FOR_THE_MODULE), group the tests that share a
-    module's server and put the longest first (see `_shared_group`, LONGEST_FIRST)."""
-    items.sort(key=lambda item: _rank(item.path.name))
+def _mark_quick(items: list[pytest.Item]) -> None:
+    """Mark the quick tests (see ONE_STANDS_FOR_THE_MODULE)."""
     represented: set[str] = set()
-    for item in items:
-        if group := _shared_group(item):
-            item.add_marker(pytest.mark.xdist_group(group))
     for item in items:
         if item.get_closest_marker("slow") or item.get_closest_marker("postgres"):
             continue
         module = item.path.name
-        if module in ONE_STANDS_FOR_THE_MODULE:
+        starts = STARTS_A_PROCESS.intersection(getattr(item, "fixturenames", ()))
+        if module in ONE_STANDS_FOR_THE_MODULE or starts:
             if module in represented:
                 continue
             represented.add(module)
         item.add_marker(pytest.mark.quick)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the longest first, group the tests that share a module's server (see LONGEST_FIRST,
+    `_shared_group`) and mark the quick ones."""
+    items.sort(key=lambda item: _rank(item.path.name))
+    for item in items:
+        if group := _shared_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+    _mark_quick(items)
 
 
 # Under pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`) the tests are
