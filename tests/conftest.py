@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # first such test stands for the rest (each module puts its core behaviour first). A test starts
 # one when it takes the reference services (STARTS_A_PROCESS: a child process per test), or
 # when its module is below (its tests run the command line, a server or a benchmark script).
-# So chosen, quick is 383 of the suite's 997 tests and about a tenth of its CPU time.
+# So chosen, quick is 352 of the suite's 997 tests and about a tenth of its CPU time.
 STARTS_A_PROCESS = frozenset({"services"})
 ONE_STANDS_FOR_THE_MODULE = frozenset(
     {
@@ -48,7 +48,9 @@ ONE_STANDS_FOR_THE_MODULE = frozenset(
         "test_cli_usage.py",
         "test_agent_loading.py",
         "test_faults.py",
+        "test_identities.py",
         "test_retention.py",
+        "test_server_graph_png.py",
         "test_text_shown_to_people.py",
         "test_real_models.py",
         "test_serve_lifecycle.py",
