@@ -32,13 +32,16 @@ demo: $(RUNTIME)
 # Three test processes on CI's two cores: most tests wait on processes, HTTP and databases, not
 # on a core (the suite took 12:18 and 12:38 with three, 14:49 with two).
 TEST_WORKERS ?= 3
+# Tests in collection order (the longest first), each module's tests that share a server of the
+# module on one worker, so it starts once (tests/conftest.py: LONGEST_FIRST, `_shared_group`).
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: $(DEV)
-	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
 
 # Every module's core behaviour in a minute or so (the `quick` mark, tests/conftest.py).
 test-quick: $(DEV)
-	$(PY) -m pytest -n $(TEST_WORKERS) -m quick $(ARGS)
+	$(PY) -m pytest $(XDIST) -m quick $(ARGS)
 
 # The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
 serve: $(RUNTIME)

@@ -3,6 +3,8 @@
 Each case ends COMPLETED and verified, with exactly one refund in the payments service's own
 storage and as many model calls as an uncrashed run: no committed decision is asked for again
 and no effect is repeated. A crash inside a node's commit leaves none of it in the database.
+Every crash inside a write is taken on SQLite and on Postgres, each node start on one of them
+(`backends`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,28 @@ CASES: dict[str, tuple[str, ...]] = {
 for point in IN_RECONCILE:
     CASES[point] = ("executor:after_dispatch_record", point)
 
+# The backends each case crashes on. A crash inside a write (a node's commit, writes saved
+# alone, the journal's records around the tool call, reconcile's) meets each backend's own
+# transactions: those cases run on SQLite and on Postgres. A node's start comes after the
+# previous node's commit, which the commit cases crash inside on both; what a node-start case
+# adds is the node boundary the run resumes from, the same on either backend: each of those
+# runs on one backend, taking turns, so that each backend still resumes from node starts.
+NODE_STARTS = [point for point in CASES if point.startswith("node:") and point not in IN_RECONCILE]
+BACKENDS = ("sqlite", "postgres")
+
+
+def backends(case: str) -> tuple[str, ...]:
+    if case in NODE_STARTS:
+        return (BACKENDS[NODE_STARTS.index(case) % len(BACKENDS)],)
+    return BACKENDS
+
+
+MATRIX = [
+    pytest.param(case, backend, marks=[pytest.mark.postgres] if backend == "postgres" else [])
+    for case in sorted(CASES)
+    for backend in backends(case)
+]
+
 
 def advance(run_id: str, db: str, env: dict[str, str]) -> tuple[int, str]:
     """One process step, as an operator would take it: start, approve what waits, or resume."""
@@ -62,7 +86,7 @@ def assert_no_part_committed(runner: Runner, run_id: str, node: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("case", "database_url"), MATRIX, indirect=["database_url"])
 def test_crash_at_point_then_resume_completes_with_one_refund(
     case: str,
     database_url: str,
