@@ -61,6 +61,17 @@ def test_a_new_run_takes_its_principal_from_the_server_never_from_the_input() ->
     assert "journal" not in state and state["run_id"] == "t-1"
 
 
+def test_a_thread_whose_first_attempt_died_before_its_input_was_in_starts_the_run() -> None:
+    """Aegra re-ran such a run on another instance after its first was killed: the thread held
+    state naming no run (an input saved, never applied), and the takeover refused it as "a copy
+    of run None", leaving the run READY and nobody's. A state that names no run has none begun."""
+    unbegun = snapshot({"events": []})
+    state = payload_for(NewRun(task=TASK), unbegun, "t-1", ADA)
+    assert isinstance(state, dict) and state["run_id"] == "t-1"
+    with pytest.raises(RunRefused, match="has no run to continue"):
+        payload_for(Continue(), unbegun, "t-1", ADA)
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -132,10 +132,13 @@ def payload_for(
     """What to stream, given where the run stands (read under the run's lease). `principal`
     is the run's (already scoped to the task, for a new run); `now` the database's clock."""
     values = snapshot.values or {}
-    if isinstance(request, NewRun) and not values:
+    # A run's state always names it once its input is in. A thread whose first attempt died
+    # between saving the input and applying it holds state of no run (a delta channel's empty
+    # default, say): that run has not begun, and a new run starts it as if nothing was there.
+    if isinstance(request, NewRun) and values.get("run_id") is None:
         assert principal is not None  # parse_request refuses a new run without one
         return initial_state(run_id, request.task, principal, now=now)
-    if not values:
+    if values.get("run_id") is None:
         raise RunRefused(f"thread {run_id} has no run to continue")
     if values.get("run_id") != run_id:
         raise RunRefused(
