@@ -11,7 +11,6 @@ check is in tests/test_aegra_approvals.py.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,17 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright.checkpoints.scratch import fresh_database
-from loopwright.server.bearer_tokens import hashed_table
-from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds
-from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
 from tests.runtime_fixtures import PATIENCE_S, REPO, cli
 from tests.test_server_langgraph import (
     GRAPH,
     Served,
     decision_for,
+    serving,
     start_run,
     status_of,
     values_of,
@@ -53,20 +49,9 @@ DESK_TOKENS = {
 
 @pytest.fixture(scope="module")
 def desk(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with fresh_database(postgres_server_url, prefix="lw_test") as url:
-        workdir = tmp_path_factory.mktemp("desk-roles")
-        with start_services(workdir / "services") as services:
-            env = server_env(
-                {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-                {
-                    "DATABASE_URL": url,
-                    "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(DESK_TOKENS)),
-                    **DESK_AGENT,
-                    **services.endpoints.to_env(),
-                },
-            )
-            with reserved_port() as port, start_server(workdir, env, port=port) as server:
-                yield Served(server.url, url, services.endpoints)
+    workdir = tmp_path_factory.mktemp("desk-roles")
+    with serving(postgres_server_url, workdir, DESK_TOKENS, **DESK_AGENT) as served:
+        yield served
 
 
 def refund_task(order_id: str) -> str:

@@ -8,6 +8,7 @@ and who may do what (the auth hooks, the inbox's JSON routes, the served graph's
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -71,22 +73,37 @@ class Served:
             return conn.execute(query, params).fetchall()
 
 
+@contextlib.contextmanager
+def serving(
+    postgres_server_url: str, workdir: Path, tokens: dict[str, Any], **env: str
+) -> Iterator[Served]:
+    """`loopwright serve`'s server on a database and reference services of its own, taking
+    `tokens` (hashed), with `env` added to its environment."""
+    with (
+        fresh_database(postgres_server_url, prefix="lw_test") as url,
+        start_services(workdir / "services") as services,
+    ):
+        server_environment = server_env(
+            {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+            {
+                "DATABASE_URL": url,
+                "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(tokens)),
+                **env,
+                **services.endpoints.to_env(),
+            },
+        )
+        with (
+            reserved_port() as port,
+            start_server(workdir, server_environment, port=port) as server,
+        ):
+            yield Served(server.url, url, services.endpoints)
+
+
 @pytest.fixture(scope="module")
 def served(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with fresh_database(postgres_server_url, prefix="lw_test") as url:
-        workdir = tmp_path_factory.mktemp("langgraph-dev")
-        with start_services(workdir / "services") as services:
-            env = server_env(
-                {k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-                {
-                    "DATABASE_URL": url,
-                    "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
-                    "LOOPWRIGHT_LEASE_TTL_S": "5",
-                    **services.endpoints.to_env(),
-                },
-            )
-            with reserved_port() as port, start_server(workdir, env, port=port) as server:
-                yield Served(server.url, url, services.endpoints)
+    workdir = tmp_path_factory.mktemp("langgraph-dev")
+    with serving(postgres_server_url, workdir, TOKENS, LOOPWRIGHT_LEASE_TTL_S="5") as served:
+        yield served
 
 
 def start_run(client: SyncLangGraphClient, task: str, **extra_input: Any) -> tuple[str, Any]:
