@@ -29,8 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 from langgraph_sdk import get_client
 
+from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
@@ -46,6 +48,8 @@ CPU_GOAL = 1.3  # the engine's CPU per run against the worker's
 SUBMIT_GOAL_S = 1.0  # client time to create RUNS runs through the API
 TOKEN = "bench-u1"
 TOKENS = json.dumps(hashed_table({TOKEN: {"user_id": "u-1", "roles": ["customer"]}}))
+AUTHORIZATION = {"Authorization": f"Bearer {TOKEN}"}
+FLOOR_GRAPH = "floor"
 
 
 def _wait_completed(url: str, run_ids: list[str], timeout: float = 600) -> None:
@@ -79,18 +83,18 @@ def worker_cpu_per_run(bench: Bench, orders: list[str]) -> float:
     return used / len(run_ids)
 
 
-async def _create_runs(url: str, orders: list[str]) -> list[str]:
-    """Every run at once: a thread each, then its run; the threads' ids (the runs')."""
-    client = get_client(url=url, headers={"Authorization": f"Bearer {TOKEN}"})
+async def _create_runs(
+    url: str, graph_id: str, tasks: list[str], headers: dict[str, str]
+) -> list[tuple[str, str]]:
+    """Every run at once: a thread each, then its run; (thread id, run id) of each."""
+    client = get_client(url=url, headers=headers)
 
-    async def one(order_id: str) -> str:
+    async def one(task: str) -> tuple[str, str]:
         thread = await client.threads.create()
-        await client.runs.create(
-            thread["thread_id"], GRAPH_ID, input={"task": TASK.format(order_id=order_id)}
-        )
-        return str(thread["thread_id"])
+        run = await client.runs.create(thread["thread_id"], graph_id, input={"task": task})
+        return str(thread["thread_id"]), str(run["run_id"])
 
-    return list(await asyncio.gather(*(one(order_id) for order_id in orders)))
+    return list(await asyncio.gather(*(one(task) for task in tasks)))
 
 
 @dataclass(frozen=True)
@@ -115,13 +119,57 @@ def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> EngineCost:
             before = process_cpu_s(one.pid)
             loop_before = process_cpu_s(one.pid, main_thread=True)
             started = time.monotonic()
-            run_ids = asyncio.run(_create_runs(one.url, orders))
+            tasks = [TASK.format(order_id=order_id) for order_id in orders]
+            runs = asyncio.run(_create_runs(one.url, GRAPH_ID, tasks, AUTHORIZATION))
             submitted_s = time.monotonic() - started
+            run_ids = [thread_id for thread_id, _ in runs]  # a served run's id is its thread's
             _wait_completed(bench.database_url, run_ids)
             used = process_cpu_s(one.pid) - before
             loop = process_cpu_s(one.pid, main_thread=True) - loop_before
     cluster.forget_keys(redis_url, cluster.deployment_prefix(bench.database_url))
     return EngineCost(used / len(run_ids), loop / len(run_ids), submitted_s)
+
+
+def engine_floor(bench: Bench, runs: int, redis_url: str) -> EngineCost:
+    """What a plain Aegra instance spends on a run of `benchmarks.engine_floor`'s graph."""
+    with tempfile.TemporaryDirectory(prefix="lw-served-cost-floor-") as tmp:
+        workdir = Path(tmp)
+        config = workdir / "aegra.json"
+        graph = Path(engine_floor_graph.__file__)
+        config.write_text(json.dumps({"graphs": {FLOOR_GRAPH: f"{graph}:graph"}}))
+        env = cluster.instance_env(
+            os.environ, database_url=bench.database_url, redis_url=redis_url, config=config
+        )
+        plain = ("uvicorn", "aegra_api.main:app")
+        with cluster.start_instance(
+            workdir, env, index=1, host="127.0.0.1", port=_port(), program=plain
+        ) as one:
+            before = process_cpu_s(one.pid)
+            loop_before = process_cpu_s(one.pid, main_thread=True)
+            started = time.monotonic()
+            created = asyncio.run(_create_runs(one.url, FLOOR_GRAPH, ["-"] * runs, {}))
+            submitted_s = time.monotonic() - started
+            _wait_engine_runs(bench.database_url, [run_id for _, run_id in created])
+            used = process_cpu_s(one.pid) - before
+            loop = process_cpu_s(one.pid, main_thread=True) - loop_before
+    cluster.forget_keys(redis_url, cluster.deployment_prefix(bench.database_url))
+    return EngineCost(used / runs, loop / runs, submitted_s)
+
+
+def _wait_engine_runs(url: str, run_ids: list[str], timeout: float = 600) -> None:
+    """Until Aegra's own records say every run succeeded."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            (done,) = conn.execute(
+                "SELECT count(*) FROM runs WHERE status = 'success' AND run_id = ANY(%s)",
+                (run_ids,),
+            ).fetchone() or (0,)
+            if done == len(run_ids):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{done}/{len(run_ids)} floor runs succeeded")
+            time.sleep(0.05)
 
 
 def _port() -> int:
@@ -149,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         load_before = os.getloadavg()[0]
         worker = worker_cpu_per_run(bench, worker_orders)
         engine = engine_cost(bench, engine_orders, args.redis)
+        floor = engine_floor(bench, args.runs, args.redis)
         load_after = os.getloadavg()[0]
         for order_id in (*worker_orders, *engine_orders):
             refunds = len(list_refunds(bench.endpoints, order_id))
@@ -164,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"    its event loop    CPU {engine.loop_cpu_s * 1000:6.1f} ms per run  (Aegra's API, queue,"
         " stream events and run records; the rest is the runs' own threads)"
+    )
+    print(
+        f"  Aegra's own floor   CPU {floor.cpu_s * 1000:6.1f} ms per run  (a one-node graph, no"
+        f" auth: {floor.cpu_s / worker:.2f}x the worker's whole run, of the {CPU_GOAL}x the goal"
+        f" allows for everything; its {args.runs} runs created in {floor.submitted_s:.2f} s)"
     )
     print(
         f"  {args.runs} runs created through the API: {submitted_s:.2f} s of client time"

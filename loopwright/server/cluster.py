@@ -124,12 +124,15 @@ def start_instance(
     host: str,
     port: int,
     timeout: float = START_TIMEOUT_S,
+    program: Sequence[str] = ("loopwright.server.aegra",),
 ) -> Instance:
-    """Start instance `index` and wait until it answers; its output goes to its log."""
+    """Start instance `index` and wait until it answers; its output goes to its log. What runs
+    is `python -m PROGRAM --host H --port P`: loopwright's instance, or (a benchmark's
+    baseline) uvicorn serving Aegra's own app."""
     log = workdir / INSTANCE_LOG.format(index=index)
     with log.open("ab") as sink:
         process, lifeline = spawn(
-            [sys.executable, "-m", "loopwright.server.aegra", "--host", host, "--port", str(port)],
+            [sys.executable, "-m", *program, "--host", host, "--port", str(port)],
             cwd=workdir,
             env=dict(env),
             stdin=subprocess.DEVNULL,
