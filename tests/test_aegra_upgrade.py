@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,26 +55,43 @@ def unfinished_at(cluster: Cluster, version: str, tmp_path: Path) -> set[str]:
     return {run["run_id"] for run in json.loads(listed.stdout)["runs"]}
 
 
-def kill_with_a_write_in_flight(cluster: Cluster, old: list[Instance]) -> tuple[Instance, str]:
+# Runs that write are started in waves until an old instance is caught with a write in flight:
+# the engine hands each run to whichever instance takes it first, so one wave may go to the new
+# instances alone (seen on a loaded machine: eight runs, none on an old instance).
+WAVE, MAX_WAVES = 4, 10
+
+
+def kill_with_a_write_in_flight(
+    cluster: Cluster, old: list[Instance], start_writing: Callable[[int], list[str]]
+) -> tuple[Instance, str]:
     """SIGKILL whichever of `old` first holds a run whose write is DISPATCHED and unanswered;
     the instance is stopped (SIGSTOP) and asked about again first, so that the write cannot be
-    answered between the question and the kill. The instance and the run."""
+    answered between the question and the kill. A wave of `start_writing` at a time, the next
+    once every run of the last has completed without being caught. The instance and the run."""
     by_pid = {instance.process.pid: instance for instance in old}
-    deadline = time.monotonic() + 90
-    while True:
-        assert time.monotonic() < deadline, "no old instance ever sent a write"
-        for owner, run_id in in_flight(cluster):
-            instance = by_pid.get(pid_of(owner))
-            if instance is None:
-                continue
-            os.kill(instance.process.pid, signal.SIGSTOP)
-            time.sleep(0.3)
-            if (owner, run_id) in in_flight(cluster):
-                os.kill(instance.process.pid, signal.SIGKILL)
-                instance.process.wait()
-                return instance, run_id
-            os.kill(instance.process.pid, signal.SIGCONT)
-        time.sleep(0.05)
+    for _ in range(MAX_WAVES):
+        wave = start_writing(WAVE)
+        while not completed(cluster, wave):
+            for owner, run_id in in_flight(cluster):
+                instance = by_pid.get(pid_of(owner))
+                if instance is None:
+                    continue
+                os.kill(instance.process.pid, signal.SIGSTOP)
+                time.sleep(0.3)
+                if (owner, run_id) in in_flight(cluster):
+                    os.kill(instance.process.pid, signal.SIGKILL)
+                    instance.process.wait()
+                    return instance, run_id
+                os.kill(instance.process.pid, signal.SIGCONT)
+            time.sleep(0.05)
+    pytest.fail(f"no old instance sent a write in {MAX_WAVES} waves of {WAVE} runs")
+
+
+def completed(cluster: Cluster, threads: list[str]) -> bool:
+    done = cluster.sql(
+        "SELECT 1 FROM lw_runs WHERE run_id = ANY(%s) AND phase = 'COMPLETED'", threads
+    )
+    return len(done) == len(threads)
 
 
 def in_flight(cluster: Cluster) -> list[tuple[str, str]]:
@@ -105,14 +122,19 @@ def test_rolling_two_instances_to_version_2_ends_every_run_once(
     version_of = {i.process.pid: v for v, group in (("1", old), ("2", new)) for i in group}
     writing: dict[str, str] = {}
     slow_down(cluster.services.payments, 1.5, ("POST",))  # every refund's answer takes 1.5 s
-    for i in range(8):
-        order_id = f"O-{8010 + i}"
-        create_order(cluster.services, order_id, "u-1", "20.00")  # no approval needed
-        thread_id = customer.threads.create()["thread_id"]
-        customer.runs.create(thread_id, GRAPH, input={"task": refund_task(order_id)})
-        writing[thread_id] = order_id
 
-    killed, cut_off = kill_with_a_write_in_flight(cluster, old)
+    def start_writing(count: int) -> list[str]:
+        wave = []
+        for _ in range(count):
+            order_id = f"O-{8010 + len(writing)}"
+            create_order(cluster.services, order_id, "u-1", "20.00")  # no approval needed
+            thread_id = customer.threads.create()["thread_id"]
+            customer.runs.create(thread_id, GRAPH, input={"task": refund_task(order_id)})
+            writing[thread_id] = order_id
+            wave.append(thread_id)
+        return wave
+
+    killed, cut_off = kill_with_a_write_in_flight(cluster, old, start_writing)
     [stopped] = [instance for instance in old if instance is not killed]
     stopped.process.send_signal(signal.SIGTERM)
     stopped.process.wait(timeout=60)
