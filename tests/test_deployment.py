@@ -33,6 +33,7 @@ from langgraph_sdk import get_sync_client
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.cli import app
+from loopwright.processes import START_TIMEOUT_S
 from loopwright.server import cluster as cluster_module
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
@@ -171,7 +172,7 @@ def started(
             command, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log
         )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + START_TIMEOUT_S  # a start, however loaded the machine
         while True:
             assert process.poll() is None, (cwd / "output.log").read_text()[-3000:]
             assert time.monotonic() < deadline, f"{shlex.join(command)} never got ready"
