@@ -37,6 +37,7 @@ from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
 from loopwright.server import cluster
+from loopwright.server.admissions import PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import GRAPH_ID
 from loopwright_refunds.services.admin import create_order, list_refunds
@@ -113,7 +114,12 @@ def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> EngineCost:
             database_url=bench.database_url,
             redis_url=redis_url,
             config=cluster.write_config(workdir),
-            extra={**bench.endpoints.to_env(), "LOOPWRIGHT_TOKENS": TOKENS},
+            # One customer creates every run at once: their bound is the batch.
+            extra={
+                **bench.endpoints.to_env(),
+                "LOOPWRIGHT_TOKENS": TOKENS,
+                PER_PRINCIPAL_ENV: str(len(orders)),
+            },
         )
         with cluster.start_instance(workdir, env, index=1, host="127.0.0.1", port=_port()) as one:
             before = process_cpu_s(one.pid)

@@ -221,6 +221,21 @@ def _v10_decision_claims(db: Database) -> None:
     )
 
 
+def _v11_admissions(db: Database) -> None:
+    """The runs a multi-instance engine's auth hooks admitted, by thread and principal
+    (`server.admissions.EngineAdmissions`): a run is admitted while none is on its thread and
+    its principal holds fewer than the bound, whichever instance asks."""
+    db.execute(
+        """CREATE TABLE IF NOT EXISTS lw_admissions (
+            thread_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            admitted_at {timestamp} NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS lw_admissions_principal ON lw_admissions (tenant, user_id)")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
@@ -232,6 +247,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v8_unended_runs_index,
     _v9_run_tenant_and_engine,
     _v10_decision_claims,
+    _v11_admissions,
 )
 LATEST = len(MIGRATIONS)
 

@@ -14,7 +14,9 @@ Skipped where Aegra is not installed or Redis is unreachable.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server import cluster as cluster_module
+from loopwright.server.admissions import PER_PRINCIPAL, PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.graph import CLAIM_POLL_S
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
@@ -42,7 +46,14 @@ from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
 from tests.runtime_fixtures import PATIENCE_S
-from tests.test_server_langgraph import GRAPH, TOKENS, decision_for, parked_then_woken, values_of
+from tests.test_server_langgraph import (
+    GRAPH,
+    TOKENS,
+    decision_for,
+    parked_then_woken,
+    status_of,
+    values_of,
+)
 
 REDIS = ("127.0.0.1", 6379)
 REDIS_URL = f"redis://{REDIS[0]}:{REDIS[1]}/0"
@@ -132,6 +143,9 @@ def deployment(postgres_server_url: str, workdir: Path) -> Iterator[Cluster]:
             # Two instances' workers on CI's two cores.
             "WORKER_COUNT": "2",
             "N_JOBS_PER_WORKER": "6",
+            # The handover tests start many runs of one customer at once; the bound's own test
+            # starts its instances with the default.
+            PER_PRINCIPAL_ENV: "32",
         }
         env = cluster_module.instance_env(
             base,
@@ -275,30 +289,85 @@ def test_a_killed_instance_s_runs_are_finished_by_the_other(cluster: Cluster) ->
         assert fence >= 2
 
 
-def test_two_runs_forced_onto_one_thread_at_once_have_one_writer(cluster: Cluster) -> None:
-    instance = cluster.start("aegra")
+def test_two_runs_sent_onto_one_thread_at_once_are_one_run_and_one_409(cluster: Cluster) -> None:
+    """Aegra starts every run it is given, whatever the multitask strategy: a second run on a
+    busy thread would take a job slot and wait there for the first one's lease. The instances
+    admit one run per thread between them: of two sent at once, through two instances, one
+    runs (one writer, one refund) and the other is refused."""
+    first, second = cluster.start("aegra-1"), cluster.start("aegra-2")
     create_order(cluster.services, "O-6000", "u-1", "20.00")
     slow_down(cluster.services.orders, 0.5)
-    client = instance.client()
-    thread_id = client.threads.create()["thread_id"]
+    thread_id = first.client().threads.create()["thread_id"]
     task = {"task": refund_task("O-6000")}
-    runs = [client.runs.create(thread_id, GRAPH, input=task) for _ in range(2)]
-    for run in runs:
-        client.runs.join(thread_id, run["run_id"])
-    statuses = sorted(client.runs.get(thread_id, run["run_id"])["status"] for run in runs)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        sent = [
+            pool.submit(
+                status_of, functools.partial(i.client().runs.create, thread_id, GRAPH, input=task)
+            )
+            for i in (first, second)
+        ]
+    assert sorted(s.result() for s in sent) == [200, 409]
+    [run] = first.client().runs.list(thread_id)
+    first.client().runs.join(thread_id, run["run_id"])
 
-    state = values_of(client, thread_id)
+    state = values_of(first.client(), thread_id)
     assert state["stop_reason"] == "completed" and state["verification"]["verified"]
     assert len(writers_by_thread(cluster)[thread_id]) == 1  # one writer advanced the run
-    submits = [
-        call
-        for message in state["history"]
-        for call in message.get("tool_calls") or []
-        if call["name"] == "submit_refund"
-    ]
-    assert len(submits) == 1 and len(state["journal"]) == 1
+    assert len(state["journal"]) == 1
     assert len(list_refunds(cluster.services, "O-6000")) == 1
-    assert "success" in statuses, statuses
+
+
+def test_one_customer_holds_up_nobody_across_the_instances(cluster: Cluster) -> None:
+    """A customer has at most PER_PRINCIPAL runs in flight across every instance (a 429 past
+    it, whichever instance is asked) and none waiting behind a busy thread (409): another
+    customer's run starts at once, and once the first customer's runs end they may start
+    more."""
+    bound = {PER_PRINCIPAL_ENV: str(PER_PRINCIPAL)}
+    first, second = cluster.start_with("aegra-1", **bound), cluster.start_with("aegra-2", **bound)
+    slow_down(cluster.services.payments, 2.0, ("POST",))  # each refund in flight for 2 s
+    orders = [f"O-{6100 + i}" for i in range(PER_PRINCIPAL + 2)]
+    for order_id in orders:
+        create_order(cluster.services, order_id, "u-1", "20.00")  # no approval needed
+    held = []
+    for order_id, instance in zip(orders[:PER_PRINCIPAL], itertools.cycle((first, second))):
+        client = instance.client("t-u1")
+        thread_id = client.threads.create()["thread_id"]
+        client.runs.create(thread_id, GRAPH, input={"task": refund_task(order_id)})
+        held.append(thread_id)
+    more = orders[PER_PRINCIPAL]
+    for instance in (first, second):
+        client = instance.client("t-u1")
+        thread_id = client.threads.create()["thread_id"]
+        new_run = functools.partial(
+            client.runs.create, thread_id, GRAPH, input={"task": refund_task(more)}
+        )
+        assert status_of(new_run) == 429
+        behind = functools.partial(
+            client.runs.create,
+            held[0],
+            GRAPH,
+            input={"task": refund_task(more)},
+            multitask_strategy="enqueue",
+        )
+        assert status_of(behind) == 409
+
+    create_order(cluster.services, "O-6199", "u-2", "20.00")
+    other = second.client("t-u2")
+    thread_id = other.threads.create()["thread_id"]
+    since = time.monotonic()
+    run = other.runs.create(thread_id, GRAPH, input={"task": refund_task("O-6199")})
+    while other.runs.get(thread_id, run["run_id"])["status"] == "pending":
+        time.sleep(0.05)
+    print(f"\nanother customer's run started {time.monotonic() - since:.2f} s on")
+    wait_until_completed(cluster, [*held, thread_id])
+
+    client = first.client("t-u1")  # their runs ended: they may start again
+    again = client.threads.create()["thread_id"]
+    client.runs.wait(again, GRAPH, input={"task": refund_task(orders[-1])})
+    wait_until_completed(cluster, [again])
+    for order_id in [*orders[:PER_PRINCIPAL], orders[-1], "O-6199"]:
+        assert len(list_refunds(cluster.services, order_id)) == 1, order_id
+    assert list_refunds(cluster.services, more) == []
 
 
 def taken_over(

@@ -192,7 +192,8 @@ def parked_then_woken(customer: SyncLangGraphClient, served_sql: Callable[..., A
     assert served_sql("SELECT phase FROM lw_runs WHERE run_id = %s", thread_id) == [
         ("RECONCILING",)
     ]
-    assert customer.threads.get(thread_id)["status"] == "interrupted"
+    # Parked (or, on a loaded machine, already being woken: the first wake-up is due in 1 s).
+    assert customer.threads.get(thread_id)["status"] in ("interrupted", "busy")
     wait_for(
         lambda: (
             customer.threads.get(thread_id)["status"] == "idle"

@@ -1,33 +1,57 @@
-"""One run at a time on a thread, none queued behind it, and a bound per principal, on
-LangGraph's server.
+"""One run at a time on a thread, none queued behind it, and a bound per principal, on every
+engine.
 
 `langgraph dev` runs `RUN_SLOTS` runs at once (`loopwright serve` asks for them: its own
-default is one), starts queued runs oldest first, and looks past none whose thread is busy. Its default multitask strategy is `enqueue`, decided before the auth hook is called:
-so one client's second run on a thread with a run in flight would sit at the head of the queue
-and hold up every other user's runs and every approver's decision until the first one ended.
+default is one), starts queued runs oldest first, and looks past none whose thread is busy. Its
+default multitask strategy is `enqueue`, decided before the auth hook is called: so one client's
+second run on a thread with a run in flight would sit at the head of the queue and hold up every
+other user's runs and every approver's decision until the first one ended. Aegra ignores the
+multitask strategy and starts every run it is given: a second run on a busy thread takes one of
+the instance's job slots and waits there for loopwright's lease, so a client sending many would
+fill the slots everyone shares.
 
 The auth hook therefore admits a run on a thread only while no other is admitted there, and no
 more than `PER_PRINCIPAL` runs of one principal at once (so no principal fills the slots
-everyone shares: a 429 past it), and the served graph says when an admitted run starts and
-ends (`ThreadAdmissions`).
-A run admitted but never started (cancelled while pending, refused by the server after the
-hook) stops counting after `UNSTARTED_S`. This is per process, as LangGraph's in-memory server
-is one process; Aegra queues nothing behind a busy thread (it starts every run, and
-loopwright's lease serialises two on one thread), so the hook does not track its runs.
+everyone shares: a 429 past it), and the served graph says when an admitted run ends. A run
+admitted but never started (cancelled while pending, refused by the server after the hook) stops
+counting after `UNSTARTED_S`.
+
+On LangGraph's server (one process) the record is in memory (`ThreadAdmissions`); on Aegra it is
+in the database the instances share (`EngineAdmissions`), so the bound holds across instances
+and an instance that dies cannot hold anyone's place: a run counts while it holds a live lease.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+
+from loopwright.checkpoints.sql import Database
 
 # How long a run admitted on a thread may take to start before another may be admitted there.
 UNSTARTED_S = 10.0
 # Runs `langgraph dev` runs at once, and how many of them one principal may hold.
 RUN_SLOTS = 10
 PER_PRINCIPAL = 3
+# On an engine of many instances (more slots), the operator may allow one principal more.
+PER_PRINCIPAL_ENV = "LOOPWRIGHT_RUNS_PER_PRINCIPAL"
+
+
+def per_principal_from_env(environ: Mapping[str, str]) -> int:
+    """LOOPWRIGHT_RUNS_PER_PRINCIPAL, or `PER_PRINCIPAL`; ValueError naming the variable for a
+    value that is not a whole number from 1 up."""
+    raw = (environ.get(PER_PRINCIPAL_ENV) or "").strip()
+    if not raw:
+        return PER_PRINCIPAL
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(
+            f"{PER_PRINCIPAL_ENV}={raw!r}: how many runs one user may have in flight"
+            " is a whole number from 1 up"
+        )
+    return int(raw)
 
 
 class Refusal(Enum):
@@ -83,3 +107,69 @@ class ThreadAdmissions:
 
 
 admissions = ThreadAdmissions()
+
+
+# An admission holds while it is new (its run may not have started yet) or while its thread's
+# run holds a live lease (it runs, on whichever instance); the served graph deletes it when the
+# run's attempt ends, so a thread waiting for a person holds nobody's place.
+_HOLDS = """(a.admitted_at > now() - make_interval(secs => %s) OR EXISTS (
+    SELECT 1 FROM lw_runs r WHERE r.run_id = a.thread_id AND r.owner IS NOT NULL
+    AND r.lease_expires_at > now()))"""
+
+
+class EngineAdmissions:
+    """The same rules as `ThreadAdmissions` across the instances of an engine, recorded in
+    lw_admissions; each admission is one transaction holding advisory locks on the thread and
+    the principal, so two instances cannot both admit past a rule. A served run's id is its
+    thread's, so its lease in lw_runs says whether it runs."""
+
+    def __init__(
+        self, db: Database, unstarted_s: float = UNSTARTED_S, per_principal: int = PER_PRINCIPAL
+    ) -> None:
+        self.db = db
+        self.unstarted_s = unstarted_s
+        self.per_principal = per_principal
+
+    def admit(self, thread_id: str, principal: tuple[str, str]) -> Refusal | None:
+        """Admit a run of `principal` (tenant, user) on the thread, or say why not."""
+        tenant, user_id = principal
+        with self.db.transaction():
+            self.db.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('lw_admissions.thread'), hashtext(%s)),"
+                " pg_advisory_xact_lock(hashtext('lw_admissions.principal'), hashtext(%s))",
+                (thread_id, f"{tenant}/{user_id}"),
+            )
+            busy = self.db.one(
+                f"SELECT 1 FROM lw_admissions a WHERE a.thread_id = %s AND {_HOLDS}"
+                " UNION ALL SELECT 1 FROM lw_runs WHERE run_id = %s AND owner IS NOT NULL"
+                " AND lease_expires_at > now()",
+                (thread_id, self.unstarted_s, thread_id),
+            )
+            if busy is not None:
+                return Refusal.THREAD_BUSY
+            # What no longer holds goes: the principal's count reads only what does.
+            self.db.execute(
+                f"DELETE FROM lw_admissions a WHERE tenant = %s AND user_id = %s AND NOT {_HOLDS}",
+                (tenant, user_id, self.unstarted_s),
+            )
+            row = self.db.one(
+                "SELECT count(*) AS holding FROM lw_admissions WHERE tenant = %s AND user_id = %s",
+                (tenant, user_id),
+            )
+            if row is not None and row["holding"] >= self.per_principal:
+                return Refusal.PRINCIPAL_FULL
+            self.db.execute(
+                "INSERT INTO lw_admissions (thread_id, tenant, user_id, admitted_at)"
+                " VALUES (%s, %s, %s, now()) ON CONFLICT (thread_id) DO UPDATE SET"
+                " tenant = excluded.tenant, user_id = excluded.user_id,"
+                " admitted_at = excluded.admitted_at",
+                (thread_id, tenant, user_id),
+            )
+            return None
+
+    def started(self, thread_id: str) -> None:
+        """Nothing to note: a run that started holds its lease, which is what counts here."""
+
+    def ended(self, thread_id: str) -> None:
+        """The run's attempt on the thread ended (it ran out, waits for a person, or stopped)."""
+        self.db.write("DELETE FROM lw_admissions WHERE thread_id = %s", (thread_id,))

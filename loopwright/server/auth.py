@@ -46,7 +46,7 @@ from loopwright.graph.state import ApprovalDecision, ApprovalRequest, Phase, Pri
 from loopwright.graph.text import unstorable_in, validation_problems
 from loopwright.runner import WAKE_VALUE, EditRefused, UnknownRun
 from loopwright.server import identities
-from loopwright.server.admissions import Refusal, admissions
+from loopwright.server.admissions import Refusal
 from loopwright.server.engine import TENANT_KEY, USER_KEY, engine_identity
 from loopwright.server.inputs import (
     NEW_RUN_TAKES,
@@ -443,12 +443,11 @@ def stamp_owner(value: Any, kwargs: Mapping[str, Any], owner: str, tenant: str) 
 
 
 async def admit(user: User, thread_id: Any) -> None:
-    """On LangGraph's server (`server.admissions`): 409 while another run is admitted on the
-    thread and has not ended (one queued behind it would hold up everyone's), 429 while the
-    caller holds as many runs as one principal may."""
-    if (await aresources()).engine_threads.kept:
-        return  # Aegra queues nothing behind a thread: its runs start, leases serialise them
-    refusal = admissions.admit(str(thread_id), (user.tenant, user.user_id))
+    """`server.admissions`, on either engine: 409 while another run is admitted on the thread
+    and has not ended (one waiting behind it would hold up everyone's), 429 while the caller
+    holds as many runs as one principal may."""
+    admitting = (await aresources()).admissions
+    refusal = await asyncio.to_thread(admitting.admit, str(thread_id), (user.tenant, user.user_id))
     if refusal is Refusal.THREAD_BUSY:
         raise Auth.exceptions.HTTPException(
             status_code=409,
@@ -458,7 +457,7 @@ async def admit(user: User, thread_id: Any) -> None:
     if refusal is Refusal.PRINCIPAL_FULL:
         raise Auth.exceptions.HTTPException(
             status_code=429,
-            detail=f"you have {admissions.per_principal} runs in flight, as many as one user"
+            detail=f"you have {admitting.per_principal} runs in flight, as many as one user"
             " may: ask again once one has ended",
         )
 

@@ -77,7 +77,6 @@ from loopwright.runner import (
     worker_name,
     writer_version,
 )
-from loopwright.server.admissions import admissions
 from loopwright.server.inputs import (
     NewRun,
     RunRefused,
@@ -227,11 +226,14 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
             except BaseException as exc:
                 emit(_Failed(exc))
             finally:
-                emit(_END)
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_resolve, finished)
+                try:  # before the engine hears the run ended: a decision right after is admitted
+                    res.admissions.ended(thread_id)
+                finally:
+                    emit(_END)
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(_resolve, finished)
 
-        admissions.started(thread_id)
+        res.admissions.started(thread_id)
         threading.Thread(target=work, name=f"loopwright-run-{thread_id}", daemon=True).start()
         try:
             while (item := await queue.get()) is not _END:
@@ -249,8 +251,6 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                     pause.set()
                     await _settled(thread_id, finished, PAUSE_SETTLE_S)
             raise
-        finally:
-            admissions.ended(thread_id)
 
     def _advance(
         self,

@@ -41,6 +41,12 @@ from loopwright.checkpoints.leases import LeaseStore
 from loopwright.graph.roles import Roles
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
+from loopwright.server.admissions import (
+    EngineAdmissions,
+    ThreadAdmissions,
+    admissions,
+    per_principal_from_env,
+)
 from loopwright.server.engine import EngineThreads
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,9 @@ class ServerResources:
     engine_threads: EngineThreads
     # Where each run's checkpointer connection comes from (`checkpoints.database.pooled`).
     run_connections: ConnectionPool[psycopg.Connection[DictRow]]
+    # Who admits runs (`server.admissions`): the database the instances share on Aegra, this
+    # process's record on LangGraph's server.
+    admissions: ThreadAdmissions | EngineAdmissions
 
     @property
     def agent(self) -> Agent[object]:
@@ -175,7 +184,12 @@ def resources() -> ServerResources:
             spec, pool = _resources.runner.model_spec, _resources.run_connections
             _runner_stack.close()
         runner = _runner_stack.enter_context(open_runner(url, agent, deps=deps, model_spec=spec))
-        _resources = ServerResources(url, runner, EngineThreads(runner.leases.db), pool)
+        threads = EngineThreads(runner.leases.db)
+        admitting: ThreadAdmissions | EngineAdmissions = admissions
+        if threads.kept:  # many instances: the record they share, the operator's bound
+            bound = per_principal_from_env(os.environ)
+            admitting = EngineAdmissions(runner.leases.db, per_principal=bound)
+        _resources = ServerResources(url, runner, threads, pool, admitting)
         return _resources
 
 
@@ -188,6 +202,7 @@ def _configured() -> tuple[str, Agent[object], str | None]:
         spec = os.environ.get(MODEL_ENV) or None
         agent.chat_model(spec)
         lease_ttl_from_env()
+        per_principal_from_env(os.environ)
         TraceSettings.from_env()  # a tracing switch neither on nor off
     except (ValueError, TypeError) as exc:
         raise ServerMisconfigured(str(exc)) from exc
