@@ -233,7 +233,9 @@ def _v11_admissions(db: Database) -> None:
             admitted_at {timestamp} NOT NULL
         )"""
     )
-    db.execute("CREATE INDEX IF NOT EXISTS lw_admissions_principal ON lw_admissions (tenant, user_id)")
+    db.execute(
+        "CREATE INDEX IF NOT EXISTS lw_admissions_principal ON lw_admissions (tenant, user_id)"
+    )
 
 
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (

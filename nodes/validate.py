@@ -195,13 +195,13 @@ def _plan_write(
     key = open_intent_key(intent_key(contract, state["run_id"], args, call.revision), context)
     if context.journal.by_intent(key) is None:
         try:
-            contract.check_preconditions(context.tool_context(state), args)
+            contract.check_preconditions(context.tool_context(state, bounded=True), args)
         except ToolFault as fault:
             raise Refusal(fault.code, fault.detail) from fault
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
     needs_approval = edited_by is not None or contract.needs_approval(
-        context.tool_context(state), args
+        context.tool_context(state, bounded=True), args
     )
     proposed = Action(
         action_id=f"act_{digest(key)[:16]}",
@@ -336,7 +336,7 @@ def _apply_edit(
             raise Refusal("edit_not_allowed", f"an approver may not change {outside}")
         # The edited call's business rules are checked where it is planned, below.
         contract, args = check_call(
-            edited, context.tool_context(state), context, preconditions=False
+            edited, context.tool_context(state, bounded=True), context, preconditions=False
         )
         if contract.resources_of(args) != contract.resources_of(
             contract.args_model.model_validate(action.args)
@@ -380,7 +380,7 @@ def _apply_decision(
         return _apply_edit(call, record, action, state, context)
     if refusal is None:
         try:
-            check_call(call, context.tool_context(state), context)
+            check_call(call, context.tool_context(state, bounded=True), context)
         except Refusal as exc:
             refusal = exc.error
     if refusal is not None:
@@ -397,7 +397,7 @@ def _apply_decision(
 def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:validate:start")
     context = runtime.context
-    ctx = context.tool_context(state)
+    ctx = context.tool_context(state, bounded=True)
     decisions = {
         r["approval_id"]: ApprovalRecord.model_validate(r) for r in state.get("approvals") or []
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from loopwright.graph.budget import Budget
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ActionStatus, StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.nodes import validate as validate_node
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner, open_runner
 from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
@@ -113,6 +115,41 @@ def test_deadline_bounds_each_call_own_timeout(
     assert outcome.stop_reason == StopReason.DEADLINE_EXCEEDED
     assert given and all(bounded <= 1.5 for _, bounded in given), given
     assert any(own > 1.5 for own, _ in given), given  # not the 5 s read timeout
+
+
+def submits_at_once(messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]) -> Decision:
+    """A refund of O-42 asked for before anything is read; then the end."""
+    if any(isinstance(m, ToolMessage) for m in messages):
+        return Decision(content="Done.")
+    args = {"order_id": "O-42", "amount": "20.00", "currency": "USD", "reason": "damaged"}
+    return Decision(tool_calls=[("submit_refund", args)])
+
+
+def test_a_writes_precondition_reads_are_bounded_by_the_runs_deadline(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking a write's preconditions reads the business system (the refund's order and
+    policy): those reads get what is left of the run's deadline, as a tool's own reads do, so a
+    slow policy service cannot hold the run past it (they were given their own 5 s)."""
+    given: list[tuple[bool, float, float]] = []  # (bounded by a deadline, own timeout, given)
+    own_timeout = ToolContext.timeout
+
+    def recorded(ctx: ToolContext[Any], seconds: float) -> float:
+        bounded = own_timeout(ctx, seconds)
+        # The validate node's reads (verify's, once the deadline has passed, are not bounded:
+        # the run's ending must still say what it did).
+        if any(frame.filename == validate_node.__file__ for frame in inspect.stack()):
+            given.append((ctx.deadline is not None, seconds, bounded))
+        return bounded
+
+    monkeypatch.setattr(ToolContext, "timeout", recorded)
+    slow_down(services.policies, 8.0)  # slower than the read timeout, far past the deadline
+    with open_test_runner(model=scripted(submits_at_once), budget=Budget(deadline_s=1.5)) as runner:
+        outcome = run(runner, DEMO_TASK)
+    assert outcome.stop_reason == StopReason.DEADLINE_EXCEEDED
+    assert given and all(deadline and bounded <= 1.5 for deadline, _, bounded in given), given
+    assert any(own > 1.5 for _, own, _ in given), given  # not the 5 s read timeout
+    assert list_refunds(services, "O-42") == []
 
 
 def test_budget_exhausted_by_tokens(open_test_runner: RunnerFactory) -> None:
