@@ -109,25 +109,30 @@ class ThreadAdmissions:
 admissions = ThreadAdmissions()
 
 
-# An admission holds while it is new (its run may not have started yet) or while its thread's
-# run holds a live lease (it runs, on whichever instance); the served graph deletes it when the
-# run's attempt ends, so a thread waiting for a person holds nobody's place.
-_HOLDS = """(a.admitted_at > now() - make_interval(secs => %s) OR EXISTS (
-    SELECT 1 FROM lw_runs r WHERE r.run_id = a.thread_id AND r.owner IS NOT NULL
-    AND r.lease_expires_at > now()))"""
+# Aegra's own record of runs (aegra_api.core.orm.Run): thread_id, status.
+_ENGINE_RUNS = "runs"
+# The gap between the hook's admission and the engine's record of the run it admitted (the same
+# request, milliseconds apart); a run the engine refuses after the hook holds its thread no longer.
+RECORDING_S = 2.0
+# An admission holds while it is new (the engine has not recorded its run yet), while the engine
+# has a run on its thread queued or running (on any instance), or while that run holds a live
+# lease (an attempt the engine re-queued); the served graph deletes it as the run's attempt ends,
+# so a thread waiting for a person holds nobody's place.
+_HOLDS = f"""(a.admitted_at > now() - make_interval(secs => %s)
+    OR EXISTS (SELECT 1 FROM {_ENGINE_RUNS} e WHERE e.thread_id = a.thread_id
+        AND e.status IN ('pending', 'running'))
+    OR EXISTS (SELECT 1 FROM lw_runs r WHERE r.run_id = a.thread_id AND r.owner IS NOT NULL
+        AND r.lease_expires_at > now()))"""
 
 
 class EngineAdmissions:
-    """The same rules as `ThreadAdmissions` across the instances of an engine, recorded in
-    lw_admissions; each admission is one transaction holding advisory locks on the thread and
-    the principal, so two instances cannot both admit past a rule. A served run's id is its
-    thread's, so its lease in lw_runs says whether it runs."""
+    """The same rules as `ThreadAdmissions` across the instances of Aegra, recorded in
+    lw_admissions beside the engine's own runs table; each admission is one transaction holding
+    advisory locks on the thread and the principal, so two instances cannot both admit past a
+    rule. A served run's id is its thread's, so its lease in lw_runs says whether it runs."""
 
-    def __init__(
-        self, db: Database, unstarted_s: float = UNSTARTED_S, per_principal: int = PER_PRINCIPAL
-    ) -> None:
+    def __init__(self, db: Database, per_principal: int = PER_PRINCIPAL) -> None:
         self.db = db
-        self.unstarted_s = unstarted_s
         self.per_principal = per_principal
 
     def admit(self, thread_id: str, principal: tuple[str, str]) -> Refusal | None:
@@ -139,18 +144,22 @@ class EngineAdmissions:
                 " pg_advisory_xact_lock(hashtext('lw_admissions.principal'), hashtext(%s))",
                 (thread_id, f"{tenant}/{user_id}"),
             )
+            # The thread's admission, or a run of it that began without one (before this
+            # record, or a run the engine re-queued), in flight.
             busy = self.db.one(
                 f"SELECT 1 FROM lw_admissions a WHERE a.thread_id = %s AND {_HOLDS}"
+                f" UNION ALL SELECT 1 FROM {_ENGINE_RUNS} WHERE thread_id = %s"
+                " AND status IN ('pending', 'running')"
                 " UNION ALL SELECT 1 FROM lw_runs WHERE run_id = %s AND owner IS NOT NULL"
                 " AND lease_expires_at > now()",
-                (thread_id, self.unstarted_s, thread_id),
+                (thread_id, RECORDING_S, thread_id, thread_id),
             )
             if busy is not None:
                 return Refusal.THREAD_BUSY
             # What no longer holds goes: the principal's count reads only what does.
             self.db.execute(
                 f"DELETE FROM lw_admissions a WHERE tenant = %s AND user_id = %s AND NOT {_HOLDS}",
-                (tenant, user_id, self.unstarted_s),
+                (tenant, user_id, RECORDING_S),
             )
             row = self.db.one(
                 "SELECT count(*) AS holding FROM lw_admissions WHERE tenant = %s AND user_id = %s",
