@@ -80,8 +80,12 @@ class ThreadAdmissions:
         self._lock = threading.Lock()
         self._admitted: dict[str, _Admission] = {}
 
-    def admit(self, thread_id: str, principal: tuple[str, str]) -> Refusal | None:
-        """Admit a run of `principal` (tenant, user) on the thread, or say why not."""
+    def admit(
+        self, thread_id: str, principal: tuple[str, str], *, bounded: bool = True
+    ) -> Refusal | None:
+        """Admit a run of `principal` (tenant, user) on the thread, or say why not; a run not
+        `bounded` (the server continuing one it admitted before) is refused for a busy thread
+        only."""
         now = time.monotonic()
         with self._lock:
             held = self._admitted.get(thread_id)
@@ -91,7 +95,7 @@ class ThreadAdmissions:
                 a.principal == principal and a.holds(now, self.unstarted_s)
                 for a in self._admitted.values()
             )
-            if holding >= self.per_principal:
+            if bounded and holding >= self.per_principal:
                 return Refusal.PRINCIPAL_FULL
             self._admitted[thread_id] = _Admission(principal, now)
             return None
@@ -135,8 +139,10 @@ class EngineAdmissions:
         self.db = db
         self.per_principal = per_principal
 
-    def admit(self, thread_id: str, principal: tuple[str, str]) -> Refusal | None:
-        """Admit a run of `principal` (tenant, user) on the thread, or say why not."""
+    def admit(
+        self, thread_id: str, principal: tuple[str, str], *, bounded: bool = True
+    ) -> Refusal | None:
+        """As `ThreadAdmissions.admit`."""
         tenant, user_id = principal
         with self.db.transaction():
             self.db.execute(
@@ -165,7 +171,7 @@ class EngineAdmissions:
                 "SELECT count(*) AS holding FROM lw_admissions WHERE tenant = %s AND user_id = %s",
                 (tenant, user_id),
             )
-            if row is not None and row["holding"] >= self.per_principal:
+            if bounded and row is not None and row["holding"] >= self.per_principal:
                 return Refusal.PRINCIPAL_FULL
             self.db.execute(
                 "INSERT INTO lw_admissions (thread_id, tenant, user_id, admitted_at)"

@@ -29,6 +29,7 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -442,12 +443,13 @@ def stamp_owner(value: Any, kwargs: Mapping[str, Any], owner: str, tenant: str) 
             metadata.update({USER_KEY: owner, TENANT_KEY: tenant})
 
 
-async def admit(user: User, thread_id: Any) -> None:
+async def admit(user: User, thread_id: Any, *, bounded: bool = True) -> None:
     """`server.admissions`, on either engine: 409 while another run is admitted on the thread
     and has not ended (one waiting behind it would hold up everyone's), 429 while the caller
-    holds as many runs as one principal may."""
+    holds as many runs as one principal may (unless not `bounded`)."""
     admitting = (await aresources()).admissions
-    refusal = await asyncio.to_thread(admitting.admit, str(thread_id), (user.tenant, user.user_id))
+    admit_one = functools.partial(admitting.admit, bounded=bounded)
+    refusal = await asyncio.to_thread(admit_one, str(thread_id), (user.tenant, user.user_id))
     if refusal is Refusal.THREAD_BUSY:
         raise Auth.exceptions.HTTPException(
             status_code=409,
@@ -609,7 +611,9 @@ async def service_wake(
         raise _forbidden("the service identity only wakes runs parked in a reconciliation")
     run_user = User(user_id=run.user_id, roles=(), tenant=run.tenant)
     stamp_owner(value, kwargs, run.user_id, run.tenant)
-    await admit(run_user, value.get("thread_id"))
+    # Not bounded by the user's runs in flight: a write whose outcome is not known yet must be
+    # found out however many other runs its user keeps busy.
+    await admit(run_user, value.get("thread_id"), bounded=False)
     return _filter(run_user, None)  # the run user's own thread
 
 
