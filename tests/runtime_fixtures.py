@@ -35,9 +35,9 @@ from loopwright_refunds.agent import RefundServices, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from loopwright_refunds.services.launcher import start_services
 from loopwright_refunds.services.orders import SEED_ORDERS
 from tests.openai_server import MODEL, ModelFactory, OpenAIStub
+from tests.services_host import ServicesHost
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
@@ -45,11 +45,20 @@ DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
 UNCRASHED_MODEL_CALLS = 5
 
 
+@pytest.fixture(scope="session")
+def services_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesHost]:
+    """The process that serves each test of this pytest process its own services
+    (`tests.services_host`): started once, not once per test."""
+    with ServicesHost(tmp_path_factory.mktemp("services-host") / "host.log") as host:
+        yield host
+
+
 @pytest.fixture
-def services(tmp_path: Path) -> Iterator[ServiceEndpoints]:
-    """The reference services on fresh storage: every test starts from the seeded orders."""
-    with start_services(tmp_path / "services") as running:
-        yield running.endpoints
+def services(services_host: ServicesHost, tmp_path: Path) -> Iterator[ServiceEndpoints]:
+    """The reference services on fresh storage: every test starts from the seeded orders.
+    A test that kills or restarts them starts its own (`start_services`)."""
+    with services_host.serving(tmp_path / "services") as endpoints:
+        yield endpoints
 
 
 RunnerFactory = Callable[..., AbstractContextManager[Runner]]
