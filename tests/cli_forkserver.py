@@ -25,13 +25,13 @@ import locale
 import os
 import runpy
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,11 +56,12 @@ class CliServer(ChildProcess):
     """The server process, as its pytest process sees it."""
 
     def __init__(self) -> None:
-        # Not under pytest's temp dirs: a socket's path has at most 107 bytes.
-        self.directory = Path(tempfile.mkdtemp(prefix="lw-cli-"))
-        self.address = str(self.directory / "cli.sock")
+        # In Linux's abstract namespace (the leading NUL): no file, so nothing is left behind
+        # by a server that is killed.
+        name = f"loopwright-cli-{uuid.uuid4().hex}"
+        self.address = f"\0{name}"
         process, lifeline = spawn(
-            [sys.executable, "-m", "tests.cli_forkserver", self.address],
+            [sys.executable, "-m", "tests.cli_forkserver", name],
             stdin=subprocess.DEVNULL,
             cwd=REPO,
         )
@@ -92,17 +93,13 @@ class CliServer(ChildProcess):
                 [sys.executable, "-m", "loopwright", *argv], code, _text(stdout), _text(stderr)
             )
 
-    def stop(self) -> None:
-        super().stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
     def _connect(self, conn: socket.socket, deadline: float) -> None:
         """Connect, once the server listens (it may still be importing)."""
         while True:
             try:
                 conn.connect(self.address)
                 return
-            except (FileNotFoundError, ConnectionRefusedError):
+            except ConnectionRefusedError:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"the CLI server exited {self.process.returncode}") from None
                 if time.monotonic() > deadline:
@@ -143,7 +140,7 @@ def _text(output: IO[bytes]) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _serve(address: str) -> dict[str, Any] | None:
+def _serve(name: str) -> dict[str, Any] | None:
     """Accept commands until the lifeline ends; in a forked child, return its command."""
     for module in PRELOADED:
         importlib.import_module(module)
@@ -151,7 +148,7 @@ def _serve(address: str) -> dict[str, Any] | None:
 
     lifeline = int(os.environ.pop(LIFELINE_ENV))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(address)
+    listener.bind(f"\0{name}")
     listener.listen(16)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
