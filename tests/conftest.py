@@ -35,12 +35,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # `make test-quick` (`-m quick`): every module's core behaviour in a minute or so, for someone
 # changing one part. Quick are the tests neither slow nor on Postgres (the SQLite half of each
-# database test is), except where a module's tests each start a process: there the module's
-# first such test stands for the rest (each module puts its core behaviour first). A test starts
-# one when it takes the reference services (STARTS_A_PROCESS: a child process per test), or
-# when its module is below (its tests run the command line, a server or a benchmark script).
+# database test is), except where a module's tests each drive a whole run or start a process:
+# there the module's first such test stands for the rest (each module puts its core behaviour
+# first). A test does when it takes the reference services (RUNS_ON_SERVICES: a set of its own,
+# from the worker's services host, and the run against them), or when its module is below (its
+# tests run the command line, a server or a benchmark script).
 # So chosen, quick is 352 of the suite's 997 tests and about a tenth of its CPU time.
-STARTS_A_PROCESS = frozenset({"services"})
+RUNS_ON_SERVICES = frozenset({"services"})
 ONE_STANDS_FOR_THE_MODULE = frozenset(
     {
         "test_cli.py",
@@ -67,7 +68,7 @@ def _mark_quick(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("slow") or item.get_closest_marker("postgres"):
             continue
         module = item.path.name
-        starts = STARTS_A_PROCESS.intersection(getattr(item, "fixturenames", ()))
+        starts = RUNS_ON_SERVICES.intersection(getattr(item, "fixturenames", ()))
         if module in ONE_STANDS_FOR_THE_MODULE or starts:
             if module in represented:
                 continue
@@ -92,23 +93,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 LONGEST_FIRST = (
     "test_outside_app.py",
     "test_authorization_matrix.py",
-    "test_approvals.py",
-    "test_retention.py",
-    "test_crash_matrix.py",
-    "test_cli.py",
-    "test_readme_walkthrough.py",
-    "test_nothing_outlives_a_test_run.py",
-    "test_fuzz_calls.py",
     "test_aegra_upgrade.py",
-    "test_aegra_scaleout.py",
+    "test_readme_walkthrough.py",
+    "test_fuzz_calls.py",
+    "test_cli.py",
+    "test_nothing_outlives_a_test_run.py",
     "test_experiment_small.py",
-    "test_cli_json.py",
-    "test_served_cost_benchmark.py",
+    "test_aegra_scaleout.py",
     "test_faults.py",
-    "test_aegra_approvals.py",
-    "test_tracing.py",
-    "test_two_workers.py",
     "test_chaos.py",
+    "test_aegra_approvals.py",
+    "test_operating.py",
+    "test_throughput_benchmark.py",
+    "test_approvals.py",
+    "test_served_jwt.py",
 )
 
 

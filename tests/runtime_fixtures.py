@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -35,9 +34,10 @@ from loopwright_refunds.agent import RefundServices, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from loopwright_refunds.services.launcher import start_services
 from loopwright_refunds.services.orders import SEED_ORDERS
+from tests import cli_forkserver
 from tests.openai_server import MODEL, ModelFactory, OpenAIStub
+from tests.services_host import ServicesHost
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
@@ -45,11 +45,20 @@ DEMO_TASK = "Check whether order O-42 can be refunded and refund it if so."
 UNCRASHED_MODEL_CALLS = 5
 
 
+@pytest.fixture(scope="session")
+def services_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesHost]:
+    """The process that serves each test of this pytest process its own services
+    (`tests.services_host`): started once, not once per test."""
+    with ServicesHost(tmp_path_factory.mktemp("services-host") / "host.log") as host:
+        yield host
+
+
 @pytest.fixture
-def services(tmp_path: Path) -> Iterator[ServiceEndpoints]:
-    """The reference services on fresh storage: every test starts from the seeded orders."""
-    with start_services(tmp_path / "services") as running:
-        yield running.endpoints
+def services(services_host: ServicesHost, tmp_path: Path) -> Iterator[ServiceEndpoints]:
+    """The reference services on fresh storage: every test starts from the seeded orders.
+    A test that kills or restarts them starts its own (`start_services`)."""
+    with services_host.serving(tmp_path / "services") as endpoints:
+        yield endpoints
 
 
 RunnerFactory = Callable[..., AbstractContextManager[Runner]]
@@ -192,23 +201,27 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin,
     in `cwd` (an application's directory); with `expect`, fail unless it exits with that code
-    (`loopwright.reports.EXIT_CODES`)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "loopwright", *args],
-        # Never the terminal pytest may have been started from: a prompt must not wait for it.
-        stdin=subprocess.DEVNULL,
+    (`loopwright.reports.EXIT_CODES`). The process is forked from a server that has imported
+    what every command imports (`tests.cli_forkserver`), not started from scratch."""
+    result = cli_forkserver.shared().run(
+        list(args),
         # Short leases: a crashed process's lease expires quickly, so resuming waits little.
         env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
         cwd=cwd,
+        timeout=timeout,
     )
     if expect is not None and result.returncode != expect:
         raise AssertionError(
             f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_cli_forkserver() -> Iterator[None]:
+    """Stop this process's command-line server, if a test started it."""
+    yield
+    cli_forkserver.stop_shared()
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """Usage errors of every command: one line and the usage, exit 2, never a traceback.
 
 typer ships its own copy of click; the CLI catches the exceptions of the click typer really
-uses (`loopwright.cli.CLICK_ERRORS`). Every command and group is tried in a new process, as a
-user types it: with an option it does not have, and without what it requires.
+uses (`loopwright.cli.CLICK_ERRORS`). Every command and group is tried in a new process
+(`runtime_fixtures.cli`), as a user types it: with an option it does not have, and without what
+it requires.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typer.core import TyperOption
 
 from loopwright import __version__
 from loopwright.cli import app
-from tests.runtime_fixtures import PATIENCE_S, REPO
+from tests.runtime_fixtures import PATIENCE_S, REPO, cli
 
 
 def command_paths() -> list[tuple[str, ...]]:
@@ -31,22 +32,9 @@ def command_paths() -> list[tuple[str, ...]]:
     return paths
 
 
-def loopwright(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`loopwright ARGS` in a new process, with `env` set besides the environment."""
-    return subprocess.run(
-        [sys.executable, "-m", "loopwright", *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        timeout=PATIENCE_S,
-    )
-
-
 @pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "loopwright")
 def test_an_unknown_option_is_one_line_and_the_usage(path: tuple[str, ...]) -> None:
-    result = loopwright(*path, "--frobnicate")
+    result = cli(*path, "--frobnicate", env={})
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stderr.strip().splitlines()
@@ -67,7 +55,7 @@ def test_an_unknown_option_is_one_line_and_the_usage(path: tuple[str, ...]) -> N
     ids=" ".join,
 )
 def test_a_missing_argument_or_option_is_one_line_and_the_usage(args: tuple[str, ...]) -> None:
-    result = loopwright(*args)
+    result = cli(*args, env={})
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -76,13 +64,13 @@ def test_a_missing_argument_or_option_is_one_line_and_the_usage(args: tuple[str,
 
 @pytest.mark.parametrize("args", [(), ("approvals",)], ids=["loopwright", "approvals"])
 def test_a_group_without_a_command_prints_its_help(args: tuple[str, ...]) -> None:
-    result = loopwright(*args)
+    result = cli(*args, env={})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "Usage: loopwright" in result.stdout
 
 
 def test_version() -> None:
-    result = loopwright("--version")
+    result = cli("--version", env={})
     assert (result.returncode, result.stdout.strip()) == (0, f"loopwright {__version__}")
 
 
@@ -121,7 +109,7 @@ def test_every_argument_and_option_is_described() -> None:
 def test_help_shows_what_to_type(path: tuple[str, ...]) -> None:
     """A flag takes no value, so its help shows no `<bool>`; an option shows its value's name;
     a group's help lists every command it has."""
-    result = loopwright(*path, "--help")
+    result = cli(*path, "--help", env={})
     assert result.returncode == 0, result.stderr
     assert "<bool>" not in result.stdout and "<str>  " not in result.stdout.split("Options")[-1]
     group = typer.main.get_command(app)
@@ -176,7 +164,7 @@ def test_a_number_out_of_an_options_range_is_one_line_and_the_usage(
     path: tuple[str, ...], option: str, value: str, tmp_path: Path
 ) -> None:
     """Not a traceback from wherever it would first overflow (a timer, a date, a socket)."""
-    result = loopwright(*path, f"{option}={value}", env={"LOOPWRIGHT_HOME": str(tmp_path)})
+    result = cli(*path, f"{option}={value}", env={"LOOPWRIGHT_HOME": str(tmp_path)})
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"loopwright: error: Invalid value for '{option}'"), lines
@@ -188,7 +176,7 @@ def test_a_lease_time_to_live_that_is_no_number_of_seconds_is_one_line(
     value: str, tmp_path: Path
 ) -> None:
     """LOOPWRIGHT_LEASE_TTL_S is read before anything opens, and named when it is wrong."""
-    result = loopwright(
+    result = cli(
         "run",
         "Read order O-42.",
         "--user",
@@ -216,7 +204,7 @@ def test_a_tracing_switch_neither_on_nor_off_is_one_line(
 ) -> None:
     """A typo in a switch is named, not read as "on": `of` traced every run, and `ture` left
     tool arguments out of the trace while the operator thought them in."""
-    result = loopwright(
+    result = cli(
         *("run", "Read order O-42.", "--user", "u-1"),
         env={"LOOPWRIGHT_HOME": str(tmp_path), variable: value},
     )
@@ -235,7 +223,7 @@ def test_a_home_that_cannot_be_a_directory_is_one_line(
     line, not a FileExistsError's traceback. (The embedded default's home: no DATABASE_URL.)"""
     home = tmp_path / "a-file"
     home.write_text("not a directory")
-    result = loopwright(*command, env={"LOOPWRIGHT_HOME": str(home), "DATABASE_URL": ""})
+    result = cli(*command, env={"LOOPWRIGHT_HOME": str(home), "DATABASE_URL": ""})
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"loopwright: error: LOOPWRIGHT_HOME={home} cannot be the directory of loopwright's"

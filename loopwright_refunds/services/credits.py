@@ -12,6 +12,8 @@ payments service's fault switch, so the same failures can be injected.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -60,7 +62,13 @@ class CreditAccount(BaseModel):
 
 def credits_router(db_path: Path, faults: FaultSwitch) -> APIRouter:
     db = open_database(db_path, SCHEMA)
-    router = APIRouter()
+
+    @asynccontextmanager
+    async def lifespan(_: APIRouter) -> AsyncIterator[None]:
+        yield
+        db.close()  # the app stops: no handle outlives it in a process that serves on
+
+    router = APIRouter(lifespan=lifespan)
 
     def account(user_id: str) -> CreditAccount:
         rows = db.execute(

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -70,9 +70,11 @@ async def serve(
     ready_file: Path | None = None,
     ports: tuple[int, int, int] = (0, 0, 0),
     host: str = HOST,
+    stop_when: asyncio.Event | None = None,
 ) -> None:
     """Serve orders, policies and payments (ports in that order) on `host` until SIGTERM or
-    SIGINT.
+    SIGINT, or, given `stop_when`, until that is set (signals are then left to the caller: a
+    process serving several sets of services one after another, each on fresh storage).
 
     The ready file exists exactly while all three listen: written once they do, removed on exit.
     """
@@ -99,9 +101,13 @@ async def serve(
         for server in servers:
             server.should_exit = True
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
+    watcher = None
+    if stop_when is None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+    else:
+        watcher = asyncio.create_task(_call_when_set(stop_when, stop))
     tasks = [
         asyncio.create_task(server.serve(sockets=[sock]))
         for server, (_, sock) in zip(servers, apps, strict=True)
@@ -114,8 +120,15 @@ async def serve(
     else:
         _publish(endpoints, ready_file)
     await asyncio.gather(*tasks)
+    if watcher is not None:
+        watcher.cancel()
     if ready_file is not None:
         ready_file.unlink(missing_ok=True)  # stopped: the endpoints are no longer true
+
+
+async def _call_when_set(event: asyncio.Event, stop: Callable[[], None]) -> None:
+    await event.wait()
+    stop()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
