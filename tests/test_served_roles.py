@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from loopwright_refunds.services.admin import create_order, list_refunds
-from tests.ports import reserved_port
+from tests.ports import reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, cli
 from tests.test_server_langgraph import (
     GRAPH,
@@ -158,7 +158,7 @@ def test_serving_the_desk_on_the_development_tokens_says_their_roles_grant_nothi
     there (an unreachable Redis then stops it before anything starts)."""
     pytest.importorskip("aegra_api")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_TOKENS")}
-    with reserved_port() as port:
+    with reserved_ports(2) as port:  # two instances, on port and the next
         served = cli(
             *("serve", "--engine", "aegra", "--dev-tokens", "--port", str(port)),
             *("--agent", DESK_AGENT["LOOPWRIGHT_AGENT"], "--db", postgres_url),
