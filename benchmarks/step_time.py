@@ -34,6 +34,17 @@ Beside each step ratio, what LangGraph's own work on the supersteps loopwright h
 bare agent costs at the least (`benchmarks.superstep_floor`, measured first, in this process):
 the part of the ratio that only fewer supersteps could take away. Where a goal is not met the
 script says where loopwright's time goes (cProfile, top functions).
+
+Against the other durable choice: where DBOS Transact is installed (a dev dependency), each round
+also runs the same work as DBOS's minimal durable workflow, each decision and each tool call a
+checkpointed step (`benchmarks.dbos_flow`: its system database a fresh Postgres database on the
+same server, or an SQLite file), and the same decisions and tool calls with no durability at
+all; goal: loopwright / DBOS per tool step <= 1.0x at every length. What each costs above the
+work itself is printed, loopwright's split into its node commits, LangGraph's superstep floor and
+the rest; DBOS's database work a tool step beside loopwright's (Postgres); where loopwright's tool
+step is not known to be within DBOS's, both profiles. DBOS keeps fewer guarantees: it records a
+step's output after the step, so a step interrupted by a crash runs again, where loopwright
+journals a write before sending it and fences every commit with the run's lease.
 """
 
 from __future__ import annotations
@@ -60,7 +71,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from benchmarks import dbos_flow
 from benchmarks.db_work import DbWork, Mark, traced_connections, wal_position
+from benchmarks.dbos_flow import Flow
 from benchmarks.perf_setup import (
     PRINCIPAL,
     TASK,
@@ -87,6 +100,7 @@ from loopwright.runner import Runner
 STEP_GOALS = {10: 1.0, 100: 0.5}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 1.5
 BYTES_GOAL = 4.0  # bytes a tool step sends, and writes to the WAL, / the observation's
+DBOS_GOAL = 1.0  # loopwright / DBOS Transact per tool step, at every length
 # Rounds go on past --rounds while the step ratio's median is known to less than this (the
 # width of its 95% interval), up to --max-rounds.
 SPREAD_GOAL = 0.05
@@ -485,6 +499,7 @@ class Length:
     commit_ratio: Spread  # replayed / raw: the commit alone against the INSERT alone
     commit_bytes: int
     wal: WalPages | None  # SQLite only
+    dbos: Versus | str  # DBOS Transact's figures, or why it was not timed
 
     @property
     def step_goal(self) -> float | None:
@@ -499,7 +514,22 @@ class Length:
     def verdicts(self) -> list[Verdict]:
         goal = self.step_goal
         step = [Verdict.of(self.step_ratio, goal)] if goal is not None else []
-        return [*step, Verdict.of(self.commit_ratio, COMMIT_GOAL)]
+        dbos = [Verdict.of(self.dbos.ratio, DBOS_GOAL)] if isinstance(self.dbos, Versus) else []
+        return [*step, Verdict.of(self.commit_ratio, COMMIT_GOAL), *dbos]
+
+
+@dataclass(frozen=True)
+class Versus:
+    """DBOS Transact doing the same work in the same rounds, and the same work done with no
+    durability at all: what each system costs above it, each round's difference."""
+
+    dbos_ms: Spread
+    ratio: Spread  # loopwright / DBOS per tool step, each round's
+    plain_ms: Spread
+    loopwright_above: Spread  # loopwright's tool step less the plain one's, ms
+    dbos_above: Spread
+    version: str
+    where: str
 
 
 @dataclass(frozen=True)
@@ -514,6 +544,8 @@ class Work:
     loopwright_run: dict[str, DbWork]
     bare_run: dict[str, DbWork]
     observation: int  # a tool step's observation (the median), bytes as the model sees it
+    dbos: DbWork | str  # DBOS's, or why it was not counted
+    dbos_run: dict[str, DbWork]
 
     def to_observation(self, work_bytes: int) -> float:
         """Bytes of a tool step's work over the observation it carries."""
@@ -526,6 +558,8 @@ class StepFigures:
     work: Work | None = None
     floor: Floor | None = None
     profile: cProfile.Profile | None = None
+    # Where loopwright's tool step was not known to be within DBOS's: DBOS's run profiled.
+    dbos_profile: tuple[Length, cProfile.Profile] | None = None
 
     @property
     def first_unmet(self) -> Length | None:
@@ -541,16 +575,36 @@ class StepFigures:
 
 
 def measure_length(
-    bench: Bench, backend: Backend, steps: int, rounds: int, max_rounds: int
+    bench: Bench,
+    backend: Backend,
+    steps: int,
+    rounds: int,
+    max_rounds: int,
+    flow: Flow | str = dbos_flow.NOT_INSTALLED,
 ) -> Length:
     """At least `rounds` rounds, and more (up to `max_rounds`) while the step ratio's median is
-    known to less than SPREAD_GOAL (the width of its 95% interval)."""
+    known to less than SPREAD_GOAL (the width of its 95% interval). A round runs each system
+    once, the first of them in turn: the bare agent, loopwright and, with a launched `flow`,
+    DBOS's workflow and the same work with no durability."""
     run_loopwright(bench, backend, min(steps, 5))  # warm: imports, connections, caches
     run_bare(bench, backend, min(steps, 5))
     ours: list[Measured] = []
     bare: list[Measured] = []
+    dbos: list[float] = []
+    plain: list[float] = []
     raw: list[float] = []
     replayed: list[float] = []
+    runs: list[Callable[[], None]] = [
+        lambda: bare.append(run_bare(bench, backend, steps)),
+        lambda: ours.append(run_loopwright(bench, backend, steps)),
+    ]
+    if isinstance(flow, Flow):
+        for warm in (flow.run, flow.plain):
+            tool_step_ms(warm, min(steps, 5))
+        runs += [
+            lambda: dbos.append(tool_step_ms(flow.run, steps)),
+            lambda: plain.append(tool_step_ms(flow.plain, steps)),
+        ]
 
     def spread_too_wide() -> bool:
         low, high = Spread(tuple(_ratios(ours, bare))).interval
@@ -558,12 +612,8 @@ def measure_length(
 
     n = 0
     while n < rounds or (n < max_rounds and spread_too_wide()):
-        if n % 2:
-            ours.append(run_loopwright(bench, backend, steps))
-            bare.append(run_bare(bench, backend, steps))
-        else:
-            bare.append(run_bare(bench, backend, steps))
-            ours.append(run_loopwright(bench, backend, steps))
+        for one in runs[n % len(runs) :] + runs[: n % len(runs)]:
+            one()
         commit_bytes = ours[-1].bytes_written // max(1, ours[-1].commits.puts)
         raw.append(backend.raw_commit_ms(commit_bytes))
         replayed.append(replayed_commit_ms(backend, ours[-1].commits.calls))
@@ -583,7 +633,42 @@ def measure_length(
         wal=sqlite_wal_pages(backend, ours[-1].commits.calls, commit_bytes)
         if backend.is_sqlite
         else None,
+        dbos=_versus(flow, ours, dbos, plain),
     )
+
+
+def tool_step_ms(run: Callable[[int], int], steps: int) -> float:
+    """One run of `steps` tool steps by `run` (it returns how many tool calls it made): its
+    wall time, ms per tool step."""
+    started = time.perf_counter()
+    calls = run(steps)
+    elapsed = time.perf_counter() - started
+    assert calls == steps, f"{calls} tool calls, not {steps}"
+    return 1000 * elapsed / steps
+
+
+def _versus(
+    flow: Flow | str, ours: Sequence[Measured], dbos: Sequence[float], plain: Sequence[float]
+) -> Versus | str:
+    """DBOS's figures from each round's times, or why there are none."""
+    if isinstance(flow, str):
+        return flow
+    ours_ms = [m.per_step_ms for m in ours]
+    return Versus(
+        dbos_ms=Spread(tuple(dbos)),
+        ratio=Spread(tuple(o / d for o, d in zip(ours_ms, dbos, strict=True))),
+        plain_ms=Spread(tuple(plain)),
+        loopwright_above=Spread(tuple(o - p for o, p in zip(ours_ms, plain, strict=True))),
+        dbos_above=Spread(tuple(d - p for d, p in zip(dbos, plain, strict=True))),
+        version=flow.version,
+        where=flow.where,
+    )
+
+
+def _behind_dbos(length: Length) -> bool:
+    """Whether loopwright's tool step was not known to be within DBOS's at this length."""
+    versus = length.dbos
+    return isinstance(versus, Versus) and Verdict.of(versus.ratio, DBOS_GOAL) is not Verdict.MET
 
 
 def _ratios(ours: Sequence[Measured], bare: Sequence[Measured]) -> list[float]:
@@ -591,9 +676,10 @@ def _ratios(ours: Sequence[Measured], bare: Sequence[Measured]) -> list[float]:
     return [o.per_step_ms / b.per_step_ms for o, b in zip(ours, bare, strict=True)]
 
 
-def measure_work(bench: Bench, backend: Backend) -> Work:
-    """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems; and by
-    phase, a k-step run's less k tool steps' (2 short - long)."""
+def measure_work(bench: Bench, backend: Backend, dbos_url: str) -> Work:
+    """Wire counts of a 2k-step run less a k-step one, per tool step, for every system (DBOS's
+    with its system database at `dbos_url`, where it runs); and by phase, a k-step run's less k
+    tool steps' (2 short - long)."""
 
     def traced(run: Callable[[int, list[Mark]], Measured], steps: int) -> tuple[Phases, Measured]:
         start = wal_position(backend.url)  # read on a connection of its own, not traced
@@ -636,7 +722,34 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
     bare, bare_commits, bare_run, _ = per_step(
         lambda steps, marks: run_bare(bench, backend, steps, marks)
     )
-    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run, observation)
+    dbos: DbWork | str = dbos_flow.unavailable(dbos_url) or DbWork()
+    dbos_run: Phases = {}
+    if isinstance(dbos, DbWork):
+        dbos, _, dbos_run, _ = per_step(
+            lambda steps, marks: run_dbos(bench, dbos_url, steps, marks)
+        )
+    return Work(
+        ours, ours_commits, bare, bare_commits, ours_run, bare_run, observation, dbos, dbos_run
+    )
+
+
+class DbosPhase(enum.StrEnum):
+    OPENING = "launch"
+    RUN = "the run"
+    CLOSING = "shutdown"
+
+
+def run_dbos(bench: Bench, system_url: str, steps: int, marks: list[Mark]) -> Measured:
+    """DBOS launched, one workflow of `steps` tool steps run, DBOS shut down, each phase marked
+    (a launch's connections are opened inside the block that traces them)."""
+    mark = _marker(marks)
+    mark(DbosPhase.OPENING)
+    with dbos_flow.launched(system_url, bench.endpoints) as flow:
+        assert isinstance(flow, Flow), flow
+        mark(DbosPhase.RUN)
+        elapsed_ms = tool_step_ms(flow.run, steps) * steps
+        mark(DbosPhase.CLOSING)
+    return Measured(elapsed_ms / 1000, steps, CommitTimer(), bytes_written=0)
 
 
 Phases = dict[str, DbWork]
@@ -666,10 +779,20 @@ def measure(
             Backend("sqlite", f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"),
         ]
         for backend in [b for b in chosen if b.name in backends]:
-            for steps in lengths:
-                figures.lengths.append(measure_length(bench, backend, steps, rounds, most))
-            if not backend.is_sqlite:
-                figures.work = measure_work(bench, backend)
+            with dbos_flow.system_database(backend.url, Path(tmp)) as dbos_url:
+                with dbos_flow.launched(dbos_url, bench.endpoints) as flow:
+                    measured = [
+                        measure_length(bench, backend, steps, rounds, most, flow)
+                        for steps in lengths
+                    ]
+                    figures.lengths += measured
+                    behind = next((m for m in measured if _behind_dbos(m)), None)
+                    if behind is not None and isinstance(flow, Flow):
+                        # DBOS is one per process: profiled while it is launched.
+                        figures.dbos_profile = (behind, cProfile.Profile())
+                        figures.dbos_profile[1].runcall(flow.run, behind.steps)
+                if not backend.is_sqlite:
+                    figures.work = measure_work(bench, backend, dbos_url)
         unmet = figures.first_unmet
         if unmet is not None:
             # The profiler slows the run down: a run of its own, after the timed ones, on the
@@ -737,6 +860,7 @@ def report(figures: StepFigures) -> list[str]:
             f"at {length.bare_commit_ms.median:.2f} ms each (stock saver, its whole message list "
             f"in every commit)",
             *_floor_line(floor, length),
+            *_dbos_lines(floor, length),
         ]
     if figures.work is not None:
         work = figures.work
@@ -753,6 +877,7 @@ def report(figures: StepFigures) -> list[str]:
             f"{LOOPWRIGHT_NODES_PER_STEP} nodes, one round trip each)",
             f"  bare prebuilt agent: {work.bare.per(WORK_STEPS)}, in {work.bare_commits:.1f} "
             f"node commits",
+            *_dbos_work_lines(work),
             "a run's besides its tool steps, by phase (a run of "
             f"{WORK_STEPS} steps less {WORK_STEPS} tool steps' work):",
             *_phase_lines(work),
@@ -764,7 +889,54 @@ def report(figures: StepFigures) -> list[str]:
             "over every thread, own time, a thread's wait for another left out):",
             top_functions(figures.profile),
         ]
+    if figures.dbos_profile is not None:
+        length, profile = figures.dbos_profile
+        lines += [
+            f"where DBOS's time goes ({length.backend}, {length.steps} steps; the same "
+            "profile of its workflow):",
+            top_functions(profile),
+        ]
     return lines
+
+
+def _dbos_lines(floor: Floor | None, length: Length) -> list[str]:
+    """DBOS's tool step beside loopwright's, and what each costs above the same work done with
+    no durability: where loopwright's is the longer, what stands between them."""
+    versus = length.dbos
+    if isinstance(versus, str):
+        return [f"  DBOS Transact not timed: {versus}"]
+    commits = LOOPWRIGHT_NODES_PER_STEP * length.commit_ms.median
+    supersteps = floor.cost_ms(LOOPWRIGHT_NODES_PER_STEP) if floor is not None else 0.0
+    ours, theirs = versus.loopwright_above.median, versus.dbos_above.median
+    return [
+        f"  DBOS Transact {versus.version} (its minimal durable workflow, each decision and "
+        f"each tool call a step; {versus.where}): tool step {versus.dbos_ms.show(' ms', 1)}",
+        f"  ratio loopwright / DBOS {versus.ratio.show('x')} {_verdict(versus.ratio, DBOS_GOAL)}",
+        f"  above the same decisions and tool calls made with no durability "
+        f"({versus.plain_ms.median:.1f} ms a tool step): loopwright {ours:.1f} ms, DBOS "
+        f"{theirs:.1f} ms ({dbos_flow.STEPS_PER_TOOL_STEP} steps, "
+        f"{theirs / dbos_flow.STEPS_PER_TOOL_STEP:.2f} ms each)",
+        f"  loopwright's {ours:.1f} ms: its {LOOPWRIGHT_NODES_PER_STEP} node commits "
+        f"{commits:.1f} ms, LangGraph's own work on its {LOOPWRIGHT_NODES_PER_STEP} supersteps "
+        f"at least {supersteps:.1f} ms, the rest {ours - commits - supersteps:.1f} ms (its "
+        f"nodes' own work, and LangGraph's on a real state beyond a no-op chain's)",
+    ]
+
+
+def _dbos_work_lines(work: Work) -> list[str]:
+    """DBOS's database work a tool step and a run's besides, beside loopwright's."""
+    if isinstance(work.dbos, str):
+        return [f"  DBOS Transact not counted: {work.dbos}"]
+    run = work.dbos_run.get(DbosPhase.RUN, DbWork())
+    return [
+        f"  DBOS Transact: {work.dbos.per(WORK_STEPS)}, in {dbos_flow.STEPS_PER_TOOL_STEP} "
+        f"steps (each a transaction reading the workflow's status and the step's recorded "
+        f"output, if any, and one writing its output; the connection pinged before each; "
+        f"its background threads' polls while the run lasts included)",
+        f"  DBOS Transact's run besides its tool steps: {_counts(run)} (its launch and shutdown, "
+        f"once a process: {_counts(work.dbos_run.get(DbosPhase.OPENING, DbWork()))} and "
+        f"{_counts(work.dbos_run.get(DbosPhase.CLOSING, DbWork()))})",
+    ]
 
 
 def _floor_line(floor: Floor | None, length: Length) -> list[str]:
