@@ -558,8 +558,9 @@ class StepFigures:
     work: Work | None = None
     floor: Floor | None = None
     profile: cProfile.Profile | None = None
-    # Where loopwright's tool step was not known to be within DBOS's: DBOS's run profiled.
-    dbos_profile: tuple[Length, cProfile.Profile] | None = None
+    # Where loopwright's tool step was first not known to be within DBOS's: a run of each
+    # profiled, loopwright's and DBOS's.
+    dbos_profiles: tuple[Length, cProfile.Profile, cProfile.Profile] | None = None
 
     @property
     def first_unmet(self) -> Length | None:
@@ -779,20 +780,7 @@ def measure(
             Backend("sqlite", f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"),
         ]
         for backend in [b for b in chosen if b.name in backends]:
-            with dbos_flow.system_database(backend.url, Path(tmp)) as dbos_url:
-                with dbos_flow.launched(dbos_url, bench.endpoints) as flow:
-                    measured = [
-                        measure_length(bench, backend, steps, rounds, most, flow)
-                        for steps in lengths
-                    ]
-                    figures.lengths += measured
-                    behind = next((m for m in measured if _behind_dbos(m)), None)
-                    if behind is not None and isinstance(flow, Flow):
-                        # DBOS is one per process: profiled while it is launched.
-                        figures.dbos_profile = (behind, cProfile.Profile())
-                        figures.dbos_profile[1].runcall(flow.run, behind.steps)
-                if not backend.is_sqlite:
-                    figures.work = measure_work(bench, backend, dbos_url)
+            _measure_backend(figures, bench, backend, lengths, rounds, most, Path(tmp))
         unmet = figures.first_unmet
         if unmet is not None:
             # The profiler slows the run down: a run of its own, after the timed ones, on the
@@ -801,6 +789,37 @@ def measure(
             backend = next(b for b in chosen if b.name == unmet.backend)
             run_loopwright(bench, backend, unmet.steps, figures.profile)
     return figures
+
+
+def _measure_backend(
+    figures: StepFigures,
+    bench: Bench,
+    backend: Backend,
+    lengths: Sequence[int],
+    rounds: int,
+    max_rounds: int,
+    tmp: Path,
+) -> None:
+    """Every length on `backend`, DBOS launched beside loopwright on a database of its own;
+    where loopwright's tool step is first not known to be within DBOS's, a run of each profiled;
+    on Postgres, the database work a tool step."""
+    with dbos_flow.system_database(backend.url, tmp) as dbos_url:
+        with dbos_flow.launched(dbos_url, bench.endpoints) as flow:
+            measured = [
+                measure_length(bench, backend, steps, rounds, max_rounds, flow) for steps in lengths
+            ]
+            behind = next((m for m in measured if _behind_dbos(m)), None)
+            theirs = cProfile.Profile()
+            if behind is not None and isinstance(flow, Flow) and figures.dbos_profiles is None:
+                # DBOS's run profiled while it is launched (one per process), loopwright's
+                # once DBOS's threads are gone.
+                theirs.runcall(flow.run, behind.steps)
+                figures.dbos_profiles = (behind, cProfile.Profile(), theirs)
+        figures.lengths += measured
+        if figures.dbos_profiles is not None and figures.dbos_profiles[0] is behind:
+            run_loopwright(bench, backend, behind.steps, figures.dbos_profiles[1])
+        if not backend.is_sqlite:
+            figures.work = measure_work(bench, backend, dbos_url)
 
 
 # Where a thread only waits for another (LangGraph's stream waiting for its executor): not work.
@@ -889,12 +908,14 @@ def report(figures: StepFigures) -> list[str]:
             "over every thread, own time, a thread's wait for another left out):",
             top_functions(figures.profile),
         ]
-    if figures.dbos_profile is not None:
-        length, profile = figures.dbos_profile
+    if figures.dbos_profiles is not None:
+        length, ours, theirs = figures.dbos_profiles
         lines += [
-            f"where DBOS's time goes ({length.backend}, {length.steps} steps; the same "
-            "profile of its workflow):",
-            top_functions(profile),
+            f"what stands between loopwright and DBOS ({length.backend}, {length.steps} steps, "
+            "a run of each profiled as above): loopwright's",
+            top_functions(ours),
+            "  and DBOS's:",
+            top_functions(theirs),
         ]
     return lines
 
@@ -931,8 +952,9 @@ def _dbos_work_lines(work: Work) -> list[str]:
     return [
         f"  DBOS Transact: {work.dbos.per(WORK_STEPS)}, in {dbos_flow.STEPS_PER_TOOL_STEP} "
         f"steps (each a transaction reading the workflow's status and the step's recorded "
-        f"output, if any, and one writing its output; the connection pinged before each; "
-        f"its background threads' polls while the run lasts included)",
+        f"output, if any, and one writing its output; before each the pooled connection is "
+        f"pinged, a statement in a transaction of its own; its background threads' polls "
+        f"while the run lasts included)",
         f"  DBOS Transact's run besides its tool steps: {_counts(run)} (its launch and shutdown, "
         f"once a process: {_counts(work.dbos_run.get(DbosPhase.OPENING, DbWork()))} and "
         f"{_counts(work.dbos_run.get(DbosPhase.CLOSING, DbWork()))})",
