@@ -55,8 +55,10 @@ import enum
 import pstats
 import sqlite3
 import statistics
+import struct
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
@@ -113,7 +115,10 @@ EXTRA_RUN_SUPERSTEPS = 2
 RAW_COMMITS_PER_ROUND = 30
 WORK_STEPS = 25  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
 WORK_REPEATS = 3
+WAL_HEADER = 32  # bytes before the first frame of SQLite's WAL
 WAL_FRAME_HEADER = 24  # bytes before each page in SQLite's WAL
+# What page 1 is to a commit: the file's header (its size, its change counter) on the schema's root.
+HEADER_PAGE = "page 1 (the file's header)"
 
 Call = tuple[str, tuple[Any, ...]]  # a saver method's name and its arguments
 
@@ -288,18 +293,31 @@ def replayed_commit_ms(backend: Backend, calls: Sequence[Call]) -> float:
     return 1000 * seconds / max(1, puts)
 
 
-def wal_pages(path: Path, writers: Sequence[sqlite3.Connection], write: Callable[[], int]) -> float:
+def wal_pages(
+    path: Path, writers: Sequence[sqlite3.Connection], write: Callable[[], int]
+) -> dict[str, float]:
     """WAL pages SQLite wrote per commit while `write` ran on `writers` (it returns how many
-    commits it made): what an SQLite commit costs is mostly its pages (`synchronous=FULL`: all go
-    to the WAL, then one fsync), so this says why one commit takes longer than another."""
+    commits it made), by the table or index each page belongs to: what an SQLite commit costs is
+    mostly its pages (`synchronous=FULL`: all go to the WAL, then one fsync), so this says why
+    one commit takes longer than another."""
     wal = path.with_name(path.name + "-wal")
     for conn in writers:
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the WAL only grows while measured
     with closing(connect_sqlite(str(path))) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-    commits = write()
-    return wal.stat().st_size / (page_size + WAL_FRAME_HEADER) / max(1, commits)
+        commits = write()
+        frame = WAL_FRAME_HEADER + page_size
+        data = wal.read_bytes()
+        pages = [
+            struct.unpack_from(">I", data, at)[0]
+            for at in range(WAL_HEADER, len(data) - frame + 1, frame)
+        ]
+        # dbstat (a table and index per page) reads the WAL's pages too, while it is there.
+        owner = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
+    owner[1] = HEADER_PAGE
+    by_tree = Counter(owner.get(page, "free pages") for page in pages)
+    return {tree: n / max(1, commits) for tree, n in by_tree.most_common()}
 
 
 def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int) -> WalPages:
@@ -325,15 +343,17 @@ def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int
             return RAW_COMMITS_PER_ROUND
 
         raw = wal_pages(path, [conn], insert_all)
-    return WalPages(ours, raw)
+    return WalPages(sum(ours.values()), sum(raw.values()), ours)
 
 
 @dataclass(frozen=True)
 class WalPages:
-    """WAL pages per commit (each a page and a frame header): a node commit's, the raw insert's."""
+    """WAL pages per commit (each a page and a frame header): a node commit's, the raw insert's,
+    and a node commit's by the table or index they belong to."""
 
     commit: float
     raw: float
+    commit_by_tree: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -866,9 +886,12 @@ def report(figures: StepFigures) -> list[str]:
             f"  the same commits inside the run: {length.commit_ms.show(' ms')} (wall time)",
             *(
                 [
-                    f"  WAL pages a commit: node commit {length.wal.commit:.1f}, raw insert "
-                    f"{length.wal.raw:.1f} (a node commit's row goes to a table and its "
-                    f"primary key's index, the raw insert's to a table alone)"
+                    f"  WAL pages a commit: node commit {length.wal.commit:.1f} ("
+                    + ", ".join(f"{t} {n:.2f}" for t, n in length.wal.commit_by_tree.items())
+                    + f"), raw insert {length.wal.raw:.1f} (a node commit's row goes to a "
+                    f"table and its primary key's index, the raw insert's to a table alone; "
+                    f"the replayed run's keys sort among other runs', as random run ids do, "
+                    f"where a full leaf of the index is rebalanced with its neighbours)"
                 ]
                 if length.wal
                 else []

@@ -102,6 +102,12 @@ def test_the_benchmark_times_dbos_transact_beside_loopwright_on_both_backends(
         assert re.search(r"DBOS Transact [\d.]+ \(.*\): tool step [\d.]+ ms", length), out
         assert re.search(r"ratio loopwright / DBOS [\d.]+x .* \(goal <= 1.0x\)", length), out
         assert re.search(r"no durability \([\d.]+ ms a tool step\): loopwright -?[\d.]+ ms", length)
+    # A node commit's WAL pages, by the table or index they belong to, add up to the whole.
+    wal = re.search(r"WAL pages a commit: node commit ([\d.]+) \((.*?)\), raw insert", out)
+    assert wal is not None, out
+    parts = [float(part.rsplit(" ", 1)[1]) for part in wal[2].split(", ")]
+    assert "lw_checkpoints" in wal[2], out
+    assert math.isclose(sum(parts), float(wal[1]), abs_tol=0.05 + 0.005 * len(parts)), out
     # DBOS's connections are SQLAlchemy's, opened by psycopg.connect: traced as loopwright's are.
     dbos = re.search(r"DBOS Transact: ([\d.]+) transactions, ([\d.]+) round trips", out)
     assert dbos is not None, out
