@@ -842,8 +842,9 @@ def _measure_backend(
             figures.work = measure_work(bench, backend, dbos_url)
 
 
-# Where a thread only waits for another (LangGraph's stream waiting for its executor): not work.
-WAITING = ("SimpleQueue' objects}", "lock' objects}", "threading.py")
+# Where a thread only waits for another (LangGraph's stream waiting for its executor), or sleeps
+# (DBOS's background threads between polls): not work.
+WAITING = ("SimpleQueue' objects>", "lock' objects>", "threading.py", "time.sleep>")
 
 
 def top_functions(profile: cProfile.Profile, limit: int = 15) -> str:

@@ -4,11 +4,15 @@ loopwright where DBOS is installed, and says so where it is not."""
 
 from __future__ import annotations
 
+import cProfile
 import math
 import os
+import queue
 import random
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -124,3 +128,23 @@ def test_without_dbos_the_benchmark_says_it_is_not_installed(
     with dbos_flow.launched(f"sqlite:///{tmp_path / 'dbos.sqlite3'}", endpoints) as flow:
         assert flow == dbos_flow.NOT_INSTALLED
     assert not (tmp_path / "dbos.sqlite3").exists()
+
+
+def test_the_profile_leaves_out_a_thread_waiting_for_another_or_sleeping() -> None:
+    answers: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def answer_later() -> None:
+        time.sleep(0.05)
+        answers.put(1)
+
+    profile = cProfile.Profile()
+    profile.enable()
+    thread = threading.Thread(target=answer_later)
+    thread.start()
+    answers.get()  # 50 ms waiting for the thread, which sleeps meanwhile
+    thread.join()
+    profile.disable()
+    shown = step_time.top_functions(profile, limit=100)
+    assert "SimpleQueue" not in shown, shown
+    assert "time.sleep" not in shown, shown
+    assert "answer_later" in shown, shown
