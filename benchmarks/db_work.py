@@ -129,7 +129,10 @@ class Traces:
 
 @contextmanager
 def traced_connections(directory: Path) -> Iterator[Traces]:
-    """Trace each psycopg connection opened inside the block into a file under `directory`."""
+    """Trace each psycopg connection opened inside the block into a file under `directory`:
+    opened by `psycopg.Connection.connect`, as loopwright's are, or by `psycopg.connect`, as
+    SQLAlchemy's psycopg dialect opens DBOS's (the module's name is bound to the class's method
+    at import, so it is replaced as well)."""
     traces = Traces([], [])
     original = psycopg.Connection.connect
 
@@ -163,9 +166,12 @@ def traced_connections(directory: Path) -> Iterator[Traces]:
 
     open_fds: set[int] = set()
     numbers = itertools.count()
+    module_connect = psycopg.connect
     psycopg.Connection.connect = classmethod(connect)  # type: ignore[assignment, method-assign]
+    psycopg.connect = psycopg.Connection.connect
     try:
         yield traces
     finally:
         psycopg.Connection.connect = original  # type: ignore[method-assign]
+        psycopg.connect = module_connect
         traces.collect()

@@ -34,6 +34,17 @@ Beside each step ratio, what LangGraph's own work on the supersteps loopwright h
 bare agent costs at the least (`benchmarks.superstep_floor`, measured first, in this process):
 the part of the ratio that only fewer supersteps could take away. Where a goal is not met the
 script says where loopwright's time goes (cProfile, top functions).
+
+Against the other durable choice: where DBOS Transact is installed (a dev dependency), each round
+also runs the same work as DBOS's minimal durable workflow, each decision and each tool call a
+checkpointed step (`benchmarks.dbos_flow`: its system database a fresh Postgres database on the
+same server, or an SQLite file), and the same decisions and tool calls with no durability at
+all; goal: loopwright / DBOS per tool step <= 1.0x at every length. What each costs above the
+work itself is printed, loopwright's split into its node commits, LangGraph's superstep floor and
+the rest; DBOS's database work a tool step beside loopwright's (Postgres); where loopwright's tool
+step is not known to be within DBOS's, both profiles. DBOS keeps fewer guarantees: it records a
+step's output after the step, so a step interrupted by a crash runs again, where loopwright
+journals a write before sending it and fences every commit with the run's lease.
 """
 
 from __future__ import annotations
@@ -44,8 +55,10 @@ import enum
 import pstats
 import sqlite3
 import statistics
+import struct
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
@@ -60,7 +73,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from benchmarks import dbos_flow
 from benchmarks.db_work import DbWork, Mark, traced_connections, wal_position
+from benchmarks.dbos_flow import Flow
 from benchmarks.perf_setup import (
     PRINCIPAL,
     TASK,
@@ -87,6 +102,7 @@ from loopwright.runner import Runner
 STEP_GOALS = {10: 1.0, 100: 0.5}  # loopwright / bare per tool step, by run length
 COMMIT_GOAL = 1.5
 BYTES_GOAL = 4.0  # bytes a tool step sends, and writes to the WAL, / the observation's
+DBOS_GOAL = 1.0  # loopwright / DBOS Transact per tool step, at every length
 # Rounds go on past --rounds while the step ratio's median is known to less than this (the
 # width of its 95% interval), up to --max-rounds.
 SPREAD_GOAL = 0.05
@@ -99,7 +115,10 @@ EXTRA_RUN_SUPERSTEPS = 2
 RAW_COMMITS_PER_ROUND = 30
 WORK_STEPS = 25  # database work: a run of 2 * WORK_STEPS tool steps less one of WORK_STEPS
 WORK_REPEATS = 3
+WAL_HEADER = 32  # bytes before the first frame of SQLite's WAL
 WAL_FRAME_HEADER = 24  # bytes before each page in SQLite's WAL
+# What page 1 is to a commit: the file's header (its size, its change counter) on the schema's root.
+HEADER_PAGE = "page 1 (the file's header)"
 
 Call = tuple[str, tuple[Any, ...]]  # a saver method's name and its arguments
 
@@ -274,18 +293,31 @@ def replayed_commit_ms(backend: Backend, calls: Sequence[Call]) -> float:
     return 1000 * seconds / max(1, puts)
 
 
-def wal_pages(path: Path, writers: Sequence[sqlite3.Connection], write: Callable[[], int]) -> float:
+def wal_pages(
+    path: Path, writers: Sequence[sqlite3.Connection], write: Callable[[], int]
+) -> dict[str, float]:
     """WAL pages SQLite wrote per commit while `write` ran on `writers` (it returns how many
-    commits it made): what an SQLite commit costs is mostly its pages (`synchronous=FULL`: all go
-    to the WAL, then one fsync), so this says why one commit takes longer than another."""
+    commits it made), by the table or index each page belongs to: what an SQLite commit costs is
+    mostly its pages (`synchronous=FULL`: all go to the WAL, then one fsync), so this says why
+    one commit takes longer than another."""
     wal = path.with_name(path.name + "-wal")
     for conn in writers:
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the WAL only grows while measured
     with closing(connect_sqlite(str(path))) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-    commits = write()
-    return wal.stat().st_size / (page_size + WAL_FRAME_HEADER) / max(1, commits)
+        commits = write()
+        frame = WAL_FRAME_HEADER + page_size
+        data = wal.read_bytes()
+        pages = [
+            struct.unpack_from(">I", data, at)[0]
+            for at in range(WAL_HEADER, len(data) - frame + 1, frame)
+        ]
+        # dbstat (a table and index per page) reads the WAL's pages too, while it is there.
+        owner = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
+    owner[1] = HEADER_PAGE
+    by_tree = Counter(owner.get(page, "free pages") for page in pages)
+    return {tree: n / max(1, commits) for tree, n in by_tree.most_common()}
 
 
 def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int) -> WalPages:
@@ -311,15 +343,17 @@ def sqlite_wal_pages(backend: Backend, calls: Sequence[Call], payload_bytes: int
             return RAW_COMMITS_PER_ROUND
 
         raw = wal_pages(path, [conn], insert_all)
-    return WalPages(ours, raw)
+    return WalPages(sum(ours.values()), sum(raw.values()), ours)
 
 
 @dataclass(frozen=True)
 class WalPages:
-    """WAL pages per commit (each a page and a frame header): a node commit's, the raw insert's."""
+    """WAL pages per commit (each a page and a frame header): a node commit's, the raw insert's,
+    and a node commit's by the table or index they belong to."""
 
     commit: float
     raw: float
+    commit_by_tree: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -485,6 +519,7 @@ class Length:
     commit_ratio: Spread  # replayed / raw: the commit alone against the INSERT alone
     commit_bytes: int
     wal: WalPages | None  # SQLite only
+    dbos: Versus | str  # DBOS Transact's figures, or why it was not timed
 
     @property
     def step_goal(self) -> float | None:
@@ -499,7 +534,22 @@ class Length:
     def verdicts(self) -> list[Verdict]:
         goal = self.step_goal
         step = [Verdict.of(self.step_ratio, goal)] if goal is not None else []
-        return [*step, Verdict.of(self.commit_ratio, COMMIT_GOAL)]
+        dbos = [Verdict.of(self.dbos.ratio, DBOS_GOAL)] if isinstance(self.dbos, Versus) else []
+        return [*step, Verdict.of(self.commit_ratio, COMMIT_GOAL), *dbos]
+
+
+@dataclass(frozen=True)
+class Versus:
+    """DBOS Transact doing the same work in the same rounds, and the same work done with no
+    durability at all: what each system costs above it, each round's difference."""
+
+    dbos_ms: Spread
+    ratio: Spread  # loopwright / DBOS per tool step, each round's
+    plain_ms: Spread
+    loopwright_above: Spread  # loopwright's tool step less the plain one's, ms
+    dbos_above: Spread
+    version: str
+    where: str
 
 
 @dataclass(frozen=True)
@@ -514,6 +564,8 @@ class Work:
     loopwright_run: dict[str, DbWork]
     bare_run: dict[str, DbWork]
     observation: int  # a tool step's observation (the median), bytes as the model sees it
+    dbos: DbWork | str  # DBOS's, or why it was not counted
+    dbos_run: dict[str, DbWork]
 
     def to_observation(self, work_bytes: int) -> float:
         """Bytes of a tool step's work over the observation it carries."""
@@ -526,6 +578,9 @@ class StepFigures:
     work: Work | None = None
     floor: Floor | None = None
     profile: cProfile.Profile | None = None
+    # Where loopwright's tool step was first not known to be within DBOS's: a run of each
+    # profiled, loopwright's and DBOS's.
+    dbos_profiles: tuple[Length, cProfile.Profile, cProfile.Profile] | None = None
 
     @property
     def first_unmet(self) -> Length | None:
@@ -541,16 +596,36 @@ class StepFigures:
 
 
 def measure_length(
-    bench: Bench, backend: Backend, steps: int, rounds: int, max_rounds: int
+    bench: Bench,
+    backend: Backend,
+    steps: int,
+    rounds: int,
+    max_rounds: int,
+    flow: Flow | str = dbos_flow.NOT_INSTALLED,
 ) -> Length:
     """At least `rounds` rounds, and more (up to `max_rounds`) while the step ratio's median is
-    known to less than SPREAD_GOAL (the width of its 95% interval)."""
+    known to less than SPREAD_GOAL (the width of its 95% interval). A round runs each system
+    once, the first of them in turn: the bare agent, loopwright and, with a launched `flow`,
+    DBOS's workflow and the same work with no durability."""
     run_loopwright(bench, backend, min(steps, 5))  # warm: imports, connections, caches
     run_bare(bench, backend, min(steps, 5))
     ours: list[Measured] = []
     bare: list[Measured] = []
+    dbos: list[float] = []
+    plain: list[float] = []
     raw: list[float] = []
     replayed: list[float] = []
+    runs: list[Callable[[], None]] = [
+        lambda: bare.append(run_bare(bench, backend, steps)),
+        lambda: ours.append(run_loopwright(bench, backend, steps)),
+    ]
+    if isinstance(flow, Flow):
+        for warm in (flow.run, flow.plain):
+            tool_step_ms(warm, min(steps, 5))
+        runs += [
+            lambda: dbos.append(tool_step_ms(flow.run, steps)),
+            lambda: plain.append(tool_step_ms(flow.plain, steps)),
+        ]
 
     def spread_too_wide() -> bool:
         low, high = Spread(tuple(_ratios(ours, bare))).interval
@@ -558,12 +633,8 @@ def measure_length(
 
     n = 0
     while n < rounds or (n < max_rounds and spread_too_wide()):
-        if n % 2:
-            ours.append(run_loopwright(bench, backend, steps))
-            bare.append(run_bare(bench, backend, steps))
-        else:
-            bare.append(run_bare(bench, backend, steps))
-            ours.append(run_loopwright(bench, backend, steps))
+        for one in runs[n % len(runs) :] + runs[: n % len(runs)]:
+            one()
         commit_bytes = ours[-1].bytes_written // max(1, ours[-1].commits.puts)
         raw.append(backend.raw_commit_ms(commit_bytes))
         replayed.append(replayed_commit_ms(backend, ours[-1].commits.calls))
@@ -583,7 +654,42 @@ def measure_length(
         wal=sqlite_wal_pages(backend, ours[-1].commits.calls, commit_bytes)
         if backend.is_sqlite
         else None,
+        dbos=_versus(flow, ours, dbos, plain),
     )
+
+
+def tool_step_ms(run: Callable[[int], int], steps: int) -> float:
+    """One run of `steps` tool steps by `run` (it returns how many tool calls it made): its
+    wall time, ms per tool step."""
+    started = time.perf_counter()
+    calls = run(steps)
+    elapsed = time.perf_counter() - started
+    assert calls == steps, f"{calls} tool calls, not {steps}"
+    return 1000 * elapsed / steps
+
+
+def _versus(
+    flow: Flow | str, ours: Sequence[Measured], dbos: Sequence[float], plain: Sequence[float]
+) -> Versus | str:
+    """DBOS's figures from each round's times, or why there are none."""
+    if isinstance(flow, str):
+        return flow
+    ours_ms = [m.per_step_ms for m in ours]
+    return Versus(
+        dbos_ms=Spread(tuple(dbos)),
+        ratio=Spread(tuple(o / d for o, d in zip(ours_ms, dbos, strict=True))),
+        plain_ms=Spread(tuple(plain)),
+        loopwright_above=Spread(tuple(o - p for o, p in zip(ours_ms, plain, strict=True))),
+        dbos_above=Spread(tuple(d - p for d, p in zip(dbos, plain, strict=True))),
+        version=flow.version,
+        where=flow.where,
+    )
+
+
+def _behind_dbos(length: Length) -> bool:
+    """Whether loopwright's tool step was not known to be within DBOS's at this length."""
+    versus = length.dbos
+    return isinstance(versus, Versus) and Verdict.of(versus.ratio, DBOS_GOAL) is not Verdict.MET
 
 
 def _ratios(ours: Sequence[Measured], bare: Sequence[Measured]) -> list[float]:
@@ -591,9 +697,10 @@ def _ratios(ours: Sequence[Measured], bare: Sequence[Measured]) -> list[float]:
     return [o.per_step_ms / b.per_step_ms for o, b in zip(ours, bare, strict=True)]
 
 
-def measure_work(bench: Bench, backend: Backend) -> Work:
-    """Wire counts of a 2k-step run less a k-step one, per tool step, for both systems; and by
-    phase, a k-step run's less k tool steps' (2 short - long)."""
+def measure_work(bench: Bench, backend: Backend, dbos_url: str) -> Work:
+    """Wire counts of a 2k-step run less a k-step one, per tool step, for every system (DBOS's
+    with its system database at `dbos_url`, where it runs); and by phase, a k-step run's less k
+    tool steps' (2 short - long)."""
 
     def traced(run: Callable[[int, list[Mark]], Measured], steps: int) -> tuple[Phases, Measured]:
         start = wal_position(backend.url)  # read on a connection of its own, not traced
@@ -636,7 +743,34 @@ def measure_work(bench: Bench, backend: Backend) -> Work:
     bare, bare_commits, bare_run, _ = per_step(
         lambda steps, marks: run_bare(bench, backend, steps, marks)
     )
-    return Work(ours, ours_commits, bare, bare_commits, ours_run, bare_run, observation)
+    dbos: DbWork | str = dbos_flow.unavailable(dbos_url) or DbWork()
+    dbos_run: Phases = {}
+    if isinstance(dbos, DbWork):
+        dbos, _, dbos_run, _ = per_step(
+            lambda steps, marks: run_dbos(bench, dbos_url, steps, marks)
+        )
+    return Work(
+        ours, ours_commits, bare, bare_commits, ours_run, bare_run, observation, dbos, dbos_run
+    )
+
+
+class DbosPhase(enum.StrEnum):
+    OPENING = "launch"
+    RUN = "the run"
+    CLOSING = "shutdown"
+
+
+def run_dbos(bench: Bench, system_url: str, steps: int, marks: list[Mark]) -> Measured:
+    """DBOS launched, one workflow of `steps` tool steps run, DBOS shut down, each phase marked
+    (a launch's connections are opened inside the block that traces them)."""
+    mark = _marker(marks)
+    mark(DbosPhase.OPENING)
+    with dbos_flow.launched(system_url, bench.endpoints) as flow:
+        assert isinstance(flow, Flow), flow
+        mark(DbosPhase.RUN)
+        elapsed_ms = tool_step_ms(flow.run, steps) * steps
+        mark(DbosPhase.CLOSING)
+    return Measured(elapsed_ms / 1000, steps, CommitTimer(), bytes_written=0)
 
 
 Phases = dict[str, DbWork]
@@ -666,10 +800,7 @@ def measure(
             Backend("sqlite", f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"),
         ]
         for backend in [b for b in chosen if b.name in backends]:
-            for steps in lengths:
-                figures.lengths.append(measure_length(bench, backend, steps, rounds, most))
-            if not backend.is_sqlite:
-                figures.work = measure_work(bench, backend)
+            _measure_backend(figures, bench, backend, lengths, rounds, most, Path(tmp))
         unmet = figures.first_unmet
         if unmet is not None:
             # The profiler slows the run down: a run of its own, after the timed ones, on the
@@ -680,8 +811,40 @@ def measure(
     return figures
 
 
-# Where a thread only waits for another (LangGraph's stream waiting for its executor): not work.
-WAITING = ("SimpleQueue' objects}", "lock' objects}", "threading.py")
+def _measure_backend(
+    figures: StepFigures,
+    bench: Bench,
+    backend: Backend,
+    lengths: Sequence[int],
+    rounds: int,
+    max_rounds: int,
+    tmp: Path,
+) -> None:
+    """Every length on `backend`, DBOS launched beside loopwright on a database of its own;
+    where loopwright's tool step is first not known to be within DBOS's, a run of each profiled;
+    on Postgres, the database work a tool step."""
+    with dbos_flow.system_database(backend.url, tmp) as dbos_url:
+        with dbos_flow.launched(dbos_url, bench.endpoints) as flow:
+            measured = [
+                measure_length(bench, backend, steps, rounds, max_rounds, flow) for steps in lengths
+            ]
+            behind = next((m for m in measured if _behind_dbos(m)), None)
+            theirs = cProfile.Profile()
+            if behind is not None and isinstance(flow, Flow) and figures.dbos_profiles is None:
+                # DBOS's run profiled while it is launched (one per process), loopwright's
+                # once DBOS's threads are gone.
+                theirs.runcall(flow.run, behind.steps)
+                figures.dbos_profiles = (behind, cProfile.Profile(), theirs)
+        figures.lengths += measured
+        if figures.dbos_profiles is not None and figures.dbos_profiles[0] is behind:
+            run_loopwright(bench, backend, behind.steps, figures.dbos_profiles[1])
+        if not backend.is_sqlite:
+            figures.work = measure_work(bench, backend, dbos_url)
+
+
+# Where a thread only waits for another (LangGraph's stream waiting for its executor), or sleeps
+# (DBOS's background threads between polls): not work.
+WAITING = ("SimpleQueue' objects>", "lock' objects>", "threading.py", "time.sleep>")
 
 
 def top_functions(profile: cProfile.Profile, limit: int = 15) -> str:
@@ -724,9 +887,12 @@ def report(figures: StepFigures) -> list[str]:
             f"  the same commits inside the run: {length.commit_ms.show(' ms')} (wall time)",
             *(
                 [
-                    f"  WAL pages a commit: node commit {length.wal.commit:.1f}, raw insert "
-                    f"{length.wal.raw:.1f} (a node commit's row goes to a table and its "
-                    f"primary key's index, the raw insert's to a table alone)"
+                    f"  WAL pages a commit: node commit {length.wal.commit:.1f} ("
+                    + ", ".join(f"{t} {n:.2f}" for t, n in length.wal.commit_by_tree.items())
+                    + f"), raw insert {length.wal.raw:.1f} (a node commit's row goes to a "
+                    f"table and its primary key's index, the raw insert's to a table alone; "
+                    f"the replayed run's keys sort among other runs', as random run ids do, "
+                    f"where a full leaf of the index is rebalanced with its neighbours)"
                 ]
                 if length.wal
                 else []
@@ -737,6 +903,7 @@ def report(figures: StepFigures) -> list[str]:
             f"at {length.bare_commit_ms.median:.2f} ms each (stock saver, its whole message list "
             f"in every commit)",
             *_floor_line(floor, length),
+            *_dbos_lines(floor, length),
         ]
     if figures.work is not None:
         work = figures.work
@@ -753,6 +920,7 @@ def report(figures: StepFigures) -> list[str]:
             f"{LOOPWRIGHT_NODES_PER_STEP} nodes, one round trip each)",
             f"  bare prebuilt agent: {work.bare.per(WORK_STEPS)}, in {work.bare_commits:.1f} "
             f"node commits",
+            *_dbos_work_lines(work),
             "a run's besides its tool steps, by phase (a run of "
             f"{WORK_STEPS} steps less {WORK_STEPS} tool steps' work):",
             *_phase_lines(work),
@@ -764,7 +932,57 @@ def report(figures: StepFigures) -> list[str]:
             "over every thread, own time, a thread's wait for another left out):",
             top_functions(figures.profile),
         ]
+    if figures.dbos_profiles is not None:
+        length, ours, theirs = figures.dbos_profiles
+        lines += [
+            f"what stands between loopwright and DBOS ({length.backend}, {length.steps} steps, "
+            "a run of each profiled as above): loopwright's",
+            top_functions(ours),
+            "  and DBOS's:",
+            top_functions(theirs),
+        ]
     return lines
+
+
+def _dbos_lines(floor: Floor | None, length: Length) -> list[str]:
+    """DBOS's tool step beside loopwright's, and what each costs above the same work done with
+    no durability: where loopwright's is the longer, what stands between them."""
+    versus = length.dbos
+    if isinstance(versus, str):
+        return [f"  DBOS Transact not timed: {versus}"]
+    commits = LOOPWRIGHT_NODES_PER_STEP * length.commit_ms.median
+    supersteps = floor.cost_ms(LOOPWRIGHT_NODES_PER_STEP) if floor is not None else 0.0
+    ours, theirs = versus.loopwright_above.median, versus.dbos_above.median
+    return [
+        f"  DBOS Transact {versus.version} (its minimal durable workflow, each decision and "
+        f"each tool call a step; {versus.where}): tool step {versus.dbos_ms.show(' ms', 1)}",
+        f"  ratio loopwright / DBOS {versus.ratio.show('x')} {_verdict(versus.ratio, DBOS_GOAL)}",
+        f"  above the same decisions and tool calls made with no durability "
+        f"({versus.plain_ms.median:.1f} ms a tool step): loopwright {ours:.1f} ms, DBOS "
+        f"{theirs:.1f} ms ({dbos_flow.STEPS_PER_TOOL_STEP} steps, "
+        f"{theirs / dbos_flow.STEPS_PER_TOOL_STEP:.2f} ms each)",
+        f"  loopwright's {ours:.1f} ms: its {LOOPWRIGHT_NODES_PER_STEP} node commits "
+        f"{commits:.1f} ms, LangGraph's own work on its {LOOPWRIGHT_NODES_PER_STEP} supersteps "
+        f"at least {supersteps:.1f} ms, the rest {ours - commits - supersteps:.1f} ms (its "
+        f"nodes' own work, and LangGraph's on a real state beyond a no-op chain's)",
+    ]
+
+
+def _dbos_work_lines(work: Work) -> list[str]:
+    """DBOS's database work a tool step and a run's besides, beside loopwright's."""
+    if isinstance(work.dbos, str):
+        return [f"  DBOS Transact not counted: {work.dbos}"]
+    run = work.dbos_run.get(DbosPhase.RUN, DbWork())
+    return [
+        f"  DBOS Transact: {work.dbos.per(WORK_STEPS)}, in {dbos_flow.STEPS_PER_TOOL_STEP} "
+        f"steps (each a transaction reading the workflow's status and the step's recorded "
+        f"output, if any, and one writing its output; before each the pooled connection is "
+        f"pinged, a statement in a transaction of its own; its background threads' polls "
+        f"while the run lasts included)",
+        f"  DBOS Transact's run besides its tool steps: {_counts(run)} (its launch and shutdown, "
+        f"once a process: {_counts(work.dbos_run.get(DbosPhase.OPENING, DbWork()))} and "
+        f"{_counts(work.dbos_run.get(DbosPhase.CLOSING, DbWork()))})",
+    ]
 
 
 def _floor_line(floor: Floor | None, length: Length) -> list[str]:

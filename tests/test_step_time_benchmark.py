@@ -1,20 +1,30 @@
 """`benchmarks.step_time` judges a ratio by where its median lies, not by the median alone, and
-sets it beside the floor LangGraph's own supersteps give it."""
+sets it beside the floor LangGraph's own supersteps give it; it times DBOS Transact beside
+loopwright where DBOS is installed, and says so where it is not."""
 
 from __future__ import annotations
 
+import cProfile
 import math
 import os
+import queue
 import random
+import re
+import sys
+import threading
+import time
+from pathlib import Path
 
 import psycopg
 import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 
+from benchmarks import dbos_flow, step_time
 from benchmarks.db_work import DbWork, wal_position
 from benchmarks.spread import MEDIAN_CONFIDENCE, Spread, Verdict
 from benchmarks.superstep_floor import Floor, chain
+from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 
 def test_the_medians_interval_is_the_order_statistics_the_binomial_gives() -> None:
@@ -78,3 +88,63 @@ def test_the_wal_position_moves_by_at_least_the_bytes_a_commit_stores(postgres_u
         conn.execute("INSERT INTO wal_probe (payload) VALUES (%s)", (payload,))
         conn.execute("DROP TABLE wal_probe")
     assert wal_position(postgres_url) - before >= len(payload)
+
+
+@pytest.mark.postgres
+def test_the_benchmark_times_dbos_transact_beside_loopwright_on_both_backends(
+    postgres_server_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As small as it runs: two rounds of two steps, the database work from one 2- and 4-step run.
+    monkeypatch.setattr(step_time, "WORK_STEPS", 2)
+    monkeypatch.setattr(step_time, "WORK_REPEATS", 1)
+    step_time.main(
+        ["--steps", "2", "--rounds", "2", "--max-rounds", "2", "--db", postgres_server_url]
+    )
+    out = capsys.readouterr().out
+    for backend in ("postgres", "sqlite"):
+        length = out.split(f"{backend}, 2 steps:")[1].split("\n", 1)[1].split("database work")[0]
+        assert re.search(r"DBOS Transact [\d.]+ \(.*\): tool step [\d.]+ ms", length), out
+        assert re.search(r"ratio loopwright / DBOS [\d.]+x .* \(goal <= 1.0x\)", length), out
+        assert re.search(r"no durability \([\d.]+ ms a tool step\): loopwright -?[\d.]+ ms", length)
+    # A node commit's WAL pages, by the table or index they belong to, add up to the whole.
+    wal = re.search(r"WAL pages a commit: node commit ([\d.]+) \((.*?)\), raw insert", out)
+    assert wal is not None, out
+    parts = [float(part.rsplit(" ", 1)[1]) for part in wal[2].split(", ")]
+    assert "lw_checkpoints" in wal[2], out
+    assert math.isclose(sum(parts), float(wal[1]), abs_tol=0.05 + 0.005 * len(parts)), out
+    # DBOS's connections are SQLAlchemy's, opened by psycopg.connect: traced as loopwright's are.
+    dbos = re.search(r"DBOS Transact: ([\d.]+) transactions, ([\d.]+) round trips", out)
+    assert dbos is not None, out
+    assert float(dbos[1]) >= dbos_flow.STEPS_PER_TOOL_STEP, out
+    assert "DBOS Transact's run besides its tool steps:" in out
+
+
+def test_without_dbos_the_benchmark_says_it_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "dbos", None)  # import dbos raises ImportError
+    nowhere = "http://127.0.0.1:9"
+    endpoints = ServiceEndpoints(orders=nowhere, policies=nowhere, payments=nowhere)
+    with dbos_flow.launched(f"sqlite:///{tmp_path / 'dbos.sqlite3'}", endpoints) as flow:
+        assert flow == dbos_flow.NOT_INSTALLED
+    assert not (tmp_path / "dbos.sqlite3").exists()
+
+
+def test_the_profile_leaves_out_a_thread_waiting_for_another_or_sleeping() -> None:
+    answers: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def answer_later() -> None:
+        time.sleep(0.05)
+        answers.put(1)
+
+    profile = cProfile.Profile()
+    profile.enable()
+    thread = threading.Thread(target=answer_later)
+    thread.start()
+    answers.get()  # 50 ms waiting for the thread, which sleeps meanwhile
+    thread.join()
+    profile.disable()
+    shown = step_time.top_functions(profile, limit=100)
+    assert "SimpleQueue" not in shown, shown
+    assert "time.sleep" not in shown, shown
+    assert "answer_later" in shown, shown
