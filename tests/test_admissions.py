@@ -84,6 +84,7 @@ def test_the_engine_record_holds_a_place_while_the_run_is_queued_running_or_leas
 
     # A run another instance took again (re-queued) holds its lease: its thread is busy.
     _, lease = leases.begin("t-4", "instance-1", 30, task="x", user_id="u-3")
+    assert lease is not None
     assert record.admit("t-4", U2) is Refusal.THREAD_BUSY
     leases.release(lease)
     age("t-2")
