@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.rows import DictRow, dict_row
 
 from loopwright.checkpoints.database import (
@@ -150,6 +151,23 @@ class Database:
             return self.execute(sql, params)
         with self.transaction():
             return self.execute(sql, params)
+
+    def batch(self, statements: psycopg.sql.Composable) -> list[Row]:
+        """Postgres statements sent together and run in order, in one round trip (a
+        transaction's BEGIN ... COMMIT included); the rows of the last one that returns rows.
+        Values go in as `psycopg.sql.Literal`s: a batch takes no parameters. Each statement
+        sees what was committed before it began, as any statement does, so one may wait for a
+        lock the one before it took and then read what its last holder wrote."""
+        if not isinstance(self.conn, psycopg.Connection):
+            raise TypeError("a batch of statements is Postgres' (SQLite runs one at a time)")
+        with self._lock, self.conn.cursor(row_factory=dict_row) as pcur:
+            pcur.execute(statements.as_string(self.conn), prepare=False)
+            rows: list[Row] = []
+            while True:
+                if pcur.description:
+                    rows = pcur.fetchall()
+                if not pcur.nextset():
+                    return rows
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         rows = self.execute(sql, params)

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from psycopg import sql
+
 from loopwright.checkpoints.sql import Database
 
 # How long a run admitted on a thread may take to start before another may be admitted there.
@@ -122,18 +124,44 @@ RECORDING_S = 2.0
 # has a run on its thread queued or running (on any instance), or while that run holds a live
 # lease (an attempt the engine re-queued); the served graph deletes it as the run's attempt ends,
 # so a thread waiting for a person holds nobody's place.
-_HOLDS = f"""(a.admitted_at > now() - make_interval(secs => %s)
+_HOLDS = f"""(a.admitted_at > now() - make_interval(secs => {RECORDING_S})
     OR EXISTS (SELECT 1 FROM {_ENGINE_RUNS} e WHERE e.thread_id = a.thread_id
         AND e.status IN ('pending', 'running'))
     OR EXISTS (SELECT 1 FROM lw_runs r WHERE r.run_id = a.thread_id AND r.owner IS NOT NULL
         AND r.lease_expires_at > now()))"""
+# One admission: locks on the thread and the principal (held to COMMIT, so a second instance's
+# admission waits, then reads this one), then the verdict and, if it is none, the admission, in
+# one statement. The thread is busy with its admission, or a run of it that began without one
+# (re-queued, or from before this record) in flight.
+_ADMIT = f"""BEGIN;
+SELECT pg_advisory_xact_lock(hashtext('lw_admissions.thread'), hashtext({{thread}})),
+    pg_advisory_xact_lock(hashtext('lw_admissions.principal'), hashtext({{principal}}));
+WITH verdict AS (SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM lw_admissions a WHERE a.thread_id = {{thread}} AND {_HOLDS})
+        OR EXISTS (SELECT 1 FROM {_ENGINE_RUNS} WHERE thread_id = {{thread}}
+            AND status IN ('pending', 'running'))
+        OR EXISTS (SELECT 1 FROM lw_runs WHERE run_id = {{thread}} AND owner IS NOT NULL
+            AND lease_expires_at > now())
+        THEN '{{busy}}'
+    WHEN {{bound}} IS NOT NULL AND (SELECT count(*) FROM lw_admissions a WHERE a.tenant = {{tenant}}
+            AND a.user_id = {{user}} AND {_HOLDS}) >= {{bound}}
+        THEN '{{full}}'
+    ELSE '' END AS refusal),
+admitted AS (INSERT INTO lw_admissions (thread_id, tenant, user_id, admitted_at)
+    SELECT {{thread}}, {{tenant}}, {{user}}, now() FROM verdict WHERE refusal = ''
+    ON CONFLICT (thread_id) DO UPDATE SET tenant = excluded.tenant,
+        user_id = excluded.user_id, admitted_at = excluded.admitted_at)
+SELECT refusal FROM verdict;
+COMMIT;"""
 
 
 class EngineAdmissions:
     """The same rules as `ThreadAdmissions` across the instances of Aegra, recorded in
     lw_admissions beside the engine's own runs table; each admission is one transaction holding
     advisory locks on the thread and the principal, so two instances cannot both admit past a
-    rule. A served run's id is its thread's, so its lease in lw_runs says whether it runs."""
+    rule, sent as one batch: one round trip (a run's creation waits for it, and each round trip
+    of a thread in a busy process waits for the interpreter too). A served run's id is its
+    thread's, so its lease in lw_runs says whether it runs."""
 
     def __init__(self, db: Database, per_principal: int = PER_PRINCIPAL) -> None:
         self.db = db
@@ -144,43 +172,17 @@ class EngineAdmissions:
     ) -> Refusal | None:
         """As `ThreadAdmissions.admit`."""
         tenant, user_id = principal
-        with self.db.transaction():
-            self.db.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('lw_admissions.thread'), hashtext(%s)),"
-                " pg_advisory_xact_lock(hashtext('lw_admissions.principal'), hashtext(%s))",
-                (thread_id, f"{tenant}/{user_id}"),
-            )
-            # The thread's admission, or a run of it that began without one (before this
-            # record, or a run the engine re-queued), in flight.
-            busy = self.db.one(
-                f"SELECT 1 FROM lw_admissions a WHERE a.thread_id = %s AND {_HOLDS}"
-                f" UNION ALL SELECT 1 FROM {_ENGINE_RUNS} WHERE thread_id = %s"
-                " AND status IN ('pending', 'running')"
-                " UNION ALL SELECT 1 FROM lw_runs WHERE run_id = %s AND owner IS NOT NULL"
-                " AND lease_expires_at > now()",
-                (thread_id, RECORDING_S, thread_id, thread_id),
-            )
-            if busy is not None:
-                return Refusal.THREAD_BUSY
-            # What no longer holds goes: the principal's count reads only what does.
-            self.db.execute(
-                f"DELETE FROM lw_admissions a WHERE tenant = %s AND user_id = %s AND NOT {_HOLDS}",
-                (tenant, user_id, RECORDING_S),
-            )
-            row = self.db.one(
-                "SELECT count(*) AS holding FROM lw_admissions WHERE tenant = %s AND user_id = %s",
-                (tenant, user_id),
-            )
-            if bounded and row is not None and row["holding"] >= self.per_principal:
-                return Refusal.PRINCIPAL_FULL
-            self.db.execute(
-                "INSERT INTO lw_admissions (thread_id, tenant, user_id, admitted_at)"
-                " VALUES (%s, %s, %s, now()) ON CONFLICT (thread_id) DO UPDATE SET"
-                " tenant = excluded.tenant, user_id = excluded.user_id,"
-                " admitted_at = excluded.admitted_at",
-                (thread_id, tenant, user_id),
-            )
-            return None
+        statements = sql.SQL(_ADMIT).format(
+            thread=sql.Literal(thread_id),
+            principal=sql.Literal(f"{tenant}/{user_id}"),
+            tenant=sql.Literal(tenant),
+            user=sql.Literal(user_id),
+            bound=sql.Literal(self.per_principal if bounded else None),
+            busy=sql.SQL(Refusal.THREAD_BUSY.name),
+            full=sql.SQL(Refusal.PRINCIPAL_FULL.name),
+        )
+        [row] = self.db.batch(statements)
+        return Refusal[row["refusal"]] if row["refusal"] else None
 
     def started(self, thread_id: str) -> None:
         """Nothing to note: a run that started holds its lease, which is what counts here."""

@@ -38,6 +38,7 @@ from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, postgres_pool, redact
 from loopwright.checkpoints.leases import LeaseStore
+from loopwright.checkpoints.sql import open_database
 from loopwright.graph.roles import Roles
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
@@ -187,8 +188,10 @@ def resources() -> ServerResources:
         threads = EngineThreads(runner.leases.db)
         admitting: ThreadAdmissions | EngineAdmissions = admissions
         if threads.kept:  # many instances: the record they share, the operator's bound
-            bound = per_principal_from_env(os.environ)
-            admitting = EngineAdmissions(runner.leases.db, per_principal=bound)
+            # On a connection of its own: an admission's transaction does not wait behind the
+            # runs' lease renewals on the runner's, nor they behind it.
+            own = _runner_stack.enter_context(open_database(url))
+            admitting = EngineAdmissions(own, per_principal=per_principal_from_env(os.environ))
         _resources = ServerResources(url, runner, threads, pool, admitting)
         return _resources
 
