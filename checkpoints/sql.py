@@ -153,7 +153,7 @@ class Database:
             return self.execute(sql, params)
 
     def batch(self, statements: psycopg.sql.Composable) -> list[Row]:
-        """Postgres statements sent together and run in order, in one round trip (a
+        """Postgres statements sent together and run one after another, in one round trip (a
         transaction's BEGIN ... COMMIT included); the rows of the last one that returns rows.
         Values go in as `psycopg.sql.Literal`s: a batch takes no parameters. Each statement
         sees what was committed before it began, as any statement does, so one may wait for a
