@@ -131,13 +131,15 @@ _HOLDS = f"""(a.admitted_at > now() - make_interval(secs => {RECORDING_S})
         AND r.lease_expires_at > now()))"""
 # One admission: locks on the thread and the principal (held to COMMIT, so a second instance's
 # admission waits, then reads this one), then the verdict and, if it is none, the admission, in
-# one statement. The thread is busy with its admission, or a run of it that began without one
-# (re-queued, or from before this record) in flight.
+# one statement. The thread is busy while it holds an admission (as `_HOLDS` says, with the
+# thread's own run read directly: one that began without an admission, re-queued or from before
+# this record, keeps it busy too).
 _ADMIT = f"""BEGIN;
 SELECT pg_advisory_xact_lock(hashtext('lw_admissions.thread'), hashtext({{thread}})),
     pg_advisory_xact_lock(hashtext('lw_admissions.principal'), hashtext({{principal}}));
 WITH verdict AS (SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM lw_admissions a WHERE a.thread_id = {{thread}} AND {_HOLDS})
+    WHEN EXISTS (SELECT 1 FROM lw_admissions WHERE thread_id = {{thread}}
+            AND admitted_at > now() - make_interval(secs => {RECORDING_S}))
         OR EXISTS (SELECT 1 FROM {_ENGINE_RUNS} WHERE thread_id = {{thread}}
             AND status IN ('pending', 'running'))
         OR EXISTS (SELECT 1 FROM lw_runs WHERE run_id = {{thread}} AND owner IS NOT NULL

@@ -29,7 +29,6 @@ auth hooks differ (Aegra calls them with other shapes) still cannot be talked in
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -448,8 +447,8 @@ async def admit(user: User, thread_id: Any, *, bounded: bool = True) -> None:
     and has not ended (one waiting behind it would hold up everyone's), 429 while the caller
     holds as many runs as one principal may (unless not `bounded`)."""
     admitting = (await aresources()).admissions
-    admit_one = functools.partial(admitting.admit, bounded=bounded)
-    refusal = await asyncio.to_thread(admit_one, str(thread_id), (user.tenant, user.user_id))
+    principal = (user.tenant, user.user_id)
+    refusal = await asyncio.to_thread(admitting.admit, str(thread_id), principal, bounded=bounded)
     if refusal is Refusal.THREAD_BUSY:
         raise Auth.exceptions.HTTPException(
             status_code=409,
