@@ -75,7 +75,7 @@ def server_down() -> dict[str, str]:
         return {"resources": f"{type(exc).__name__}: {str(exc)[:200]}"}
     checks = {
         "database": database_answers(res.database_url),
-        "database connection": connections_answer(res.runner.databases),
+        "database connection": connections_answer(res.databases),
         "agent": agent_answers(res.agent, res.runner.deps),
     }
     if (redis := queue_redis()) is not None:

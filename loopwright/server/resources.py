@@ -38,7 +38,7 @@ from loopwright._agent import Agent
 from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, postgres_pool, redact
 from loopwright.checkpoints.leases import LeaseStore
-from loopwright.checkpoints.sql import open_database
+from loopwright.checkpoints.sql import Database, open_database
 from loopwright.graph.roles import Roles
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
@@ -94,6 +94,16 @@ class ServerResources:
     @property
     def agent(self) -> Agent[object]:
         return self.runner.agent
+
+    @property
+    def databases(self) -> tuple[Database, ...]:
+        """Every connection the process keeps: the runner's, and the engine admissions' own."""
+        own = (self.admissions.db,) if isinstance(self.admissions, EngineAdmissions) else ()
+        return (*self.runner.databases, *own)
+
+    def connection_lost(self) -> bool:
+        """Whether a kept connection was lost: the next use opens them anew (`resources`)."""
+        return any(db.lost for db in self.databases)
 
     @property
     def leases(self) -> LeaseStore:
@@ -167,13 +177,13 @@ async def hosted_roles() -> Roles:
 def resources() -> ServerResources:
     """The process's resources, created on first use (blocking: call from a thread).
 
-    Where a connection the runner keeps was lost (the database restarted, a failover), the
+    Where a connection the process keeps was lost (the database restarted, a failover), the
     runner is opened anew on the next use, as `loopwright worker` reconnects: the requests in
     flight on the lost connection fail, the ones after it are served (and readiness says so).
     The agent's dependencies and the runs' connection pool are kept."""
     global _resources
     with _lock:
-        if _resources is not None and not _resources.runner.connection_lost():
+        if _resources is not None and not _resources.connection_lost():
             return _resources
         if _resources is None:
             url, agent, spec = _configured()
@@ -215,6 +225,6 @@ def _configured() -> tuple[str, Agent[object], str | None]:
 async def aresources() -> ServerResources:
     """`resources()` from async code: the first call connects (and a call after a connection
     was lost reconnects), which must not block the loop."""
-    if _resources is not None and not _resources.runner.connection_lost():
+    if _resources is not None and not _resources.connection_lost():
         return _resources
     return await asyncio.to_thread(resources)
