@@ -1385,6 +1385,7 @@ def serve(
     url = resolve_database_url(db)
     if database_kind(url) is not DatabaseKind.POSTGRES:
         raise UsageError("serving needs Postgres: --db postgresql://... or DATABASE_URL")
+    _check_server_settings()
     extra = {"DATABASE_URL": url, AGENT_ENV: path, **_paths_from_here()}
     extra |= _identity_env(use_dev=dev_tokens or engine == "langgraph", roles=hosted.roles)
     # SIGTERM too stops the server (and whatever the agent's dependencies started in it).
@@ -1394,6 +1395,19 @@ def serve(
         _serve_aegra(hosted, url, redis, extra, host=host, ports=ports)
     else:
         _serve_langgraph(extra, host=host, port=port)
+
+
+def _check_server_settings() -> None:
+    """The run settings a server reads from the environment, refused here in one line rather
+    than by the server at its first request, after it has started."""
+    from loopwright.runner import lease_ttl_from_env
+    from loopwright.server.admissions import per_principal_from_env
+
+    try:
+        lease_ttl_from_env()
+        per_principal_from_env(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _paths_from_here() -> dict[str, str]:

@@ -372,6 +372,29 @@ def test_serve_refuses_identities_no_server_could_use_before_starting(
     assert not (tmp_path / "home").exists()  # nothing started
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LOOPWRIGHT_RUNS_PER_PRINCIPAL", "two"),
+        ("LOOPWRIGHT_LEASE_TTL_S", "0"),
+    ],
+)
+def test_serve_refuses_a_setting_its_server_could_not_use_before_starting(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    """A setting the server reads from the environment is refused by serve, in one line naming
+    it, before anything starts (the server found it only at its first request)."""
+    with reserved_ports(2) as port:  # aegra: two instances, on port and the next
+        refused = cli(
+            *("serve", "--engine", "aegra", "--dev-tokens", "--port", str(port)),
+            *("--db", "postgresql://nobody@127.0.0.1:1/none"),
+            env={"LOOPWRIGHT_HOME": str(tmp_path / "home"), name: value},
+            expect=2,
+        )
+    assert refused.stderr.count("\n") == 1 and name in refused.stderr, refused.stderr
+    assert not (tmp_path / "home").exists()  # nothing started
+
+
 def test_an_aegra_instance_with_unusable_identities_does_not_start(tmp_path: Path) -> None:
     """Not served with no identities: Aegra would serve everyone as one anonymous identity
     were its auth module to fail as it loads."""
