@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,18 +122,15 @@ def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> EngineCost:
             },
         )
         with cluster.start_instance(workdir, env, index=1, host="127.0.0.1", port=_port()) as one:
-            before = process_cpu_s(one.pid)
-            loop_before = process_cpu_s(one.pid, main_thread=True)
-            started = time.monotonic()
             tasks = [TASK.format(order_id=order_id) for order_id in orders]
-            runs = asyncio.run(_create_runs(one.url, GRAPH_ID, tasks, AUTHORIZATION))
-            submitted_s = time.monotonic() - started
-            run_ids = [thread_id for thread_id, _ in runs]  # a served run's id is its thread's
-            _wait_completed(bench.database_url, run_ids)
-            used = process_cpu_s(one.pid) - before
-            loop = process_cpu_s(one.pid, main_thread=True) - loop_before
+            # A served run's id is its thread's.
+            cost = _measured(
+                one,
+                lambda: asyncio.run(_create_runs(one.url, GRAPH_ID, tasks, AUTHORIZATION)),
+                lambda runs: _wait_completed(bench.database_url, [t for t, _ in runs]),
+            )
     cluster.forget_keys(redis_url, cluster.deployment_prefix(bench.database_url))
-    return EngineCost(used / len(run_ids), loop / len(run_ids), submitted_s)
+    return cost
 
 
 def engine_floor(bench: Bench, runs: int, redis_url: str) -> EngineCost:
@@ -150,16 +147,31 @@ def engine_floor(bench: Bench, runs: int, redis_url: str) -> EngineCost:
         with cluster.start_instance(
             workdir, env, index=1, host="127.0.0.1", port=_port(), program=plain
         ) as one:
-            before = process_cpu_s(one.pid)
-            loop_before = process_cpu_s(one.pid, main_thread=True)
-            started = time.monotonic()
-            created = asyncio.run(_create_runs(one.url, FLOOR_GRAPH, ["-"] * runs, {}))
-            submitted_s = time.monotonic() - started
-            _wait_engine_runs(bench.database_url, [run_id for _, run_id in created])
-            used = process_cpu_s(one.pid) - before
-            loop = process_cpu_s(one.pid, main_thread=True) - loop_before
+            cost = _measured(
+                one,
+                lambda: asyncio.run(_create_runs(one.url, FLOOR_GRAPH, ["-"] * runs, {})),
+                lambda created: _wait_engine_runs(bench.database_url, [r for _, r in created]),
+            )
     cluster.forget_keys(redis_url, cluster.deployment_prefix(bench.database_url))
-    return EngineCost(used / runs, loop / runs, submitted_s)
+    return cost
+
+
+def _measured(
+    instance: cluster.Instance,
+    create: Callable[[], list[tuple[str, str]]],
+    wait: Callable[[list[tuple[str, str]]], None],
+) -> EngineCost:
+    """The instance's CPU (all of it, and its event loop's) per run from before `create` until
+    `wait` returns, and the client's time in `create`."""
+    before = process_cpu_s(instance.pid)
+    loop_before = process_cpu_s(instance.pid, main_thread=True)
+    started = time.monotonic()
+    runs = create()
+    submitted_s = time.monotonic() - started
+    wait(runs)
+    used = process_cpu_s(instance.pid) - before
+    loop = process_cpu_s(instance.pid, main_thread=True) - loop_before
+    return EngineCost(used / len(runs), loop / len(runs), submitted_s)
 
 
 def _wait_engine_runs(url: str, run_ids: list[str], timeout: float = 600) -> None:
