@@ -32,6 +32,7 @@ from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.retention import retain
 from loopwright.checkpoints.scratch import fresh_database
+from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
@@ -751,6 +752,42 @@ def test_no_customer_holds_up_another_customers_run(served: Served) -> None:
         slow_down(served.services.payments, 0, methods=("POST",))
     for thread in (*in_flight, other):
         wait_for_end(served.client("t-a1"), thread)
+
+
+def test_an_approver_clears_the_inbox_faster_than_its_runs_end(served: Served) -> None:
+    """The runs an approver resumes are their customers', not the approver's: deciding more
+    approvals than one user may have runs in flight, while every decided run is still held up by
+    the payment service, is a 200 each (before: the fourth was a 429, the approver's own bound).
+    They count as the customer's runs in flight: the customer's next run waits (429); another
+    customer's does not."""
+    orders = [f"O-93{i}" for i in range(PER_PRINCIPAL + 1)]
+    for order_id in orders:
+        create_order(served.services, order_id, "u-1", "80.00")  # each needs an approval
+    create_order(served.services, "O-939", "u-1", "20.00")
+    create_order(served.services, "O-938", "u-2", "20.00")
+    ada, ann, ben = served.client("t-u1"), served.client("t-a1"), served.client("t-u2")
+    waiting = [start_run(ada, task_about(order_id)["task"]) for order_id in orders]
+    slow_down(served.services.payments, 8.0, methods=("POST",))
+    try:
+        for thread_id, state in waiting:
+            [interrupt] = state["interrupts"]
+            command = {"resume": decision_for(interrupt, "approve", approver="a-1")}
+            ann.runs.create(thread_id, GRAPH, command=command)
+        decided = [thread_id for thread_id, _ in waiting]
+        journaled = "SELECT count(DISTINCT run_id) FROM lw_actions WHERE run_id = ANY(%s)"
+        wait_for(lambda: served.sql(journaled, decided) == [(len(decided),)])
+        theirs = ada.threads.create()["thread_id"]
+        assert status_of(lambda: ada.runs.create(theirs, GRAPH, input=task_about("O-939"))) == 429
+        other = ben.threads.create()["thread_id"]
+        ben.runs.create(other, GRAPH, input=task_about("O-938"))
+        assert ("COMPLETED",) not in served.sql(
+            "SELECT phase FROM lw_runs WHERE run_id = ANY(%s)", decided
+        ), "the decided runs ended before the customer's next run was asked for"
+    finally:
+        slow_down(served.services.payments, 0, methods=("POST",))
+    for thread_id in (*decided, other):
+        assert wait_for_end(ann, thread_id)["values"]["stop_reason"] == "completed"
+    assert all(len(list_refunds(served.services, order_id)) == 1 for order_id in orders)
 
 
 def test_the_inbox_page_runs_only_its_own_script_in_no_frame(served: Served) -> None:

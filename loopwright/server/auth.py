@@ -555,9 +555,15 @@ async def on_run_create(
         asked = await waiting_requests(thread_id)
         if (refused := await decision_refusal(asked, signed)) is not None:
             raise refused
+        # The resumed run is its customer's, in flight on their account; not bounded by the
+        # approver's: clearing an inbox faster than its runs end is no approver's fault, and
+        # the runs it resumes were each admitted under their customer's bound when they began.
+        customer = User(
+            user_id=run.user_id if run is not None else user.user_id, roles=(), tenant=user.tenant
+        )
         async with claimed(asked, signed):
-            await admit(user, value.get("thread_id"))
-        stamp_owner(value, kwargs, run.user_id if run is not None else user.user_id, user.tenant)
+            await admit(customer, value.get("thread_id"), bounded=False)
+        stamp_owner(value, kwargs, customer.user_id, user.tenant)
         return _filter(user, roles)  # and only in their own tenant
     if not roles.grants("start", user.roles):
         if "resume" in command:  # most likely a decision that is not one
