@@ -771,8 +771,8 @@ def test_an_approver_clears_the_inbox_faster_than_its_runs_end(served: Served) -
     try:
         for thread_id, state in waiting:
             [interrupt] = state["interrupts"]
-            command = {"resume": decision_for(interrupt, "approve", approver="a-1")}
-            ann.runs.create(thread_id, GRAPH, command=command)
+            approval = decision_for(interrupt, "approve", approver="a-1")
+            ann.runs.create(thread_id, GRAPH, command={"resume": approval})
         decided = [thread_id for thread_id, _ in waiting]
         journaled = "SELECT count(DISTINCT run_id) FROM lw_actions WHERE run_id = ANY(%s)"
         wait_for(lambda: served.sql(journaled, decided) == [(len(decided),)])
