@@ -1400,12 +1400,14 @@ def serve(
 def _check_server_settings() -> None:
     """The run settings a server reads from the environment, refused here in one line rather
     than by the server at its first request, after it has started."""
+    from loopwright.observability.tracing import TraceSettings
     from loopwright.runner import lease_ttl_from_env
     from loopwright.server.admissions import per_principal_from_env
 
     try:
         lease_ttl_from_env()
         per_principal_from_env(os.environ)
+        TraceSettings.from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -377,6 +377,8 @@ def test_serve_refuses_identities_no_server_could_use_before_starting(
     [
         ("LOOPWRIGHT_RUNS_PER_PRINCIPAL", "two"),
         ("LOOPWRIGHT_LEASE_TTL_S", "0"),
+        ("LOOPWRIGHT_TRACE", "of"),
+        ("LOOPWRIGHT_TRACE_RAW_ARGS", "ture"),
     ],
 )
 def test_serve_refuses_a_setting_its_server_could_not_use_before_starting(

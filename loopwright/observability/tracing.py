@@ -62,7 +62,9 @@ class TraceSettings:
         on nor off (`LOOPWRIGHT_TRACE=of` must not trace, nor `..._RAW_ARGS=ture` hide)."""
         if not _switch(TRACE_ENV, default=True):
             return cls(enabled=False)
-        file = os.environ.get(TRACE_FILE_ENV) or loopwright_home() / DEFAULT_TRACE_FILE
+        # Named, not made: the exporter makes the file's directory as it first writes, so that
+        # checking the settings (`serve` before it starts anything) leaves no folder behind.
+        file = os.environ.get(TRACE_FILE_ENV) or loopwright_home(create=False) / DEFAULT_TRACE_FILE
         return cls(
             file=Path(file),
             otlp=any(os.environ.get(name) for name in OTLP_ENDPOINT_ENVS),
