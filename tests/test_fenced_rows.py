@@ -291,16 +291,28 @@ def test_a_checkpoint_waits_for_its_superstep_s_writes(database_url: str) -> Non
         lease = leases.claim("fenced", "worker-a", ttl_s=60)
     with open_checkpointer(database_url, fence=Fence.of(lease)) as saver:
         parent, commits = _saver_with_a_checkpoint(saver)
-        late = threading.Timer(0.05, saver.put_writes, (parent, [("x", "a value")], "task-1"))
-        late.start()
-        started = time.monotonic()
+        # The writes are sent once the checkpoint waits for them, not after a guessed delay.
+        waiting = threading.Event()
+        wait_for = saver._arrived.wait_for  # type: ignore[attr-defined]
+
+        def signalled(*args: Any) -> Any:
+            waiting.set()
+            return wait_for(*args)
+
+        saver._arrived.wait_for = signalled  # type: ignore[attr-defined]
+
+        def late() -> None:
+            waiting.wait()
+            saver.put_writes(parent, [("x", "a value")], "task-1")
+
+        sender = threading.Thread(target=late)
+        sender.start()
         saver.put(parent, _next(["x"]), {"source": "loop", "step": 1}, {})
-        waited = time.monotonic() - started
-        late.join()
+        sender.join()
         saved = saver.get_tuple(parent)
+    assert waiting.is_set(), "the checkpoint did not wait for its writes"
     assert commits == [(1, True)], "the writes and the checkpoint in one commit"
     assert saved is not None and [w[1:] for w in saved.pending_writes or ()] == [("x", "a value")]
-    assert 0.04 <= waited < WRITES_WAIT_S
 
 
 def test_a_checkpoint_waits_no_longer_than_its_bound(database_url: str) -> None:
