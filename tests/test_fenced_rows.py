@@ -293,13 +293,13 @@ def test_a_checkpoint_waits_for_its_superstep_s_writes(database_url: str) -> Non
         parent, commits = _saver_with_a_checkpoint(saver)
         # The writes are sent once the checkpoint waits for them, not after a guessed delay.
         waiting = threading.Event()
-        wait_for = saver._arrived.wait_for  # type: ignore[attr-defined]
+        wait_for = saver._arrived.wait_for
 
         def signalled(*args: Any) -> Any:
             waiting.set()
             return wait_for(*args)
 
-        saver._arrived.wait_for = signalled  # type: ignore[attr-defined]
+        saver._arrived.wait_for = signalled  # type: ignore[method-assign,assignment]
 
         def late() -> None:
             waiting.wait()
