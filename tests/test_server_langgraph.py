@@ -132,7 +132,7 @@ def decision_for(interrupt: dict[str, Any], decision: str, approver: str) -> dic
     }
 
 
-def wait_for_end(client: SyncLangGraphClient, thread_id: str, timeout: float = 60) -> Any:
+def wait_for_end(client: SyncLangGraphClient, thread_id: str, timeout: float = PATIENCE_S) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         state = client.threads.get_state(thread_id)
