@@ -16,7 +16,7 @@ from loopwright.graph.roles import DEFAULT_ROLES, Roles
 from loopwright.graph.state import Principal, initial_state
 from loopwright.server.auth import authorization_of, decisions_in
 from loopwright.server.bearer_tokens import TokenTableError, token_table
-from loopwright.server.graph import is_user_cancel
+from loopwright.server.graph import _settled, is_user_cancel
 from loopwright.server.inputs import (
     Continue,
     NewRun,
@@ -26,6 +26,7 @@ from loopwright.server.inputs import (
     payload_for,
     principal_of_user,
 )
+from tests.runtime_fixtures import PATIENCE_S
 
 TASK = "Check whether order O-42 can be refunded and refund it if so."
 ADA = Principal(user_id="u-1", roles=("customer",))
@@ -235,3 +236,25 @@ def test_only_a_users_cancel_cancels_a_served_run() -> None:
     assert is_user_cancel(asyncio.CancelledError(UserInterrupt()), None)
     assert not is_user_cancel(asyncio.CancelledError(), None)  # e.g. a server shutting down
     assert not is_user_cancel(GeneratorExit(), "run-1")
+
+
+def test_a_run_handed_back_is_waited_for_however_often_the_engine_cancels() -> None:
+    """An engine shutting down may cancel the task waiting for a handed-back run's thread more
+    than once; the wait lasts until the thread has stopped (and released its lease), not until
+    the next cancel: an instance that exited with a run mid-step left its lease live (a loaded
+    CI run found it), and no other instance could take the run until the lease lapsed."""
+
+    async def handed_back() -> None:
+        finished = asyncio.get_running_loop().create_future()
+        waiting = asyncio.create_task(_settled("run-1", finished, timeout_s=PATIENCE_S))
+        for _ in range(3):
+            for _ in range(5):  # the cancel delivered, and waited on again
+                await asyncio.sleep(0)
+            waiting.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done(), "the wait ended while the run's thread was mid-step"
+        finished.set_result(None)
+        await waiting
+
+    asyncio.run(handed_back())

@@ -426,12 +426,23 @@ async def _cancel_and_settle(
 
 
 async def _settled(run_id: str, finished: asyncio.Future[None], timeout_s: float) -> None:
-    """Wait (at most `timeout_s`) for the run's thread to stop and release its lease; a
-    second cancel of the waiting task does not cut the wait short."""
-    try:
-        await asyncio.wait_for(asyncio.shield(finished), timeout_s)
-    except (TimeoutError, asyncio.CancelledError):
-        log.warning("run %s: stopped by the server; it reaches its next step on its own", run_id)
+    """Wait (at most `timeout_s`) for the run's thread to stop and release its lease, however
+    often the waiting task is cancelled meanwhile: an engine shutting down may cancel it again
+    (a lost worker lease, its own deadline), and a process that exits while a run's thread is
+    mid-step leaves that run's lease live, so no other instance takes the run until it lapses.
+    The caller raises what stopped the run once this returns."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not finished.done():
+        try:
+            await asyncio.wait_for(asyncio.shield(finished), max(deadline - loop.time(), 0))
+        except TimeoutError:
+            log.warning(
+                "run %s: stopped by the server; it reaches its next step on its own", run_id
+            )
+            return
+        except asyncio.CancelledError:
+            continue  # waited out all the same, until the deadline
 
 
 graph = ServedGraph.build()
