@@ -482,6 +482,22 @@ class LeaseStore:
             _held(lease),
         )
 
+    def release_for_dead(self, run_id: str, process: str) -> bool:
+        """Give the run up for its holder, a process known to be dead (`process`: the
+        "host:pid:" that its owner names begin with, `worker_name`'s), rather than wait out
+        the lease's time to live: a reaped process renews and writes nothing more. Only for a
+        process the caller reaped itself; whether there was such a lease."""
+        run = self.get(run_id)
+        if run is None or run.owner is None or not run.owner.startswith(process):
+            return False
+        released = self.db.write(
+            "UPDATE lw_runs SET owner = NULL, lease_expires_at = NULL, updated_at = now()"
+            + _HELD
+            + " RETURNING run_id",
+            (run_id, run.owner, run.fence),
+        )
+        return bool(released)
+
 
 def _lease(row: dict[str, object], ttl_s: float, cancel_requested: bool) -> Lease:
     """The lease a claim or a renewal wrote (`row`, its RETURNING), with whether the run's row

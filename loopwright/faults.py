@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -38,8 +39,8 @@ from loopwright.tools.faults import Fault, FaultPlan
 SETTLE_S = 120.0
 # Approvals answered in one trial at most: a scenario asking for more is looping.
 MAX_DECISIONS = 20
-# A crashed process's lease, and how long the resuming one waits for it to expire.
-CHILD_LEASE_TTL_S = 1.0
+# How long the resuming process waits for a lease that is still held (the crashed process's
+# is given up for it as soon as it has been reaped).
 LEASE_WAIT_S = 30.0
 CHILD_TIMEOUT_S = 300.0
 
@@ -240,7 +241,7 @@ def _trial(
             assert plan.fault is not None and plan.fault.crash_point and plan.at
             point = nth(plan.fault.crash_point, plan.at)
             env = dict(scenario.env(deps)) if scenario.env else {}
-            crashed = _first_process(crash, database_url, run_id, point, env)
+            crashed = _first_process(crash, database_url, run_id, point, env, runner)
             plan.tools.extend(_sent(runner, run_id))
             # The run goes on in this process: the one that died is not coming back.
             outcome = runner.resume(run_id, wait=SETTLE_S)
@@ -278,30 +279,33 @@ def _sent(runner: Runner, run_id: str) -> list[str]:
 
 
 def _first_process(
-    crash: _Crash, database_url: str, run_id: str, point: str, env: dict[str, str]
+    crash: _Crash, database_url: str, run_id: str, point: str, env: dict[str, str], runner: Runner
 ) -> bool:
-    """Start the trial's run in a new process armed to die at `point`; whether it died there."""
+    """Start the trial's run in a new process armed to die at `point`; whether it died there.
+    The dead process's lease is given up for it: the run goes on at once, and the process ran
+    with the lease's usual time to live (a short one, waited out faster, lapsed while a loaded
+    machine kept it from renewing, and the process stopped short of its crash point)."""
     job = {
         "agent": crash.agent_path,
         "scenario": crash.scenario,
         "database_url": database_url,
         "run_id": run_id,
     }
-    child = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-c", "import sys; from loopwright.faults import child; child()"],
-        input=json.dumps(job),
-        env={
-            **os.environ,
-            **env,
-            CRASH_ENV: point,
-            "LOOPWRIGHT_LEASE_TTL_S": str(CHILD_LEASE_TTL_S),
-        },
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env, CRASH_ENV: point},
         text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
-    return child.returncode == CRASHED
+    ) as process:
+        try:
+            process.communicate(json.dumps(job), timeout=CHILD_TIMEOUT_S)
+        finally:
+            process.kill()
+            process.wait()
+    runner.leases.release_for_dead(run_id, f"{socket.gethostname()}:{process.pid}:")
+    return process.returncode == CRASHED
 
 
 def child() -> None:

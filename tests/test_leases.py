@@ -94,6 +94,22 @@ def test_takeover_after_expiry_bumps_the_fence(leases: LeaseStore) -> None:
     assert leases.get(RUN).owner == "worker-b"  # type: ignore[union-attr]
 
 
+def test_a_dead_process_s_lease_is_given_up_for_it_and_nobody_else_s(leases: LeaseStore) -> None:
+    """A process reaped by its parent holds its run no longer: the parent gives the lease up
+    for it, and the run is taken at once under a new fence (its writes, were any still on
+    their way, refused). Another process's lease, or a process named by a prefix of its pid,
+    is not given up."""
+    dead = leases.claim(RUN, "host-1:4242:ab12cd", ttl_s=30)
+    assert not leases.release_for_dead(RUN, "host-1:424:")
+    assert not leases.release_for_dead(RUN, "host-2:4242:")
+    assert leases.get(RUN).owner == dead.owner  # type: ignore[union-attr]
+    assert leases.release_for_dead(RUN, "host-1:4242:")
+    taken = leases.claim(RUN, "host-1:5151:ef34ab", ttl_s=30)
+    assert taken.fence == dead.fence + 1
+    assert not leases.release_for_dead(RUN, "host-1:4242:")  # it holds nothing any more
+    assert leases.get(RUN).owner == taken.owner  # type: ignore[union-attr]
+
+
 def test_reclaim_after_own_expiry_bumps_the_fence(leases: LeaseStore) -> None:
     first = leases.claim(RUN, "worker-a", ttl_s=0.2)
     time.sleep(0.3)
