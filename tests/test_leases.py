@@ -266,20 +266,26 @@ def three_steps(saver: FencedSaver) -> CompiledStateGraph[Any, Any, Any, Any]:
     return builder.compile(checkpointer=saver, interrupt_after=["one"])
 
 
+def lapse(leases: LeaseStore, run_id: str) -> None:
+    """The run's lease lapses now, as its holder's would once it stopped renewing it: not after
+    a short time to live that a loaded machine could use up before the holder has written."""
+    leases.db.write("UPDATE lw_runs SET lease_expires_at = now() WHERE run_id = %s", (run_id,))
+
+
 def checkpoint_ids(saver: FencedSaver) -> list[str]:
     return [c.config["configurable"]["checkpoint_id"] for c in saver.list(CONFIG)]
 
 
 def test_a_stale_worker_cannot_write_checkpoints(database_url: str, leases: LeaseStore) -> None:
     with open_checkpointer(database_url) as saver_a, open_checkpointer(database_url) as saver_b:
-        lease_a = leases.claim(RUN, "worker-a", ttl_s=0.5)
+        lease_a = leases.claim(RUN, "worker-a", ttl_s=30)
         saver_a.fence = Fence.of(lease_a)
         graph_a = three_steps(saver_a)
         assert graph_a.invoke({"trail": []}, CONFIG, durability="sync") == {"trail": ["one"]}
         written = checkpoint_ids(saver_a)
         pending = saver_a.get_tuple(CONFIG).pending_writes  # type: ignore[union-attr]
 
-        time.sleep(0.6)
+        lapse(leases, RUN)  # worker A stopped renewing it
         lease_b = leases.claim(RUN, "worker-b", ttl_s=30)
         with pytest.raises(StaleWriter, match=r"run-1: my fence 1, current fence 2"):
             graph_a.invoke(None, CONFIG, durability="sync")
@@ -333,7 +339,9 @@ def test_a_takeover_waits_for_the_write_in_flight(
         open_checkpointer(database_url, new_threads=layout) as saver,
         open_lease_store(database_url) as other,
     ):
-        lease_a = leases.claim(RUN, "worker-a", ttl_s=0.3)
+        # Long enough for the commits below to reach their fence check however loaded the
+        # machine; it lapses while the write is held (its row is locked: it cannot be lapsed).
+        lease_a = leases.claim(RUN, "worker-a", ttl_s=2)
         saver.fence = Fence.of(lease_a)
         config = saver.put(
             {"configurable": {"thread_id": RUN, "checkpoint_ns": ""}}, empty_checkpoint(), {}, {}
@@ -343,7 +351,8 @@ def test_a_takeover_waits_for_the_write_in_flight(
         writer = threading.Thread(target=saver.put_writes, args=(config, [("x", "hold")], "t1"))
         writer.start()
         assert gate.inside.wait(30), "the write is in flight, its fence already checked"
-        time.sleep(0.4)  # worker A's lease expires meanwhile
+        while leases.now() <= lease_a.expires_at:  # worker A's lease expires meanwhile
+            time.sleep(0.05)
 
         claimed = []
         claimer = threading.Thread(target=lambda: claimed.append(other.claim(RUN, "b", 30)))
