@@ -127,10 +127,9 @@ def golden(
 
 
 def test_a_release_can_finish_the_runs_an_earlier_one_parked(
-    golden: tuple[str, ServiceEndpoints], monkeypatch: pytest.MonkeyPatch
+    golden: tuple[str, ServiceEndpoints],
 ) -> None:
     url, services = golden
-    monkeypatch.setenv("LOOPWRIGHT_LEASE_TTL_S", "1")
     with connect(services) as deps, open_runner(url, golden_agent, deps=deps, lease_wait_s=5) as r:
         approved = r.decide("golden-approval", "approve", "a-1")
         unknown = r.resume("golden-unknown")
@@ -175,10 +174,9 @@ def test_a_decision_saved_under_a_changed_contract_is_checked_again_before_anyth
 
 
 def test_a_tool_gone_since_the_decision_refuses_it_and_its_unknown_write_goes_to_a_person(
-    golden: tuple[str, ServiceEndpoints], monkeypatch: pytest.MonkeyPatch
+    golden: tuple[str, ServiceEndpoints],
 ) -> None:
     url, services = golden
-    monkeypatch.setenv("LOOPWRIGHT_LEASE_TTL_S", "1")
     deployed = without("submit_refund")
     with connect(services) as deps, open_runner(url, deployed, deps=deps, lease_wait_s=5) as r:
         approved = r.decide("golden-approval", "approve", "a-1")
