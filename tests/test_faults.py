@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loopwright import Fault, prove
 from loopwright.reports import EXIT_CODES
+from loopwright.runner import LEASE_TTL_ENV
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.keyless_agent import CREDIT_SCENARIO, wrongly_keyed
 from tests.keyless_agent import agent as keyless
@@ -66,7 +67,8 @@ def test_the_faults_command_proves_the_reference_agent_and_says_so(
 ) -> None:
     """The agent's scenario, on services started on fresh data for every trial; the crash
     trials' processes are killed at the refund's send and the run resumed by this one."""
-    env = {"LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    # The lease's usual time to live: a crash trial's dead process's lease is given up for it.
+    env = {"LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "30"}
     result = cli("faults", "--db", database_url, "--json", env=env, expect=0)
     document = json.loads(result.stdout)
     assert (document["schema"], document["agent"], document["held"]) == (
@@ -89,7 +91,7 @@ def test_the_faults_command_fails_a_wrong_declaration_with_exit_1(
 ) -> None:
     """From the command line, with the crash trials: the credit declared idempotent by key
     fails under late and twice delivery (two credits each), holds under the rest."""
-    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "30"}
     agent = ("--agent", "tests.keyless_agent:wrongly_keyed", "--db", database_url)
     result = cli("faults", *agent, env=env, timeout=600)
     assert result.returncode == 1 != EXIT_CODES["usage"], result.stdout + result.stderr
