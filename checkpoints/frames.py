@@ -568,6 +568,8 @@ class _Writer:
         parent, frame = self.parent, self.frame
         expected = predicted_metadata(parent.metadata, frame.updated) if parent else {}
         actual = frame.metadata
+        if ormsgpack.packb(actual) == ormsgpack.packb(expected):
+            return  # as predicted, key for key and type for type (in a run: always)
         if changed := {
             k: v for k, v in actual.items() if k not in expected or not _same_value(expected[k], v)
         }:
