@@ -32,6 +32,7 @@ table's index). See `checkpoints.compact` for the tables and the saver.
 
 from __future__ import annotations
 
+import re
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,6 +66,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TYPES = ("msgpack", "null", "empty", "bytes", "json", "pickle", "bytearray")
 # A value a parent frame has, its bytes not kept (`Frame.as_parent`).
 _KEPT_ELSEWHERE: Stored = ("", b"")
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,8 @@ def _same(a: Version, b: Version) -> bool:
 
 
 def _same_versions(a: Mapping[str, Version], b: Mapping[str, Version]) -> bool:
-    return a == b and all(type(v) is type(b[k]) for k, v in a.items())
+    # The types compared in C (`map`): this runs for every node at every commit.
+    return a == b and list(map(type, a.values())) == list(map(type, map(b.__getitem__, a)))
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -382,10 +385,12 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def _is_pair(value: Any) -> bool:
     return (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
+        isinstance(value, list) and len(value) == 2 and _is_count(value[0]) and _is_count(value[1])
     )
+
+
+def _is_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
 
 
 def _type_code(name: str) -> int | str:
@@ -413,12 +418,11 @@ def _ts_text(code: int | str) -> str:
 
 
 def _task_code(task_id: str) -> bytes | str:
-    """A task id as its 16 bytes, if it is a UUID that reads back the same."""
-    try:
-        parsed = uuid.UUID(task_id)
-    except ValueError:
+    """A task id as its 16 bytes, if it is a UUID that reads back the same (`_task_text`: the
+    canonical spelling, lower-case hex in groups of 8-4-4-4-12)."""
+    if _CANONICAL_UUID.fullmatch(task_id) is None:
         return task_id
-    return parsed.bytes if str(parsed) == task_id else task_id
+    return bytes.fromhex(task_id.replace("-", ""))
 
 
 def _task_text(code: bytes | str) -> str:
@@ -564,6 +568,8 @@ class _Writer:
         parent, frame = self.parent, self.frame
         expected = predicted_metadata(parent.metadata, frame.updated) if parent else {}
         actual = frame.metadata
+        if ormsgpack.packb(actual) == ormsgpack.packb(expected):
+            return  # as predicted, key for key and type for type (in a run: always)
         if changed := {
             k: v for k, v in actual.items() if k not in expected or not _same_value(expected[k], v)
         }:

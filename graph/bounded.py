@@ -9,6 +9,13 @@ whatever the call is doing. The call is told it was abandoned (`BoundedCall.aban
 hooks it registered with `on_abandon`), so that it lets go of its sockets rather than read on,
 and a daemon thread never holds the process at its exit.
 
+Why threads kept between calls: starting a thread and waiting for it to start is a handoff of
+the interpreter's lock and back, some 0.1-0.2 ms, as much as the rest of a scripted model step;
+a model step makes one call a superstep. A thread whose call returned waits (`IDLE_S`) for the
+next call instead of ending; one whose call was abandoned ends with it, so that nothing an
+abandoned call left behind is carried into another. A thread is named `RUNNING` while it runs a
+call, `IDLE` while it waits.
+
 Why a process-wide stop: SIGINT or SIGTERM must end a run in any phase at once. The signal
 reaches the main thread; a node may be running on LangGraph's pool thread, which the main
 thread then waits for. `stop_all` (called by the CLI's signal handler) wakes every bounded call
@@ -19,10 +26,16 @@ run's lease is given up at once; a call begun after it raises at once too.
 from __future__ import annotations
 
 import contextvars
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+
+RUNNING = "bounded-call"
+IDLE = "bounded-call (idle)"
+IDLE_S = 60.0  # how long a thread whose call returned waits for another before it ends
 
 
 class CallOutlasted(TimeoutError):
@@ -70,6 +83,62 @@ _stopping = threading.Event()
 _registry = threading.Lock()
 
 
+class _Worker:
+    """A daemon thread running bounded calls one after another; between them it waits in
+    `_idle` for the next, up to `IDLE_S`."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[BoundedCall, Callable[[], None]]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name=RUNNING, daemon=True)
+
+    def give(self, call: BoundedCall, job: Callable[[], None]) -> None:
+        self._calls.put((call, job))
+
+    def _serve(self) -> None:
+        call, job = self._calls.get()
+        while True:
+            self.thread.name = RUNNING
+            job()
+            if call.abandoned:
+                return  # its caller went on without it: nothing of it is carried further
+            self.thread.name = IDLE
+            with _registry:
+                _idle.append(self)
+            try:
+                call, job = self._calls.get(timeout=IDLE_S)
+            except queue.Empty:
+                with _registry:
+                    if self in _idle:
+                        _idle.remove(self)
+                        return
+                # Taken from `_idle` as the wait ended: its call is on its way.
+                call, job = self._calls.get()
+
+
+def _run_on_a_thread(call: BoundedCall, job: Callable[[], None]) -> None:
+    """`job` on an idle worker's thread, or on a new one's."""
+    with _registry:
+        worker = _idle.pop() if _idle else None
+    if worker is None:
+        worker = _Worker()
+        worker.give(call, job)
+        worker.thread.start()
+    else:
+        worker.give(call, job)
+
+
+def _forget_workers() -> None:
+    """A forked child has none of its parent's threads: the workers it lists are not there, and
+    a lock one of them held stays held."""
+    global _registry
+    _registry = threading.Lock()
+    _idle.clear()
+
+
+_idle: list[_Worker] = []
+os.register_at_fork(after_in_child=_forget_workers)
+
+
 def current_call() -> BoundedCall | None:
     """The bounded call this code runs in, if any: a client reads its bound and registers what
     to let go of when abandoned."""
@@ -91,7 +160,8 @@ def stop_all() -> None:
 
 def call_by[T](seconds: float, fn: Callable[[], T], *, what: str = "the call") -> T:
     """`fn()`, or CallOutlasted once `seconds` have passed, or KeyboardInterrupt once the process
-    is stopping (`stop_all`). `fn` runs on a daemon thread in a copy of this context."""
+    is stopping (`stop_all`). `fn` runs on a daemon thread (an idle one of an earlier call's, or
+    a new one) in a copy of this context."""
     if _stopping.is_set():
         raise KeyboardInterrupt
     call = BoundedCall(time.monotonic() + max(0.0, seconds))
@@ -110,10 +180,8 @@ def call_by[T](seconds: float, fn: Callable[[], T], *, what: str = "the call") -
     with _registry:
         _in_flight.add(call)
     try:
-        thread = threading.Thread(
-            target=contextvars.copy_context().run, args=(run,), name="bounded-call", daemon=True
-        )
-        thread.start()
+        context = contextvars.copy_context()
+        _run_on_a_thread(call, lambda: context.run(run))
         while not call.over.wait(max(0.0, call.left())) and call.left() > 0:
             pass  # a wait may wake early on some platforms
     finally:

@@ -3,6 +3,7 @@ it abandoned ends too: no thread is left reading a stream that never stops."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -33,6 +34,43 @@ def test_a_call_past_its_bound_is_abandoned_and_told_so() -> None:
         call_by(0.2, blocks, what="the wait")
     released.set()
     assert let_go == [True]
+
+
+def test_a_thread_whose_call_returned_runs_the_next_call() -> None:
+    first = call_by(5, threading.get_ident)
+    assert call_by(5, threading.get_ident) == first
+
+
+def test_a_thread_whose_call_was_abandoned_runs_no_other_and_ends() -> None:
+    released = threading.Event()
+    ran_on: list[threading.Thread] = []
+
+    def blocks() -> None:
+        ran_on.append(threading.current_thread())
+        released.wait(30)
+
+    with pytest.raises(CallOutlasted):
+        call_by(0.2, blocks)
+    assert call_by(5, threading.current_thread) is not ran_on[0]
+    released.set()
+    ran_on[0].join(10)
+    assert not ran_on[0].is_alive()
+
+
+# Forking a process with threads is what is tested (the command-line server forks each command).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_runs_its_calls_on_threads_of_its_own() -> None:
+    """The parent's idle threads are not in the child: a call given to one would never run."""
+    call_by(5, lambda: None)  # leaves an idle thread in this process
+    child = os.fork()
+    if child == 0:
+        try:
+            code = 0 if call_by(5, lambda: 7) == 7 else 1
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _bounded_call_threads() -> list[threading.Thread]:
