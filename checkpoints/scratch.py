@@ -57,11 +57,20 @@ def with_application_name(url: str, name: str) -> str:
 
 
 @contextmanager
-def fresh_database(server: str, prefix: str = "lw_scratch") -> Iterator[str]:
-    """Create a uniquely named database on `server`; drop it (even with open connections) after."""
+def fresh_database(
+    server: str, prefix: str = "lw_scratch", template: str | None = None
+) -> Iterator[str]:
+    """Create a uniquely named database on `server`; drop it (even with open connections) after.
+
+    It is empty, or a copy of database `template` if given: Postgres copies its files, far
+    cheaper than creating the same tables again (it refuses while anyone is connected to
+    `template`, so keep no connection to one)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create = sql.SQL("{} TEMPLATE {}").format(create, sql.Identifier(template))
     with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        admin.execute(create)
     try:
         yield with_database(server, name)
     finally:

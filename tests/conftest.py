@@ -1,4 +1,5 @@
-"""Real databases for the tests: a SQLite file per test and a fresh Postgres database per test.
+"""Real databases for the tests: a SQLite file per test and a fresh Postgres database per test
+(a copy of one set up per session, `postgres_template`).
 
 Postgres is the server named by DATABASE_URL if set (tests create and drop their own databases
 on it, see `checkpoints.scratch`), else an embedded server started once per session from the
@@ -12,9 +13,11 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.scratch import embedded_server, fresh_database
 from tests import process_guard
 
@@ -155,9 +158,30 @@ def postgres_server_url(pytestconfig: pytest.Config) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server_url: str) -> Iterator[str]:
+    """The name of a database holding loopwright's tables and LangGraph's checkpoint tables at
+    their current versions, set up by this code, that test databases are copied from: a copy
+    costs Postgres a fraction of creating the tables anew. One per pytest process (each xdist
+    worker makes its own, so none waits for another's or copies one being made), dropped with
+    the session; nothing stays connected to it (Postgres refuses a copy while anyone is)."""
+    with fresh_database(postgres_server_url, prefix="lw_template") as url:
+        with open_checkpointer(url):
+            pass
+        yield urlsplit(url).path.removeprefix("/")
+
+
 @pytest.fixture
-def postgres_url(postgres_server_url: str) -> Iterator[str]:
-    """A fresh, uniquely named database, dropped (even with open connections) afterwards."""
+def postgres_url(postgres_server_url: str, postgres_template: str) -> Iterator[str]:
+    """A fresh, uniquely named database with the current tables (`postgres_template`'s copy),
+    dropped (even with open connections) afterwards."""
+    with fresh_database(postgres_server_url, "lw_test", postgres_template) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A fresh database with no tables at all, for the tests of how they are created."""
     with fresh_database(postgres_server_url, prefix="lw_test") as url:
         yield url
 
@@ -169,6 +193,14 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest) -> str:
-    """Each backend in turn; `indirect` parametrisation picks one."""
+    """Each backend in turn; `indirect` parametrisation picks one. A Postgres database has the
+    current tables already (`postgres_url`); a SQLite file has none yet."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("empty_postgres", marks=pytest.mark.postgres)])
+def empty_database_url(request: pytest.FixtureRequest) -> str:
+    """Each backend in turn, with no tables yet."""
     url: str = request.getfixturevalue(f"{request.param}_url")
     return url

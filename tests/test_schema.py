@@ -20,8 +20,8 @@ from loopwright.checkpoints.sql import Database, open_database
 from loopwright.graph.state import Action, ActionStatus, digest
 
 
-def test_a_fresh_database_is_migrated_to_the_latest_version_once(database_url: str) -> None:
-    with open_database(database_url) as db:
+def test_a_fresh_database_is_migrated_to_the_latest_version_once(empty_database_url: str) -> None:
+    with open_database(empty_database_url) as db:
         assert schema_version(db) == 0
         assert migrate(db) == LATEST
         assert migrate(db) == 0
@@ -50,11 +50,16 @@ def _as_released_before_versions(db: Database) -> None:
         )
 
 
-def test_a_database_from_before_versions_is_migrated_keeping_its_rows(database_url: str) -> None:
-    with open_database(database_url) as db:
+def test_a_database_from_before_versions_is_migrated_keeping_its_rows(
+    empty_database_url: str,
+) -> None:
+    with open_database(empty_database_url) as db:
         _as_released_before_versions(db)
         assert schema_version(db) == 1
-    with open_lease_store(database_url) as leases, open_journal(database_url) as journal:
+    with (
+        open_lease_store(empty_database_url) as leases,
+        open_journal(empty_database_url) as journal,
+    ):
         old = leases.get("run-old")
         assert old is not None and (old.fence, old.task) == (3, "an old task")
         assert (old.failures, old.last_error) == (0, None)
@@ -94,14 +99,14 @@ def run_threads(count: int, target: Callable[[], None], timeout: float) -> None:
         thread.join(timeout)
 
 
-def test_processes_starting_together_migrate_once(database_url: str) -> None:
+def test_processes_starting_together_migrate_once(empty_database_url: str) -> None:
     errors: list[BaseException] = []
     applied: list[int] = []
     start = threading.Barrier(4)
 
     def start_up() -> None:
         try:
-            with open_database(database_url) as db:
+            with open_database(empty_database_url) as db:
                 start.wait(30)
                 applied.append(migrate(db))
         except BaseException as exc:
@@ -110,7 +115,7 @@ def test_processes_starting_together_migrate_once(database_url: str) -> None:
     run_threads(4, start_up, 60)
     assert errors == []
     assert sum(applied) == LATEST  # each migration ran once, in whichever process got to it
-    with open_database(database_url) as db:
+    with open_database(empty_database_url) as db:
         assert db.execute("SELECT count(*) AS n, max(version) AS v FROM lw_schema") == [
             {"n": 1, "v": LATEST}
         ]
@@ -131,9 +136,9 @@ def at_version(db: Database, version: int) -> None:
 
 
 def test_a_run_pruned_before_version_5_is_marked_pruned_and_never_claimed(
-    database_url: str,
+    empty_database_url: str,
 ) -> None:
-    with open_database(database_url) as db, db.transaction():
+    with open_database(empty_database_url) as db, db.transaction():
         at_version(db, 4)
         for run_id in ("run-pruned", "run-kept"):
             db.execute(
@@ -149,7 +154,7 @@ def test_a_run_pruned_before_version_5_is_marked_pruned_and_never_claimed(
             ("{}", "{}"),
         )
         summary = db.one("SELECT pruned_at FROM lw_run_summaries")
-    with open_lease_store(database_url) as leases:
+    with open_lease_store(empty_database_url) as leases:
         pruned, kept = leases.get("run-pruned"), leases.get("run-kept")
         assert summary is not None and pruned is not None and kept is not None
         assert pruned.pruned_at == TypeAdapter(datetime).validate_python(summary["pruned_at"])
@@ -183,11 +188,11 @@ def test_connections_opening_one_new_sqlite_database_together_all_open_it(
     assert failures == []
 
 
-def test_a_summary_kept_before_version_6_reads_back_as_it_was(database_url: str) -> None:
+def test_a_summary_kept_before_version_6_reads_back_as_it_was(empty_database_url: str) -> None:
     """Version 6 keeps a pruned run's detail and answer as JSON strings (a NUL character fits
     there, not in a Postgres TEXT column); the text of summaries kept before is converted."""
     detail, answer = 'ended: "needs_human" after 8 attempts', "Refunded 40.00\nto O-802."
-    with open_database(database_url) as db, db.transaction():
+    with open_database(empty_database_url) as db, db.transaction():
         at_version(db, 5)
         for run_id in ("run-answered", "run-silent"):
             db.execute(
@@ -202,7 +207,7 @@ def test_a_summary_kept_before_version_6_reads_back_as_it_was(database_url: str)
                 " (%s, 'COMPLETED', 'completed', %s, %s, %s, 3, %s, 9, 900, now(), now())",
                 (run_id, detail, answer if run_id == "run-answered" else None, "{}", "{}"),
             )
-    with open_database(database_url) as db:
+    with open_database(empty_database_url) as db:
         assert migrate(db) == LATEST - 5
         answered, silent = summary_of(db, "run-answered"), summary_of(db, "run-silent")
     assert answered is not None and (answered.stop_detail, answered.answer) == (detail, answer)
