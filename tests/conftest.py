@@ -79,9 +79,12 @@ def _mark_quick(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.quick)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the longest first, group the tests that share a module's server (see LONGEST_FIRST,
-    `_shared_group`) and mark the quick ones."""
+    `_shared_group`) and mark the quick ones. First of the hooks: pytest-xdist reads the groups
+    in its own (on each worker, to hand a group's tests to one worker), and before them there
+    are none, nor an error: every worker then starts its own copy of each module's server."""
     items.sort(key=lambda item: _rank(item.path.name))
     for item in items:
         if group := _shared_group(item):
@@ -111,6 +114,23 @@ LONGEST_FIRST = (
     "test_approvals.py",
     "test_served_jwt.py",
 )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test whose group was lost (see `pytest_collection_modifyitems`): pytest-xdist
+    marks a grouped test's node id with its group (`...::test@group`); a pytest or pytest-xdist
+    that no longer does spreads each module's tests over the workers, each starting the
+    module's server, a wheel's install or a browser of its own."""
+    grouping = getattr(item.config.option, "loadgroup", False)  # set on xdist's workers
+    nodeid = item.nodeid
+    if (
+        grouping
+        and item.get_closest_marker("xdist_group")
+        and nodeid.rfind("@") <= nodeid.rfind("]")
+    ):
+        pytest.fail(
+            "pytest-xdist did not group this module's tests: see pyproject.toml", pytrace=False
+        )
 
 
 def _rank(module: str) -> int:
