@@ -12,6 +12,7 @@ tenant.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,7 +21,14 @@ import pytest
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.runtime_fixtures import PATIENCE_S, cli
-from tests.test_aegra_scaleout import Cluster, Instance, cluster, pytestmark, refund_task
+from tests.test_aegra_scaleout import (
+    Cluster,
+    Instance,
+    cluster,
+    deployment,
+    pytestmark,
+    refund_task,
+)
 from tests.test_served_roles import DESK_AGENT, DESK_TOKENS
 from tests.test_server_langgraph import (
     DECISION_ROUTES,
@@ -62,12 +70,25 @@ def waiting_refund(cluster: Cluster, instance: Instance, order_id: str) -> tuple
     return thread_id, interrupt
 
 
-@pytest.mark.parametrize("route", ["inbox", "sdk", "cli"])
+@pytest.fixture(scope="module")
+def two_instances(
+    postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cluster, Instance, Instance]]:
+    """A deployment of two instances for the tests of deciding through the other one: started
+    once for them all (each test's run is on an order of its own), not two instances a test."""
+    with deployment(postgres_server_url, tmp_path_factory.mktemp("aegra")) as cluster:
+        yield cluster, cluster.start("aegra-1"), cluster.start("aegra-2")
+
+
+ROUTES = ("inbox", "sdk", "cli")
+
+
+@pytest.mark.parametrize("route", ROUTES)
 def test_an_approval_is_seen_and_decided_through_another_instance(
-    cluster: Cluster, route: str
+    two_instances: tuple[Cluster, Instance, Instance], route: str
 ) -> None:
-    first, second = cluster.start("aegra-1"), cluster.start("aegra-2")
-    order_id = f"O-61{len(route)}"
+    cluster, first, second = two_instances
+    order_id = f"O-61{ROUTES.index(route)}"
     thread_id, interrupt = waiting_refund(cluster, first, order_id)
     assert engine_records(cluster, thread_id) == ("interrupted", ["interrupted"])
 
@@ -117,12 +138,12 @@ def test_an_approval_is_seen_and_decided_through_another_instance(
 
 @pytest.mark.parametrize("routes", DECISION_ROUTES, ids="+".join)
 def test_two_approvers_deciding_at_once_on_two_instances_are_told_200_and_409(
-    cluster: Cluster, routes: tuple[str, str]
+    two_instances: tuple[Cluster, Instance, Instance], routes: tuple[str, str]
 ) -> None:
     """A decision is claimed where every instance sees it (the database), not in one instance's
     memory: a-1's approval on one instance and a-2's rejection on the other, sent at the same
     moment, are one 200 (the decision the run took) and one 409 (before: 200 twice)."""
-    first, second = cluster.start("aegra-1"), cluster.start("aegra-2")
+    cluster, first, second = two_instances
     order_id = f"O-62{DECISION_ROUTES.index(routes)}"
     thread_id, interrupt = waiting_refund(cluster, first, order_id)
     answers = two_decisions_at_once((first.url, second.url), routes, thread_id, interrupt)
