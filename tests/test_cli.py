@@ -21,6 +21,7 @@ from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ENV_VAR, ServiceEndpoints
+from tests import cli_forkserver
 from tests.runtime_fixtures import (
     DEMO_TASK,
     PATIENCE_S,
@@ -159,19 +160,25 @@ def test_reading_commands_create_nothing_and_start_no_service(
     does a command about a run or an approval that is not there (cancel, resume, a decision: no
     database, no .loopwright folder, no business service started); on a database with runs,
     they read it without any business service (the agent's dependencies are never opened: a
-    dead service address changes nothing)."""
+    dead service address changes nothing). The first is a new interpreter, importing it all
+    there (an import that wrote in its directory would show); the others are forked from the
+    command-line server (`tests.cli_forkserver`), with the same environment and directory."""
     empty = tmp_path / "empty"
     empty.mkdir()
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LOOPWRIGHT_HOME")}
-    for args in (*READ_ONLY, *NOTHING_THERE):
-        result = subprocess.run(
-            [sys.executable, "-m", "loopwright", *args],
-            cwd=empty,
-            env={**clean, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=PATIENCE_S,
-        )
+    clean["PYTHONPATH"] = str(REPO)
+    for n, args in enumerate((*READ_ONLY, *NOTHING_THERE)):
+        if n == 0:
+            result = subprocess.run(
+                [sys.executable, "-m", "loopwright", *args],
+                cwd=empty,
+                env=clean,
+                capture_output=True,
+                text=True,
+                timeout=PATIENCE_S,
+            )
+        else:
+            result = cli_forkserver.shared().run(list(args), clean, empty, PATIENCE_S)
         expected = 2 if args in NOTHING_THERE else 0
         assert result.returncode == expected, (args, result.stderr)
         if expected == 2:
