@@ -94,12 +94,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # Under pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`) the tests are
 # handed out in collection order: these modules first, their longest first (measured with
-# `--durations`), so that no worker starts the suite's longest test near its end while the others
-# sit idle. Every other module keeps its place after them.
+# `--durations`; the tests of one group go out together, and rank by their sum), so that no
+# worker starts the suite's longest test near its end while the others sit idle. Every other
+# module keeps its place after them.
 LONGEST_FIRST = (
     "test_outside_app.py",
     "test_authorization_matrix.py",
+    "test_aegra_approvals.py",  # most of it one group: one deployment
     "test_aegra_upgrade.py",
+    "test_server_langgraph.py",  # one group: one server
     "test_readme_walkthrough.py",
     "test_fuzz_calls.py",
     "test_cli.py",
@@ -108,7 +111,6 @@ LONGEST_FIRST = (
     "test_aegra_scaleout.py",
     "test_faults.py",
     "test_chaos.py",
-    "test_aegra_approvals.py",
     "test_operating.py",
     "test_throughput_benchmark.py",
     "test_approvals.py",
