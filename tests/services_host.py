@@ -102,7 +102,9 @@ async def _host() -> None:
         command, _, data_dir = line.partition(" ")
         if command == "start":
             stop = asyncio.Event()
-            task = asyncio.create_task(serve(Path(data_dir), stop_when=stop))
+            # Stopped once its test is done: an answer still on its way (a fault's delayed
+            # one, that nobody waits for any more) is cut off, not waited for.
+            task = asyncio.create_task(serve(Path(data_dir), stop_when=stop, graceful_s=0))
             task.add_done_callback(_report_failure)
             running[data_dir] = (stop, task)  # `serve` prints the endpoints once they listen
         elif command == "stop" and data_dir in running:

@@ -71,10 +71,12 @@ async def serve(
     ports: tuple[int, int, int] = (0, 0, 0),
     host: str = HOST,
     stop_when: asyncio.Event | None = None,
+    graceful_s: int = 3,
 ) -> None:
     """Serve orders, policies and payments (ports in that order) on `host` until SIGTERM or
     SIGINT, or, given `stop_when`, until that is set (signals are then left to the caller: a
     process serving several sets of services one after another, each on fresh storage).
+    Stopping, a request still being answered is given `graceful_s` to finish, then cut off.
 
     The ready file exists exactly while all three listen: written once they do, removed on exit.
     """
@@ -92,7 +94,9 @@ async def serve(
         observe.install(app)
     servers = [
         _Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+            uvicorn.Config(
+                app, log_level="warning", access_log=False, timeout_graceful_shutdown=graceful_s
+            )
         )
         for app, _ in apps
     ]
