@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,15 +79,14 @@ def test_a_model_request_ends_by_its_timeout_whatever_the_server_sends(
     openai_stub.hold_next(how)
     model = openai_model(api, stream=stream, timeout_s=1.5, retries=2)
     with open_test_runner(model=model) as runner:
-        started = time.monotonic()
         outcome = runner.start(TASK, principal(task=TASK))
-        took = time.monotonic() - started
         lease = runner.leases.get(outcome.run_id)
+    # Ended by the bound (not by the run's deadline, whose stop reason this is not), after one
+    # request (not a timeout per retry: see below).
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "tool_unavailable")
     assert "CallOutlasted: the model request was still going after its bound of 1.5 s" in (
         outcome.stop_detail
     )
-    assert took < 60  # the bound, not the run's 300 s deadline nor a timeout per retry
     assert lease is not None and not lease.lease_live  # let go: nothing holds the run
     assert len(openai_stub.requests()) == 1
 
