@@ -7,11 +7,9 @@ approving from another terminal (or the next morning) would.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +23,7 @@ from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecisio
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
-from loopwright.runner import LEASE_TTL_ENV, DecisionRefused, Runner, open_runner
+from loopwright.runner import DecisionRefused, Runner, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.misbehaving import AsksForMore
@@ -33,8 +31,6 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
     DEMO_TASK,
-    PATIENCE_S,
-    REPO,
     RunnerFactory,
     all_refunds,
     cli,
@@ -525,9 +521,6 @@ def test_demo_without_a_terminal_waits_and_prints_the_command_that_approves(
     assert len(list_refunds(services, "O-42")) == 1
 
 
-LOOPWRIGHT = (sys.executable, "-m", "loopwright")
-
-
 @pytest.mark.postgres
 def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
     postgres_url: str, services: ServiceEndpoints, tmp_path: Path
@@ -545,19 +538,15 @@ def test_two_decisions_at_once_one_takes_effect_and_the_other_says_it_did_not(
     )
     match = APPROVE_COMMAND.search(started.stdout)
     assert match is not None, started.stdout
-    deciders = [
-        subprocess.Popen(
-            [*LOOPWRIGHT, "approvals", *verb, match[1], "--as", who, "--db", postgres_url],
-            env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for verb, who in ((("approve",), "a-1"), (("reject", "--comment", "no"), "a-2"))
-    ]
-    results = [(p.wait(timeout=PATIENCE_S), *p.communicate()) for p in deciders]
+    # Two processes at once, each forked from the command-line server (`runtime_fixtures.cli`).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        deciders = [
+            pool.submit(
+                cli, "approvals", *verb, match[1], "--as", who, "--db", postgres_url, env=env
+            )
+            for verb, who in ((("approve",), "a-1"), (("reject", "--comment", "no"), "a-2"))
+        ]
+        results = [(d.returncode, d.stdout, d.stderr) for d in (f.result() for f in deciders)]
     # One decision takes effect: an approval completes the run (0), a rejection ends it (4).
     codes = [code for code, _, _ in results]
     assert codes in ([0, 2], [2, EXIT_CODES["incomplete"]]), results
