@@ -313,9 +313,11 @@ def test_a_checkpoint_waits_for_its_superstep_s_writes(
         sender = threading.Thread(target=late)
         sender.start()
         saver.put(parent, _next(["x"]), {"source": "loop", "step": 1}, {})
+        waited = waiting.is_set()
+        waiting.set()  # a checkpoint that did not wait leaves the sender waiting no longer
         sender.join()
         saved = saver.get_tuple(parent)
-    assert waiting.is_set(), "the checkpoint did not wait for its writes"
+    assert waited, "the checkpoint did not wait for its writes"
     assert commits == [(1, True)], "the writes and the checkpoint in one commit"
     assert saved is not None and [w[1:] for w in saved.pending_writes or ()] == [("x", "a value")]
 
