@@ -29,8 +29,10 @@ $(DEV): $(RUNTIME)
 demo: $(RUNTIME)
 	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
-# Three test processes on CI's two cores: most tests wait on processes, HTTP and databases, not
-# on a core (the suite took 12:18 and 12:38 with three, 14:49 with two).
+# Three test processes on CI's two cores: many tests wait on processes, HTTP and databases, not
+# on a core (the suite took 12:18 and 12:38 with three, 14:49 with two; later, quiet, 10:40 with
+# three and 10:14 with four, each of the four busy to within 5 s of the end: the cores are the
+# limit there, and a fourth process adds to the load of a busy machine).
 TEST_WORKERS ?= 3
 # Tests in collection order (the longest first), each module's tests that share a server of the
 # module on one worker, so it starts once (tests/conftest.py: LONGEST_FIRST, `_shared_group`).
