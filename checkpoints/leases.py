@@ -484,7 +484,7 @@ class LeaseStore:
 
     def release_for_dead(self, run_id: str, process: str) -> bool:
         """Give the run up for its holder, a process known to be dead (`process`: the
-        "host:pid:" that its owner names begin with, `worker_name`'s), rather than wait out
+        "host:pid:" that its owner names begin with: `runner.process_owner`), rather than wait out
         the lease's time to live: a reaped process renews and writes nothing more. Only for a
         process the caller reaped itself; whether there was such a lease."""
         run = self.get(run_id)

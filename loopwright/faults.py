@@ -16,7 +16,6 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +29,7 @@ from loopwright.graph.crashpoints import EXIT_CODE as CRASHED
 from loopwright.graph.crashpoints import nth
 from loopwright.graph.state import Action, ActionStatus, Principal
 from loopwright.outcome import RunOutcome
-from loopwright.runner import Runner, open_runner
+from loopwright.runner import Runner, open_runner, process_owner
 from loopwright.tools import faults as injected
 from loopwright.tools.contract import Guarantee, ReconcileStatus, ToolContext
 from loopwright.tools.faults import Fault, FaultPlan
@@ -304,7 +303,7 @@ def _first_process(
         finally:
             process.kill()
             process.wait()
-    runner.leases.release_for_dead(run_id, f"{socket.gethostname()}:{process.pid}:")
+    runner.leases.release_for_dead(run_id, process_owner(process.pid))
     return process.returncode == CRASHED
 
 

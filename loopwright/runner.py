@@ -152,7 +152,12 @@ def new_run_id() -> str:
 
 def worker_name() -> str:
     """Who holds a lease: host, process and a nonce (a restarted process is a new owner)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return f"{process_owner(os.getpid())}{uuid.uuid4().hex[:6]}"
+
+
+def process_owner(pid: int) -> str:
+    """What the owner names of every lease process `pid` of this host holds begin with."""
+    return f"{socket.gethostname()}:{pid}:"
 
 
 # `open_runner`'s default: enter the agent's own `deps` factory.

@@ -193,16 +193,15 @@ def _plan_write(
     An intent the journal has already is answered from the journal (the same call again, or
     changed parameters), whatever the business rules say now; a new one must meet them."""
     key = open_intent_key(intent_key(contract, state["run_id"], args, call.revision), context)
+    ctx = context.tool_context(state, bounded=True)
     if context.journal.by_intent(key) is None:
         try:
-            contract.check_preconditions(context.tool_context(state, bounded=True), args)
+            contract.check_preconditions(ctx, args)
         except ToolFault as fault:
             raise Refusal(fault.code, fault.detail) from fault
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
-    needs_approval = edited_by is not None or contract.needs_approval(
-        context.tool_context(state, bounded=True), args
-    )
+    needs_approval = edited_by is not None or contract.needs_approval(ctx, args)
     proposed = Action(
         action_id=f"act_{digest(key)[:16]}",
         run_id=state["run_id"],
