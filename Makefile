@@ -29,11 +29,10 @@ $(DEV): $(RUNTIME)
 demo: $(RUNTIME)
 	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
-# Three test processes on CI's two cores: many tests wait on processes, HTTP and databases, not
-# on a core (the suite took 12:18 and 12:38 with three, 14:49 with two; later, quiet, 10:40 with
-# three and 10:14 with four, each of the four busy to within 5 s of the end: the cores are the
-# limit there, and a fourth process adds to the load of a busy machine).
-TEST_WORKERS ?= 3
+# Four test processes on CI's two cores: many tests wait on processes, HTTP and databases, not
+# on a core. Quiet, the same code: 8:48 with three (the cores 73% busy), 7:43 with four (87%,
+# the four busy to within 5 s of the end); earlier, 14:49 with two.
+TEST_WORKERS ?= 4
 # Tests in collection order (the longest first), each module's tests that share a server of the
 # module on one worker, so it starts once (tests/conftest.py: LONGEST_FIRST, `_shared_group`).
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder

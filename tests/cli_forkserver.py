@@ -52,6 +52,15 @@ PRELOADED = (
 )
 
 
+class Finished(subprocess.CompletedProcess[str]):
+    """A command's process that ended: what `subprocess.run` answers, and its pid (a test may
+    give up the lease of a process it saw crash, `LeaseStore.release_for_dead`)."""
+
+    def __init__(self, args: list[str], returncode: int, stdout: str, stderr: str, pid: int):
+        super().__init__(args, returncode, stdout, stderr)
+        self.pid = pid
+
+
 class CliServer(ChildProcess):
     """The server process, as its pytest process sees it."""
 
@@ -67,9 +76,7 @@ class CliServer(ChildProcess):
         )
         super().__init__(process, lifeline)
 
-    def run(
-        self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> Finished:
         """Run `loopwright ARGV` in a process forked from the server, as `subprocess.run` with
         `stdin=DEVNULL, capture_output=True, text=True, timeout=timeout` runs `python -m
         loopwright ARGV` (its output in temp files: nothing to drain while it runs)."""
@@ -89,9 +96,8 @@ class CliServer(ChildProcess):
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)
                 raise subprocess.TimeoutExpired(argv, timeout) from None
-            return subprocess.CompletedProcess(
-                [sys.executable, "-m", "loopwright", *argv], code, _text(stdout), _text(stderr)
-            )
+            argv = [sys.executable, "-m", "loopwright", *argv]
+            return Finished(argv, code, _text(stdout), _text(stderr), pid)
 
     def _connect(self, conn: socket.socket, deadline: float) -> None:
         """Connect, once the server listens (it may still be importing)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -17,7 +16,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import PregelTask
 
 from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
+from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.build import NODES
+from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.state import ApprovalDecision, Principal, RunState
 from loopwright.models.factory import make_model
@@ -29,7 +30,7 @@ from loopwright.models.openai_chat import (
     TIMEOUT_ENV,
 )
 from loopwright.outcome import RunOutcome
-from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
+from loopwright.runner import Runner, open_runner, process_owner
 from loopwright_refunds.agent import RefundServices, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import list_refunds
@@ -164,6 +165,16 @@ PATIENCE_S = 600.0
 # `loopwright_refunds.experiments.progress.duration`): a test reads the line whatever it says.
 DURATION = r"(?:\d+h\d{2}m|\d+m\d{2}s|\d+s)"
 
+BACKENDS = ("sqlite", "postgres")
+
+
+def on_backend(backend: str, *values: object) -> Any:
+    """A case of a test parametrised with `database_url` (indirect) last: `values`, then
+    `backend`, marked `postgres` when it needs Postgres. For cases that differ in what the
+    database never sees, run each on one backend in turn rather than on both."""
+    marks = [pytest.mark.postgres] if backend == "postgres" else []
+    return pytest.param(*values, backend, marks=marks)
+
 
 def wait_for(predicate: Callable[[], object], timeout: float = PATIENCE_S) -> None:
     """Poll `predicate` until it holds; fail the test if it has not within `timeout` seconds."""
@@ -198,15 +209,14 @@ def cli(
     expect: int | None = None,
     timeout: float = PATIENCE_S,
     cwd: Path = REPO,
-) -> subprocess.CompletedProcess[str]:
+) -> cli_forkserver.Finished:
     """Run `loopwright ARGS` in a new process, as a user would, without a terminal on stdin,
     in `cwd` (an application's directory); with `expect`, fail unless it exits with that code
     (`loopwright.reports.EXIT_CODES`). The process is forked from a server that has imported
     what every command imports (`tests.cli_forkserver`), not started from scratch."""
     result = cli_forkserver.shared().run(
         list(args),
-        # Short leases: a crashed process's lease expires quickly, so resuming waits little.
-        env={**os.environ, "PYTHONPATH": str(REPO), LEASE_TTL_ENV: "2", **env},
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
         cwd=cwd,
         timeout=timeout,
     )
@@ -215,6 +225,17 @@ def cli(
             f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def release_crashed(crashed: cli_forkserver.Finished, database_url: str, run_id: str) -> None:
+    """Check that `crashed` is a command's process that stopped at its armed crash point, and
+    give up the lease it held on `run_id` (`LeaseStore.release_for_dead`, as `loopwright faults`
+    does): it was reaped, it renews and writes nothing more. The next process need not wait out
+    the lease's usual time to live, and no test needs a short one, which a command held up on a
+    loaded machine would lose while it still works."""
+    assert crashed.returncode == CRASH_EXIT, crashed.stdout + crashed.stderr
+    with open_lease_store(database_url) as leases:
+        leases.release_for_dead(run_id, process_owner(crashed.pid))
 
 
 @pytest.fixture(scope="session", autouse=True)

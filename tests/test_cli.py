@@ -13,12 +13,11 @@ from pathlib import Path
 from langchain_core.messages import AIMessage
 
 from loopwright.checkpoints.database import redact
-from loopwright.checkpoints.leases import LeaseHeld, open_lease_store
+from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.reports import EXIT_CODES
-from loopwright.runner import Runner
+from loopwright.runner import LEASE_TTL_ENV
 from loopwright_refunds.services.admin import list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ENV_VAR, ServiceEndpoints
 from tests import cli_forkserver
@@ -29,6 +28,7 @@ from tests.runtime_fixtures import (
     UNCRASHED_MODEL_CALLS,
     RunnerFactory,
     cli,
+    release_crashed,
     wait_for,
 )
 
@@ -52,7 +52,7 @@ def test_decision_is_committed_before_execute_and_never_asked_again(
         "run-c1",
         env={**env, CRASH_ENV: "node:validate:start"},
     )
-    assert crashed.returncode == CRASH_EXIT, crashed.stderr
+    release_crashed(crashed, database_url, "run-c1")
 
     # A new process reads the checkpoint: the model's decision is there, nothing ran yet.
     with open_test_runner() as runner:
@@ -204,19 +204,11 @@ def test_reading_commands_create_nothing_and_start_no_service(
     assert "u-1" in listed[("runs",)].stdout
 
 
-def claimed(runner: Runner, run_id: str, owner: str, ttl_s: float) -> bool:
-    try:
-        runner.leases.claim(run_id, owner, ttl_s)
-    except LeaseHeld:
-        return False
-    return True
-
-
 def test_resume_says_whose_lease_it_waits_for_and_gives_up_at_the_bound(
     database_url: str, services: ServiceEndpoints, tmp_path: Path, open_test_runner: RunnerFactory
 ) -> None:
     """A crashed run another process holds: `resume` says so at once (owner, until when), waits
-    at most a lease's length (LEASE_TTL 2 s + 1 here), then ends with one line and exit 2."""
+    at most a lease's length (its own, 2 s here, + 1), then ends with one line and exit 2."""
     env = env_for(services, tmp_path)
     crashed = cli(
         "run",
@@ -224,11 +216,14 @@ def test_resume_says_whose_lease_it_waits_for_and_gives_up_at_the_bound(
         *("--user", "u-1", "--run-id", "run-held", "--db", database_url),
         env={**env, CRASH_ENV: "node:validate:start"},
     )
-    assert crashed.returncode == CRASH_EXIT, crashed.stderr
+    release_crashed(crashed, database_url, "run-held")
     with open_test_runner() as runner:
-        # Once the crashed process's lease has expired, another owner takes it for a minute.
-        wait_for(lambda: claimed(runner, "run-held", "worker-elsewhere", ttl_s=60))
-    resumed = cli("resume", "run-held", "--db", database_url, env=env, expect=EXIT_CODES["usage"])
+        runner.leases.claim("run-held", "worker-elsewhere", ttl_s=60)  # another owner's now
+    resumed = cli(
+        *("resume", "run-held", "--db", database_url),
+        env={**env, LEASE_TTL_ENV: "2"},
+        expect=EXIT_CODES["usage"],
+    )
     first, *rest = resumed.stderr.strip().splitlines()
     assert first.startswith("run run-held is leased by worker-elsewhere until ")
     assert "waiting for it to finish or its lease to expire" in first
@@ -273,9 +268,9 @@ def test_an_idle_worker_says_what_it_waits_for(
         *("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-held"),
         env={**env, CRASH_ENV: "node:validate:start"},
     )
-    assert crashed.returncode == CRASH_EXIT, crashed.stderr
+    release_crashed(crashed, database_url, "run-held")
     with open_test_runner() as runner:
-        wait_for(lambda: claimed(runner, "run-held", "worker-elsewhere", ttl_s=60))
+        runner.leases.claim("run-held", "worker-elsewhere", ttl_s=60)
     worker = subprocess.Popen(
         [sys.executable, "-m", "loopwright", "worker", "--poll", "0.1"],
         cwd=REPO,

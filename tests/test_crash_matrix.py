@@ -23,7 +23,9 @@ from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests.cli_forkserver import Finished
 from tests.runtime_fixtures import (
+    BACKENDS,
     DEMO_TASK,
     PATIENCE_S,
     REPO,
@@ -31,6 +33,8 @@ from tests.runtime_fixtures import (
     RunnerFactory,
     cli,
     history_steps,
+    on_backend,
+    release_crashed,
 )
 
 # A crash point is met at most once per case; "then" points are armed after the first crash.
@@ -49,7 +53,6 @@ for point in IN_RECONCILE:
 # adds is the node boundary the run resumes from, the same on either backend: each of those
 # runs on one backend, taking turns, so that each backend still resumes from node starts.
 NODE_STARTS = [point for point in CASES if point.startswith("node:") and point not in IN_RECONCILE]
-BACKENDS = ("sqlite", "postgres")
 
 
 def backends(case: str) -> tuple[str, ...]:
@@ -58,22 +61,16 @@ def backends(case: str) -> tuple[str, ...]:
     return BACKENDS
 
 
-MATRIX = [
-    pytest.param(case, backend, marks=[pytest.mark.postgres] if backend == "postgres" else [])
-    for case in sorted(CASES)
-    for backend in backends(case)
-]
+MATRIX = [on_backend(backend, case) for case in sorted(CASES) for backend in backends(case)]
 
 
-def advance(run_id: str, db: str, env: dict[str, str]) -> tuple[int, str]:
+def advance(run_id: str, db: str, env: dict[str, str]) -> Finished:
     """One process step, as an operator would take it: start, approve what waits, or resume."""
     listed = cli("approvals", "list", "--db", db, env=env)
     if run_id in listed.stdout:
         approval_id = next(line.split()[0] for line in listed.stdout.splitlines() if run_id in line)
-        result = cli("approvals", "approve", approval_id, "--as", "a-1", "--db", db, env=env)
-    else:
-        result = cli("resume", run_id, "--db", db, env=env)
-    return result.returncode, result.stdout + result.stderr
+        return cli("approvals", "approve", approval_id, "--as", "a-1", "--db", db, env=env)
+    return cli("resume", run_id, "--db", db, env=env)
 
 
 def assert_no_part_committed(runner: Runner, run_id: str, node: str) -> None:
@@ -118,6 +115,7 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
         if code == CRASH_EXIT:
             crashes += 1
             armed.pop(0)
+            release_crashed(result, database_url, run_id)
         else:
             # Resumed to an approval, a parked reconciliation, or the end (reports.EXIT_CODES);
             # a process that stopped so before its armed point says so.
@@ -126,7 +124,8 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
             if "COMPLETED" in output:
                 break
         step_env = {**env, CRASH_ENV: armed[0]} if armed else env
-        code, output = advance(run_id, database_url, step_env)
+        result = advance(run_id, database_url, step_env)
+        code, output = result.returncode, result.stdout + result.stderr
     assert crashes == len(CASES[case]), f"crash points {CASES[case]} not all reached: {output}"
     assert "COMPLETED" in output, output
 

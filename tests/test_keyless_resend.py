@@ -16,12 +16,13 @@ from typing import Any
 import httpx
 
 from loopwright import ResendAfterDeadline, Runner, RunOutcome
+from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.keyless_agent import TASK, with_resend
 from tests.keyless_agent import agent as keyless
-from tests.runtime_fixtures import PATIENCE_S, RunnerFactory, cli, principal
+from tests.runtime_fixtures import PATIENCE_S, RunnerFactory, cli, principal, release_crashed
 
 WAIT_LIMIT_S = PATIENCE_S
 
@@ -128,9 +129,9 @@ def test_a_crash_before_the_send_is_resumed_and_credited_once(
     agent = ("--agent", "tests.keyless_agent:agent", "--db", database_url)
     crashed = cli(
         *("run", TASK, "--user", "u-1", "--run-id", "credit-1", *agent),
-        env={**env, "LOOPWRIGHT_CRASH_AT": "executor:after_dispatch_record"},
+        env={**env, CRASH_ENV: "executor:after_dispatch_record"},
     )
-    assert crashed.returncode == 137, crashed.stderr
+    release_crashed(crashed, database_url, "credit-1")
     assert credit_entries(services) == []
     resumed = cli("resume", "credit-1", *agent, env=env)
     give_up = time.monotonic() + WAIT_LIMIT_S

@@ -23,7 +23,16 @@ from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import stubborn_agent as stubborn
 from tests.openai_server import HOLDS, MODEL, Hold, ModelFactory, OpenAIStub
-from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, all_refunds, principal, wait_for
+from tests.runtime_fixtures import (
+    BACKENDS,
+    PATIENCE_S,
+    REPO,
+    RunnerFactory,
+    all_refunds,
+    on_backend,
+    principal,
+    wait_for,
+)
 
 OUTSIDE_WINDOW_TASK = "Please refund 40.00 USD on my order O-44."  # delivered 90 days ago
 TASK = "Check whether order O-43 can be refunded and refund it if so."
@@ -64,7 +73,12 @@ HELD = [(api, True, how) for api in ("chat", "responses") for how in HOLDS] + [
 ]
 
 
-@pytest.mark.parametrize(("api", "stream", "how"), HELD)
+# The bound is the HTTP client's: the database never sees it, so the backends take turns.
+@pytest.mark.parametrize(
+    ("api", "stream", "how", "database_url"),
+    [on_backend(BACKENDS[i % len(BACKENDS)], *held) for i, held in enumerate(HELD)],
+    indirect=["database_url"],
+)
 def test_a_model_request_ends_by_its_timeout_whatever_the_server_sends(
     open_test_runner: RunnerFactory,
     openai_stub: OpenAIStub,

@@ -23,7 +23,6 @@ from rich.console import Console
 
 from loopwright import cli as cli_module
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.observability.instrument import TracedJournal
 from loopwright.observability.jsonl import JsonLinesExporter, read_spans
 from loopwright.observability.redaction import REDACTED, redacted_digest
@@ -40,7 +39,7 @@ from loopwright.timeline import TimelinePrinter, render_run
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal, release_crashed
 
 RUN_ID = "run-traced"
 
@@ -138,7 +137,7 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
         "approvals", "approve", approval_id, "--as", "a-1", *db,
         env={**env, CRASH_ENV: "node:execute:start"},
     )  # fmt: skip
-    assert crashed.returncode == CRASH_EXIT, crashed.stdout + crashed.stderr
+    release_crashed(crashed, database_url, RUN_ID)
     with open_test_runner() as runner:
         interrupted = timeline(runner, RUN_ID)
     assert "WAITING_TOOLS: not finished" in interrupted
