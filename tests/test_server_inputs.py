@@ -7,7 +7,9 @@ server's auth hooks do (Aegra calls them with other shapes, `langgraph dev` may 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
@@ -16,7 +18,7 @@ from loopwright.graph.roles import DEFAULT_ROLES, Roles
 from loopwright.graph.state import Principal, initial_state
 from loopwright.server.auth import authorization_of, decisions_in
 from loopwright.server.bearer_tokens import TokenTableError, token_table
-from loopwright.server.graph import _settled, is_user_cancel
+from loopwright.server.graph import _cancel_and_settle, _settled, is_user_cancel
 from loopwright.server.inputs import (
     Continue,
     NewRun,
@@ -26,6 +28,7 @@ from loopwright.server.inputs import (
     payload_for,
     principal_of_user,
 )
+from loopwright.server.resources import ServerResources
 from tests.runtime_fixtures import PATIENCE_S
 
 TASK = "Check whether order O-42 can be refunded and refund it if so."
@@ -258,3 +261,45 @@ def test_a_run_handed_back_is_waited_for_however_often_the_engine_cancels() -> N
         await waiting
 
     asyncio.run(handed_back())
+
+
+def test_a_run_the_server_cancelled_is_waited_for_however_often_the_engine_cancels() -> None:
+    """A user's cancel asks the run to stop, then waits for its typed end; an engine cancelling
+    the waiting task again, while the request is still being written or after, ends neither
+    wait: the run's cancel is asked for once and its end is waited for."""
+    asked: list[str] = []
+    written = threading.Event()
+
+    def request_cancel(run_id: str) -> None:
+        asked.append(run_id)
+        written.wait(PATIENCE_S)  # a slow database
+
+    res = cast(
+        ServerResources, SimpleNamespace(leases=SimpleNamespace(request_cancel=request_cancel))
+    )
+
+    async def cancelled() -> None:
+        finished = asyncio.get_running_loop().create_future()
+        waiting = asyncio.create_task(_cancel_and_settle(res, "run-1", finished))
+
+        async def cancel_again() -> None:
+            for _ in range(3):
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                waiting.cancel()
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        try:
+            await cancel_again()
+            assert not waiting.done(), "the wait ended while the cancel was being asked"
+        finally:
+            written.set()  # however it went, the request's thread is let go
+        await asyncio.to_thread(lambda: None)  # the request's thread hands its answer back
+        await cancel_again()
+        assert not waiting.done(), "the wait ended before the run did"
+        finished.set_result(None)
+        await waiting
+        assert asked == ["run-1"]
+
+    asyncio.run(cancelled())

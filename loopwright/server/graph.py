@@ -416,13 +416,18 @@ def _resolve(future: asyncio.Future[None]) -> None:
 async def _cancel_and_settle(
     res: ServerResources, run_id: str, finished: asyncio.Future[None]
 ) -> None:
-    """The server stopped the run: ask loopwright's run to stop, and wait for its typed end."""
-    try:
-        await asyncio.shield(asyncio.to_thread(res.leases.request_cancel, run_id))
-    except Exception:
-        log.exception("run %s: could not request the cancel", run_id)
+    """The server stopped the run: ask loopwright's run to stop, and wait for its typed end,
+    both through any further cancel of the waiting task (as `_settled`)."""
+    deadline = asyncio.get_running_loop().time() + CANCEL_SETTLE_S
+    asked = asyncio.ensure_future(asyncio.to_thread(res.leases.request_cancel, run_id))
+    if not await _outlasted(asked, deadline):
+        log.warning("run %s: stopped by the server; its cancel is still being asked", run_id)
         return
-    await _settled(run_id, finished, CANCEL_SETTLE_S)
+    if asked.exception() is not None:
+        log.error("run %s: could not request the cancel", run_id, exc_info=asked.exception())
+        return
+    if not await _outlasted(finished, deadline):
+        log.warning("run %s: stopped by the server; it reaches its end on its own", run_id)
 
 
 async def _settled(run_id: str, finished: asyncio.Future[None], timeout_s: float) -> None:
@@ -431,18 +436,26 @@ async def _settled(run_id: str, finished: asyncio.Future[None], timeout_s: float
     (a lost worker lease, its own deadline), and a process that exits while a run's thread is
     mid-step leaves that run's lease live, so no other instance takes the run until it lapses.
     The caller raises what stopped the run once this returns."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    if not await _outlasted(finished, deadline):
+        log.warning("run %s: stopped by the server; it reaches its next step on its own", run_id)
+
+
+async def _outlasted(future: asyncio.Future[Any], deadline: float) -> bool:
+    """Whether `future` was done by `deadline` (the loop's clock), waited for through any
+    number of cancels of the waiting task (each only ends one wait: the caller is already
+    stopping, and what it waits for is what it must not leave half done)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not finished.done():
+    while not future.done():
         try:
-            await asyncio.wait_for(asyncio.shield(finished), max(deadline - loop.time(), 0))
+            await asyncio.wait_for(asyncio.shield(future), max(deadline - loop.time(), 0))
         except TimeoutError:
-            log.warning(
-                "run %s: stopped by the server; it reaches its next step on its own", run_id
-            )
-            return
+            return False
         except asyncio.CancelledError:
-            continue  # waited out all the same, until the deadline
+            continue
+        except Exception:
+            break  # done, with an error: the caller reads it
+    return True
 
 
 graph = ServedGraph.build()
