@@ -30,24 +30,19 @@ demo: $(RUNTIME)
 	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
 # Four test processes on CI's two cores: many tests wait on processes, HTTP and databases, not
-# on a core. Quiet, the same code: 8:48 with three (the cores 73% busy), 7:43 with four (87%,
-# the four busy to within 5 s of the end); earlier, 14:49 with two.
+# on a core. Quiet, the same code: 8:48 with three (the cores 73% busy), 7:35-7:45 with four
+# (89%, the four busy to within 5 s of the end), 8:10 with five; earlier, 14:49 with two.
 TEST_WORKERS ?= 4
 # Tests in collection order (the longest first), each module's tests that share a server of the
 # module on one worker, so it starts once (tests/conftest.py: LONGEST_FIRST, `_shared_group`).
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
-# The suite keeps its bytecode (in the checkout's ignored __pycache__ directories) even where the
-# environment says not to (PYTHONDONTWRITEBYTECODE, as container images often do): otherwise each
-# of its few hundred processes compiles the code again, and each test process rewrites every
-# test module's asserts again (collecting took 8.1 s a process instead of 5.2).
-PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 
 test: $(DEV)
-	$(PYTEST) $(XDIST) $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
 
 # Every module's core behaviour in a minute or so (the `quick` mark, tests/conftest.py).
 test-quick: $(DEV)
-	$(PYTEST) $(XDIST) -m quick $(ARGS)
+	$(PY) -m pytest $(XDIST) -m quick $(ARGS)
 
 # The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
 serve: $(RUNTIME)

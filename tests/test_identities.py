@@ -18,7 +18,12 @@ from pathlib import Path
 import jwt
 import pytest
 
-from loopwright.server.bearer_tokens import TokenTableError, hash_token, hashed_table
+from loopwright.server.bearer_tokens import (
+    TokenTableError,
+    hash_token,
+    hashed_table,
+    new_token,
+)
 from loopwright.server.identities import Identities, IdentityRefused
 from loopwright.server.launch import DEV_TOKENS
 from loopwright.server.service_identity import is_service, service_token
@@ -311,6 +316,14 @@ def test_tokens_new_makes_a_token_and_its_entry_and_hash_refuses_a_short_one() -
     assert short.stderr.count("\n") == 1 and "guessable" in short.stderr
     bad = cli("tokens", "new", "--user", "a 1", "--role", "approver", env={}, expect=2)
     assert bad.stderr.count("\n") == 1 and "user_id" in bad.stderr
+
+
+def test_a_new_token_is_never_taken_for_an_option_on_a_command_line() -> None:
+    """One random URL-safe token in 64 begins with "-", which `tokens hash TOKEN` (as any
+    command) read as an option: every token made begins with the same prefix instead."""
+    made = [new_token() for _ in range(1000)]
+    assert not [token for token in made if token.startswith("-")]
+    assert len(set(made)) == len(made)
 
 
 def test_tokens_new_refuses_a_role_the_agent_grants_nothing_by() -> None:

@@ -46,9 +46,15 @@ def hash_token(token: str) -> str:
     return HASH_PREFIX + hashlib.sha256(token.encode()).hexdigest()
 
 
+# What every token `new_token` makes begins with: never a "-" (a command line, `loopwright tokens
+# hash TOKEN` among them, would take the token for an option: one in 64 random ones begins so),
+# and a leaked token is told from other strings by a secret scanner.
+TOKEN_PREFIX = "lw_"
+
+
 def new_token() -> str:
-    """A bearer token nobody guesses: 32 random bytes, URL-safe."""
-    return secrets.token_urlsafe(32)
+    """A bearer token nobody guesses: 32 random bytes, URL-safe, after `TOKEN_PREFIX`."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def hashed_table(table: Mapping[str, Any]) -> dict[str, Any]:
