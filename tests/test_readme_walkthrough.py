@@ -51,10 +51,12 @@ def sdk_example() -> str:
 @pytest.fixture
 def user_env(tmp_path: Path) -> dict[str, str]:
     """A user's shell: the installed `loopwright` on PATH, no DATABASE_URL, nothing of the
-    test run's home. Short leases, so the crash walkthrough's resume waits 2 s, not 30."""
+    test run's home. Leases of 6 s, so the crash walkthrough's resume waits 6 s, not 30; not
+    shorter: a command renews its lease every third of that, and one a loaded machine holds up
+    for longer than the lease loses its run while it still works."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "LOOPWRIGHT"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["LOOPWRIGHT_LEASE_TTL_S"] = "2"
+    env["LOOPWRIGHT_LEASE_TTL_S"] = "6"
     return env
 
 
