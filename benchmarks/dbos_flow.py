@@ -34,6 +34,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 
 from benchmarks.perf_setup import TASK, bare_tools, reading_model
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
@@ -152,7 +153,7 @@ def launched(system_url: str, endpoints: ServiceEndpoints) -> Iterator[Flow | st
     from dbos import DBOS, DBOSConfig
 
     with ExitStack() as stack:
-        tools = bare_tools(endpoints, stack.enter_context(httpx.Client()))
+        tools = bare_tools(endpoints, stack.enter_context(httpx.Client(verify=tls.context())))
         decide_step = DBOS.step(name="decide")(decide)
         call_step = DBOS.step(name="call")(call)
 

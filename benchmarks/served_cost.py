@@ -29,13 +29,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psycopg
-from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
 
 from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
+from loopwright import tls
 from loopwright.server import cluster
 from loopwright.server.admissions import PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
@@ -88,7 +90,8 @@ async def _create_runs(
     url: str, graph_id: str, tasks: list[str], headers: dict[str, str]
 ) -> list[tuple[str, str]]:
     """Every run at once: a thread each, then its run; (thread id, run id) of each."""
-    client = get_client(url=url, headers=headers)
+    transport = httpx.AsyncHTTPTransport(retries=5, verify=tls.context())
+    client = LangGraphClient(httpx.AsyncClient(base_url=url, headers=headers, transport=transport))
 
     async def one(task: str) -> tuple[str, str]:
         thread = await client.threads.create()

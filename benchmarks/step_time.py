@@ -90,6 +90,7 @@ from benchmarks.perf_setup import (
 )
 from benchmarks.spread import Spread, Verdict
 from benchmarks.superstep_floor import Floor, measure_floor
+from loopwright import tls
 from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
@@ -491,7 +492,7 @@ def run_bare(
     mark(BarePhase.OPENING)
     with (
         backend.bare_saver() as saver,
-        httpx.Client() as client,
+        httpx.Client(verify=tls.context()) as client,
         timed_commits(saver) as commits,
     ):
         agent = bare_agent(reading_model(steps), bare_tools(bench.endpoints, client), saver)

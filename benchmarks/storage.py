@@ -47,6 +47,7 @@ from benchmarks.perf_setup import (
     reading_model,
 )
 from benchmarks.step_time import Backend
+from loopwright import tls
 from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.frames import Row, packed, rebuild
@@ -163,7 +164,7 @@ def bare_sizes(bench: Bench, backend: Backend, steps: int) -> list[tuple[int, in
     thread = f"bare-storage-{time.time_ns()}"
     config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 10**6}
     sizes: list[tuple[int, int]] = []
-    with backend.bare_saver() as saver, httpx.Client() as client:
+    with backend.bare_saver() as saver, httpx.Client(verify=tls.context()) as client:
         agent = bare_agent(reading_model(steps), bare_tools(bench.endpoints, client), saver)
         decisions = 0
         stream = agent.stream(

@@ -960,6 +960,8 @@ def decided_by_server(
     is in LOOPWRIGHT_TOKEN, and wait for the run it resumes (the server answers then)."""
     import httpx
 
+    from loopwright import tls
+
     run_id, approval_id = request["run_id"], request["approval_id"]
     if not server:
         raise UsageError(
@@ -983,6 +985,7 @@ def decided_by_server(
             json=body,
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(600.0, connect=10.0),
+            verify=tls.context(),
         )
     except httpx.HTTPError as exc:
         raise UsageError(f"--server {server}: {exc}") from None

@@ -52,7 +52,7 @@ from loopwright import (
     write_json,
 )
 from loopwright_refunds.procedure import RefundProcedure
-from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.endpoints import ServiceEndpoints, tls_context
 from loopwright_refunds.services.launcher import start_services
 
 ORDER_ID = r"^O-[0-9]{1,9}$"
@@ -95,7 +95,7 @@ Ctx = ToolContext[RefundServices]
 @contextmanager
 def connect(endpoints: ServiceEndpoints) -> Iterator[RefundServices]:
     """The agent's dependencies on services that already run at `endpoints`."""
-    with httpx.Client() as http:
+    with httpx.Client(verify=tls_context()) as http:
         yield RefundServices(endpoints, http)
 
 

@@ -19,6 +19,7 @@ from loopwright import (
     Scenario,
     ScriptedChatModel,
     ToolContext,
+    tls,
 )
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.store_credit import STORE_CREDIT
@@ -50,7 +51,9 @@ agent = with_resend(DEADLINE)
 def credits_since(ctx: ToolContext[Any], action: Action, before: dict[str, Any] | None) -> int:
     """Credits the account gained since the pre-image of the intent's first send."""
     assert before is not None
-    account = httpx.get(f"{ctx.deps.endpoints.payments}/credits/{before['user_id']}").json()
+    account = httpx.get(
+        f"{ctx.deps.endpoints.payments}/credits/{before['user_id']}", verify=tls.context()
+    ).json()
     return int(account["version"]) - int(before["version"])
 
 

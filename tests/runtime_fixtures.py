@@ -9,13 +9,15 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import PregelTask
+from langgraph_sdk.client import SyncLangGraphClient
 
-from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
+from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract, tls
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
@@ -183,6 +185,20 @@ def wait_for(predicate: Callable[[], object], timeout: float = PATIENCE_S) -> No
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
+
+
+def sdk_client(
+    url: str, headers: dict[str, str] | None = None, timeout: float | None = None
+) -> SyncLangGraphClient:
+    """The LangGraph SDK's client of the server at `url`, as `get_sync_client` makes it (five
+    connection retries, the SDK's timeouts unless `timeout`), on the process's TLS roots."""
+    http = httpx.Client(
+        base_url=url,
+        headers=headers,
+        transport=httpx.HTTPTransport(retries=5, verify=tls.context()),
+        timeout=httpx.Timeout(timeout) if timeout else httpx.Timeout(5, read=300, write=300),
+    )
+    return SyncLangGraphClient(http)
 
 
 def tool_errors(state: RunState) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loopwright import tls
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.runtime_fixtures import PATIENCE_S, cli
@@ -46,7 +47,12 @@ __all__ = ["cluster", "pytestmark"]  # the fixture and the skip conditions, used
 
 def inbox(instance: Instance, token: str) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"}
-    return httpx.get(f"{instance.url}/inbox/api/approvals", headers=headers, timeout=PATIENCE_S)
+    return httpx.get(
+        f"{instance.url}/inbox/api/approvals",
+        headers=headers,
+        timeout=PATIENCE_S,
+        verify=tls.context(),
+    )
 
 
 def engine_records(cluster: Cluster, thread_id: str) -> tuple[str, list[str]]:
@@ -113,6 +119,7 @@ def test_an_approval_is_seen_and_decided_through_another_instance(
             json=decision,
             headers={"Authorization": "Bearer t-a1"},
             timeout=PATIENCE_S,
+            verify=tls.context(),
         )
         assert answer.status_code == 200, answer.text
         assert answer.json()["result"]["stop_reason"] == "completed", answer.json()
@@ -158,9 +165,9 @@ def test_an_instance_tells_an_outsider_nothing_but_that_it_is_up(cluster: Cluste
     (before: its root and /info named the engine and its version to anyone)."""
     instance = cluster.start("aegra-1")
     for path in ("/", "/health"):
-        answer = httpx.get(f"{instance.url}{path}", timeout=30)
+        answer = httpx.get(f"{instance.url}{path}", timeout=30, verify=tls.context())
         assert answer.status_code == 200 and "version" not in answer.text, (path, answer.text)
-    assert httpx.get(f"{instance.url}/info", timeout=30).status_code == 401
+    assert httpx.get(f"{instance.url}/info", timeout=30, verify=tls.context()).status_code == 401
     thread_id, _ = waiting_refund(cluster, instance, "O-631")
     theirs = instance.client("t-bank-b-u1")
     assert status_of(lambda: theirs.threads.create(thread_id=thread_id)) == 422
@@ -199,4 +206,9 @@ def test_an_agents_own_role_names_grant_on_aegra_as_on_langgraphs_server(
     metrics = f"{desk.url}/loopwright/metrics"
     for token, status in (("t-sre", 200), ("t-operator", 403), ("t-supervisor", 403)):
         headers = {"Authorization": f"Bearer {token}"}
-        assert httpx.get(metrics, headers=headers, timeout=PATIENCE_S).status_code == status
+        assert (
+            httpx.get(
+                metrics, headers=headers, timeout=PATIENCE_S, verify=tls.context()
+            ).status_code
+            == status
+        )

@@ -33,7 +33,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.scratch import fresh_database
@@ -45,7 +44,7 @@ from loopwright_refunds.services.admin import create_order, list_refunds, set_fa
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S
+from tests.runtime_fixtures import PATIENCE_S, sdk_client
 from tests.test_server_langgraph import (
     GRAPH,
     TOKENS,
@@ -91,7 +90,7 @@ class Instance:
         return self.running.url
 
     def client(self, token: str = "t-u1") -> SyncLangGraphClient:
-        return get_sync_client(url=self.url, headers={"Authorization": f"Bearer {token}"})
+        return sdk_client(url=self.url, headers={"Authorization": f"Bearer {token}"})
 
     def stop(self) -> None:
         self.running.stop()

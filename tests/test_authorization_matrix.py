@@ -46,6 +46,7 @@ import httpx
 import psycopg
 import pytest
 
+from loopwright import tls
 from loopwright.graph.state import ENDED_PHASES, Phase
 from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
@@ -540,7 +541,9 @@ def env(target: Target) -> Iterator[Env]:
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=0)
     served = target.served
     with (
-        httpx.Client(base_url=served.url, timeout=TIMEOUT, limits=limits) as http,
+        httpx.Client(
+            base_url=served.url, timeout=TIMEOUT, limits=limits, verify=tls.context()
+        ) as http,
         psycopg.connect(served.database_url, autocommit=True) as db,
     ):
         yield set_up(target, http, db)
@@ -1366,7 +1369,9 @@ def in_flight_running(env: Env, report: Report) -> tuple[list[Probe], str]:
 
 def document_of(served: Served) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {TOKENS[OWNER]}"}  # the API's description: a token's
-    answer = httpx.get(f"{served.url}/openapi.json", headers=headers, timeout=TIMEOUT)
+    answer = httpx.get(
+        f"{served.url}/openapi.json", headers=headers, timeout=TIMEOUT, verify=tls.context()
+    )
     assert answer.status_code == 200, answer.text
     document: dict[str, Any] = answer.json()
     return document

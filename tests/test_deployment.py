@@ -29,8 +29,8 @@ import httpx
 import pytest
 import typer
 import yaml
-from langgraph_sdk import get_sync_client
 
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.cli import app
 from loopwright.processes import START_TIMEOUT_S
@@ -40,7 +40,7 @@ from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import test_aegra_scaleout
 from tests.ports import reserved_port
-from tests.runtime_fixtures import REPO
+from tests.runtime_fixtures import REPO, sdk_client
 from tests.test_aegra_scaleout import REDIS_URL
 from tests.test_server_langgraph import GRAPH, decision_for, values_of
 
@@ -177,7 +177,7 @@ def started(
             assert process.poll() is None, (cwd / "output.log").read_text()[-3000:]
             assert time.monotonic() < deadline, f"{shlex.join(command)} never got ready"
             try:
-                if httpx.get(ready_url, timeout=2).status_code == 200:
+                if httpx.get(ready_url, timeout=2, verify=tls.context()).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -249,8 +249,8 @@ def test_the_processes_compose_starts_serve_a_run(postgres_server_url: str, tmp_
             stack.enter_context(started(command, {**base_env(), **env}, home, ready))
             running.append(f"http://127.0.0.1:{port}")
 
-        customer = get_sync_client(url=running[-1], headers={"Authorization": "Bearer dev-u1"})
-        approver = get_sync_client(url=running[0], headers={"Authorization": "Bearer dev-a1"})
+        customer = sdk_client(url=running[-1], headers={"Authorization": "Bearer dev-u1"})
+        approver = sdk_client(url=running[0], headers={"Authorization": "Bearer dev-a1"})
         thread_id = customer.threads.create()["thread_id"]
         task = "Check whether order O-42 can be refunded and refund it if so."
         customer.runs.wait(thread_id, GRAPH, input={"task": task})

@@ -27,15 +27,15 @@ from typing import Any
 
 import httpx
 import pytest
-from langgraph_sdk import get_sync_client
 
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S, wait_for
+from tests.runtime_fixtures import PATIENCE_S, sdk_client, wait_for
 from tests.test_server_langgraph import GRAPH, TASK_O42, TOKENS, values_of
 
 CHROMIUM = os.environ.get("LOOPWRIGHT_CHROMIUM", "/usr/bin/chromium")
@@ -83,21 +83,21 @@ def refund_task(order_id: str) -> str:
 
 def waiting_thread(url: str, task: str) -> tuple[str, dict[str, Any]]:
     """A run of u-1's, started through the server and waiting for approval: (thread, request)."""
-    ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
+    ada = sdk_client(url=url, headers={"Authorization": "Bearer t-u1"})
     thread = ada.threads.create()
     ada.runs.wait(thread["thread_id"], GRAPH, input={"task": task})
     return thread["thread_id"], ada.threads.get_state(thread["thread_id"])["interrupts"][0]["value"]
 
 
 def final_values(url: str, thread_id: str) -> dict[str, Any]:
-    ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
+    ada = sdk_client(url=url, headers={"Authorization": "Bearer t-u1"})
     wait_for(lambda: values_of(ada, thread_id).get("stop_reason") is not None)
     return values_of(ada, thread_id)
 
 
 def still_waiting(url: str, thread_id: str, approval_id: str) -> bool:
     """Whether the run still waits for exactly this approval (nothing was decided)."""
-    ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
+    ada = sdk_client(url=url, headers={"Authorization": "Bearer t-u1"})
     interrupts = ada.threads.get_state(thread_id)["interrupts"]
     values = values_of(ada, thread_id)
     return [i["value"]["approval_id"] for i in interrupts] == [approval_id] and not any(
@@ -106,13 +106,14 @@ def still_waiting(url: str, thread_id: str, approval_id: str) -> bool:
 
 
 def post_decision(url: str, token: str, thread_id: str, **body: Any) -> httpx.Response:
-    ada = get_sync_client(url=url, headers={"Authorization": "Bearer t-u1"})
+    ada = sdk_client(url=url, headers={"Authorization": "Bearer t-u1"})
     [interrupt] = ada.threads.get_state(thread_id)["interrupts"]
     return httpx.post(
         f"{url}/inbox/api/decisions",
         headers={"Authorization": f"Bearer {token}"},
         json={"thread_id": thread_id, "interrupt_id": interrupt["id"], **body},
         timeout=PATIENCE_S,
+        verify=tls.context(),
     )
 
 
@@ -357,6 +358,7 @@ def test_a_refund_the_payments_service_refuses_is_said_to_be_refused(
         json={"order_id": "O-872", "amount": "150.00", "currency": "USD", "reason": "desk"},
         headers={"Idempotency-Key": "other-desk:O-872"},
         timeout=PATIENCE_S,
+        verify=tls.context(),
     )
     assert other.status_code < 300 and other.json()["status"] == "processing", other.text
     thread_id, request = waiting_thread(url, refund_task("O-872"))

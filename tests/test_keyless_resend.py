@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from loopwright import ResendAfterDeadline, Runner, RunOutcome
+from loopwright import ResendAfterDeadline, Runner, RunOutcome, tls
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import set_fault
@@ -28,7 +28,9 @@ WAIT_LIMIT_S = PATIENCE_S
 
 
 def credit_entries(services: ServiceEndpoints) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = httpx.get(f"{services.payments}/credits/u-1").json()["entries"]
+    entries: list[dict[str, Any]] = httpx.get(
+        f"{services.payments}/credits/u-1", verify=tls.context()
+    ).json()["entries"]
     return entries
 
 

@@ -32,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database, with_application_name, with_database
 from loopwright.observability.stored_state import exposition
 from loopwright.runner import LEASE_TTL_ENV, open_runner
@@ -56,7 +57,7 @@ BACK_S = 60  # a dependency back: ready again well within this, however loaded t
 
 
 def probe(url: str, path: str = "/ready") -> tuple[int, Any]:
-    response = httpx.get(f"{url}{path}", timeout=30)
+    response = httpx.get(f"{url}{path}", timeout=30, verify=tls.context())
     return response.status_code, response.json()
 
 
@@ -163,17 +164,24 @@ def test_langgraph_server_probes_and_operator_metrics(
             with reserved_port() as port, start_server(tmp_path, env, port=port) as server:
                 check_services_and_database(server.url, database_url, services)
                 metrics = f"{server.url}/loopwright/metrics"
-                assert httpx.get(metrics).status_code == 401
+                assert httpx.get(metrics, verify=tls.context()).status_code == 401
                 for token in ("t-u1", "t-a1"):
                     headers = {"Authorization": f"Bearer {token}"}
-                    assert httpx.get(metrics, headers=headers).status_code == 403
-                answer = httpx.get(metrics, headers={"Authorization": "Bearer t-o1"})
+                    assert (
+                        httpx.get(metrics, headers=headers, verify=tls.context()).status_code == 403
+                    )
+                answer = httpx.get(
+                    metrics, headers={"Authorization": "Bearer t-o1"}, verify=tls.context()
+                )
                 assert answer.status_code == 200
                 figures = parsed(answer.text)
                 assert figures["loopwright_database_up"][()] == 1
                 assert figures["loopwright_approvals_waiting"][()] == 0
                 # LangGraph's own /metrics (public) does not carry loopwright's.
-                assert "loopwright_" not in httpx.get(f"{server.url}/metrics").text
+                assert (
+                    "loopwright_"
+                    not in httpx.get(f"{server.url}/metrics", verify=tls.context()).text
+                )
     finally:
         services.stop()
 
@@ -239,6 +247,7 @@ def test_aegra_instance_probes_follow_its_database_redis_and_services(
                         answer = httpx.get(
                             f"{instance.url}/loopwright/metrics",
                             headers={"Authorization": "Bearer t-o1"},
+                            verify=tls.context(),
                         )
                         assert answer.status_code == 200
                         assert parsed(answer.text)["loopwright_database_up"][()] == 1
@@ -316,7 +325,7 @@ def test_a_worker_s_metrics_agree_with_lw_runs_and_the_journal(
                 )
                 wait_for(lambda: rows(postgres_url, settled) == [(4,)], timeout=120)
                 wait_ready(url)
-                figures = parsed(httpx.get(f"{url}/metrics", timeout=30).text)
+                figures = parsed(httpx.get(f"{url}/metrics", timeout=30, verify=tls.context()).text)
                 # Its probes: not ready while its database or the agent's services are down.
                 check_services_and_database(url, worker_url, services)
                 # The dead owner's late writes are refused (counted in this process).

@@ -32,14 +32,14 @@ from typing import Any
 
 import httpx
 import pytest
-from langgraph_sdk import get_sync_client
 
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import ChildProcess
 from loopwright.reports import EXIT_CODES
 from loopwright.server.bearer_tokens import hashed_table
 from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
+from tests.runtime_fixtures import PATIENCE_S, REPO, sdk_client, wait_for
 from tests.test_inbox_browser import CHROMIUM, inbox_page
 
 pytestmark = pytest.mark.slow
@@ -117,11 +117,13 @@ class DeskService(ChildProcess):
         self.url = url
 
     def state(self) -> dict[str, Any]:
-        answer: dict[str, Any] = httpx.get(f"{self.url}/admin/state").json()
+        answer: dict[str, Any] = httpx.get(f"{self.url}/admin/state", verify=tls.context()).json()
         return answer
 
     def arm(self, path: str, delay_s: float) -> None:
-        httpx.post(f"{self.url}/admin/fault", json={"path": path, "delay_s": delay_s})
+        httpx.post(
+            f"{self.url}/admin/fault", json={"path": path, "delay_s": delay_s}, verify=tls.context()
+        )
 
 
 @pytest.fixture
@@ -316,7 +318,7 @@ def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
         )
         with ChildProcess(serving):
             wait_for(lambda: _answers(url))
-            guest = get_sync_client(url=url, headers={"Authorization": "Bearer t-guest"})
+            guest = sdk_client(url=url, headers={"Authorization": "Bearer t-guest"})
             thread = guest.threads.create()["thread_id"]
             guest.runs.wait(thread, "loopwright", input={"task": "Book slot 4 for g-1."})
             [interrupt] = guest.threads.get_state(thread)["interrupts"]
@@ -348,7 +350,7 @@ def test_the_application_is_served_approved_in_the_inbox_and_cancelled(
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/ok", timeout=1).status_code == 200
+        return httpx.get(f"{url}/ok", timeout=1, verify=tls.context()).status_code == 200
     except httpx.TransportError:
         time.sleep(0.2)
         return False

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from langchain_core.messages import BaseMessage, ToolMessage
 
+from loopwright import tls
 from loopwright.graph.state import ActionStatus
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
@@ -34,7 +35,9 @@ def credit_once(messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]
 
 
 def credit_entries(services: ServiceEndpoints) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = httpx.get(f"{services.payments}/credits/u-1").json()["entries"]
+    entries: list[dict[str, Any]] = httpx.get(
+        f"{services.payments}/credits/u-1", verify=tls.context()
+    ).json()["entries"]
     return entries
 
 

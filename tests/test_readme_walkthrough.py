@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
 from loopwright.server.bearer_tokens import hashed_table
@@ -99,7 +100,7 @@ def served(
 
 def reachable(base: str) -> bool:
     try:
-        return httpx.get(f"{base}/ok", timeout=2).status_code == 200
+        return httpx.get(f"{base}/ok", timeout=2, verify=tls.context()).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -214,6 +215,6 @@ def test_the_production_recipe_serves_approvals_across_its_instances(
 
 def reachable_aegra(base: str) -> bool:
     try:
-        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+        return httpx.get(f"{base}/health", timeout=2, verify=tls.context()).status_code == 200
     except httpx.TransportError:
         return False

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from langgraph_sdk import get_sync_client
 
+from loopwright import tls
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.processes import ChildProcess
@@ -28,7 +28,7 @@ from loopwright.server.launch import DEV_TOKENS, LOG_FILE, cannot_listen, server
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.launcher import READY_FILE
 from tests.ports import reserved_port
-from tests.runtime_fixtures import DEMO_TASK, REPO, cli, wait_for
+from tests.runtime_fixtures import DEMO_TASK, REPO, cli, sdk_client, wait_for
 
 
 def alive(pid: int) -> bool:
@@ -196,7 +196,7 @@ def test_the_server_is_polled_where_langgraph_really_listens(
     )
     with start_server(tmp_path / "server", env, port=busy_port) as server:
         assert server.url != f"http://127.0.0.1:{busy_port}"
-        assert httpx.get(f"{server.url}/ok", timeout=5).status_code == 200
+        assert httpx.get(f"{server.url}/ok", timeout=5, verify=tls.context()).status_code == 200
     log = (tmp_path / "server" / LOG_FILE).read_text()
     assert f"Port {busy_port} is already in use" in log
 
@@ -225,7 +225,7 @@ def test_serve_killed_leaves_no_server_no_service_and_a_free_port(
             [server] = children(serving.pid)
             assert b"loopwright.server.dev" in Path(f"/proc/{server}/cmdline").read_bytes()
             # A run makes the server open the agent's dependencies: it starts the services.
-            client = get_sync_client(url=url, headers={"Authorization": "Bearer dev-u1"})
+            client = sdk_client(url=url, headers={"Authorization": "Bearer dev-u1"})
             thread = client.threads.create()["thread_id"]
             client.runs.wait(thread, "loopwright", input={"task": DEMO_TASK})
             assert client.threads.get_state(thread)["interrupts"]  # waits for an approver
@@ -241,6 +241,6 @@ def test_serve_killed_leaves_no_server_no_service_and_a_free_port(
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/ok", timeout=1).status_code == 200
+        return httpx.get(f"{url}/ok", timeout=1, verify=tls.context()).status_code == 200
     except httpx.TransportError:
         return False

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
+from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.launch import server_env, start_server
 from loopwright_refunds.services.admin import create_order, list_refunds
@@ -26,7 +26,7 @@ from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.identity_provider import IdentityProvider, SigningKey
 from tests.ports import reserved_port
-from tests.runtime_fixtures import cli
+from tests.runtime_fixtures import cli, sdk_client
 from tests.test_aegra_scaleout import deployment, redis_reachable, refund_task
 from tests.test_server_langgraph import GRAPH, status_of, values_of
 
@@ -87,11 +87,13 @@ def test_customers_and_approvers_by_their_jwts(
         url, database_url, services = served
 
         def client(token: str) -> SyncLangGraphClient:
-            return get_sync_client(url=url, headers={"Authorization": f"Bearer {token}"})
+            return sdk_client(url=url, headers={"Authorization": f"Bearer {token}"})
 
         def inbox(token: str) -> httpx.Response:
             headers = {"Authorization": f"Bearer {token}"}
-            return httpx.get(f"{url}/inbox/api/approvals", headers=headers, timeout=30)
+            return httpx.get(
+                f"{url}/inbox/api/approvals", headers=headers, timeout=30, verify=tls.context()
+            )
 
         order_id = f"O-7{len(engine)}"
         create_order(services, order_id, "u-1", "80.00")  # above the approval threshold
@@ -110,7 +112,9 @@ def test_customers_and_approvers_by_their_jwts(
         # A JWT the server cannot trust is a 401 saying why, on the API and the inbox.
         expired = provider.token("a-1", ["approver"], lifetime_s=-3600)
         refused = httpx.get(
-            f"{url}/threads/{thread_id}", headers={"Authorization": f"Bearer {expired}"}
+            f"{url}/threads/{thread_id}",
+            headers={"Authorization": f"Bearer {expired}"},
+            verify=tls.context(),
         )
         assert refused.status_code == 401 and "the token has expired" in refused.text
         forged = provider.token("a-1", ["approver"], key=SigningKey.new("key-1"))

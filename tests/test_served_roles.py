@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loopwright import tls
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.ports import reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, cli
@@ -85,6 +86,7 @@ def test_the_agents_start_role_starts_runs_the_runtimes_word_does_not(desk: Serv
         json={"assistant_id": GRAPH, "input": {"task": refund_task("O-702")}},
         headers={"Authorization": "Bearer t-customer"},
         timeout=PATIENCE_S,
+        verify=tls.context(),
     )
     assert started.status_code == 403
     assert refusal(started) == "starting runs takes the role agent"
@@ -100,7 +102,12 @@ def test_the_agents_decide_role_decides_through_the_sdk_and_the_inbox(desk: Serv
 
     def inbox(token: str) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"}
-        return httpx.get(f"{desk.url}/inbox/api/approvals", headers=headers, timeout=PATIENCE_S)
+        return httpx.get(
+            f"{desk.url}/inbox/api/approvals",
+            headers=headers,
+            timeout=PATIENCE_S,
+            verify=tls.context(),
+        )
 
     listed = {a["thread_id"] for a in inbox("t-supervisor").json()["approvals"]}
     assert {by_sdk, by_inbox} <= listed
@@ -117,6 +124,7 @@ def test_the_agents_decide_role_decides_through_the_sdk_and_the_inbox(desk: Serv
         json=decision,
         headers={"Authorization": "Bearer t-approver"},
         timeout=PATIENCE_S,
+        verify=tls.context(),
     )
     assert refused.status_code == 403
     assert list_refunds(desk.services, "O-711") == list_refunds(desk.services, "O-712") == []
@@ -128,6 +136,7 @@ def test_the_agents_decide_role_decides_through_the_sdk_and_the_inbox(desk: Serv
         json=decision,
         headers={"Authorization": "Bearer t-supervisor"},
         timeout=PATIENCE_S,
+        verify=tls.context(),
     )
     assert decided.status_code == 200, decided.text
     assert decided.json()["result"]["stop_reason"] == "completed", decided.json()
@@ -141,12 +150,14 @@ def test_the_agents_decide_role_decides_through_the_sdk_and_the_inbox(desk: Serv
 
 def test_only_the_agents_operate_role_reads_the_metrics(desk: Served) -> None:
     metrics = f"{desk.url}/loopwright/metrics"
-    assert httpx.get(metrics).status_code == 401
+    assert httpx.get(metrics, verify=tls.context()).status_code == 401
     for token in ("t-operator", "t-agent", "t-supervisor"):
-        answer = httpx.get(metrics, headers={"Authorization": f"Bearer {token}"})
+        answer = httpx.get(
+            metrics, headers={"Authorization": f"Bearer {token}"}, verify=tls.context()
+        )
         assert answer.status_code == 403, token
         assert refusal(answer) == "reading the metrics takes the role sre"
-    answer = httpx.get(metrics, headers={"Authorization": "Bearer t-sre"})
+    answer = httpx.get(metrics, headers={"Authorization": "Bearer t-sre"}, verify=tls.context())
     assert answer.status_code == 200 and "loopwright_database_up 1.0" in answer.text
 
 

@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 
+from loopwright import tls
 from loopwright.checkpoints.retention import retain
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.admissions import PER_PRINCIPAL
@@ -39,7 +39,7 @@ from loopwright_refunds.services.admin import create_order, list_refunds, set_fa
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S, wait_for
+from tests.runtime_fixtures import PATIENCE_S, sdk_client, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -67,7 +67,7 @@ class Served:
 
     def client(self, token: str | None) -> SyncLangGraphClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return get_sync_client(url=self.url, headers=headers)
+        return sdk_client(url=self.url, headers=headers)
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
@@ -274,7 +274,7 @@ def status_of(call: Callable[[], Any]) -> int:
 def test_requests_without_a_known_token_get_401(served: Served) -> None:
     assert status_of(served.client(None).threads.search) == 401
     assert status_of(served.client("not-a-token").threads.create) == 401
-    assert httpx.get(f"{served.url}/inbox/api/approvals").status_code == 401
+    assert httpx.get(f"{served.url}/inbox/api/approvals", verify=tls.context()).status_code == 401
 
 
 def test_a_customer_cannot_read_another_customers_thread(
@@ -296,11 +296,15 @@ def test_a_customer_starts_runs_about_their_own_orders_only(served: Served) -> N
 def test_only_approvers_see_the_inbox(served: Served, waiting_run: tuple[str, Any]) -> None:
     thread_id, waiting = waiting_run
     as_customer = httpx.get(
-        f"{served.url}/inbox/api/approvals", headers={"Authorization": "Bearer t-u1"}
+        f"{served.url}/inbox/api/approvals",
+        headers={"Authorization": "Bearer t-u1"},
+        verify=tls.context(),
     )
     assert as_customer.status_code == 403
     listed = httpx.get(
-        f"{served.url}/inbox/api/approvals", headers={"Authorization": "Bearer t-a1"}
+        f"{served.url}/inbox/api/approvals",
+        headers={"Authorization": "Bearer t-a1"},
+        verify=tls.context(),
     )
     assert listed.status_code == 200
     (item,) = [a for a in listed.json()["approvals"] if a["thread_id"] == thread_id]
@@ -327,7 +331,7 @@ def test_the_inbox_lists_every_waiting_run_of_the_approvers_tenant(served: Serve
 
     def listed(token: str) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"}
-        return httpx.get(f"{served.url}/inbox/api/approvals", headers=headers)
+        return httpx.get(f"{served.url}/inbox/api/approvals", headers=headers, verify=tls.context())
 
     approvals = listed("t-a1").json()["approvals"]
     assert set(threads) <= {a["thread_id"] for a in approvals}
@@ -346,12 +350,15 @@ def test_an_approver_cannot_approve_their_own_run(served: Served) -> None:
     own = decision_for(interrupt, "approve", "a-2")
     assert status_of(lambda: al.runs.wait(thread_id, GRAPH, command={"resume": own})) == 403
     headers = {"Authorization": "Bearer t-a2"}
-    inbox = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()["approvals"]
+    inbox = httpx.get(
+        f"{served.url}/inbox/api/approvals", headers=headers, verify=tls.context()
+    ).json()["approvals"]
     assert thread_id not in {a["thread_id"] for a in inbox}
     decided = httpx.post(
         f"{served.url}/inbox/api/decisions",
         headers=headers,
         json={"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": "approve"},
+        verify=tls.context(),
     )
     assert decided.status_code == 403
     state = al.threads.get_state(thread_id)
@@ -386,6 +393,7 @@ def test_an_approvers_resume_that_is_no_decision_is_refused_saying_why(served: S
             json={"assistant_id": GRAPH, "command": {"resume": resume}},
             headers={"Authorization": "Bearer t-a1"},
             timeout=PATIENCE_S,
+            verify=tls.context(),
         )
         assert answer.status_code == status, (resume, answer.text)
         assert detail in answer.json()["detail"] and "\n" not in answer.json()["detail"]
@@ -410,6 +418,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
             headers={"Authorization": f"Bearer {token}"},
             json={**body, "changes": changes},
             timeout=PATIENCE_S,
+            verify=tls.context(),
         )
 
     refused = post("edit", interrupt["id"], iban="DE00")
@@ -422,14 +431,18 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
         assert "the approval still waits" in invalid.json()["detail"]
     held = post("edit", interrupt["id"], amount="4\u00000.00")  # no run could keep it
     assert held.status_code == 422 and "holds a NUL character" in held.json()["detail"], held.text
-    listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+    listed = httpx.get(
+        f"{served.url}/inbox/api/approvals", headers=headers, verify=tls.context()
+    ).json()
     assert [a["interrupt_id"] for a in listed["approvals"] if a["thread_id"] == thread_id] == [
         interrupt["id"]
     ]
     assert post("edit", interrupt["id"], amount="40.00").status_code == 200
 
     # The decision route waits for the run: the edited action's request is listed at once.
-    listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+    listed = httpx.get(
+        f"{served.url}/inbox/api/approvals", headers=headers, verify=tls.context()
+    ).json()
     [item] = [a for a in listed["approvals"] if a["thread_id"] == thread_id]
     assert item["summary"] == "Refund 40.00 USD to order O-802 (edited by a-1)"
     assert item["interrupt_id"] != interrupt["id"] and item["args"]["amount"] == "40.00"
@@ -537,6 +550,7 @@ def test_a_decision_the_run_ignores_is_a_409_not_an_accepted_decision(served: Se
         f"{served.url}/inbox/api/decisions",
         headers={"Authorization": "Bearer t-u2-approver"},
         json=body,
+        verify=tls.context(),
     )
     assert ignored.status_code == 409, ignored.text
     assert "did not take effect" in ignored.json()["detail"]
@@ -547,6 +561,7 @@ def test_a_decision_the_run_ignores_is_a_409_not_an_accepted_decision(served: Se
         f"{served.url}/inbox/api/decisions",
         headers={"Authorization": "Bearer t-a1"},
         json={**body, "interrupt_id": still["id"]},
+        verify=tls.context(),
     )
     assert decided.status_code == 200, decided.text
     assert decided.json()["result"]["stop_reason"] == "completed"
@@ -560,7 +575,9 @@ def test_an_approver_of_another_tenant_sees_and_decides_nothing_of_this_one(
     [interrupt] = waiting["interrupts"]
     other = served.client("t-bank-b")
     headers = {"Authorization": "Bearer t-bank-b"}
-    listed = httpx.get(f"{served.url}/inbox/api/approvals", headers=headers).json()
+    listed = httpx.get(
+        f"{served.url}/inbox/api/approvals", headers=headers, verify=tls.context()
+    ).json()
     assert [a for a in listed["approvals"] if a["thread_id"] == thread_id] == []
     assert status_of(functools.partial(other.threads.get_state, thread_id)) in (403, 404)
     assert all(t["thread_id"] != thread_id for t in other.threads.search(limit=100))
@@ -632,6 +649,7 @@ def test_text_no_run_could_keep_is_a_422_and_starts_nothing(served: Served) -> N
         f"{served.url}/threads/{thread_id}/runs",
         content=body,
         headers={"Authorization": "Bearer t-u1", "Content-Type": "application/json"},
+        verify=tls.context(),
     )
     assert 400 <= raw.status_code < 500, raw.text
     assert served.sql("SELECT count(*) FROM lw_runs WHERE run_id = %s", thread_id) == [(0,)]
@@ -650,6 +668,7 @@ def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served:
             json={"assistant_id": GRAPH, "input": run_input},
             headers={"Authorization": "Bearer t-u1"},
             timeout=PATIENCE_S,
+            verify=tls.context(),
         )
         assert response.status_code == 422, (run_input, response.text)
         assert response.json()["detail"].endswith('a new run takes {"task": "<what to do>"}')
@@ -794,7 +813,7 @@ def test_the_inbox_page_runs_only_its_own_script_in_no_frame(served: Served) -> 
     """A page that framed the inbox could lay its own buttons over an approver's; an injected
     script would act with their token. The page allows its own inline script and style only
     (by their hashes), talks to its own origin only, and may be framed by nobody."""
-    page = httpx.get(f"{served.url}/inbox")
+    page = httpx.get(f"{served.url}/inbox", verify=tls.context())
     assert page.headers["x-frame-options"] == "DENY"
     policy = page.headers["content-security-policy"]
     assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy
@@ -822,7 +841,9 @@ def test_a_decision_nested_past_any_decision_is_a_422(served: Served) -> None:
     """JSON nested deeper than the parser recurses was a 500 from the inbox's decision route."""
     headers = {"Authorization": "Bearer t-a1", "Content-Type": "application/json"}
     body = "[" * 100_000 + "]" * 100_000
-    answer = httpx.post(f"{served.url}/inbox/api/decisions", content=body, headers=headers)
+    answer = httpx.post(
+        f"{served.url}/inbox/api/decisions", content=body, headers=headers, verify=tls.context()
+    )
     assert answer.status_code == 422, answer.text
     assert "nested too deep" in answer.json()["detail"]
 
@@ -868,10 +889,14 @@ def decide_through(
         body = {"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": decision}
         comment = {"comment": "not this one"} if decision == "reject" else {}
         answer = httpx.post(
-            f"{url}/inbox/api/decisions", json=body | comment, headers=headers, timeout=120
+            f"{url}/inbox/api/decisions",
+            json=body | comment,
+            headers=headers,
+            timeout=120,
+            verify=tls.context(),
         )
         return answer.status_code, answer.text
-    client = get_sync_client(url=url, headers=headers, timeout=120)
+    client = sdk_client(url=url, headers=headers, timeout=120)
     try:
         client.runs.wait(
             thread_id, GRAPH, command={"resume": decision_for(interrupt, decision, approver)}
@@ -938,11 +963,13 @@ def test_nothing_tells_an_outsider_what_runs_or_which_threads_exist(served: Serv
     be (before: 409 "already exists" for another's), and a copy is a 403 for every thread
     (before: 404 for another tenant's thread with a run, 409 for one that does not exist)."""
     for path in ("/info", "/metrics", "/docs", "/openapi.json"):
-        assert httpx.get(f"{served.url}{path}").status_code == 401, path
+        assert httpx.get(f"{served.url}{path}", verify=tls.context()).status_code == 401, path
     for path in ("/", "/ok"):
-        answer = httpx.get(f"{served.url}{path}")
+        answer = httpx.get(f"{served.url}{path}", verify=tls.context())
         assert answer.status_code == 200 and "version" not in answer.text, (path, answer.text)
-    assert httpx.get(f"{served.url}/info", headers={"Authorization": "Bearer t-u1"}).is_success
+    assert httpx.get(
+        f"{served.url}/info", headers={"Authorization": "Bearer t-u1"}, verify=tls.context()
+    ).is_success
 
     create_order(served.services, "O-993", "u-1", "20.00")
     mine, _ = start_run(served.client("t-u1"), "Refund order O-993 if it can be.")
@@ -1013,6 +1040,7 @@ class Customer:
                 json={"assistant_id": GRAPH, **task_about(order_id)},
                 headers={"Authorization": "Bearer t-u1"},
                 timeout=30,
+                verify=tls.context(),
             ).status_code
         if not self.started:
             return 404  # nothing of theirs to cancel

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loopwright import tls
 from loopwright.checkpoints.leases import LeaseHeld
 from loopwright.graph.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV
@@ -22,7 +23,7 @@ from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, RunnerFactory, c
 
 def fault_mode(services: ServiceEndpoints) -> str:
     """The payments fault still armed: "none" once a refund request has taken it."""
-    mode: str = httpx.get(f"{services.payments}/admin/faults").json()["mode"]
+    mode: str = httpx.get(f"{services.payments}/admin/faults", verify=tls.context()).json()["mode"]
     return mode
 
 

@@ -40,6 +40,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from loopwright import tls
 from loopwright.graph.budget import REQUEST_BOUNDS
 from loopwright.models.bounded_http import BoundedTransport
 
@@ -234,7 +235,9 @@ def make_openai_model(settings: OpenAISettings) -> StrictChatOpenAI:
         "api_key": settings.api_key,
         "max_retries": settings.max_retries,
         "timeout": settings.timeout_s,
-        "http_client": httpx.Client(transport=BoundedTransport(), timeout=settings.timeout_s),
+        "http_client": httpx.Client(
+            transport=BoundedTransport(verify=tls.context()), timeout=settings.timeout_s
+        ),
         "streaming": settings.streaming,
         "temperature": settings.temperature,
     }

@@ -35,22 +35,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import io
 import json
 import os
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
 import httpx
 from fastapi import FastAPI
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from loopwright import tls
 from loopwright.display import UNSHOWABLE
 from loopwright.graph.state import ApprovalChoice, ApprovalRequest
 from loopwright.graph.text import unstorable_in, validation_problems
@@ -138,12 +140,19 @@ async def _approver(request: Request) -> User:
     return user
 
 
-def _server(request: Request) -> LangGraphClient:
-    """The server's own API, called as the caller (their token), so its auth rules apply."""
-    return get_client(
-        url=str(request.base_url).rstrip("/"),
+@contextlib.asynccontextmanager
+async def _server(request: Request) -> AsyncIterator[LangGraphClient]:
+    """The server's own API, called as the caller (their token), so its auth rules apply: a
+    client as `langgraph_sdk.get_client` makes one, but on the process's TLS roots, and closed
+    (its connections with it) when the decision is made."""
+    http = httpx.AsyncClient(
+        base_url=str(request.base_url).rstrip("/"),
         headers={"Authorization": request.headers.get("authorization", "")},
+        transport=httpx.AsyncHTTPTransport(retries=5, verify=tls.context()),
+        timeout=httpx.Timeout(connect=5, read=300, write=300, pool=5),
     )
+    async with http:
+        yield LangGraphClient(http)
 
 
 async def visible_run(user: User, run_id: str) -> Waiting:
@@ -216,15 +225,15 @@ async def decide(request: Request) -> Response:
                 await asyncio.to_thread(res.runner.check_edit, req, decision.args)
             except EditRefused as exc:
                 raise InboxError(422, f"{exc}; the approval still waits") from None
-        client = _server(request)
-        server_run = await client.runs.create(
-            body.thread_id,
-            ASSISTANT_ID,
-            command={"resume": {body.interrupt_id: decision.model_dump(mode="json")}},
-            multitask_strategy="reject",
-        )
-        # What the run made of it, truthfully: a decision it did not take is a 409.
-        await client.runs.join(body.thread_id, server_run["run_id"])
+        async with _server(request) as client:
+            server_run = await client.runs.create(
+                body.thread_id,
+                ASSISTANT_ID,
+                command={"resume": {body.interrupt_id: decision.model_dump(mode="json")}},
+                multitask_strategy="reject",
+            )
+            # What the run made of it, truthfully: a decision it did not take is a 409.
+            await client.runs.join(body.thread_id, server_run["run_id"])
         values = dict(await asyncio.to_thread(res.runner.state, body.thread_id))
         taken = taken_decision(values, req.approval_id, user.user_id, body.decision)
         if taken is not None:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from loopwright import tls
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.aegra import GRACE_S
 from loopwright.server.launch import OFFLINE_ENV, file_config, wait_until_answering
@@ -143,7 +144,10 @@ def start_instance(
     try:
         wait_until_answering(
             process,
-            lambda: httpx.get(f"{instance.url}/health", timeout=1).status_code == 200,
+            lambda: (
+                httpx.get(f"{instance.url}/health", timeout=1, verify=tls.context()).status_code
+                == 200
+            ),
             what="Aegra",
             log=log,
             timeout=timeout,

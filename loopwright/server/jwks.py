@@ -25,6 +25,7 @@ from typing import Protocol
 import httpx
 from jwt import PyJWK, PyJWTError
 
+from loopwright import tls
 from loopwright.server.watched_file import WatchedFile
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class UrlKeys:
                 return
             self._tried_at = time.monotonic()
             try:
-                answer = httpx.get(self.url, timeout=FETCH_TIMEOUT_S)
+                answer = httpx.get(self.url, timeout=FETCH_TIMEOUT_S, verify=tls.context())
                 answer.raise_for_status()
                 self._held = parse_jwks(answer.text, self.url, self._algorithms)
                 self._fetched_at = time.monotonic()

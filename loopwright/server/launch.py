@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import httpx
 
+from loopwright import tls
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.admissions import RUN_SLOTS
 from loopwright.server.dev import GRACE_S
@@ -213,7 +214,10 @@ def start_server(
 def _wait_until_answering(server: RunningServer, timeout: float) -> None:
     def answers() -> bool:
         url = server.output.url
-        return url is not None and httpx.get(f"{url}/ok", timeout=1).status_code == 200
+        return (
+            url is not None
+            and httpx.get(f"{url}/ok", timeout=1, verify=tls.context()).status_code == 200
+        )
 
     wait_until_answering(
         server.process,

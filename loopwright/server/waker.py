@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from loopwright import tls
 from loopwright.checkpoints.leases import RunRecord
 from loopwright.runner import WAKE_VALUE
 from loopwright.server.launch import GRAPH_ID
@@ -78,7 +79,7 @@ async def waking(_app: Any) -> AsyncIterator[None]:
         log.warning("%s is not set: runs parked in a reconciliation are not woken", SELF_URL_ENV)
         yield
         return
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30, verify=tls.context()) as client:
         task = asyncio.create_task(wake_parked_runs(client))
         try:
             yield

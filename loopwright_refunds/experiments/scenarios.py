@@ -39,7 +39,7 @@ import httpx
 from loopwright.graph.state import utcnow
 from loopwright_refunds.experiments.actor import ConcurrentChange
 from loopwright_refunds.services.admin import create_order, publish_policy
-from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.endpoints import ServiceEndpoints, tls_context
 from loopwright_refunds.services.policies import SEED_TEXT
 
 USER = "u-1"
@@ -141,6 +141,7 @@ def _refund_before(stage: Stage, order: str, amount: str) -> str:
         json={"order_id": order, "amount": amount, "currency": "USD", "reason": "earlier"},
         headers={"Idempotency-Key": key},
         timeout=5.0,
+        verify=tls_context(),
     )
     response.raise_for_status()
     return key

@@ -38,7 +38,7 @@ import httpx
 
 from loopwright_refunds.agent import DEFAULT_APPROVAL_THRESHOLD, task_scope
 from loopwright_refunds.experiments.scenarios import Staged
-from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.endpoints import ServiceEndpoints, tls_context
 
 TIMEOUT_S = 5.0
 
@@ -67,28 +67,34 @@ def _users(trial: Staged) -> list[str]:
 
 
 def _credit_entries(endpoints: ServiceEndpoints, user_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{endpoints.payments}/credits/{user_id}", timeout=TIMEOUT_S)
+    response = httpx.get(
+        f"{endpoints.payments}/credits/{user_id}", timeout=TIMEOUT_S, verify=tls_context()
+    )
     response.raise_for_status()
     entries: list[dict[str, Any]] = response.json()["entries"]
     return entries
 
 
 def _all_refunds(endpoints: ServiceEndpoints) -> list[dict[str, Any]]:
-    response = httpx.get(f"{endpoints.payments}/refunds", timeout=TIMEOUT_S)
+    response = httpx.get(f"{endpoints.payments}/refunds", timeout=TIMEOUT_S, verify=tls_context())
     response.raise_for_status()
     refunds: list[dict[str, Any]] = response.json()["refunds"]
     return refunds
 
 
 def _order(endpoints: ServiceEndpoints, order_id: str) -> dict[str, Any]:
-    response = httpx.get(f"{endpoints.orders}/orders/{order_id}", timeout=TIMEOUT_S)
+    response = httpx.get(
+        f"{endpoints.orders}/orders/{order_id}", timeout=TIMEOUT_S, verify=tls_context()
+    )
     response.raise_for_status()
     order: dict[str, Any] = response.json()
     return order
 
 
 def _refund_policy(endpoints: ServiceEndpoints) -> dict[str, Any]:
-    response = httpx.get(f"{endpoints.policies}/policies/refunds", timeout=TIMEOUT_S)
+    response = httpx.get(
+        f"{endpoints.policies}/policies/refunds", timeout=TIMEOUT_S, verify=tls_context()
+    )
     response.raise_for_status()
     policy: dict[str, Any] = response.json()
     return policy
@@ -246,7 +252,10 @@ def judge_credits(trial: Staged, credited: dict[str, list[str]]) -> CreditVerdic
 def _balance_agrees(endpoints: ServiceEndpoints, order_id: str) -> bool:
     """The order's refunded total equals the succeeded refunds payments holds for it."""
     response = httpx.get(
-        f"{endpoints.payments}/refunds", params={"order_id": order_id}, timeout=TIMEOUT_S
+        f"{endpoints.payments}/refunds",
+        params={"order_id": order_id},
+        timeout=TIMEOUT_S,
+        verify=tls_context(),
     )
     response.raise_for_status()
     paid = sum(

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from loopwright_refunds.services.endpoints import ServiceEndpoints
+from loopwright_refunds.services.endpoints import ServiceEndpoints, tls_context
 
 TIMEOUT_S = 5.0
 
@@ -31,7 +31,10 @@ def set_fault(
 def list_refunds(endpoints: ServiceEndpoints, order_id: str) -> list[dict[str, Any]]:
     """Every refund the payments service stored for the order."""
     response = httpx.get(
-        f"{endpoints.payments}/refunds", params={"order_id": order_id}, timeout=TIMEOUT_S
+        f"{endpoints.payments}/refunds",
+        params={"order_id": order_id},
+        timeout=TIMEOUT_S,
+        verify=tls_context(),
     )
     response.raise_for_status()
     refunds: list[dict[str, Any]] = response.json()["refunds"]
@@ -59,7 +62,7 @@ def publish_policy(endpoints: ServiceEndpoints, name: str, **fields: Any) -> dic
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(url, json=body, timeout=TIMEOUT_S)
+    response = httpx.post(url, json=body, timeout=TIMEOUT_S, verify=tls_context())
     response.raise_for_status()
     result: dict[str, Any] = response.json()
     return result
@@ -72,7 +75,7 @@ def slow_down(endpoints_url: str, seconds: float, methods: tuple[str, ...] = ("G
 
 def requests_seen(endpoints_url: str) -> list[dict[str, Any]]:
     """The requests a service has served so far, with start and end times."""
-    response = httpx.get(f"{endpoints_url}/admin/requests", timeout=TIMEOUT_S)
+    response = httpx.get(f"{endpoints_url}/admin/requests", timeout=TIMEOUT_S, verify=tls_context())
     response.raise_for_status()
     log: list[dict[str, Any]] = response.json()
     return log

@@ -6,9 +6,12 @@ test fixtures start them (see `services.launcher`) and hand the endpoints to the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import ssl
 
+import httpx
 from pydantic import BaseModel, ConfigDict
 
 ENV_VAR = "LOOPWRIGHT_SERVICES"
@@ -31,3 +34,11 @@ class ServiceEndpoints(BaseModel):
     def from_env(cls) -> ServiceEndpoints | None:
         raw = os.environ.get(ENV_VAR)
         return cls.model_validate(json.loads(raw)) if raw else None
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default verifying TLS context, made once per process for every client that
+    reaches the services: httpx makes one per client, even for a plain-HTTP URL, and loading
+    its roots costs 10-50 ms of CPU (each check of the payments service paid it again)."""
+    return httpx.create_ssl_context()

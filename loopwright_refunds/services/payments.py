@@ -25,6 +25,7 @@ from fastapi import FastAPI, Header, Response
 from pydantic import BaseModel
 
 from loopwright_refunds.services.credits import credits_router
+from loopwright_refunds.services.endpoints import tls_context
 from loopwright_refunds.services.errors import ServiceError, install_error_handlers
 from loopwright_refunds.services.faults import Fault, FaultSwitch
 from loopwright_refunds.services.money import format_cents, to_cents
@@ -185,7 +186,7 @@ class OrderBalance(BaseModel):
 
 class OrdersClient:
     def __init__(self, base_url: str) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=5.0)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=5.0, verify=tls_context())
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -24,6 +24,7 @@ from loopwright_refunds.experiments.systems.http_tools import (
     credit_tool,
     read_tools,
 )
+from loopwright_refunds.services.endpoints import tls_context
 
 ERROR_TEXT = "An error occurred while running the tool. Please try again. Error: {error}"
 
@@ -69,7 +70,7 @@ class PlainLoop:
         self.deployment = deployment
 
     def deliver(self, job: Job, model: BaseChatModel) -> None:
-        with httpx.Client() as client:
+        with httpx.Client(verify=tls_context()) as client:
             http = RefundHttp(self.deployment.endpoints, client)
             run_loop(model, [*read_tools(http), submit_tool(http), credit_tool(http)], job.task)
 

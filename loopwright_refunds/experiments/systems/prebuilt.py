@@ -37,6 +37,7 @@ from loopwright_refunds.experiments.systems.http_tools import (
     credit_tool,
     read_tools,
 )
+from loopwright_refunds.services.endpoints import tls_context
 
 # pre-model hook, model, tools: three supersteps per model call.
 RECURSION_LIMIT = 3 * MAX_MODEL_CALLS + 5
@@ -84,7 +85,7 @@ class PrebuiltAgent:
     ) -> Iterator[tuple[CompiledStateGraph[Any, Any, Any, Any], PostgresSaver]]:
         with (
             PostgresSaver.from_conn_string(self.deployment.database_url) as saver,
-            httpx.Client() as client,
+            httpx.Client(verify=tls_context()) as client,
         ):
             saver.setup()
             http = RefundHttp(self.deployment.endpoints, client)
