@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -61,6 +62,80 @@ class Finished(subprocess.CompletedProcess[str]):
         self.pid = pid
 
 
+class Started:
+    """A command's process that runs on, as the `subprocess.Popen` of `python -m loopwright`
+    shows one: `pid`, `args`, `stdout` / `stderr` (text, where PIPE), `returncode`, `poll`,
+    `wait`, `communicate`, `send_signal`, `terminate`, `kill`. Its exit code comes from the
+    server, which is its parent."""
+
+    def __init__(
+        self,
+        args: list[str],
+        conn: socket.socket,
+        pid: int,
+        stdout: IO[str] | None,
+        stderr: IO[str] | None,
+    ) -> None:
+        self.args, self.pid, self.stdout, self.stderr = args, pid, stdout, stderr
+        self.returncode: int | None = None
+        self._conn = conn
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._conn.settimeout(0)  # a look, not a wait
+            with contextlib.suppress(BlockingIOError):  # still running
+                self._ended(self._conn.recv(64))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                self._ended(self._conn.recv(64))
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        assert self.returncode is not None
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:  # as Popen's
+        """Read the pipes to their end (each on a thread: neither may fill and stall the
+        process), then wait for the process."""
+        read: dict[int, str] = {}
+        readers = [
+            threading.Thread(target=lambda i=i, pipe=pipe: read.__setitem__(i, pipe.read()))
+            for i, pipe in enumerate((self.stdout, self.stderr))
+            if pipe is not None
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(deadline - time.monotonic(), 0))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+        for pipe in (self.stdout, self.stderr):
+            if pipe is not None:
+                pipe.close()
+        return read.get(0), read.get(1)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _ended(self, answer: bytes) -> None:
+        if not answer:
+            raise RuntimeError("the CLI server closed the connection without an exit code")
+        self.returncode = int(answer)
+        self._conn.close()
+
+
 class CliServer(ChildProcess):
     """The server process, as its pytest process sees it."""
 
@@ -82,22 +157,79 @@ class CliServer(ChildProcess):
         loopwright ARGV` (its output in temp files: nothing to drain while it runs)."""
         deadline = time.monotonic() + timeout
         with (
-            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn,
             open(os.devnull, "rb") as stdin,
             tempfile.TemporaryFile() as stdout,
             tempfile.TemporaryFile() as stderr,
         ):
-            self._connect(conn, deadline)
-            request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
-            socket.send_fds(conn, [request], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
-            pid = int(self._answer(conn, deadline))
-            try:
-                code = int(self._answer(conn, deadline))
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(argv, timeout) from None
+            conn, pid = self._request(argv, env, cwd, (stdin, stdout, stderr), deadline)
+            with conn:
+                try:
+                    code = int(self._answer(conn, deadline))
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(argv, timeout) from None
             argv = [sys.executable, "-m", "loopwright", *argv]
             return Finished(argv, code, _text(stdout), _text(stderr), pid)
+
+    def start(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        stdout: int,
+        stderr: int,
+        timeout: float,
+    ) -> Started:
+        """Start `loopwright ARGV` in a process forked from the server and return at once, as
+        `subprocess.Popen(..., stdin=DEVNULL, stdout=stdout, stderr=stderr, text=True)` starts
+        `python -m loopwright ARGV`: for a command that runs until the test stops it (a
+        worker), is signalled, or is read while it runs. `stdout` and `stderr` are DEVNULL or
+        PIPE, `stderr` may be STDOUT; `timeout` bounds the wait for its pid."""
+        pipes: list[IO[str] | None] = []  # this process's ends of the child's pipes
+        try:
+            with contextlib.ExitStack() as given:  # the ends the child gets, closed here
+                ends: list[IO[bytes]] = [given.enter_context(open(os.devnull, "rb"))]
+                for how in (stdout, stderr):
+                    if how == subprocess.STDOUT and len(ends) == 2:
+                        ends.append(ends[1])
+                        pipes.append(None)
+                    elif how == subprocess.PIPE:
+                        read, write = os.pipe()
+                        ends.append(given.enter_context(open(write, "wb")))
+                        pipes.append(open(read, encoding=locale.getpreferredencoding(False)))  # noqa: SIM115
+                    elif how == subprocess.DEVNULL:
+                        ends.append(given.enter_context(open(os.devnull, "wb")))
+                        pipes.append(None)
+                    else:
+                        raise ValueError(f"DEVNULL, PIPE or (for stderr) STDOUT, not {how}")
+                deadline = time.monotonic() + timeout
+                conn, pid = self._request(argv, env, cwd, tuple(ends), deadline)
+        except BaseException:
+            for pipe in pipes:
+                if pipe is not None:
+                    pipe.close()
+            raise
+        return Started([sys.executable, "-m", "loopwright", *argv], conn, pid, *pipes)
+
+    def _request(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        streams: tuple[IO[Any], ...],
+        deadline: float,
+    ) -> tuple[socket.socket, int]:
+        """Ask for the command's process, with `streams` as its stdin, stdout and stderr: the
+        connection its exit code will come on, and its pid."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._connect(conn, deadline)
+            request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+            socket.send_fds(conn, [request], [stream.fileno() for stream in streams])
+            return conn, int(self._answer(conn, deadline))
+        except BaseException:
+            conn.close()
+            raise
 
     def _connect(self, conn: socket.socket, deadline: float) -> None:
         """Connect, once the server listens (it may still be importing)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -241,6 +242,26 @@ def cli(
             f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def start_cli(
+    *args: str,
+    env: dict[str, str],
+    stdout: int = subprocess.DEVNULL,
+    stderr: int = subprocess.DEVNULL,
+    cwd: Path = REPO,
+) -> cli_forkserver.Started:
+    """Start `loopwright ARGS` as `cli` runs it, and return while it runs (a worker, a command
+    the test signals or reads as it goes), as `subprocess.Popen` would: see
+    `cli_forkserver.Started`."""
+    return cli_forkserver.shared().start(
+        list(args),
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        cwd=cwd,
+        stdout=stdout,
+        stderr=stderr,
+        timeout=PATIENCE_S,
+    )
 
 
 def release_crashed(crashed: cli_forkserver.Finished, database_url: str, run_id: str) -> None:

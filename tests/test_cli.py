@@ -29,6 +29,7 @@ from tests.runtime_fixtures import (
     RunnerFactory,
     cli,
     release_crashed,
+    start_cli,
     wait_for,
 )
 
@@ -271,13 +272,8 @@ def test_an_idle_worker_says_what_it_waits_for(
     release_crashed(crashed, database_url, "run-held")
     with open_test_runner() as runner:
         runner.leases.claim("run-held", "worker-elsewhere", ttl_s=60)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", "worker", "--poll", "0.1"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    worker = start_cli(
+        "worker", "--poll", "0.1", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     assert worker.stdout is not None
     output = worker.stdout
@@ -357,17 +353,10 @@ def test_ctrl_c_keeps_the_committed_steps_and_says_how_the_run_goes_on(
     """SIGINT while a tool waits on a slow service: exit 130, one line naming the run and the
     command that continues it, and `resume` goes on from the last committed step (no decision
     asked of the model again)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), **env_for(services, tmp_path)}
+    env = env_for(services, tmp_path)
     slow_down(services.policies, 8.0)
     command = ("run", DEMO_TASK, "--user", "u-1", "--run-id", "run-int", "--db", database_url)
-    started = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", *command],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    started = start_cli(*command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert started.stdout is not None
     for line in started.stdout:  # the policy read is in flight once validate allowed it
         if "allows get_policy" in line:

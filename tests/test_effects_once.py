@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,14 @@ from loopwright.tools.contract import ToolContext
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import PAY_WITH_CARD, TASK, PayArgs, card_runner
-from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, RunnerFactory, approve, principal
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    PATIENCE_S,
+    RunnerFactory,
+    approve,
+    principal,
+    start_cli,
+)
 
 
 def start_and_approve(runner: Runner) -> RunOutcome:
@@ -91,13 +96,11 @@ def test_still_processing_parks_the_run_and_a_worker_finishes_it(
 
     # This process has let go of the run. A worker process picks it up once its wait is due.
     env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "2"}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", "worker", "--db", database_url, "--poll", "0.2"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    worker = start_cli(
+        *("worker", "--db", database_url, "--poll", "0.2"),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
         with open_test_runner() as runner:

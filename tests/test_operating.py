@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,9 @@ from loopwright_refunds.agent import MODEL_NAME, agent, connect
 from loopwright_refunds.services.admin import create_order, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import RunningServices, start_services
+from tests.cli_forkserver import Started
 from tests.ports import reserved_port
-from tests.runtime_fixtures import REPO, cli, wait_for
+from tests.runtime_fixtures import cli, start_cli, wait_for
 from tests.test_aegra_scaleout import redis_reachable
 from tests.test_server_langgraph import TOKENS as SERVER_TOKENS
 
@@ -267,23 +267,10 @@ def parsed(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 def worker_process(
     database_url: str, endpoints: ServiceEndpoints, port: int, home: Path
-) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "LOOPWRIGHT_HOME": str(home),
-        LEASE_TTL_ENV: "2",
-        **endpoints.to_env(),
-    }
+) -> Started:
+    env = {"LOOPWRIGHT_HOME": str(home), LEASE_TTL_ENV: "2", **endpoints.to_env()}
     command = ["worker", "--db", database_url, "--poll", "0.2", "--metrics-port", str(port)]
-    return subprocess.Popen(
-        [sys.executable, "-m", "loopwright", *command],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    return start_cli(*command, env=env)
 
 
 def rows(database_url: str, query: str) -> list[tuple[Any, ...]]:

@@ -5,10 +5,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,11 +24,11 @@ from tests.openai_server import HOLDS, MODEL, Hold, ModelFactory, OpenAIStub
 from tests.runtime_fixtures import (
     BACKENDS,
     PATIENCE_S,
-    REPO,
     RunnerFactory,
     all_refunds,
     on_backend,
     principal,
+    start_cli,
     wait_for,
 )
 
@@ -205,22 +203,15 @@ def test_a_signal_ends_a_run_waiting_on_its_model_at_once_and_gives_its_lease_up
     exited (not at the lease's expiry), and the user is told how the run goes on."""
     openai_model("chat", stream=True, timeout_s=60)  # the stub's environment, as an operator's
     openai_stub.hold_next("keep_alive")
-    env = {**os.environ, **services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
     command = ["run", TASK, "--user", "u-1", "--run-id", "run-sig", "--db", database_url]
-    started = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", *command, "--model", f"openai:{MODEL}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    started = start_cli(*command, "--model", f"openai:{MODEL}", env=env, stderr=subprocess.PIPE)
     wait_for(lambda: openai_stub.requests())  # the held request is in flight
     started.send_signal(sig)
     _, stderr = started.communicate(timeout=PATIENCE_S)
     with open_test_runner() as runner:
         lease = runner.leases.get("run-sig")
-    assert started.returncode == 130
+    assert started.returncode == 130, stderr
     assert lease is not None and not lease.lease_live  # given up, not left to expire
     assert stderr.splitlines()[-1].startswith(
         "loopwright: interrupted: run run-sig keeps the steps it committed; go on with:"
@@ -242,15 +233,9 @@ def test_a_worker_told_to_stop_ends_the_model_request_in_flight_and_gives_the_ru
     openai_stub.hold_next("keep_alive")
     with open_test_runner() as runner:
         run_id = runner.submit(TASK, principal(task=TASK))
-    env = {**os.environ, **services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
     command = ["worker", "--db", database_url, "--poll", "0.2", "--model", f"openai:{MODEL}"]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", *command],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = start_cli(*command, env=env)
     try:
         wait_for(lambda: openai_stub.requests())  # the held request is in flight
         worker.send_signal(signal.SIGTERM)
@@ -268,22 +253,10 @@ def test_code_that_swallows_the_interrupt_cannot_keep_the_process_or_the_lease(
     """A tool that ignores KeyboardInterrupt and would wait an hour: a second after
     SIGINT the process gives the run's lease up, says how to resume, and exits with 130."""
     waiting = tmp_path / "waiting"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "LOOPWRIGHT_HOME": str(tmp_path / "home"),
-        stubborn.STARTED_ENV: str(waiting),
-    }
+    env = {"LOOPWRIGHT_HOME": str(tmp_path / "home"), stubborn.STARTED_ENV: str(waiting)}
     agent = ("--agent", "tests.stubborn_agent:agent", "--db", database_url)
     command = ["run", stubborn.TASK, "--user", "u-1", "--run-id", "run-stubborn", *agent]
-    started = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", *command],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    started = start_cli(*command, env=env, stderr=subprocess.PIPE)
     wait_for(waiting.exists)  # the wait is in flight
     started.send_signal(signal.SIGINT)
     _, stderr = started.communicate(timeout=PATIENCE_S)  # not the tool's hour

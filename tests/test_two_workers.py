@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -18,7 +17,14 @@ from loopwright.graph.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, RunnerFactory, cli, wait_for
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    PATIENCE_S,
+    RunnerFactory,
+    cli,
+    start_cli,
+    wait_for,
+)
 
 
 def fault_mode(services: ServiceEndpoints) -> str:
@@ -42,24 +48,11 @@ def test_stalled_worker_is_taken_over_and_its_late_writes_are_refused(
 
     # Worker A approves and advances the run; the refund request is slow to answer.
     set_fault(services, "latency", delay_s=4)
-    worker_a = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loopwright",
-            "approvals",
-            "approve",
-            approval_id,
-            "--as",
-            "a-1",
-            "--db",
-            database_url,
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    worker_a = start_cli(
+        *("approvals", "approve", approval_id, "--as", "a-1", "--db", database_url),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         with open_test_runner() as runner:

@@ -4,9 +4,7 @@ on with the other runs: one poisoned run never takes the workers down."""
 from __future__ import annotations
 
 import io
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +28,7 @@ from loopwright.worker import work
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, principal, wait_for
+from tests.runtime_fixtures import PATIENCE_S, RunnerFactory, principal, start_cli, wait_for
 
 POISONED = "Check the flaky ledger."
 HEALTHY = "Say hello."
@@ -191,15 +189,13 @@ def test_a_worker_outlives_its_database_connections(
 ) -> None:
     """Postgres drops every connection of the worker's (a failover, a restart): the worker
     reconnects and goes on, and the run it meets afterwards is not blamed for it."""
-    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
     tagged = with_application_name(postgres_url, WORKER_APP)  # to tell its connections apart
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "loopwright", "worker", "--db", tagged, "--poll", "0.1"],
-        cwd=REPO,
-        env={**os.environ, **env},
+    worker = start_cli(
+        *("worker", "--db", tagged, "--poll", "0.1"),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
         with connect(services) as deps, open_runner(postgres_url, refunds, deps=deps) as runner:
