@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
+from loopwright.graph.build import compile_graph
 from loopwright.processes import LIFELINE_ENV, ChildProcess, spawn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -282,6 +283,7 @@ def _serve(name: str) -> dict[str, Any] | None:
     """Accept commands until the lifeline ends; in a forked child, return its command."""
     for module in PRELOADED:
         importlib.import_module(module)
+    compile_graph()  # compiled once per process (graph.build): here, for every command
     gc.freeze()  # the children's collector leaves these objects (and their pages) alone
 
     lifeline = int(os.environ.pop(LIFELINE_ENV))

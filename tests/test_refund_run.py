@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
 
 from loopwright.checkpoints.leases import Lease
-from loopwright.graph.build import NODES
+from loopwright.graph.build import NODES, compile_graph
 from loopwright.graph.state import ActionStatus, ApprovalDecision
-from loopwright.runner import RunExists
+from loopwright.runner import RunExists, open_runner
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import (
@@ -150,3 +154,21 @@ def test_a_run_id_is_not_reused_for_another_task(open_test_runner: RunnerFactory
         with pytest.raises(RunExists):
             runner.start(DEMO_TASK, principal(user_id="u-2"), run_id="run-taken")
         assert runner.state("run-taken")["task"] == DEMO_TASK
+
+
+def test_runners_in_one_process_keep_their_checkpoints_apart(
+    services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """The graph is compiled once a process (`graph.build.compile_graph`): each runner's copy
+    writes to its own database, and the one compiled graph holds none."""
+    with (
+        connect(services) as deps,
+        open_runner(f"sqlite:///{tmp_path / 'a.sqlite3'}", refunds, deps=deps) as first,
+        open_runner(f"sqlite:///{tmp_path / 'b.sqlite3'}", refunds, deps=deps) as second,
+    ):
+        outcome = first.start(DEMO_TASK, principal())
+        config: RunnableConfig = {"configurable": {"thread_id": outcome.run_id}}
+        assert first.graph.get_state(config).values["task"] == DEMO_TASK
+        assert second.graph.get_state(config).values == {}
+        assert first.graph.checkpointer is not second.graph.checkpointer
+        assert compile_graph().checkpointer is None
