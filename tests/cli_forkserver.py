@@ -1,5 +1,5 @@
-"""Each `loopwright ...` a test runs (`runtime_fixtures.cli`) in a new process, without paying
-for the imports each time.
+"""Each `loopwright ...` a test runs in a new process (`runtime_fixtures.cli`, or `start_cli`
+for one that runs on while the test goes on), without paying for the imports each time.
 
 A new interpreter spends about a CPU second importing LangGraph, LangChain and the reference
 agent before the command does anything, and the suite runs the command line a few hundred
