@@ -32,6 +32,7 @@ demo: $(RUNTIME)
 # Four test processes on CI's two cores: many tests wait on processes, HTTP and databases, not
 # on a core. Quiet, the same code: 8:48 with three (the cores 73% busy), 7:35-7:45 with four
 # (89%, the four busy to within 5 s of the end), 8:10 with five; earlier, 14:49 with two.
+# With the tests' own CPU a fifth lower, on a slower machine: 9:54 with four, 9:42 with five.
 TEST_WORKERS ?= 4
 # Tests in collection order (the longest first), each module's tests that share a server of the
 # module on one worker, so it starts once (tests/conftest.py: LONGEST_FIRST, `_shared_group`).

@@ -3,7 +3,7 @@
 httpx loads the certificate roots into a new TLS context for every client, `httpx.get` and a
 transport included, even for a plain-HTTP URL: 10-50 ms of CPU each time. A readiness poll, a
 check of the payments service per trial, a request per approval decision paid it again; in
-the test suite it was a fifth of the fuzz test's time. So every client is made with
+the test suite it was two thirds of the fuzz test's CPU. So every client is made with
 `verify=` one kept context (`loopwright.tls.context()`; the reference agent's own,
 `services.endpoints.tls_context()`) or with a transport that carries one, and langgraph_sdk's
 `get_client` / `get_sync_client`, which make their own transport, are not used.
