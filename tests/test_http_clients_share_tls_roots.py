@@ -60,9 +60,8 @@ def unshared(path: Path) -> Iterator[str]:
         elif owner == "httpx" and name in CLIENTS:
             needed = {"verify", "transport"}
         elif name in SDK_CLIENTS:
-            needed = (
-                set()
-            )  # never shares: build the client with `tests.runtime_fixtures.sdk_client`
+            # Never shares: build the client with `tests.runtime_fixtures.sdk_client`.
+            needed = set()
         else:
             continue
         if not needed & given:
