@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
+from loopwright.server import cluster
 from loopwright.server.bearer_tokens import hashed_table
 from tests.ports import reserved_port, reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
@@ -155,10 +157,8 @@ def production_recipe() -> str:
 
 def redis_url() -> str | None:
     """The Redis the production recipe runs on, if this machine has one."""
-    from loopwright.server.cluster import redis_unreachable
-
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    return None if redis_unreachable(url) else url
+    return None if cluster.redis_unreachable(url) else url
 
 
 @pytest.mark.skipif(
@@ -179,7 +179,11 @@ def test_the_production_recipe_serves_approvals_across_its_instances(
     # The development table's users, stored as production stores them: hashed.
     dev_table = json.loads((REPO / "loopwright/server/dev-tokens.json").read_text())
     (tmp_path / "tokens.json").write_text(json.dumps(hashed_table(dev_table)))
-    with fresh_database(postgres_server_url, prefix="lw_test") as url, reserved_ports(2) as port:
+    with ExitStack() as stack:
+        url = stack.enter_context(fresh_database(postgres_server_url, prefix="lw_test"))
+        # The deployment is gone for good with its database: so are its keys (queue, markers).
+        stack.callback(cluster.forget_keys, redis, cluster.deployment_prefix(url))
+        port = stack.enter_context(reserved_ports(2))
         recipe = re.sub(r"DATABASE_URL=\S+", f"DATABASE_URL={url}", recipe)
         recipe = re.sub(r"REDIS_URL=\S+", f"REDIS_URL={redis}", recipe)
         recipe = recipe.replace("--port 2031", f"--port {port}")
