@@ -572,11 +572,13 @@ def run(
 ) -> None:
     """Start a run of TASK for USER (of TENANT)."""
     from loopwright.graph.text import checked_run_id
-    from loopwright.runner import new_run_id
+    from loopwright.runner import checked_start, new_run_id
 
     run_id = new_run_id() if run_id is None else checked_run_id(run_id)
+    tenant_name = tenant_of(tenant)
+    checked_start(user, task, tenant_name)  # refused before a database or service is opened
     with session(agent_for(agent), db, model) as runner:
-        principal = principal_for(runner, user, task, tenant)
+        principal = principal_for(runner, user, task, tenant_name)
         printer = step_printer(runner, as_json)
         printer.console.print(f"run {run_id}", markup=False)
         again = repeat_options(agent, db)

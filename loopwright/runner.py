@@ -146,6 +146,15 @@ def check_new_run(run_id: str, task: str, principal: Principal) -> None:
     checked_text("the user id", principal.user_id)
 
 
+def checked_start(user_id: str, task: str, tenant: str) -> None:
+    """Refuse (`InvalidText`) a user id, task or tenant that no run could be started on, before
+    the agent is asked: a caller that checks first opens nothing (no database, no services) for
+    a start it would refuse."""
+    checked_text("the user id", user_id)
+    checked_text("the task", task, max_chars=MAX_TASK_CHARS)
+    checked_tenant(tenant)
+
+
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
 
@@ -290,9 +299,7 @@ class Runner:
     def principal_for(self, user_id: str, task: str, *, tenant: str = DEFAULT_TENANT) -> Principal:
         """The trusted principal of a new run (the agent's answer; may raise TaskRefused, or
         InvalidText before the agent is asked)."""
-        checked_text("the user id", user_id)
-        checked_text("the task", task, max_chars=MAX_TASK_CHARS)
-        checked_tenant(tenant)
+        checked_start(user_id, task, tenant)
         return self.agent.principal_for(self.deps, user_id, task, tenant=tenant)
 
     def context(

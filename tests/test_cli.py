@@ -144,22 +144,27 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
 
 NOWHERE = "http://127.0.0.1:1"
 READ_ONLY = (("runs",), ("approvals", "list"), ("runs", "--json"), ("approvals", "list", "--json"))
-# About a run or an approval that is not there: one line, exit 2, and nothing written or started
-# (reject and edit decide through the same code as approve).
-NOTHING_THERE = (
-    ("show", "run-1"),
-    ("cancel", "run-1"),
-    ("resume", "run-1"),
-    ("approvals", "approve", "apr_1", "--as", "a-1"),
-)
+# About a run or an approval that is not there, or a start no run could take: one line, exit 2,
+# and nothing written or started (reject and edit decide through the same code as approve).
+REFUSED = {
+    ("show", "run-1"): "no run run-1",
+    ("cancel", "run-1"): "no run run-1",
+    ("resume", "run-1"): "no run run-1",
+    ("approvals", "approve", "apr_1", "--as", "a-1"): "no pending approval 'apr_1'",
+    ("run", " ", "--user", "u-1"): "the task is empty",
+    ("run", DEMO_TASK, "--user", ""): "the user id is empty",
+    ("run", DEMO_TASK, "--user", "u-1", "--tenant", "a b"): "the tenant 'a b' is not",
+    ("run", DEMO_TASK, "--user", "u-1", "--run-id", "a b"): "the run id holds ' '",
+}
 
 
-def test_reading_commands_create_nothing_and_start_no_service(
+def test_reads_and_refused_commands_create_nothing_and_start_no_service(
     sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
 ) -> None:
     """In a directory with no database yet, they answer from nothing and write nothing, and so
-    does a command about a run or an approval that is not there (cancel, resume, a decision: no
-    database, no .loopwright folder, no business service started); on a database with runs,
+    does a command about a run or an approval that is not there (cancel, resume, a decision), or
+    a start no run could take (an empty task or user, a malformed tenant or run id): no
+    database, no .loopwright folder, no business service started. On a database with runs,
     they read it without any business service (the agent's dependencies are never opened: a
     dead service address changes nothing). The first is a new interpreter, importing it all
     there (an import that wrote in its directory would show); the others are forked from the
@@ -168,7 +173,7 @@ def test_reading_commands_create_nothing_and_start_no_service(
     empty.mkdir()
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LOOPWRIGHT_HOME")}
     clean["PYTHONPATH"] = str(REPO)
-    for n, args in enumerate((*READ_ONLY, *NOTHING_THERE)):
+    for n, args in enumerate((*READ_ONLY, *REFUSED)):
         if n == 0:
             result = subprocess.run(
                 [sys.executable, "-m", "loopwright", *args],
@@ -180,11 +185,11 @@ def test_reading_commands_create_nothing_and_start_no_service(
             )
         else:
             result = cli_forkserver.shared().run(list(args), clean, empty, PATIENCE_S)
-        expected = 2 if args in NOTHING_THERE else 0
+        expected = 2 if args in REFUSED else 0
         assert result.returncode == expected, (args, result.stderr)
         if expected == 2:
             assert re.fullmatch(
-                r"loopwright: error: no (run run-1|pending approval 'apr_1')[^\n]*\n", result.stderr
+                f"loopwright: error: {re.escape(REFUSED[args])}[^\n]*\n", result.stderr
             ), (args, result.stderr)
         assert "Traceback" not in result.stderr
         assert list(empty.iterdir()) == [], args
