@@ -240,9 +240,8 @@ def session(
         try:
             opened = stack.enter_context((deps or agent.open_deps)())
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise DepsUnavailable(
-                f"agent {agent.name}: its dependencies could not be opened: {first}"
+                f"agent {agent.name}: its dependencies could not be opened: {_why(exc)}"
             ) from exc
         # A run whose last process died holds its lease until expiry: wait that long, no longer.
         runner = stack.enter_context(
@@ -304,6 +303,18 @@ def require_run(agent: Agent[Any], db: str | None, run_id: str) -> None:
         if runner is None:
             raise UnknownRun(run_id)
         runner.owned(run_id)
+
+
+def _why(exc: Exception) -> str:
+    """What went wrong, in one line: a validation error's every problem (its first line only
+    counts them), else the first line of the message."""
+    from pydantic import ValidationError
+
+    from loopwright.graph.text import validation_problems
+
+    if isinstance(exc, ValidationError):
+        return f"{exc.title}: {validation_problems(exc)}"
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def principal_for(runner: Runner, user_id: str, task: str, tenant: str | None = None) -> Principal:

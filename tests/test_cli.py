@@ -142,6 +142,49 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(
         assert "Traceback" not in result.stderr
 
 
+# An application whose dependencies are configured wrong: its settings model refuses them.
+MISCONFIGURED_APP = """
+from contextlib import contextmanager
+from pydantic import BaseModel, HttpUrl
+from loopwright import Agent
+
+class Settings(BaseModel):
+    desk_url: HttpUrl
+    retries: int
+
+@contextmanager
+def deps():
+    yield Settings.model_validate({"desk_url": "not a url", "retries": "many"})
+
+agent = Agent("desk", instructions="Answer tickets.", deps=deps)
+"""
+
+
+def test_dependencies_that_cannot_be_opened_are_said_in_one_line_with_what_is_wrong(
+    tmp_path: Path,
+) -> None:
+    """Whatever the agent's dependencies raise, the user reads one line that says what is wrong
+    with them: for a settings model's refusal, every field and its problem (not pydantic's first
+    line, which only counts them), and the reference agent names its variable."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "desk.py").write_text(MISCONFIGURED_APP)
+    home = {"LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    result = cli("run", "Help me.", "--user", "u-1", "--agent", "desk:agent", env=home, cwd=app)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("loopwright: error: agent desk: its dependencies could not be opened:")
+    assert "Settings: desk_url: " in line and "; retries: " in line, line
+    for given in ("[]", '{"orders": "http://127.0.0.1:1"}', "{not json"):
+        result = cli("run", DEMO_TASK, "--user", "u-1", env={**home, ENV_VAR: given})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"loopwright: error: agent refunds: its dependencies could not be opened: "
+            f"{ENV_VAR}={given!r} is not a JSON object of the orders, policies and payments"
+            " services' base URLs\n"
+        )
+
+
 NOWHERE = "http://127.0.0.1:1"
 READ_ONLY = (("runs",), ("approvals", "list"), ("runs", "--json"), ("approvals", "list", "--json"))
 # About a run or an approval that is not there, or a start no run could take: one line, exit 2,

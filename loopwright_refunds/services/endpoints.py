@@ -7,12 +7,11 @@ test fixtures start them (see `services.launcher`) and hand the endpoints to the
 from __future__ import annotations
 
 import functools
-import json
 import os
 import ssl
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 ENV_VAR = "LOOPWRIGHT_SERVICES"
 
@@ -32,8 +31,18 @@ class ServiceEndpoints(BaseModel):
 
     @classmethod
     def from_env(cls) -> ServiceEndpoints | None:
+        """The endpoints $LOOPWRIGHT_SERVICES names, if set; ValueError naming the variable for
+        anything but the JSON object `to_env` writes."""
         raw = os.environ.get(ENV_VAR)
-        return cls.model_validate(json.loads(raw)) if raw else None
+        if not raw:
+            return None
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError:
+            raise ValueError(
+                f"{ENV_VAR}={raw!r} is not a JSON object of the orders, policies and payments"
+                " services' base URLs"
+            ) from None
 
 
 @functools.cache
