@@ -1473,8 +1473,8 @@ def tokens_new(
     hosted = agent_for(agent)
     if idle := [name for name in named.roles if not hosted.roles.granting(name)]:
         raise UsageError(
-            f"role {', '.join(idle)} grants nothing with agent {hosted.name}, whose roles are"
-            f" {hosted.roles} (--agent names another agent)"
+            f"role {', '.join(map(repr, idle))} grants nothing with agent {hosted.name},"
+            f" whose roles are {hosted.roles} (--agent names another agent)"
         )
     token = new_token()
     entry = {"user_id": named.user_id, "roles": list(named.roles), "tenant": named.tenant}

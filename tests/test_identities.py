@@ -333,7 +333,7 @@ def test_tokens_new_refuses_a_role_the_agent_grants_nothing_by() -> None:
     idle = cli("tokens", "new", "--user", "o-1", "--role", "sre", env={}, expect=2)
     assert idle.stderr.count("\n") == 1
     assert (
-        "role sre grants nothing with agent refunds, whose roles are start: customer;"
+        "role 'sre' grants nothing with agent refunds, whose roles are start: customer;"
         in idle.stderr
     )
     made = cli("tokens", "new", "--user", "o-1", "--role", "sre", *desk, env={}, expect=0)
@@ -352,7 +352,12 @@ def test_tokens_new_refuses_a_role_the_agent_grants_nothing_by() -> None:
         env={},
         expect=2,
     )
-    assert "role customer grants nothing with agent desk" in mixed.stderr
+    assert "role 'customer' grants nothing with agent desk" in mixed.stderr
+    unnamed = cli("tokens", "new", "--user", "o-1", "--role", "", env={}, expect=2)
+    assert "role '' grants nothing" in unnamed.stderr
+    twice = ("--role", "customer", "--role", "customer")
+    made = cli("tokens", "new", "--user", "u-1", *twice, env={}, expect=0)
+    assert next(iter(json.loads(made.stdout.splitlines()[1]).values()))["roles"] == ["customer"]
 
 
 @pytest.mark.parametrize(

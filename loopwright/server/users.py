@@ -49,4 +49,5 @@ def user_of(fields: object) -> User:
         raise ValueError(validation_problems(exc)) from None
     if SERVICE_ROLE in parsed.roles:
         raise ValueError(f"roles: {SERVICE_ROLE!r} is the server's own, no user's")
-    return User(parsed.user_id, parsed.roles, parsed.tenant)
+    # A role named twice grants what it grants once: the entry names it once.
+    return User(parsed.user_id, tuple(dict.fromkeys(parsed.roles)), parsed.tenant)
