@@ -49,7 +49,7 @@ _HOMES = {
     "VerifyResult": "loopwright.tools.contract",
     "read_tool": "loopwright.tools.define",
     "write_tool": "loopwright.tools.define",
-    "ToolDefinitionError": "loopwright.tools.define",
+    "ToolDefinitionError": "loopwright.tools.contract",
     "read_json": "loopwright.tools.http",
     "write_json": "loopwright.tools.http",
     "McpSession": "loopwright.tools.mcp",
@@ -209,10 +209,11 @@ if TYPE_CHECKING:
         ResendAfterDeadline,
         ToolContext,
         ToolContract,
+        ToolDefinitionError,
         ToolFault,
         VerifyResult,
     )
-    from loopwright.tools.define import ToolDefinitionError, read_tool, write_tool
+    from loopwright.tools.define import read_tool, write_tool
     from loopwright.tools.faults import Fault
     from loopwright.tools.http import read_json, write_json
     from loopwright.tools.mcp import McpSession, mcp_contracts

@@ -42,12 +42,13 @@ from loopwright.tools.contract import (
     ResendAfterDeadline,
     ToolContext,
     ToolContract,
+    ToolDefinitionError,
     VerifyResult,
+    synchronous,
 )
 from loopwright.tools.define import (
     ApprovalRule,
     Reconcile,
-    ToolDefinitionError,
     read_tool,
     write_tool,
 )
@@ -99,6 +100,10 @@ class Scenario:
 @contextlib.contextmanager
 def _no_deps() -> Iterator[None]:
     yield None
+
+
+# The functions of a scenario (or the demo) loopwright calls.
+SCENARIO_HOOKS = ("deps", "model", "effects", "env")
 
 
 def _no_boundary(_deps: Any, _principal: Principal, _task: str) -> Iterable[str]:
@@ -223,6 +228,23 @@ class Agent[DepsT]:
                 f"agent {name}: roles={roles!r} is no Roles: give it"
                 " roles=Roles(start=(...), decide=(...), operate=(...))"
             )
+        hooks: dict[str, object] = {
+            "deps": deps,
+            "model": model,
+            "boundary": boundary,
+            "principal": principal,
+            "approvers": approvers,
+            "done": done,
+            "claims": claims,
+            "shared": shared,
+            "health": health,
+        }
+        for number, scenario in enumerate([*scenarios, *([demo] if demo else [])]):
+            where = "demo" if scenario is demo else f"scenarios[{number}]"
+            hooks |= {f"{where}.{f}": getattr(scenario, f, None) for f in SCENARIO_HOOKS}
+        for what, hook in hooks.items():
+            if callable(hook) and not isinstance(hook, type | BaseChatModel):
+                synchronous(f"agent {name}", what, hook)
         self.name = name
         self.version = version
         self.instructions = instructions.strip()
@@ -283,8 +305,10 @@ class Agent[DepsT]:
         retried on transport faults (`max_attempts`), bounded by `timeout_s` and the run's
         deadline, and their results are shown to the model as untrusted data.
         `resources(args)` names what a call touches (for the task boundary and scheduling),
-        `authorize(ctx, args)` refuses a call for the run's principal by returning False (or
-        raising `PermissionDenied`), `sensitive` names arguments never shown or traced.
+        `authorize(ctx, args)` allows a call for the run's principal by returning True or None
+        (anything else refuses it, as raising `PermissionDenied` does), `sensitive` names
+        arguments never shown or traced. Every function given is a plain `def`: loopwright
+        calls them from worker threads (an `async def` is refused).
         `args=` and `output=` give the argument and output models where the function's
         annotations do not (one function serving a table of tools, defined in a loop).
         """

@@ -204,7 +204,7 @@ def configured_agent_path(given: str | None) -> str | None:
 def agent_for(given: str | None) -> Agent[Any]:
     """The agent a command hosts (see `configured_agent_path`; default: the reference one)."""
     from loopwright._loading import AgentNotFound, load_agent
-    from loopwright.tools.define import ToolDefinitionError
+    from loopwright.tools.contract import ToolDefinitionError
 
     path = configured_agent_path(given) or DEFAULT_AGENT
     try:

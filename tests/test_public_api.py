@@ -225,6 +225,106 @@ def test_a_tool_function_must_be_typed_with_pydantic_models() -> None:
         agent.write(two_arguments, intent=lambda r, a: r)
 
 
+async def async_read(ctx: ToolContext[None], args: Slot) -> Booked:
+    """Read a slot."""
+    return Booked(booking_id="bk_1")
+
+
+async def async_book(ctx: ToolContext[None], args: Slot, intent_key: str) -> Booked:
+    """Book a slot."""
+    return Booked(booking_id="bk_1")
+
+
+async def _async_rule(ctx: ToolContext[None], args: Any) -> Any:
+    return False
+
+
+# Typed as anything, as in an application without a type checker (mypy would refuse it).
+async_rule: Any = _async_rule
+
+
+class AsyncCall:
+    async def __call__(self, ctx: ToolContext[None], args: Any) -> bool:
+        return False
+
+
+def sync_read(ctx: ToolContext[None], args: Slot) -> Booked:
+    """Read a slot."""
+    return Booked(booking_id="bk_1")
+
+
+KEYED: dict[str, Any] = {"intent": lambda run_id, a: f"book:{run_id}:{a.slot}", "reconcile": asked}
+
+
+@pytest.mark.parametrize(
+    ("define", "problem"),
+    [
+        (lambda agent: agent.read(async_read), "tool async_read: the function"),
+        (lambda agent: agent.write(async_book, **KEYED), "tool async_book: the function"),
+        (lambda agent: agent.read(sync_read, authorize=async_rule), "tool sync_read: authorize"),
+        (lambda agent: agent.read(sync_read, authorize=AsyncCall()), "tool sync_read: authorize"),
+        (
+            lambda agent: agent.write(book, **KEYED, preconditions=[lambda c, a: None, async_rule]),
+            r"tool book: preconditions\[1\]",
+        ),
+        (
+            lambda agent: agent.write(book, **{**KEYED, "reconcile": async_rule}),
+            "tool book: reconcile",
+        ),
+        (lambda agent: agent.write(book, **KEYED, needs_approval=async_rule), "needs_approval"),
+        (lambda _: Agent("desk", instructions="x", approvers=async_rule), "agent desk: approvers"),
+        (lambda _: Agent("desk", instructions="x", boundary=async_rule), "agent desk: boundary"),
+        (
+            lambda _: Agent(
+                "desk",
+                instructions="x",
+                scenarios=[loopwright.Scenario(task="t", user="u", effects=async_rule)],
+            ),
+            r"agent desk: scenarios\[0\].effects",
+        ),
+        (
+            lambda _: loopwright.ToolContract(
+                name="raw",
+                description="A raw contract.",
+                args_model=Slot,
+                output_model=Booked,
+                effect=loopwright.Effect.READ,
+                run=lambda ctx, args, key: Booked(booking_id="bk_1"),
+                authorize=async_rule,
+            ),
+            "tool raw: authorize",
+        ),
+    ],
+)
+def test_an_async_function_the_runtime_would_call_synchronously_is_refused_at_definition(
+    define: Any, problem: str
+) -> None:
+    """loopwright calls a tool's functions and an agent's hooks from a worker thread, without
+    awaiting: an async one would answer with a coroutine, which an `authorize` or an approver
+    check would take for a yes and a precondition for no objection. Refused when defined."""
+    agent: Agent[None] = Agent("desk", instructions="Book slots.")
+    with pytest.raises(ToolDefinitionError, match=f"{problem} is an async function"):
+        define(agent)
+    assert agent.tools.names() == []
+
+
+def test_authorize_allows_only_on_true_or_none() -> None:
+    """Any answer of `authorize` but True or None refuses the call: a truthy object (an order
+    found, a non-empty list) is no permission, nor is a falsy one a silent yes."""
+    ctx: ToolContext[None] = ToolContext(deps=None)
+    args = Slot(slot="s1")
+    for answer, allowed in [(True, True), (None, True), (False, False), ("yes", False), (0, False)]:
+        agent: Agent[None] = Agent("desk", instructions="Book slots.")
+        agent.read(sync_read, authorize=lambda c, a, answer=answer: answer)
+        contract = agent.tools.get("sync_read")
+        assert contract is not None
+        if allowed:
+            contract.check_authorized(ctx, args)
+        else:
+            with pytest.raises(loopwright.PermissionDenied, match="sync_read"):
+                contract.check_authorized(ctx, args)
+
+
 class Seat(BaseModel):
     seat: str
     passenger: str | None = None
@@ -382,8 +482,14 @@ def test_langchain_tools_become_contracts() -> None:
         """Send a message."""
         raise ConnectionError("gateway gone")
 
+    async def fetch(url: str) -> str:
+        """Fetch a page."""
+        return url
+
     agent: Agent[None] = Agent("weather", instructions="Answer about the weather.")
     agent.read(lookup)
+    with pytest.raises(ToolDefinitionError, match=r"tool fetch: it is async only"):
+        agent.read(tool(fetch))
     with pytest.raises(ToolDefinitionError, match="a write needs its business intent key"):
         agent.write(send)
     agent.write(

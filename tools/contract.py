@@ -18,11 +18,12 @@ declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
@@ -203,6 +204,24 @@ def _readable(value: Any) -> str:
     return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
 
 
+class ToolDefinitionError(TypeError):
+    """A tool definition the runtime cannot use safely; the message says what to add."""
+
+
+def synchronous(owner: str, what: str, fn: object) -> None:
+    """Refuse an `async def` (or an object whose `__call__` is one) where loopwright calls a
+    function and uses its answer: it would get a coroutine back, never the answer, and take it
+    for one (an async `authorize` would allow every call, an async precondition never refuse).
+    """
+    call = getattr(fn, "__call__", None)  # noqa: B004 (an object's __call__, not callable())
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (fn, call)):
+        raise ToolDefinitionError(
+            f"{owner}: {what} is an async function, and loopwright calls it synchronously"
+            " (from a worker thread): make it a plain def (an async client can be called"
+            " through asyncio.run, or use its synchronous client)"
+        )
+
+
 def _no_resources(_args: Any) -> frozenset[str]:
     return frozenset()
 
@@ -283,6 +302,11 @@ class ToolContract:
     def __post_init__(self) -> None:
         if self.effect is Effect.WRITE and self.intent_key is None:
             raise ValueError(f"write tool {self.name} must declare its business intent key")
+        functions = {f.name: getattr(self, f.name) for f in fields(self)}
+        functions |= {f"preconditions[{i}]": rule for i, rule in enumerate(self.preconditions)}
+        for what, function in functions.items():
+            if callable(function) and not isinstance(function, type):
+                synchronous(f"tool {self.name}", what, function)
 
     # A contract is immutable: what is rendered from it (JSON schemas, their hash) is rendered
     # once per contract, not at every step that reads it. `replace()` builds a new contract,
@@ -348,10 +372,18 @@ class ToolContract:
         return self.confirm is not None and bool(self.confirm(args))
 
     def check_authorized(self, ctx: ToolContext[Any], args: BaseModel) -> None:
-        """Raise PermissionDenied unless `authorize` allows the call for ctx's principal."""
-        if self.authorize(ctx, args) is False:
+        """Raise PermissionDenied unless `authorize` allows the call for ctx's principal: it
+        answers True or None to allow. Any other answer refuses (a truthy object is no "yes")."""
+        answer = self.authorize(ctx, args)
+        if answer is True or answer is None:
+            return
+        if answer is False:
             who = ctx.principal.user_id if ctx.principal is not None else "nobody"
             raise PermissionDenied(f"{self.name} is not allowed for {who} with these arguments")
+        raise PermissionDenied(
+            f"{self.name} is refused: its authorize answered a {type(answer).__name__}, not"
+            " True, False or None"
+        )
 
     def check_preconditions(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise the first PreconditionFailed (or other ToolFault) of the write's rules."""

@@ -33,7 +33,9 @@ from loopwright.tools.contract import (
     ResendAfterDeadline,
     ToolContext,
     ToolContract,
+    ToolDefinitionError,
     VerifyResult,
+    synchronous,
 )
 from loopwright.tools.json_schema import JsonSchemaModel
 
@@ -48,10 +50,6 @@ Reconcile = (
     Callable[[ToolContext[Any], Action], ReconcileResult]
     | Callable[[ToolContext[Any], Action, dict[str, Any] | None], ReconcileResult]
 )
-
-
-class ToolDefinitionError(TypeError):
-    """A tool definition the runtime cannot use safely; the message says what to add."""
 
 
 def _fail(name: str, problem: str) -> ToolDefinitionError:
@@ -99,6 +97,7 @@ def _signature(
 ) -> tuple[type[BaseModel], type[BaseModel]]:
     """The argument and output models: given (`args=`, `output=`: one function serving a table
     of tools), else read from the annotations."""
+    synchronous(f"tool {name}", "the function", fn)
     found = list(inspect.signature(fn).parameters)
     if len(found) != len(params):
         raise _fail(name, f"the function takes ({', '.join(params)}), not ({', '.join(found)})")
@@ -271,6 +270,7 @@ def write_tool(
             "resend= is for a downstream without keys (guarantee=Guarantee.QUERYABLE): one that "
             "dedupes by key is re-sent under its key, one that cannot be asked never is",
         )
+    synchronous(f"tool {tool}", "reconcile", reconcile)  # wrapped below: checked here
     full_reconcile = _reconcile_with_pre_image(reconcile) if reconcile is not None else None
     if verify is None:
         if full_reconcile is None or pre_image is not None:

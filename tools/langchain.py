@@ -15,7 +15,13 @@ from typing import Any
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel
 
-from loopwright.tools.contract import OutcomeUnknown, ToolContext, ToolContract, ToolFault
+from loopwright.tools.contract import (
+    OutcomeUnknown,
+    ToolContext,
+    ToolContract,
+    ToolDefinitionError,
+    ToolFault,
+)
 from loopwright.tools.define import read_tool, write_tool
 from loopwright.tools.json_schema import schema_model
 
@@ -37,6 +43,11 @@ def _args_model(tool: BaseTool) -> type[BaseModel]:
 
 def _as_function(tool: BaseTool, *, write: bool) -> Any:
     """A typed function calling `tool`, in the shape `read_tool`/`write_tool` take."""
+    if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
+        raise ToolDefinitionError(
+            f"tool {tool.name}: it is async only (coroutine=, no func=), and loopwright calls"
+            " tools synchronously: give it a plain function too"
+        )
 
     def invoke(args: BaseModel) -> LangChainResult:
         try:
