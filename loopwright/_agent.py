@@ -364,7 +364,8 @@ class Agent[DepsT]:
         action[, pre_image])` asks the business system about the intent; `verify(ctx, action)`
         checks a succeeded write is there (default: reconcile says applied). `preconditions`
         are the business rules that must hold whatever the model read: checked when the call
-        is validated and again right before the send, each raising `PreconditionFailed`.
+        is validated and again right before the send, each raising `PreconditionFailed` (or
+        answering False; it holds only on None or True).
         `needs_approval` (default True) asks a person first; `pre_image(ctx, args)` is read and
         journaled before the send, for a downstream without keys; `current_versions(ctx,
         args)` refuses a plan made on data that changed since the model read it; `produces`

@@ -325,6 +325,26 @@ def test_authorize_allows_only_on_true_or_none() -> None:
                 contract.check_authorized(ctx, args)
 
 
+def test_a_precondition_holds_only_on_none_or_true() -> None:
+    """A precondition refuses by raising `PreconditionFailed`; one written as a predicate that
+    answers False refuses too, and so does any answer but None or True (an empty list, a
+    message): a rule that cannot be read never lets a write through."""
+    ctx: ToolContext[None] = ToolContext(deps=None)
+    args = Slot(slot="s1")
+    answers: list[tuple[Any, bool]] = [(None, True), (True, True), (False, False), ([], False)]
+    for answer, holds in [*answers, ("no", False)]:
+        rule: Any = lambda c, a, answer=answer: answer  # noqa: E731 (a predicate, untyped)
+        agent: Agent[None] = Agent("desk", instructions="Book slots.")
+        agent.write(book, **KEYED, preconditions=rule)
+        contract = agent.tools.get("book")
+        assert contract is not None
+        if holds:
+            contract.check_preconditions(ctx, args)
+        else:
+            with pytest.raises(loopwright.PreconditionFailed, match="book: its precondition"):
+                contract.check_preconditions(ctx, args)
+
+
 class Seat(BaseModel):
     seat: str
     passenger: str | None = None

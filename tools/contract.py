@@ -386,9 +386,18 @@ class ToolContract:
         )
 
     def check_preconditions(self, ctx: ToolContext[Any], args: BaseModel) -> None:
-        """Raise the first PreconditionFailed (or other ToolFault) of the write's rules."""
+        """Raise the first PreconditionFailed (or other ToolFault) of the write's rules. A rule
+        refuses by raising; one that answers False (a check written as a predicate) refuses
+        too, as does any answer but None or True: a rule that cannot be read never holds."""
         for rule in self.preconditions:
-            rule(ctx, args)
+            answer: object = rule(ctx, args)
+            if answer is None or answer is True:
+                continue
+            name = getattr(rule, "__name__", type(rule).__name__)
+            said = "False" if answer is False else f"a {type(answer).__name__}"
+            raise PreconditionFailed(
+                "precondition_failed", f"{self.name}: its precondition {name} answered {said}"
+            )
 
     def produced_ids(self, outcome: Mapping[str, Any] | None) -> dict[str, str]:
         """The identifiers a succeeded write's outcome holds, by field."""
