@@ -676,6 +676,39 @@ def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served:
     assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
 
 
+def test_another_task_on_a_thread_that_carries_a_run_is_a_409_and_changes_nothing(
+    served: Served,
+) -> None:
+    """A thread is one run: another task on it is refused when the run is created (it was a 200
+    carrying "An internal error occurred", and the thread of a finished run was left in error,
+    with a traceback in the server's log). The same task again continues the run, as a start
+    delivered twice does."""
+    ada = served.client("t-u1")
+    task = "What is the refund policy?"
+    thread_id, state = start_run(ada, task)
+    assert state["values"]["stop_reason"] == "completed"
+    runs = ada.runs.list(thread_id)
+    checkpoints = served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id)
+    for route in ("runs", "runs/wait", "runs/stream"):
+        response = httpx.post(
+            f"{served.url}/threads/{thread_id}/{route}",
+            json={"assistant_id": GRAPH, "input": {"task": "Refund order O-42."}},
+            headers={"Authorization": "Bearer t-u1"},
+            timeout=PATIENCE_S,
+            verify=tls.context(),
+        )
+        assert response.status_code == 409, (route, response.text)
+        assert "already carries a run of another task" in response.json()["detail"]
+    assert ada.runs.list(thread_id) == runs
+    assert ada.threads.get(thread_id)["status"] == "idle"
+    assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == (
+        checkpoints
+    )
+    again = ada.runs.wait(thread_id, GRAPH, input={"task": f"  {task} "})
+    assert isinstance(again, dict) and again["stop_reason"] == "completed", again
+    assert served.sql("SELECT count(*) FROM lw_runs WHERE run_id = %s", thread_id) == [(1,)]
+
+
 def test_what_a_client_has_copied_into_every_checkpoint_is_bounded(served: Served) -> None:
     """LangGraph copies a run's metadata and configurable strings into every checkpoint's
     metadata: 8 KB of them made each of a one-step run's 13 checkpoints carry 8.7 KB. An input

@@ -587,6 +587,15 @@ async def on_run_create(
             task = new_run_task(run_input)
         except RunRefused as exc:  # refused now, not in the run it would start
             raise Auth.exceptions.HTTPException(status_code=422, detail=str(exc)) from None
+        if run is not None and run.task != task:
+            # Refused now: the run would refuse it (`inputs.payload_for`) once the engine had
+            # started it, leaving the thread of a finished run in error and the client a 200
+            # with no reason. The same task again continues the run (a start delivered twice).
+            raise Auth.exceptions.HTTPException(
+                status_code=409,
+                detail=f"thread {thread_id} already carries a run of another task: start a new"
+                " thread",
+            )
         if (refusal := await task_refusal(user, task)) is not None:
             raise _forbidden(refusal)
     elif run is None and not command:
