@@ -658,9 +658,9 @@ def test_text_no_run_could_keep_is_a_422_and_starts_nothing(served: Served) -> N
 
 
 def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served: Served) -> None:
-    """Text, a list, an object without a task, or nothing on a thread without a run: refused
-    when the run is created, saying what a run takes (each was a 200 carrying "An internal
-    error occurred"), and nothing is written."""
+    """Text, a list, an object without a task, nothing, or a resume on a thread without a run:
+    refused when the run is created, saying what a run takes (each was a 200 carrying "An
+    internal error occurred"), and nothing is written."""
     thread_id = served.client("t-u1").threads.create()["thread_id"]
     for run_input in ("Check order O-42.", [TASK_O42], {}, {"tasks": TASK_O42}, None):
         response = httpx.post(
@@ -672,6 +672,19 @@ def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served:
         )
         assert response.status_code == 422, (run_input, response.text)
         assert response.json()["detail"].endswith('a new run takes {"task": "<what to do>"}')
+    # A resume of no run: there is nothing to continue either (it was a run failing in the
+    # engine, the thread left in error).
+    for resume in ("yes", {"answer": 1}):
+        response = httpx.post(
+            f"{served.url}/threads/{thread_id}/runs/wait",
+            json={"assistant_id": GRAPH, "command": {"resume": resume}},
+            headers={"Authorization": "Bearer t-u1"},
+            timeout=PATIENCE_S,
+            verify=tls.context(),
+        )
+        assert response.status_code == 422, (resume, response.text)
+        assert "the thread has no run to continue" in response.json()["detail"]
+    assert served.client("t-u1").threads.get(thread_id)["status"] == "idle"
     assert served.sql("SELECT count(*) FROM lw_runs WHERE run_id = %s", thread_id) == [(0,)]
     assert served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id) == [(0,)]
 

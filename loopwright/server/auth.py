@@ -598,7 +598,7 @@ async def on_run_create(
             )
         if (refusal := await task_refusal(user, task)) is not None:
             raise _forbidden(refusal)
-    elif run is None and not command:
+    elif run is None:  # nothing to continue, nor to resume (the run would refuse it)
         raise Auth.exceptions.HTTPException(
             status_code=422, detail=f"the thread has no run to continue: {NEW_RUN_TAKES}"
         )
