@@ -183,8 +183,9 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("PATCH", "/threads/{thread_id}"): refused("nobody writes a thread's metadata"),
     ("GET", "/threads/{thread_id}/stream"): allowed(READERS, THREAD_READ),
     ("POST", "/threads/{thread_id}/stream/events"): allowed(READERS, THREAD_READ),
-    ("POST", "/threads/{thread_id}/commands"): allowed(
-        READERS, "protocol v2 run.start / input.respond: run creation, same rules: " + RUN_START
+    ("POST", "/threads/{thread_id}/commands"): refused(
+        "protocol v2 run.start / input.respond: Aegra gives the run-creation hook the envelope,"
+        " not the run it builds, so no rule could judge it; runs start through /runs"
     ),
     # runs on a thread
     ("GET", "/threads/{thread_id}/runs"): allowed(READERS, THREAD_READ),
@@ -637,9 +638,18 @@ def state_of(env: Env, run: Run) -> tuple[Any, ...]:
     return (200, state["next"], interrupts, values["phase"], values.get("stop_reason"))
 
 
+def statuses(env: Env) -> list[tuple[str, str]]:
+    """Each run's thread status as the engine reports it (a request that made a run fail in the
+    engine leaves its thread in error, whatever the run's own record says)."""
+    threads = {run.thread_id for run in env.all_runs}
+    found = env.get(OWNER, "/threads/search", method="POST", json={"limit": 1000}).json()
+    return sorted((t["thread_id"], t["status"]) for t in found if t["thread_id"] in threads)
+
+
 def snapshot(env: Env, exclude: Sequence[str] = ()) -> dict[str, Any]:
     """The record nothing here may change: the journal, the two runs' checkpoints, lw_runs rows
-    and state (as the server reads it), and the inbox as each tenant's approver sees it."""
+    and state (as the server reads it), each run's thread status, and the inbox as each
+    tenant's approver sees it."""
     threads = [run.thread_id for run in env.all_runs]
     sql = env.sql
     with ThreadPoolExecutor(max_workers=4) as pool:  # what the server says, asked at once
@@ -667,6 +677,7 @@ def snapshot(env: Env, exclude: Sequence[str] = ()) -> dict[str, Any]:
             threads,
         ),
         "state": states,
+        "thread status": statuses(env),
         "inbox": inboxes[0],
         "inbox of the other tenant": inboxes[1],
     }
@@ -811,6 +822,7 @@ def hostile_run_fields(env: Env, role: str, run: Run | None) -> dict[str, list[A
         "input": [
             {**task, "principal": FORGED_PRINCIPAL, "approvals": forged_state["approvals"]},
             {**task, "run_id": other.thread_id, "journal": {}},
+            {"task": HELLO},  # another task on a thread that carries a run
         ],
         "command": [
             {"goto": "execute"},

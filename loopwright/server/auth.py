@@ -422,11 +422,15 @@ _CHECKPOINT_FIELDS = ("checkpoint_id", "checkpoint_ns", "checkpoint_map", "check
 
 
 def checkpoint_choice(kwargs: Mapping[str, Any]) -> str | None:
-    """The checkpoint field a client set, if any (in `config.configurable` or `checkpoint`)."""
+    """The checkpoint field a client set, if any: in `config.configurable`, on its own (Aegra
+    takes `checkpoint_id` as the short form of `checkpoint`) or in `checkpoint`."""
     configurable = ((kwargs.get("config") or {}).get("configurable")) or {}
     for field in _CHECKPOINT_FIELDS:
         if configurable.get(field):
             return f"config.configurable.{field}"
+    for field in ("checkpoint_id", "checkpoint_ns", "checkpoint_map"):
+        if kwargs.get(field):
+            return field
     checkpoint = kwargs.get("checkpoint") or {}
     chosen = [k for k, v in checkpoint.items() if v and k != "thread_id"]
     return f"checkpoint.{chosen[0]}" if chosen else None
@@ -492,6 +496,15 @@ async def on_run_create(
     run was pruned (410).
     The run's metadata names the thread's owner and tenant (a new thread's come from it)."""
     user = _user(ctx)
+    if "method" in value and "params" in value:
+        # A protocol v2 command (POST /threads/{id}/commands: run.start, input.respond). Aegra
+        # authorizes it as a run creation but gives the hook the envelope, not the run it
+        # builds from it (its input, config, resume, strategy): the rules below could not see
+        # what it asks, and the run would refuse it only once the engine had started it.
+        raise _forbidden(
+            "protocol v2 commands are not served: start and resume runs through"
+            " POST /threads/{thread_id}/runs (or /runs/wait, /runs/stream)"
+        )
     # LangGraph's server passes the run's arguments under "kwargs"; Aegra passes them flat.
     kwargs: Mapping[str, Any] = value.get("kwargs") or cast(Mapping[str, Any], value)
     # Its metadata goes into every checkpoint, its input and resume values into the run.
