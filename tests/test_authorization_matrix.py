@@ -638,12 +638,21 @@ def state_of(env: Env, run: Run) -> tuple[Any, ...]:
     return (200, state["next"], interrupts, values["phase"], values.get("stop_reason"))
 
 
-def statuses(env: Env) -> list[tuple[str, str]]:
-    """Each run's thread status as the engine reports it (a request that made a run fail in the
-    engine leaves its thread in error, whatever the run's own record says)."""
-    threads = {run.thread_id for run in env.all_runs}
+def statuses(env: Env) -> list[tuple[str, str, int]]:
+    """Each run's thread status as the engine reports it, and how many of the engine's runs on
+    it failed: a request that made a run fail in the engine leaves its thread in error (until
+    another run on it succeeds), whatever the run's own record says."""
+
+    def failed_runs(thread_id: str) -> int:
+        runs = env.get(OWNER, f"/threads/{thread_id}/runs", params={"limit": 1000}).json()
+        return sum(run["status"] == "error" for run in runs)
+
+    threads = [run.thread_id for run in env.all_runs]
     found = env.get(OWNER, "/threads/search", method="POST", json={"limit": 1000}).json()
-    return sorted((t["thread_id"], t["status"]) for t in found if t["thread_id"] in threads)
+    status: dict[str, str] = {t["thread_id"]: t["status"] for t in found}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        failed = list(pool.map(failed_runs, threads))
+    return sorted((t, status[t], n) for t, n in zip(threads, failed, strict=True))
 
 
 def snapshot(env: Env, exclude: Sequence[str] = ()) -> dict[str, Any]:

@@ -416,6 +416,13 @@ async def on_thread_delete(
     return _filter(user, None)  # approvers read their tenant's threads, not delete them
 
 
+# Fields of run creation that would have the server send a request of the client's naming: to
+# any address (a webhook: into the server's own network, too), or to LangSmith (a feedback key:
+# offline, the run fails on it).
+OUTBOUND_FIELDS = {
+    "webhook": "the server makes no request to an address a client names",
+    "feedback_keys": "the server sends nothing to LangSmith",
+}
 # Fields of run creation that would read or write another history than the run's own latest
 # checkpoint: a chosen checkpoint, another namespace (a fresh, empty state to start over in).
 _CHECKPOINT_FIELDS = ("checkpoint_id", "checkpoint_ns", "checkpoint_map", "checkpoint")
@@ -532,6 +539,9 @@ async def on_run_create(
     # Before anything that tells a thread's state: another tenant's threads are not named.
     roles = await hosted_roles()
     refuse_unless_visible(user, roles, owner, thread_id)
+    for field, why in OUTBOUND_FIELDS.items():
+        if kwargs.get(field) or value.get(field):
+            raise Auth.exceptions.HTTPException(status_code=422, detail=f"{field}: {why}")
     if kwargs.get("after_seconds") or value.get("after_seconds"):
         # Pending for its delay, then due on a thread that may be busy: LangGraph's server
         # looks past no queued run whose thread is busy (`server.admissions`).
