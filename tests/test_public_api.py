@@ -308,41 +308,30 @@ def test_an_async_function_the_runtime_would_call_synchronously_is_refused_at_de
     assert agent.tools.names() == []
 
 
-def test_authorize_allows_only_on_true_or_none() -> None:
-    """Any answer of `authorize` but True or None refuses the call: a truthy object (an order
-    found, a non-empty list) is no permission, nor is a falsy one a silent yes."""
+def test_authorize_and_preconditions_let_a_call_through_only_on_true_or_none() -> None:
+    """`authorize` allows and a precondition holds on True or None only: any other answer
+    refuses, False (a check written as a predicate), a truthy object (an order found, a list)
+    or a falsy one. A precondition refuses by raising `PreconditionFailed` too."""
     ctx: ToolContext[None] = ToolContext(deps=None)
     args = Slot(slot="s1")
-    for answer, allowed in [(True, True), (None, True), (False, False), ("yes", False), (0, False)]:
-        agent: Agent[None] = Agent("desk", instructions="Book slots.")
-        agent.read(sync_read, authorize=lambda c, a, answer=answer: answer)
-        contract = agent.tools.get("sync_read")
-        assert contract is not None
-        if allowed:
-            contract.check_authorized(ctx, args)
-        else:
-            with pytest.raises(loopwright.PermissionDenied, match="sync_read"):
-                contract.check_authorized(ctx, args)
-
-
-def test_a_precondition_holds_only_on_none_or_true() -> None:
-    """A precondition refuses by raising `PreconditionFailed`; one written as a predicate that
-    answers False refuses too, and so does any answer but None or True (an empty list, a
-    message): a rule that cannot be read never lets a write through."""
-    ctx: ToolContext[None] = ToolContext(deps=None)
-    args = Slot(slot="s1")
-    answers: list[tuple[Any, bool]] = [(None, True), (True, True), (False, False), ([], False)]
-    for answer, holds in [*answers, ("no", False)]:
+    answers: list[tuple[Any, bool]] = [(True, True), (None, True), (False, False), ([], False)]
+    for answer, passes in [*answers, ("yes", False), (0, False)]:
         rule: Any = lambda c, a, answer=answer: answer  # noqa: E731 (a predicate, untyped)
         agent: Agent[None] = Agent("desk", instructions="Book slots.")
+        agent.read(sync_read, authorize=rule)
         agent.write(book, **KEYED, preconditions=rule)
-        contract = agent.tools.get("book")
-        assert contract is not None
-        if holds:
-            contract.check_preconditions(ctx, args)
-        else:
-            with pytest.raises(loopwright.PreconditionFailed, match="book: its precondition"):
-                contract.check_preconditions(ctx, args)
+        read, write = agent.tools.get("sync_read"), agent.tools.get("book")
+        assert read is not None and write is not None
+        checks = [
+            (read.check_authorized, loopwright.PermissionDenied, "sync_read"),
+            (write.check_preconditions, loopwright.PreconditionFailed, "book: its precondition"),
+        ]
+        for check, refusal, says in checks:
+            if passes:
+                check(ctx, args)
+            else:
+                with pytest.raises(refusal, match=says):
+                    check(ctx, args)
 
 
 class Seat(BaseModel):

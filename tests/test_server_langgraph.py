@@ -142,6 +142,20 @@ def wait_for_end(client: SyncLangGraphClient, thread_id: str, timeout: float = P
         time.sleep(0.1)
 
 
+def post_run(
+    served: Served, token: str, thread_id: str, body: dict[str, Any], route: str = "runs/wait"
+) -> httpx.Response:
+    """A run-creation request as a client writing its own HTTP sends it (the SDK raises on a
+    4xx, whose status and detail are what the tests read)."""
+    return httpx.post(
+        f"{served.url}/threads/{thread_id}/{route}",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=PATIENCE_S,
+        verify=tls.context(),
+    )
+
+
 def test_refund_with_an_approval_through_the_sdk(served: Served) -> None:
     """The refund scenario end to end: interrupt payload, resume by interrupt id, verified end.
 
@@ -388,12 +402,8 @@ def test_an_approvers_resume_that_is_no_decision_is_refused_saying_why(served: S
         ({interrupt["id"]: {**decision, "approval_id": "apr_0"}}, 409, "apr_0 does not wait"),
     ]
     for resume, status, detail in refused:
-        answer = httpx.post(
-            f"{served.url}/threads/{thread_id}/runs/wait",
-            json={"assistant_id": GRAPH, "command": {"resume": resume}},
-            headers={"Authorization": "Bearer t-a1"},
-            timeout=PATIENCE_S,
-            verify=tls.context(),
+        answer = post_run(
+            served, "t-a1", thread_id, {"assistant_id": GRAPH, "command": {"resume": resume}}
         )
         assert answer.status_code == status, (resume, answer.text)
         assert detail in answer.json()["detail"] and "\n" not in answer.json()["detail"]
@@ -663,24 +673,14 @@ def test_an_input_that_is_no_run_is_a_422_that_says_what_a_new_run_takes(served:
     internal error occurred"), and nothing is written."""
     thread_id = served.client("t-u1").threads.create()["thread_id"]
     for run_input in ("Check order O-42.", [TASK_O42], {}, {"tasks": TASK_O42}, None):
-        response = httpx.post(
-            f"{served.url}/threads/{thread_id}/runs/wait",
-            json={"assistant_id": GRAPH, "input": run_input},
-            headers={"Authorization": "Bearer t-u1"},
-            timeout=PATIENCE_S,
-            verify=tls.context(),
-        )
+        response = post_run(served, "t-u1", thread_id, {"assistant_id": GRAPH, "input": run_input})
         assert response.status_code == 422, (run_input, response.text)
         assert response.json()["detail"].endswith('a new run takes {"task": "<what to do>"}')
     # A resume of no run: there is nothing to continue either (it was a run failing in the
     # engine, the thread left in error).
     for resume in ("yes", {"answer": 1}):
-        response = httpx.post(
-            f"{served.url}/threads/{thread_id}/runs/wait",
-            json={"assistant_id": GRAPH, "command": {"resume": resume}},
-            headers={"Authorization": "Bearer t-u1"},
-            timeout=PATIENCE_S,
-            verify=tls.context(),
+        response = post_run(
+            served, "t-u1", thread_id, {"assistant_id": GRAPH, "command": {"resume": resume}}
         )
         assert response.status_code == 422, (resume, response.text)
         assert "the thread has no run to continue" in response.json()["detail"]
@@ -703,13 +703,8 @@ def test_another_task_on_a_thread_that_carries_a_run_is_a_409_and_changes_nothin
     runs = ada.runs.list(thread_id)
     checkpoints = served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id)
     for route in ("runs", "runs/wait", "runs/stream"):
-        response = httpx.post(
-            f"{served.url}/threads/{thread_id}/{route}",
-            json={"assistant_id": GRAPH, "input": {"task": "Refund order O-42."}},
-            headers={"Authorization": "Bearer t-u1"},
-            timeout=PATIENCE_S,
-            verify=tls.context(),
-        )
+        other_task = {"assistant_id": GRAPH, "input": {"task": "Refund order O-42."}}
+        response = post_run(served, "t-u1", thread_id, other_task, route)
         assert response.status_code == 409, (route, response.text)
         assert "already carries a run of another task" in response.json()["detail"]
     assert ada.runs.list(thread_id) == runs
