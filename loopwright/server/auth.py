@@ -419,7 +419,7 @@ async def on_thread_delete(
 # Fields of run creation that would have the server send a request of the client's naming: to
 # any address (a webhook: into the server's own network, too), or to LangSmith (a feedback key:
 # offline, the run fails on it).
-OUTBOUND_FIELDS = {
+_OUTBOUND_FIELDS = {
     "webhook": "the server makes no request to an address a client names",
     "feedback_keys": "the server sends nothing to LangSmith",
 }
@@ -539,7 +539,7 @@ async def on_run_create(
     # Before anything that tells a thread's state: another tenant's threads are not named.
     roles = await hosted_roles()
     refuse_unless_visible(user, roles, owner, thread_id)
-    for field, why in OUTBOUND_FIELDS.items():
+    for field, why in _OUTBOUND_FIELDS.items():
         if kwargs.get(field) or value.get(field):
             raise Auth.exceptions.HTTPException(status_code=422, detail=f"{field}: {why}")
     if kwargs.get("after_seconds") or value.get("after_seconds"):
