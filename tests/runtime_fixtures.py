@@ -233,7 +233,7 @@ def cli(
     what every command imports (`tests.cli_forkserver`), not started from scratch."""
     result = cli_forkserver.shared().run(
         list(args),
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        env=_cli_env(env),
         cwd=cwd,
         timeout=timeout,
     )
@@ -242,6 +242,11 @@ def cli(
             f"loopwright {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def _cli_env(env: dict[str, str]) -> dict[str, str]:
+    """A command's environment: this process's, the checkout importable, and `env` on top."""
+    return {**os.environ, "PYTHONPATH": str(REPO), **env}
 
 
 def start_cli(
@@ -256,7 +261,7 @@ def start_cli(
     `cli_forkserver.Started`."""
     return cli_forkserver.shared().start(
         list(args),
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        env=_cli_env(env),
         cwd=cwd,
         stdout=stdout,
         stderr=stderr,

@@ -435,8 +435,7 @@ def checkpoint_choice(kwargs: Mapping[str, Any]) -> str | None:
     for field in _CHECKPOINT_FIELDS:
         if configurable.get(field):
             return f"config.configurable.{field}"
-    for field in ("checkpoint_id", "checkpoint_ns", "checkpoint_map"):
-        if kwargs.get(field):
+        if field != "checkpoint" and kwargs.get(field):  # `checkpoint` itself: below
             return field
     checkpoint = kwargs.get("checkpoint") or {}
     chosen = [k for k, v in checkpoint.items() if v and k != "thread_id"]
