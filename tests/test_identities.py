@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
@@ -33,7 +34,6 @@ from loopwright.server.identities import (
     Identities,
     IdentityRefused,
     authenticated_user,
-    authorization_of,
     configured,
 )
 from loopwright.server.jwks import KeySet
@@ -255,6 +255,28 @@ def refused_whatever_its_bytes(authorization: str | bytes | None) -> None:
         raise AssertionError(f"{authorization!r} proved {user}")
 
 
+async def edge_answer(authorization: bytes) -> tuple[int, str]:
+    """What the served edge answers a request for `/info` (any known token's) carrying
+    `authorization` as its Authorization header's bytes: its status and body."""
+    from loopwright.server.edge import Edge
+
+    async def engine(scope: object, receive: object, send: object) -> None:
+        raise AssertionError(f"{authorization!r} passed the edge")
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"x-\xff", b"\xff"), (b"authorization", authorization)]
+    scope = {"type": "http", "method": "GET", "path": "/info", "headers": headers}
+    await Edge(engine)({**scope, "query_string": b""}, receive, send)  # type: ignore[arg-type]
+    return sent[0]["status"], sent[1]["body"].decode()
+
+
 @pytest.mark.usefixtures("served_identities")
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=HEADER_VALUES)
@@ -265,12 +287,14 @@ def refused_whatever_its_bytes(authorization: str | bytes | None) -> None:
 def test_bad_bytes_in_the_authorization_header_are_a_401_never_an_error(
     value: str | bytes,
 ) -> None:
-    """Through the header mapping each engine passes, and the value alone (Starlette's)."""
+    """As bytes, as text decoded from latin-1 (Starlette's), as any text; and through the
+    served edge, which hands `authenticated_user` the header it reads."""
     raw = value if isinstance(value, bytes) else value.encode(errors="surrogatepass")
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
     refused_whatever_its_bytes(value)
-    refused_whatever_its_bytes(authorization_of({b"x-\xff": b"\xff", b"authorization": raw}))
-    refused_whatever_its_bytes(authorization_of({"x-\xff": "\xff", "Authorization": text}))
+    refused_whatever_its_bytes(raw)
+    refused_whatever_its_bytes(raw.decode("latin-1"))
+    status, body = asyncio.run(edge_answer(raw))
+    assert status == 401 and "\n" not in body, body
     assert asyncio.run(authenticated_user(b"Bearer tok-u1-0123456789")).user_id == "u-1"
 
 

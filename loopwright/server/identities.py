@@ -28,7 +28,6 @@ import os
 import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from loopwright.server.bearer_tokens import (
     MAX_TOKEN_BYTES,
@@ -73,16 +72,6 @@ class IdentityRefused(Exception):
         super().__init__(detail)
         self.status = status
         self.detail = detail
-
-
-def authorization_of(headers: Mapping[Any, Any]) -> str | bytes | None:
-    """The Authorization header of LangGraph's (bytes) or Aegra's (str) header mapping, as it
-    is there: `bearer_token` judges it, whatever its bytes."""
-    for key, value in headers.items():
-        name = key.decode("latin-1") if isinstance(key, bytes) else str(key)
-        if name.lower() == "authorization":
-            return value if isinstance(value, bytes) else str(value)
-    return None
 
 
 def bearer_token(authorization: str | bytes | None) -> str:
@@ -185,5 +174,5 @@ def configured() -> Identities:
 
 async def authenticated_user(authorization: str | bytes | None) -> User:
     """The user an Authorization header proves to this server; IdentityRefused otherwise. The
-    one way in: every route's identity (the auth hooks, the gate, the inbox, the metrics)."""
+    one way in: every route's identity is asked here by the edge (`server.edge`)."""
     return await configured().user_for(authorization)
