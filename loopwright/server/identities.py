@@ -17,7 +17,8 @@ blocking I/O, so they run in a thread, and only when due (once a second for a fi
 URL see `server.jwks`).
 
 One process-wide `Identities` (`configured()`), built from the environment at the server's
-start (a broken configuration stops it there) and shared by the auth hooks and the inbox.
+start (a broken configuration stops it there) and asked by the edge (`server.edge`) for every
+request that needs an identity.
 """
 
 from __future__ import annotations
