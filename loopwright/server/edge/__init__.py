@@ -6,10 +6,10 @@ their own routes and their auth: outermost on LangGraph's server, inside only Ae
 CORS and logging middleware (none of which reads a body). For each HTTP request it:
 
 1. bounds the headers (431) before anything else;
-2. matches the method and path to one route of `edge.routes` (404, 405; a refused route: its
-   status and why), never guessing by the body's shape;
+2. matches the method and path to one route of `edge.routes` (404, 405), never guessing by the
+   body's shape;
 3. authenticates the caller (`server.identities`; 401) unless the route is public, and checks
-   the route's access for their roles (403);
+   the route's access for their roles (403; a refused route: its status and why);
 4. reads the body only up to the route's bound (413, before the rest is read), and validates it
    and the query against the route's models (`edge.bodies`; 422: an unclassified field is
    refused);
@@ -118,10 +118,10 @@ async def _judge(scope: Scope, receive: Receive) -> tuple[Admitted, bytes | None
     except NotRouted as exc:
         raise Refused(exc.status, exc.detail) from None
     route = matched.route
+    user = await _caller(scope, route.access)
     if route.access is Access.REFUSED:
         raise Refused(route.status, route.why)
     what = f"{route.method} {route.template}"
-    user = await _caller(scope, route.access)
     query = _model(route.query, _query(scope), f"{what}'s query").normalised()
     raw = await read_body(scope, receive, route.max_body, what)
     if route.body is None:
