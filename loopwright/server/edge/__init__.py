@@ -141,11 +141,8 @@ async def _caller(scope: Scope, access: Access) -> User | None:
     route their roles do not reach."""
     if access is Access.PUBLIC:
         return None
-    authorization = header(scope, b"authorization")
     try:
-        user = await authenticated_user(
-            None if authorization is None else authorization.decode("latin-1")
-        )
+        user = await authenticated_user(header(scope, b"authorization"))
     except IdentityRefused as exc:
         raise Refused(exc.status, exc.detail) from None
     roles = await hosted_roles()
