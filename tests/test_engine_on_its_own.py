@@ -235,3 +235,23 @@ def test_the_server_refuses_to_start_with_a_thread_ttl_in_one_line() -> None:
     )
     assert loaded.returncode != 0
     assert "AEGRA_THREAD_TTL: the engine would delete or compact threads" in loaded.stderr
+
+
+def test_a_run_the_engine_refuses_after_the_edge_holds_its_thread_no_longer(
+    engine: Engine,
+) -> None:
+    """The edge admits a run (one at a time on a thread), then the engine refuses it (an
+    assistant it does not have): the admission is withdrawn with the refusal, so the next
+    request on the thread is admitted at once rather than told the thread is busy."""
+    create_order(engine.served.services, "O-2103", "u-1", "20.00")
+    thread_id = engine.served.client("t-u1").threads.create()["thread_id"]
+    task = {"task": "Check whether order O-2103 can be refunded and refund it if so."}
+    refused = engine.post(
+        "t-u1", f"/threads/{thread_id}/runs", {"assistant_id": "no-such-assistant", "input": task}
+    )
+    assert refused.status_code in (404, 422), refused.text
+    started = engine.post(
+        "t-u1", f"/threads/{thread_id}/runs/wait", {"assistant_id": GRAPH, "input": task}
+    )
+    assert started.status_code == 200, started.text
+    assert values_of(engine.served.client("t-u1"), thread_id)["stop_reason"] == "completed"
