@@ -2,9 +2,11 @@
 
 uvicorn parses requests with httptools where it is installed, which keeps a request's line and
 headers whole in memory however long they are (a 16 MB bearer token was read whole, then
-verified on the event loop, holding every other request up). `BoundedHttpTools` counts the bytes
-of a request before its headers are complete and answers 431, closing the connection, as soon as
-they pass `MAX_HEAD_BYTES`: nothing past the bound is parsed or kept. The edge bounds what is
+verified on the event loop, holding every other request up). `BoundedHttpTools` counts every
+byte that arrives before a request's headers are complete (what of its body came with them
+too) and answers 431, closing the connection, as soon as they pass `MAX_HEAD_BYTES`: nothing
+past the bound is parsed or kept. No request the edge takes comes near it (its largest body is
+32 KiB, its headers at most 16 KiB). The edge bounds what is
 inside the head more tightly (`edge.http.MAX_HEADER_BYTES`, the token's own bound); this keeps
 a head that could never pass from being read at all.
 
