@@ -10,7 +10,7 @@ downstream, so its outcome is UNKNOWN and reconciled, never taken for a failure.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel
@@ -24,6 +24,7 @@ from loopwright.tools.contract import (
 )
 from loopwright.tools.define import read_tool, write_tool
 from loopwright.tools.json_schema import schema_model
+from loopwright.tools.options import ReadOptions, WriteOptions
 
 
 class LangChainResult(BaseModel):
@@ -72,13 +73,11 @@ def _as_function(tool: BaseTool, *, write: bool) -> Any:
     return function
 
 
-def langchain_read(tool: BaseTool, **declared: Any) -> ToolContract:
-    """A LangChain tool as a read (see `read_tool` for what may be declared)."""
-    declared.setdefault("name", tool.name)
-    return read_tool(_as_function(tool, write=False), **declared)
+def langchain_read(tool: BaseTool, /, **options: Unpack[ReadOptions]) -> ToolContract:
+    """A LangChain tool as a read, with a read's options (named as the tool, unless `name=`)."""
+    return read_tool(_as_function(tool, write=False), **options)
 
 
-def langchain_write(tool: BaseTool, **declared: Any) -> ToolContract:
-    """A LangChain tool as a write, with the write's declarations (see `write_tool`)."""
-    declared["name"] = declared.get("name") or tool.name
-    return write_tool(_as_function(tool, write=True), **declared)
+def langchain_write(tool: BaseTool, /, **options: Unpack[WriteOptions]) -> ToolContract:
+    """A LangChain tool as a write, with the write's options (named as the tool, unless `name=`)."""
+    return write_tool(_as_function(tool, write=True), **options)
