@@ -81,6 +81,7 @@ def get_account(account: str) -> Account:
     """Read an account: its CPUs and how many grants it had."""
     if not account.startswith("a-"):
         raise ToolError(f"no account {account}")
+    record("get_account", account=account)
     return account_of(account)
 
 

@@ -39,7 +39,16 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from mcp import MCPError
-from mcp.types import CallToolResult, TextContent, Tool
+from mcp.types import (
+    CONNECTION_CLOSED,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    CallToolResult,
+    TextContent,
+    Tool,
+)
 from pydantic import BaseModel, Field
 
 from loopwright.checkpoints.database import loopwright_home
@@ -69,6 +78,10 @@ INTENT_KEY_META = "loopwright/intent_key"
 SEND_BY_META = "loopwright/send_by"
 SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_TIMEOUT_S = 10.0
+# Protocol errors in which the server refused the request itself: no tool ran. Any other error
+# (the connection closed, no answer in time, the server's handler failed) leaves a write's
+# outcome unknown.
+REFUSED = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
 
 
 class McpAnswer(BaseModel):
@@ -321,17 +334,28 @@ class McpServer:
             raise ToolFault("mcp_unavailable", f"MCP server {self.name} lists no tool {tool}")
         try:
             result = session.call_tool(tool, arguments, timeout_s, meta)
-        except MCPError as exc:  # the server answered, refusing the request
-            raise ToolFault("mcp_error", f"{tool}: {exc}") from exc
-        except Exception as exc:
-            if not isinstance(exc, TimeoutError):
+        except MCPError as exc:
+            if exc.code in REFUSED:
+                raise ToolFault("mcp_refused", f"{tool}: {exc}") from exc
+            if exc.code == CONNECTION_CLOSED:
                 self._dropped(session)
-            if write:
-                raise OutcomeUnknown(f"MCP {tool}: no answer ({exc!r})") from exc
-            raise ToolFault("mcp_unavailable", f"{tool}: {exc!r}", transient=True) from exc
+            raise self._no_answer(tool, exc, write) from exc
+        except TimeoutError as exc:
+            raise self._no_answer(tool, exc, write) from exc
+        except Exception as exc:  # the transport broke: the next call opens a new session
+            self._dropped(session)
+            raise self._no_answer(tool, exc, write) from exc
         if result.is_error:
             raise ToolFault("mcp_tool_error", f"{tool}: {_text(result)}")
         return result
+
+    @staticmethod
+    def _no_answer(tool: str, exc: Exception, write: bool) -> Exception:
+        """What a call that got no answer it can trust is: for a write an unknown outcome,
+        else a transient fault."""
+        if write:
+            return OutcomeUnknown(f"MCP {tool}: no answer ({exc!r})")
+        return ToolFault("mcp_unavailable", f"{tool}: {exc!r}", transient=True)
 
     def _dropped(self, session: McpSession) -> None:
         """A call on `session` broke (not a timeout): the next call opens a new one."""
