@@ -375,7 +375,7 @@ def test_a_table_of_tools_is_defined_in_a_loop_with_explicit_models() -> None:
         agent.write(
             generic,
             name="book_meal",
-            args_model=dict,  # type: ignore[typeddict-item]  # the mistake under test
+            args_model=dict,  # type: ignore[arg-type]  # the mistake under test
             output_model=Booked,
             intent=lambda r, a: r,
         )
