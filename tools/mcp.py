@@ -122,7 +122,7 @@ class McpCall:
         if ctx.send_by is not None:
             meta[SEND_BY_META] = ctx.send_by.isoformat()
         arguments = args.model_dump(mode="json")
-        result = self.server.send(
+        result = self.server._send(
             self.tool, arguments, ctx.timeout(self.timeout_s), meta=meta, write=key is not None
         )
         return _answer(result, self.declared_output)
@@ -311,7 +311,7 @@ class McpServer:
 
     # --- calls -----------------------------------------------------------------------------------
 
-    def send(
+    def _send(
         self,
         tool: str,
         arguments: dict[str, Any],
@@ -369,7 +369,7 @@ class McpServer:
         """Call a tool of this server from a tool's own functions (a reconcile or a pre-image
         asking a read of the same server): its structured content, else its content blocks
         (`{"content": [...]}`). Raises `ToolFault` as a read's call does."""
-        result = self.send(tool, dict(arguments), timeout_s)
+        result = self._send(tool, dict(arguments), timeout_s)
         if result.structured_content is not None:
             return dict(result.structured_content)
         return {"content": _answer(result, declared=False)["content"]}
