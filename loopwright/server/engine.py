@@ -13,7 +13,7 @@ So the engine's identity is the tenant (`engine_identity`): the engine walls ten
 one another in its own queries, and an approver reaches every thread of their tenant, as the
 inbox and the SDK's state read need. Within a tenant, the hooks do not rely on filters: they
 raise for a thread that is not the caller's, and so need to know whose it is
-(`server.auth.thread_owner`): the run's user and tenant in lw_runs once a run is registered
+(`server.edge.threads.thread_owner`): the run's user and tenant in lw_runs once a run is registered
 there, else those loopwright stamped into the thread's metadata at its creation, read from the
 engine's own thread row (Aegra's `thread` table; LangGraph's in-memory registry has none, and needs none).
 """
