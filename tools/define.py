@@ -28,7 +28,7 @@ from loopwright.tools.contract import (
 )
 from loopwright.tools.options import ReadOptions, WriteOptions, known_options
 
-# What each kind of function takes, in order.
+# What each kind of function takes, first to last.
 _PARAMETERS = {Effect.READ: ("ctx", "args"), Effect.WRITE: ("ctx", "args", "intent_key")}
 
 
