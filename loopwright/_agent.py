@@ -35,9 +35,15 @@ from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
 from loopwright.graph.roles import DEFAULT_ROLES, Roles
 from loopwright.graph.state import DEFAULT_TENANT, Action, Principal
-from loopwright.tools.contract import ToolContext, ToolContract, ToolDefinitionError, synchronous
-from loopwright.tools.define import read_tool, write_tool
-from loopwright.tools.langchain import langchain_read, langchain_write
+from loopwright.tools.contract import (
+    Effect,
+    ToolContext,
+    ToolContract,
+    ToolDefinitionError,
+    synchronous,
+)
+from loopwright.tools.define import function_contract
+from loopwright.tools.langchain import langchain_contract
 from loopwright.tools.options import ReadOptions, WriteOptions
 from loopwright.tools.registry import ToolRegistry
 
@@ -300,15 +306,7 @@ class Agent[DepsT]:
         given is a plain `def`: loopwright calls them from worker threads (an `async def` is
         refused).
         """
-
-        def register(function: Any) -> Any:
-            if isinstance(function, BaseTool):
-                self._add(langchain_read(function, **options))
-            else:
-                self._add(read_tool(function, **options))
-            return function
-
-        return register(fn) if fn is not None else register
+        return self._declare(fn, Effect.READ, options)
 
     @overload
     def write[F: Callable[..., Any] | BaseTool](
@@ -328,11 +326,17 @@ class Agent[DepsT]:
         `summary=`, an approver sees a call as its name and arguments (`restart: name web`).
         """
 
+        return self._declare(fn, Effect.WRITE, options)
+
+    def _declare(self, fn: Any, effect: Effect, options: Mapping[str, Any]) -> Any:
+        """Add `fn` (a function or a LangChain tool) as a tool of `effect`, now or, used as a
+        decorator with options only, when it is given."""
+
         def register(function: Any) -> Any:
             if isinstance(function, BaseTool):
-                self._add(langchain_write(function, **options))
+                self._add(langchain_contract(function, effect, options))
             else:
-                self._add(write_tool(function, **options))
+                self._add(function_contract(function, effect, options))
             return function
 
         return register(fn) if fn is not None else register

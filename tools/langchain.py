@@ -10,21 +10,22 @@ downstream, so its outcome is UNKNOWN and reconciled, never taken for a failure.
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from collections.abc import Mapping
+from typing import Any
 
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel
 
 from loopwright.tools.contract import (
+    Effect,
     OutcomeUnknown,
     ToolContext,
     ToolContract,
     ToolDefinitionError,
     ToolFault,
 )
-from loopwright.tools.define import read_tool, write_tool
+from loopwright.tools.define import function_contract
 from loopwright.tools.json_schema import schema_model
-from loopwright.tools.options import ReadOptions, WriteOptions
 
 
 class LangChainResult(BaseModel):
@@ -43,7 +44,7 @@ def _args_model(tool: BaseTool) -> type[BaseModel]:
 
 
 def _as_function(tool: BaseTool, *, write: bool) -> Any:
-    """A typed function calling `tool`, in the shape `read_tool`/`write_tool` take."""
+    """A typed function calling `tool`, in the shape a read's or a write's function has."""
     if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
         raise ToolDefinitionError(
             f"tool {tool.name}: it is async only (coroutine=, no func=), and loopwright calls"
@@ -73,11 +74,7 @@ def _as_function(tool: BaseTool, *, write: bool) -> Any:
     return function
 
 
-def langchain_read(tool: BaseTool, /, **options: Unpack[ReadOptions]) -> ToolContract:
-    """A LangChain tool as a read, with a read's options (named as the tool, unless `name=`)."""
-    return read_tool(_as_function(tool, write=False), **options)
-
-
-def langchain_write(tool: BaseTool, /, **options: Unpack[WriteOptions]) -> ToolContract:
-    """A LangChain tool as a write, with the write's options (named as the tool, unless `name=`)."""
-    return write_tool(_as_function(tool, write=True), **options)
+def langchain_contract(tool: BaseTool, effect: Effect, options: Mapping[str, Any]) -> ToolContract:
+    """A LangChain tool as a tool of `effect`, with its options (named as the tool, unless
+    `name=`)."""
+    return function_contract(_as_function(tool, write=effect is Effect.WRITE), effect, options)
