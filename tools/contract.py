@@ -11,8 +11,10 @@ Every function of a contract is given a `ToolContext`: the application's own dep
 clients, endpoints, credentials: whatever the team's `deps` factory built) and the run the call
 belongs to. The runtime never knows what is in `deps`.
 
-`ToolContract` is the runtime's own, complete form. Applications write typed functions and
-declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), which build it.
+`ToolContract` is the runtime's own, complete form, and every way a tool is made ends in it:
+applications write typed functions and declare the rest with `Agent.read` / `Agent.write`
+(`loopwright.tools.define`), with the options `loopwright.tools.options` names; LangChain tools
+and MCP servers' tools take the same options. Every contract is checked when it is made.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from loopwright.graph.state import Action, Evidence, Principal, digest, utcnow
 from loopwright.tools.json_schema import JsonSchemaModel
 
 MIN_TIMEOUT_S = 0.05
+# A tool call's own bound unless its contract says otherwise (the run's deadline bounds it too).
+DEFAULT_TIMEOUT_S = 5.0
 
 
 class Effect(StrEnum):
@@ -311,7 +315,7 @@ class ToolContract:
     resources: Callable[[Any], Iterable[str]] = _no_resources
     authorize: Callable[[ToolContext[Any], Any], bool | None] = _always_allowed
     sensitive: Collection[str] = frozenset()
-    timeout_s: float = 5.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     max_result_bytes: int = 64_000
     # --- reads -------------------------------------------------------------------------------
     poll_after: Callable[[dict[str, Any]], float | None] | None = None

@@ -54,6 +54,7 @@ from pydantic import BaseModel, Field
 from loopwright.checkpoints.database import loopwright_home
 from loopwright.graph.state import Action, digest
 from loopwright.tools.contract import (
+    DEFAULT_TIMEOUT_S,
     TOOL_NAME,
     Effect,
     OutcomeUnknown,
@@ -77,7 +78,6 @@ from loopwright.tools.options import ReadOptions, WriteOptions, known_options
 INTENT_KEY_META = "loopwright/intent_key"
 SEND_BY_META = "loopwright/send_by"
 SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-DEFAULT_TIMEOUT_S = 10.0
 # Protocol errors in which the server refused the request itself: no tool ran. Any other error
 # (the connection closed, no answer in time, the server's handler failed) leaves a write's
 # outcome unknown.
@@ -227,7 +227,6 @@ class McpServer:
             declared.setdefault("intent", _default_intent(tool))
             if "reconcile" not in declared and "verify" not in declared:
                 declared["verify"] = _acknowledged(self.name)
-        declared.setdefault("timeout_s", DEFAULT_TIMEOUT_S)
         return ToolContract(effect=effect, run=run, connection=self.connected, **declared)
 
     # --- the process's session -----------------------------------------------------------------
@@ -326,9 +325,11 @@ class McpServer:
         anew by the next call. An answer flagged as an error is a definitive `ToolFault`."""
         try:
             session = self._open()
+        except ToolDefinitionError as exc:  # reopened, it no longer fits the declarations
+            raise ToolFault("mcp_unavailable", str(exc)) from exc
         except Exception as exc:
             raise ToolFault(
-                "mcp_unavailable", f"MCP server {self.name}: {exc}", transient=True
+                "mcp_unavailable", f"MCP server {self.name}: {exc!r}", transient=True
             ) from exc
         if tool not in self._listing:
             raise ToolFault("mcp_unavailable", f"MCP server {self.name} lists no tool {tool}")

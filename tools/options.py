@@ -39,7 +39,8 @@ class ToolOptions(TypedDict, total=False):
     against the task's boundary, used to schedule calls that do not conflict). `authorize(ctx,
     args)`: True or None allows a call for the run's principal, anything else (or raising
     `PermissionDenied`) refuses it. `sensitive`: argument names never shown or traced.
-    `timeout_s`: the call's own bound (the run's deadline bounds it too: `ctx.timeout`).
+    `timeout_s`: the call's bound where the runtime makes the call (an MCP tool's; a function
+    bounds its own requests with `ctx.timeout(seconds)`), within the run's deadline.
     `max_result_bytes`: a larger result is refused, never shown to the model.
     """
 
