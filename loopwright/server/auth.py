@@ -14,13 +14,14 @@ an approver reaches every thread of their tenant.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from langgraph_sdk import Auth
 
 from loopwright.server import identities
 from loopwright.server.edge import Admitted, admitted
-from loopwright.server.engine import engine_identity
+from loopwright.server.engine import engine_identity, refuse_thread_ttl
 from loopwright.server.identities import BEARER_REQUIRED
 
 # What each kind of request the edge admits may have the engine ask its hooks: the action of
@@ -40,6 +41,7 @@ _ASKS: dict[str, frozenset[tuple[str, str]]] = {
 }
 
 identities.configured()  # a broken identity configuration stops the server at its start
+refuse_thread_ttl(os.environ)  # so does an engine set to delete runs' records by a timer
 auth = Auth()
 
 

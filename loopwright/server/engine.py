@@ -20,6 +20,10 @@ engine's own thread row (Aegra's `thread` table; LangGraph's in-memory registry 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
 from loopwright.checkpoints.sql import Database
 
 # The thread metadata keys loopwright stamps (and filters by): Aegra overwrites "owner" with
@@ -67,3 +71,44 @@ class EngineThreads:
         if row is None:
             return False, None, None
         return True, row["user_id"], row["tenant"]
+
+
+# The engines' thread TTL settings: each has its engine delete or compact expired threads
+# (their checkpoints included) with its own checkpointer, outside loopwright's fenced saver.
+TTL_ENV = ("AEGRA_THREAD_TTL", "LANGGRAPH_THREAD_TTL")
+# Where each engine reads its checkpointer's settings (a `ttl` there does the same): Aegra's
+# config file, and the JSON `langgraph dev` passes its server from langgraph.json.
+AEGRA_CONFIG_ENV = "AEGRA_CONFIG"
+LANGGRAPH_CHECKPOINTER_ENV = "LANGGRAPH_CHECKPOINTER"
+
+
+class EngineMisconfigured(RuntimeError):
+    """The engine is set to change runs' records on its own; the message names the setting."""
+
+
+def refuse_thread_ttl(environ: Mapping[str, str]) -> None:
+    """EngineMisconfigured if the engine would sweep threads by a timer: a journaled run's
+    checkpoints deleted (its record and timeline gone), or compacted to the last one, and a run
+    waiting for an approval gone from the inbox while lw_runs says it waits."""
+    settings = [name for name in TTL_ENV if environ.get(name, "").strip()]
+    for name, read in ((AEGRA_CONFIG_ENV, _config_file), (LANGGRAPH_CHECKPOINTER_ENV, json.loads)):
+        raw = environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            config = read(raw)
+        except (OSError, ValueError):
+            continue  # the engine says what is wrong with its own settings
+        checkpointer = config.get("checkpointer", config) if isinstance(config, dict) else {}
+        if isinstance(checkpointer, dict) and checkpointer.get("ttl"):
+            settings.append(f"{name}'s checkpointer.ttl")
+    if settings:
+        raise EngineMisconfigured(
+            f"{', '.join(settings)}: the engine would delete or compact threads by a timer, a"
+            " run's record with them; loopwright keeps runs until its own retention job"
+            " (`loopwright retention`) prunes them: unset it"
+        )
+
+
+def _config_file(path: str) -> object:
+    return json.loads(Path(path).read_text())

@@ -6,10 +6,10 @@ their own routes and their auth: outermost on LangGraph's server, inside only Ae
 CORS and logging middleware (none of which reads a body). For each HTTP request it:
 
 1. bounds the headers (431) before anything else;
-2. matches the method and path to one route of `edge.routes` (404, 405; a refused route: its
-   status and why), never guessing by the body's shape;
+2. matches the method and path to one route of `edge.routes` (404, 405), never guessing by the
+   body's shape;
 3. authenticates the caller (`server.identities`; 401) unless the route is public, and checks
-   the route's access for their roles (403);
+   the route's access for their roles (403; a refused route: its status and why);
 4. reads the body only up to the route's bound (413, before the rest is read), and validates it
    and the query against the route's models (`edge.bodies`; 422: an unclassified field is
    refused);
@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loopwright.graph.roles import Capability
 from loopwright.graph.text import validation_problems
@@ -50,7 +50,7 @@ from loopwright.server.edge.http import (
     replaying,
 )
 from loopwright.server.edge.routes import Access, Matched, NotRouted, match
-from loopwright.server.edge.runs import admit_run
+from loopwright.server.edge.runs import admit_run, withdraw
 from loopwright.server.edge.threads import (
     journaled,
     owner_filter,
@@ -103,10 +103,23 @@ class Edge:
             await answer(send, refused.status, refused.detail)
             return
         token = _admitted.set(passed)
+        if passed.kind == "runs.create":
+            send = _withdrawing(passed.params["thread_id"], send)
         try:
             await self.app(passed_on(scope, body, query), replaying(body or b"", receive), send)
         finally:
             _admitted.reset(token)
+
+
+def _withdrawing(thread_id: str, send: Send) -> Send:
+    """`send`, withdrawing the run's admission when the engine refuses the run after all."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            await withdraw(thread_id)
+        await send(message)
+
+    return sending
 
 
 async def _judge(scope: Scope, receive: Receive) -> tuple[Admitted, bytes | None, dict[str, Any]]:
@@ -118,10 +131,10 @@ async def _judge(scope: Scope, receive: Receive) -> tuple[Admitted, bytes | None
     except NotRouted as exc:
         raise Refused(exc.status, exc.detail) from None
     route = matched.route
+    user = await _caller(scope, route.access)
     if route.access is Access.REFUSED:
         raise Refused(route.status, route.why)
     what = f"{route.method} {route.template}"
-    user = await _caller(scope, route.access)
     query = _model(route.query, _query(scope), f"{what}'s query").normalised()
     raw = await read_body(scope, receive, route.max_body, what)
     if route.body is None:
@@ -141,11 +154,8 @@ async def _caller(scope: Scope, access: Access) -> User | None:
     route their roles do not reach."""
     if access is Access.PUBLIC:
         return None
-    authorization = header(scope, b"authorization")
     try:
-        user = await authenticated_user(
-            None if authorization is None else authorization.decode("latin-1")
-        )
+        user = await authenticated_user(header(scope, b"authorization"))
     except IdentityRefused as exc:
         raise Refused(exc.status, exc.detail) from None
     roles = await hosted_roles()
