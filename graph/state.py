@@ -401,9 +401,10 @@ class Versions(BaseModel):
 class Verification(BaseModel):
     """What verify found in the business system. `completed` is only ever set from this.
 
-    `facts` keeps apart what the user was told (`answer`) and what the business system holds:
-    the writes verified there (`writes`), and the writes the run planned that did not happen
-    (`not_done`)."""
+    `facts` keeps apart what the business system holds (the writes verified there, `writes`;
+    those the run planned that did not happen, `not_done`; every refusal, `refusals`), the
+    runtime's account of it (`answer`, `outcome`), and what the model said (`model_answer`,
+    never passed on as fact, with the runtime's `answer_notes` on it): see `nodes.verify`."""
 
     verified: bool
     summary: str

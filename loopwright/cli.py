@@ -360,29 +360,14 @@ def decide(
 def report(
     outcome: RunOutcome, redactor: Redactor, *, again: str = "", approver: str = "APPROVER"
 ) -> None:
-    """The run's end; for a run that did not complete, what it did and did not do in the
-    business system, with sensitive arguments redacted as in the timeline. `again` is what a
-    command printed for a person to type needs besides its arguments (--agent, --db)."""
-    from loopwright.graph.state import UNRESOLVED_STATUSES
+    """The run's end (`reports.ending_lines`: the runtime's account, then the model's answer),
+    with sensitive arguments redacted as in the timeline; for a run that waits for a person,
+    what to decide. `again` is what a command printed for a person to type needs besides its
+    arguments (--agent, --db)."""
+    from loopwright.reports import ending_lines
 
     console.print()
-    if outcome.stop_reason == "completed":
-        facts = (outcome.verification or {}).get("facts", {})
-        console.print(
-            f"[bold green]COMPLETED[/] run {inline(outcome.run_id)}, verified in the business system:"
-        )
-        for write in facts.get("writes", []):
-            produced = ", ".join(f"{k} {v}" for k, v in (write.get("produced") or {}).items())
-            line = f"  {write.get('summary', write.get('tool'))}" + (
-                f" ({produced})" if produced else ""
-            )
-            console.print(redactor.text(inline(line)))
-        if not facts.get("writes"):
-            console.print("  no business effect was needed")
-        console.print(
-            redactor.text(f"  answer: {flat(facts.get('answer', ''))}", markup=False), markup=False
-        )
-    elif outcome.waiting_for_approval:
+    if outcome.stop_reason != "completed" and outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         console.print(
             f"[bold yellow]WAITING_APPROVAL[/] run {inline(outcome.run_id)}: {inline(request['summary'])}"
@@ -402,27 +387,8 @@ def report(
                 f"  edited by {flat(', '.join(editors))}: another approver must approve it",
                 markup=False,
             )
-    else:
-        console.print(
-            f"[bold red]{outcome.phase}[/] run {inline(outcome.run_id)}: {outcome.stop_reason or 'not finished'} {inline(outcome.stop_detail)}"
-        )
-    if outcome.stop_reason != "completed":
-        # An honest account of what happened in the business system, whatever the run's end.
-        for action in outcome.actions:
-            call = redactor.call(action.tool, action.args)
-            if action.status == "SUCCEEDED":
-                done = redactor.outcome(action.tool, action.outcome or {})
-                console.print(redactor.text(f"  done: {call} -> {done}"))
-            elif action.status in UNRESOLVED_STATUSES or action.status == "ESCALATED":
-                console.print(
-                    redactor.text(
-                        f"  [bold red]unconfirmed write[/] {inline(action.action_id)} {call}: {action.status}"
-                    )
-                )
-            else:
-                console.print(redactor.text(f"  not done: {call} ({action.status})"))
-    for offer in outcome.compensations:
-        console.print(f"  compensation you may want (not performed): {flat(offer)}", markup=False)
+    for line in ending_lines(outcome, redactor):
+        console.print(line)
 
 
 def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> TimelinePrinter:
@@ -471,13 +437,14 @@ def conclude(
     approver: str = "APPROVER",
 ) -> None:
     """Tell where the run stands (text or JSON) and exit with the code that says so."""
+    from loopwright.outcome import ending_of
     from loopwright.reports import exit_code, run_document
 
     if as_json:
         print_json(run_document(runner, outcome))
     else:
         report(outcome, printer.redactor, again=again, approver=approver)
-    raise typer.Exit(exit_code(outcome))
+    raise typer.Exit(exit_code(ending_of(outcome, runner.tools)))
 
 
 def repeat_options(agent: str | None, db: str | None) -> str:

@@ -11,16 +11,34 @@
 A document's fields are only ever added to within a version; a change of meaning is a new
 version. Sensitive arguments (the contracts' `sensitive_fields`) are "[redacted]", and a
 sensitive value is blanked wherever else it turns up (a task, an answer), as in the timeline.
-`exit_code` is what a command that advanced the run to where it stands exits with
-(`EXIT_CODES`).
+
+`loopwright.run/1` (and so `run-history/1`) holds `ending`, the runtime's own account
+(`outcome.Ending`): `kind` (below), `statement`, `effects` (each `verified` or not),
+`refusals` (each `by` a rule, a check, an approver or the business system, with `code` and
+`reason`), `unconfirmed`, then `model_answer` (the model's words, never the runtime's) and
+`answer_notes`. `exit_code` is what a command that advanced the run to where it stands exits
+with, by the ending's kind (`EXIT_CODES`):
+
+| exit | kind | the run |
+| --- | --- | --- |
+| 0 | `completed` | completed, its effects verified in the business system |
+| 2 | | (bad input or usage: nothing was done) |
+| 3 | `waiting` | waits for a person (an approval) |
+| 4 | `incomplete` | ended with a typed stop reason other than completed |
+| 5 | `unfinished` | parked until a reconciliation is due, or still advancing |
+| 6 | `completed_no_effect` | completed without changing anything in the business system: the task owed no effect |
+| 7 | `completed_with_refusal` | completed, and a write it asked for was refused (rule, check, approver, business system) or not done: the task is done without it |
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loopwright.graph.state import Action, Phase
+from loopwright.display import inline
+from loopwright.graph.state import UNRESOLVED_STATUSES, Action, ActionStatus
+from loopwright.nodes.verify import refusal_words
 from loopwright.observability.redaction import redact
+from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
 from loopwright.timeline import Redactor
 
 if TYPE_CHECKING:
@@ -28,30 +46,108 @@ if TYPE_CHECKING:
 
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
-    from loopwright.outcome import RunOutcome
     from loopwright.run_list import RunList
     from loopwright.runner import Runner
     from loopwright.tools.registry import ToolRegistry
 
-# How a command that advanced or read one run exits, by where the run stands.
+# How a command that advanced or read one run exits, by how the run ended (the table above).
 EXIT_CODES = {
-    "completed": 0,  # verified in the business system
-    "usage": 2,  # bad input; nothing was done
-    "waiting": 3,  # a person must decide (an approval)
-    "incomplete": 4,  # ended with a typed stop reason other than completed
-    "unfinished": 5,  # neither: parked until a reconciliation is due, or still advancing
+    EndingKind.COMPLETED.value: 0,
+    "usage": 2,
+    EndingKind.WAITING.value: 3,
+    EndingKind.INCOMPLETE.value: 4,
+    EndingKind.UNFINISHED.value: 5,
+    EndingKind.COMPLETED_NO_EFFECT.value: 6,
+    EndingKind.COMPLETED_WITH_REFUSAL.value: 7,
 }
 
 
-def exit_code(outcome: RunOutcome) -> int:
-    """The exit code that says where `outcome`'s run stands."""
-    if outcome.stop_reason == "completed":
-        return EXIT_CODES["completed"]
-    if outcome.waiting_for_approval:
-        return EXIT_CODES["waiting"]
-    if outcome.phase == Phase.INCOMPLETE:
-        return EXIT_CODES["incomplete"]
-    return EXIT_CODES["unfinished"]
+def exit_code(ending: Ending) -> int:
+    """The exit code that says how the run ended."""
+    return EXIT_CODES[ending.kind.value]
+
+
+# What each completed ending is, in the line that heads it.
+COMPLETED_AS = {
+    EndingKind.COMPLETED: "its effects are verified in the business system",
+    EndingKind.COMPLETED_NO_EFFECT: "no business effect, and the task owed none",
+    EndingKind.COMPLETED_WITH_REFUSAL: "done without what was refused",
+}
+MODEL_ANSWER = "the model's answer (its own words; loopwright vouches only for the lines above)"
+NO_EFFECT_LINE = "  no business effect: this run changed nothing in the business system"
+# A write in one of these may have changed the business system (done, or not known).
+MAY_HAVE_EFFECT = UNRESOLVED_STATUSES | {ActionStatus.SUCCEEDED, ActionStatus.ESCALATED}
+
+
+def ending_lines(outcome: RunOutcome, redactor: Redactor) -> list[str]:
+    """How a run ended, as a command prints it (rich markup, sensitive values blanked): a line
+    saying how it ended (none for a run that waits for a person: the command says what to
+    decide), what happened in the business system and every refusal, and last the model's
+    answer, labelled as the model's."""
+    ending = ending_of(outcome, redactor.tools)
+    if ending.kind in COMPLETED_AS:
+        lines = [
+            f"[bold green]COMPLETED[/] run {inline(outcome.run_id)}: {COMPLETED_AS[ending.kind]}",
+            *_effect_lines(ending),
+        ]
+    else:
+        lines = [] if ending.kind is EndingKind.WAITING else [_stopped(outcome)]
+        lines += _journal_lines(outcome, ending, redactor)
+    if ending.model_answer:
+        lines.append(f"  {MODEL_ANSWER}: {inline(ending.model_answer)}")
+        lines += [f"    note: {inline(note)}" for note in ending.answer_notes]
+    lines += [
+        f"  compensation you may want (not performed): {inline(offer)}"
+        for offer in outcome.compensations
+    ]
+    return [redactor.text(line) for line in lines]
+
+
+def _stopped(outcome: RunOutcome) -> str:
+    ended = outcome.stop_reason or "not finished"
+    return (
+        f"[bold red]{outcome.phase}[/] run {inline(outcome.run_id)}: {ended}"
+        f" {inline(outcome.stop_detail)}"
+    ).rstrip()
+
+
+def _effect_lines(ending: Ending) -> list[str]:
+    """A completed run's effects (every one verified) and refusals, in the runtime's words."""
+    lines = []
+    for effect in ending.effects:
+        produced = ", ".join(f"{k} {v}" for k, v in effect["produced"].items())
+        said = f"{effect['summary']} ({produced})" if produced else effect["summary"]
+        lines.append(f"  verified in the business system: {inline(said)}")
+    if not ending.effects:
+        lines.append(NO_EFFECT_LINE)
+    return lines + [f"  {inline(refusal_words(r))}" for r in ending.refusals]
+
+
+def _journal_lines(outcome: RunOutcome, ending: Ending, redactor: Redactor) -> list[str]:
+    """What a run that did not complete did in the business system, call by call from the
+    journal (done, not confirmed, not done and why), and the refusals of calls never journaled."""
+    verified = {e["action_id"] for e in ending.effects if e["verified"]}
+    refused = {r.get("action_id"): r for r in ending.refusals}
+    lines = []
+    for action in outcome.actions:
+        call = redactor.call(action.tool, action.args)
+        if action.status is ActionStatus.SUCCEEDED:
+            done = redactor.outcome(action.tool, action.outcome or {})
+            check = " (verified)" if action.action_id in verified else " (not verified)"
+            lines.append(f"  done: {call} -> {done}{check}")
+        elif action.status in UNRESOLVED_STATUSES or action.status is ActionStatus.ESCALATED:
+            lines.append(
+                f"  [bold red]unconfirmed write[/] {inline(action.action_id)} {call}: {action.status}"
+            )
+        else:
+            why = refused.get(action.action_id)
+            said = f": {inline(refusal_words(why))}" if why else ""
+            lines.append(f"  not done: {call} ({action.status}){said}")
+    if not any(a.status in MAY_HAVE_EFFECT for a in outcome.actions):
+        lines.insert(0, NO_EFFECT_LINE)
+    return lines + [
+        f"  {inline(refusal_words(r))}" for r in ending.refusals if not r.get("action_id")
+    ]
 
 
 def _redactor(tools: ToolRegistry, actions: list[Action]) -> Redactor:
@@ -88,6 +184,7 @@ def run_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
 
 def _run_fields(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
     record = runner.leases.get(outcome.run_id)
+    ending = ending_of(outcome, runner.tools)
     return {
         "schema": "loopwright.run/1",
         "run_id": outcome.run_id,
@@ -96,7 +193,8 @@ def _run_fields(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
         "phase": outcome.phase,
         "stop_reason": outcome.stop_reason,
         "stop_detail": outcome.stop_detail,
-        "exit_code": exit_code(outcome),
+        "exit_code": exit_code(ending),
+        "ending": ending.document(),
         "verification": outcome.verification,
         "waiting_for_approval": [
             _request(r, Redactor(runner.tools)) for r in outcome.waiting_for_approval

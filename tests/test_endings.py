@@ -62,8 +62,8 @@ def test_a_verified_effect_completes_the_run_whose_last_answer_is_malformed(
     [refund] = all_refunds(services)
     facts = (outcome.verification or {})["facts"]
     assert (outcome.phase, outcome.stop_reason) == ("COMPLETED", "completed")
-    assert facts["answer"].startswith("Done, as the business system confirms: Refund 30.00 USD")
-    assert refund["refund_id"] in facts["answer"]
+    assert facts["answer"].startswith("verified in the business system: Refund 30.00 USD")
+    assert refund["refund_id"] in facts["answer"] and facts["answer"] == outcome.stop_detail
     assert facts["model_answer"] == WRITTEN_CALL  # kept, not shown as the answer
     assert state["history"][-1].text == WRITTEN_CALL  # and in the trace
     assert state["refused_answers"] == 1  # asked once to put it right
