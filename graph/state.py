@@ -273,6 +273,11 @@ class ApprovalRequest(BaseModel):
     facts: tuple[Fact, ...] = ()
     evidence: tuple[EvidenceNote, ...] = ()
     confirm: bool = False
+    # Why a person is asked: the reason the tool's approval policy gave (its rule or threshold),
+    # and the checks the call passed before anyone was asked ("" and () in requests of earlier
+    # releases).
+    why: str = ""
+    checks: tuple[str, ...] = ()
 
     def answer(
         self,

@@ -364,7 +364,7 @@ def report(
     with sensitive arguments redacted as in the timeline; for a run that waits for a person,
     what to decide. `again` is what a command printed for a person to type needs besides its
     arguments (--agent, --db)."""
-    from loopwright.reports import ending_lines
+    from loopwright.timeline import ending_lines
 
     console.print()
     if outcome.stop_reason != "completed" and outcome.waiting_for_approval:
@@ -840,6 +840,7 @@ def print_request(request: dict[str, Any], now: datetime | None, agent: Agent[An
     lines = [
         f"{flat(parsed.approval_id)}  run {flat(parsed.run_id)}  {flat(parsed.summary)}",
         f"  for {flat(parsed.requested_by)}: {flat(parsed.task)}" if parsed.task else "",
+        f"  why: {flat(parsed.why)}" if parsed.why else "",
         *(f"  {flat(fact.label)}: {flat(fact.value)}" for fact in parsed.facts),
         f"  {when}; digest {parsed.digest[:12]}"
         + ("; approving asks for a confirmation (--yes)" if parsed.confirm else ""),

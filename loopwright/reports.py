@@ -34,9 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loopwright.display import inline
-from loopwright.graph.state import UNRESOLVED_STATUSES, Action, ActionStatus
-from loopwright.nodes.verify import refusal_words
+from loopwright.graph.state import Action
 from loopwright.observability.redaction import redact
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
 from loopwright.timeline import Redactor
@@ -65,89 +63,6 @@ EXIT_CODES = {
 def exit_code(ending: Ending) -> int:
     """The exit code that says how the run ended."""
     return EXIT_CODES[ending.kind.value]
-
-
-# What each completed ending is, in the line that heads it.
-COMPLETED_AS = {
-    EndingKind.COMPLETED: "its effects are verified in the business system",
-    EndingKind.COMPLETED_NO_EFFECT: "no business effect, and the task owed none",
-    EndingKind.COMPLETED_WITH_REFUSAL: "done without what was refused",
-}
-MODEL_ANSWER = "the model's answer (its own words; loopwright vouches only for the lines above)"
-NO_EFFECT_LINE = "  no business effect: this run changed nothing in the business system"
-# A write in one of these may have changed the business system (done, or not known).
-MAY_HAVE_EFFECT = UNRESOLVED_STATUSES | {ActionStatus.SUCCEEDED, ActionStatus.ESCALATED}
-
-
-def ending_lines(outcome: RunOutcome, redactor: Redactor) -> list[str]:
-    """How a run ended, as a command prints it (rich markup, sensitive values blanked): a line
-    saying how it ended (none for a run that waits for a person: the command says what to
-    decide), what happened in the business system and every refusal, and last the model's
-    answer, labelled as the model's."""
-    ending = ending_of(outcome, redactor.tools)
-    if ending.kind in COMPLETED_AS:
-        lines = [
-            f"[bold green]COMPLETED[/] run {inline(outcome.run_id)}: {COMPLETED_AS[ending.kind]}",
-            *_effect_lines(ending),
-        ]
-    else:
-        lines = [] if ending.kind is EndingKind.WAITING else [_stopped(outcome)]
-        lines += _journal_lines(outcome, ending, redactor)
-    if ending.model_answer:
-        lines.append(f"  {MODEL_ANSWER}: {inline(ending.model_answer)}")
-        lines += [f"    note: {inline(note)}" for note in ending.answer_notes]
-    lines += [
-        f"  compensation you may want (not performed): {inline(offer)}"
-        for offer in outcome.compensations
-    ]
-    return [redactor.text(line) for line in lines]
-
-
-def _stopped(outcome: RunOutcome) -> str:
-    ended = outcome.stop_reason or "not finished"
-    return (
-        f"[bold red]{outcome.phase}[/] run {inline(outcome.run_id)}: {ended}"
-        f" {inline(outcome.stop_detail)}"
-    ).rstrip()
-
-
-def _effect_lines(ending: Ending) -> list[str]:
-    """A completed run's effects (every one verified) and refusals, in the runtime's words."""
-    lines = []
-    for effect in ending.effects:
-        produced = ", ".join(f"{k} {v}" for k, v in effect["produced"].items())
-        said = f"{effect['summary']} ({produced})" if produced else effect["summary"]
-        lines.append(f"  verified in the business system: {inline(said)}")
-    if not ending.effects:
-        lines.append(NO_EFFECT_LINE)
-    return lines + [f"  {inline(refusal_words(r))}" for r in ending.refusals]
-
-
-def _journal_lines(outcome: RunOutcome, ending: Ending, redactor: Redactor) -> list[str]:
-    """What a run that did not complete did in the business system, call by call from the
-    journal (done, not confirmed, not done and why), and the refusals of calls never journaled."""
-    verified = {e["action_id"] for e in ending.effects if e["verified"]}
-    refused = {r.get("action_id"): r for r in ending.refusals}
-    lines = []
-    for action in outcome.actions:
-        call = redactor.call(action.tool, action.args)
-        if action.status is ActionStatus.SUCCEEDED:
-            done = redactor.outcome(action.tool, action.outcome or {})
-            check = " (verified)" if action.action_id in verified else " (not verified)"
-            lines.append(f"  done: {call} -> {done}{check}")
-        elif action.status in UNRESOLVED_STATUSES or action.status is ActionStatus.ESCALATED:
-            lines.append(
-                f"  [bold red]unconfirmed write[/] {inline(action.action_id)} {call}: {action.status}"
-            )
-        else:
-            why = refused.get(action.action_id)
-            said = f": {inline(refusal_words(why))}" if why else ""
-            lines.append(f"  not done: {call} ({action.status}){said}")
-    if not any(a.status in MAY_HAVE_EFFECT for a in outcome.actions):
-        lines.insert(0, NO_EFFECT_LINE)
-    return lines + [
-        f"  {inline(refusal_words(r))}" for r in ending.refusals if not r.get("action_id")
-    ]
 
 
 def _redactor(tools: ToolRegistry, actions: list[Action]) -> Redactor:

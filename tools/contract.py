@@ -254,7 +254,9 @@ class ToolContract:
     resources: Callable[[Any], Iterable[str]] = _no_resources
     # False (or raising PermissionDenied) refuses the call for the context's principal.
     authorize: Callable[[ToolContext[Any], Any], bool | None] = _always_allowed
-    needs_approval: Callable[[ToolContext[Any], Any], bool] = _never
+    # Whether a call needs a person's approval: True, or a reason in words (the rule or the
+    # threshold that asks: "amount above 50.00"); False or None for no. See `approval_reason`.
+    needs_approval: Callable[[ToolContext[Any], Any], bool | str | None] = _never
     # Writes: business rules that must hold whatever the model read, checked at validate and
     # again right before the send, on current data; each raises PreconditionFailed.
     preconditions: tuple[Precondition, ...] = ()
@@ -370,6 +372,21 @@ class ToolContract:
     def needs_confirmation(self, args: BaseModel) -> bool:
         """Whether approving a call takes a second click (the contract's `confirm`)."""
         return self.confirm is not None and bool(self.confirm(args))
+
+    def approval_reason(self, ctx: ToolContext[Any], args: BaseModel) -> str | None:
+        """Why a call needs a person's approval, in words; None if it does not. The policy
+        answers False or None for no, a reason (text) or True for yes; any other answer, and
+        blank text, asks for an approval too (a policy that cannot be read fails closed)."""
+        answer = self.needs_approval(ctx, args)
+        if answer is False or answer is None:
+            return None
+        if isinstance(answer, str) and answer.strip():
+            return answer.strip()
+        return f"the approval policy of {self.name} asks for one (it gave no reason)"
+
+    @property
+    def declares_authorize(self) -> bool:
+        return self.authorize is not _always_allowed
 
     def check_authorized(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise PermissionDenied unless `authorize` allows the call for ctx's principal: it

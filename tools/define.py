@@ -45,7 +45,10 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A pydantic `pattern` anchors with ^ and $; finding an id in text needs it unanchored.
 _ANCHORS = re.compile(r"^\^|\$$")
 
-ApprovalRule = bool | Callable[[ToolContext[Any], Any], bool]
+# Whether a write needs a person's approval: always (True, or a reason in words, which the
+# approver is shown), never (False), or a function of the call answering True, a reason, or
+# False/None.
+ApprovalRule = bool | str | Callable[[ToolContext[Any], Any], bool | str | None]
 Reconcile = (
     Callable[[ToolContext[Any], Action], ReconcileResult]
     | Callable[[ToolContext[Any], Action, dict[str, Any] | None], ReconcileResult]
@@ -148,10 +151,15 @@ def _produced(
     return patterns
 
 
-def _approval(rule: ApprovalRule) -> Callable[[ToolContext[Any], Any], bool]:
+def _approval(
+    rule: ApprovalRule, tool: str
+) -> Callable[[ToolContext[Any], Any], bool | str | None]:
+    """The contract's approval policy; one that always asks says so as its reason."""
     if callable(rule):
         return rule
-    return lambda _ctx, _args: bool(rule)
+    if rule is True:
+        rule = f"every call of {tool} needs a person's approval (its contract says so)"
+    return lambda _ctx, _args: rule
 
 
 def _reconcile_with_pre_image(
@@ -291,7 +299,7 @@ def write_tool(
         output_model=output_model,
         effect=Effect.WRITE,
         run=lambda ctx, args, key: fn(ctx, args, key or ""),
-        needs_approval=_approval(needs_approval),
+        needs_approval=_approval(needs_approval, tool),
         preconditions=rules,
         intent_key=intent,
         pre_image=pre_image,
