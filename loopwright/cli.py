@@ -387,7 +387,7 @@ def report(
                 f"  edited by {flat(', '.join(editors))}: another approver must approve it",
                 markup=False,
             )
-    for line in ending_lines(outcome, redactor):
+    for line in ending_lines(outcome, redactor, run=outcome.run_id):
         console.print(line)
 
 

@@ -350,19 +350,17 @@ MAY_HAVE_EFFECT = UNRESOLVED_STATUSES | {ActionStatus.SUCCEEDED, ActionStatus.ES
 NOT_SENT_YET = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL, ActionStatus.APPROVED})
 
 
-def ending_lines(outcome: RunOutcome, redactor: Redactor) -> list[str]:
+def ending_lines(outcome: RunOutcome, redactor: Redactor, *, run: str = "") -> list[str]:
     """How a run ended, as a command prints it (rich markup, sensitive values blanked): a line
     saying how it ended (none for a run that waits for a person: the command says what to
     decide), what happened in the business system and every refusal, and last the model's
-    answer, labelled as the model's."""
+    answer, labelled as the model's. `run` names the run in the first line (a command's
+    report does; `show` has said which run it is)."""
     ending = ending_of(outcome, redactor.tools)
+    lines = [] if ending.kind is EndingKind.WAITING else [_headline(outcome, ending, run)]
     if ending.kind in COMPLETED_AS:
-        lines = [
-            f"[bold green]COMPLETED[/] run {inline(outcome.run_id)}: {COMPLETED_AS[ending.kind]}",
-            *_effect_lines(ending),
-        ]
+        lines += _effect_lines(ending)
     else:
-        lines = [] if ending.kind is EndingKind.WAITING else [_stopped(outcome)]
         lines += _call_lines(outcome, ending, redactor)
     if ending.model_answer:
         lines.append(f"  {MODEL_ANSWER}: {inline(ending.model_answer)}")
@@ -374,12 +372,13 @@ def ending_lines(outcome: RunOutcome, redactor: Redactor) -> list[str]:
     return [redactor.text(line) for line in lines]
 
 
-def _stopped(outcome: RunOutcome) -> str:
+def _headline(outcome: RunOutcome, ending: Ending, run: str) -> str:
+    """`COMPLETED[ run R]: completed, <what kind>` or `PHASE[ run R]: reason detail`."""
+    named = f" run {inline(run)}" if run else ""
+    if ending.kind in COMPLETED_AS:
+        return f"[bold green]COMPLETED[/]{named}: completed, {COMPLETED_AS[ending.kind]}"
     ended = outcome.stop_reason or "not finished"
-    return (
-        f"[bold red]{outcome.phase}[/] run {inline(outcome.run_id)}: {ended}"
-        f" {inline(outcome.stop_detail)}"
-    ).rstrip()
+    return f"[bold red]{outcome.phase}[/]{named}: {ended} {inline(outcome.stop_detail)}".rstrip()
 
 
 def _effect_lines(ending: Ending) -> list[str]:
