@@ -399,6 +399,9 @@ class Versions(BaseModel):
     # ("openai:gpt-5-mini") and its settings (API, base URL, streaming, temperature, ...).
     model_spec: str = ""
     model_settings: dict[str, Any] = Field(default_factory=dict)
+    # Each change of the model an operator asked for on resuming (`--model-change`): when, from
+    # which spec and settings to which; model_spec and model_settings are then the new ones.
+    model_changes: list[dict[str, Any]] = Field(default_factory=list)
     prompt_version: str = ""
     tool_schemas: dict[str, str] = Field(default_factory=dict)
 

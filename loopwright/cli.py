@@ -222,8 +222,10 @@ def session(
     model: str | None = None,
     *,
     deps: Callable[[], AbstractContextManager[Any]] | None = None,
+    model_change: bool = False,
 ) -> Iterator[Runner]:
-    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
+    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`);
+    `model_change`: a run it resumes takes this command's model (see `Runner.model_for`)."""
     from loopwright.checkpoints.database import resolve_database_url
     from loopwright.observability.tracing import TraceSettings
     from loopwright.runner import lease_ttl_from_env, open_runner
@@ -250,6 +252,7 @@ def session(
                 agent,
                 deps=opened,
                 model_spec=model or None,
+                model_change=model_change,
                 lease_wait_s=lease_ttl_s + 1,
             )
         )
@@ -571,12 +574,22 @@ def resume(
     db: DbOption = None,
     agent: AgentOption = None,
     model: ModelOption = None,
+    model_change: Annotated[
+        bool,
+        typer.Option(
+            "--model-change",
+            help="Go on with this command's model (--model, or the run's own with this"
+            " environment's settings) instead of the one the run recorded; the change is"
+            " recorded in the run.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
+    """Continue a run that stopped mid-way (a crash, or a parked reconciliation). It keeps
+    the model it recorded (endpoint, timeout, retries), unless --model-change."""
     hosted = agent_for(agent)
     require_run(hosted, db, run_id)
-    with session(hosted, db, model) as runner:
+    with session(hosted, db, model, model_change=model_change) as runner:
         printer = step_printer(runner, as_json, run_id)
         again = repeat_options(agent, db)
         with advancing(run_id, again):
