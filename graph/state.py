@@ -273,7 +273,7 @@ class ApprovalRequest(BaseModel):
     facts: tuple[Fact, ...] = ()
     evidence: tuple[EvidenceNote, ...] = ()
     confirm: bool = False
-    # Why a person is asked: the reason the tool's approval policy gave (its rule or threshold),
+    # Why a person is asked: the reason the tool's approval rule gave (its condition or threshold),
     # and the checks the call passed before anyone was asked ("" and () in requests of earlier
     # releases).
     why: str = ""

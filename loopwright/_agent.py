@@ -366,7 +366,9 @@ class Agent[DepsT]:
         are the business rules that must hold whatever the model read: checked when the call
         is validated and again right before the send, each raising `PreconditionFailed` (or
         answering False; it holds only on None or True).
-        `needs_approval` (default True) asks a person first; `pre_image(ctx, args)` is read and
+        `needs_approval` (default True) asks a person first: True, a reason in words (the
+        condition or threshold that asks, which the approver is shown), or a function of
+        `(ctx, args)` answering one of them, or False/None for no; `pre_image(ctx, args)` is read and
         journaled before the send, for a downstream without keys; `current_versions(ctx,
         args)` refuses a plan made on data that changed since the model read it; `produces`
         names the output fields that are identifiers the write created (an answer may cite

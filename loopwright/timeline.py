@@ -138,7 +138,7 @@ def _learn_step(update: dict[str, Any], redactor: Redactor) -> None:
         redactor.learn(action["tool"], action.get("outcome") or {})
 
 
-# A step's lines, one describer per part of a node's update, in the order they are printed.
+# A step's lines: one describer per part of a node's update, each in turn as printed.
 Describer = Callable[[str, dict[str, Any], Redactor], list[str]]
 
 

@@ -119,7 +119,7 @@ class Judged:
     state: RunState
     context: RunContext
     ctx: ToolContext[Any]
-    writes: list[Action]  # the run's writes, in the journal's order
+    writes: list[Action]  # the run's writes, as the journal sequenced them
     answer: str
 
     @property
@@ -266,7 +266,7 @@ def refused_calls(
             names.update({str(c["id"]): c["name"] for c in message.tool_calls})
         elif isinstance(message, ToolMessage) and isinstance(message.content, str):
             tool = names.get(message.tool_call_id)
-            if tool not in writes or message.tool_call_id in journaled:
+            if tool is None or tool not in writes or message.tool_call_id in journaled:
                 continue
             try:
                 error = parse_tool_content(message.content).error or {}

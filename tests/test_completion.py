@@ -64,9 +64,8 @@ def test_a_refund_the_downstream_refuses_never_ends_completed(
     # What the model said, kept apart from the runtime's account of the run.
     assert "was not made" in facts["model_answer"]
     assert facts["answer"].startswith("no business effect: ")
-    assert "refused by the business system: submit_refund (amount_exceeds_refundable" in (
-        facts["answer"]
-    )
+    refused = "refused by the business system: submit_refund (amount_exceeds_refundable"
+    assert refused in facts["answer"]
     assert all_refunds(services) == []
 
 

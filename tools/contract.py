@@ -374,15 +374,15 @@ class ToolContract:
         return self.confirm is not None and bool(self.confirm(args))
 
     def approval_reason(self, ctx: ToolContext[Any], args: BaseModel) -> str | None:
-        """Why a call needs a person's approval, in words; None if it does not. The policy
+        """Why a call needs a person's approval, in words; None if it does not. The rule
         answers False or None for no, a reason (text) or True for yes; any other answer, and
-        blank text, asks for an approval too (a policy that cannot be read fails closed)."""
+        blank text, asks for an approval too (a rule that cannot be read fails closed)."""
         answer = self.needs_approval(ctx, args)
         if answer is False or answer is None:
             return None
         if isinstance(answer, str) and answer.strip():
             return answer.strip()
-        return f"the approval policy of {self.name} asks for one (it gave no reason)"
+        return f"the approval rule of {self.name} asks for one (it gave no reason)"
 
     @property
     def declares_authorize(self) -> bool:

@@ -154,7 +154,7 @@ def _produced(
 def _approval(
     rule: ApprovalRule, tool: str
 ) -> Callable[[ToolContext[Any], Any], bool | str | None]:
-    """The contract's approval policy; one that always asks says so as its reason."""
+    """The contract's approval rule; one that always asks says so as its reason."""
     if callable(rule):
         return rule
     if rule is True:

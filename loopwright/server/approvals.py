@@ -40,7 +40,7 @@ def waiting_run(runner: Runner, record: RunRecord) -> Waiting:
 
 
 # Why a request made before requests said why is waiting.
-UNRECORDED_WHY = "the tool's approval policy asked for one (this request predates recorded reasons)"
+UNRECORDED_WHY = "the tool's approval rule asked for one (this request predates recorded reasons)"
 
 
 def listing(
