@@ -2,7 +2,7 @@
 
 | schema | printed by | what it holds |
 | --- | --- | --- |
-| `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: phase, stop reason, verification, what waits, every action |
+| `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: its ending (below), phase, stop reason, verification, what waits, every action |
 | `loopwright.run-history/1` | show | `loopwright.run/1` and each action's status history |
 | `loopwright.runs/1` | runs | the runs listed (every one with an unconfirmed write, then the newest up to --limit): agent and version, phase, stop reason, unconfirmed writes, failures; `more`: how many the limit left out |
 | `loopwright.approvals/1` | approvals list | the approvals waiting |
