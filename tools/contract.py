@@ -471,7 +471,7 @@ class ToolContract:
 
     @property
     def rules(self) -> tuple[Precondition, ...]:
-        """The write's business rules (`preconditions`), in the order they are checked."""
+        """The write's business rules (`preconditions`), as they are checked, first to last."""
         return _rules(self.preconditions)
 
     def check_preconditions(self, ctx: ToolContext[Any], args: BaseModel) -> None:
