@@ -52,6 +52,8 @@ _HOMES = {
     "ToolDefinitionError": "loopwright.tools.contract",
     "read_json": "loopwright.tools.http",
     "write_json": "loopwright.tools.http",
+    "Programs": "loopwright.tools.program",
+    "SandboxLimits": "loopwright.tools.sandbox",
     "McpSession": "loopwright.tools.mcp",
     "mcp_contracts": "loopwright.tools.mcp",
     # What runs are made of
@@ -117,6 +119,7 @@ __all__ = [
     "PreconditionFailed",
     "Price",
     "Principal",
+    "Programs",
     "ReconcileResult",
     "ReconcileStatus",
     "ResendAfterDeadline",
@@ -124,6 +127,7 @@ __all__ = [
     "RunOutcome",
     "RunState",
     "Runner",
+    "SandboxLimits",
     "Scenario",
     "ScriptedChatModel",
     "StepStatus",
@@ -217,3 +221,5 @@ if TYPE_CHECKING:
     from loopwright.tools.faults import Fault
     from loopwright.tools.http import read_json, write_json
     from loopwright.tools.mcp import McpSession, mcp_contracts
+    from loopwright.tools.program import Programs
+    from loopwright.tools.sandbox import SandboxLimits

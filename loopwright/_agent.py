@@ -53,6 +53,7 @@ from loopwright.tools.define import (
     write_tool,
 )
 from loopwright.tools.langchain import langchain_read, langchain_write
+from loopwright.tools.program import PROGRAM_TOOL, ProgramContract, Programs, program_contract
 from loopwright.tools.registry import ToolRegistry
 
 AGENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # the whole name: `fullmatch`
@@ -218,6 +219,7 @@ class Agent[DepsT]:
         scenarios: Sequence[Scenario] = (),
         health: Callable[[DepsT], Iterable[str]] | None = None,
         roles: Roles = DEFAULT_ROLES,
+        programs: Programs | None = None,
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -268,10 +270,17 @@ class Agent[DepsT]:
         self.health = health
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
-        self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]
+        self._declared: list[ToolContract] = [
+            c for c in tools if c.name not in handoffs and not isinstance(c, ProgramContract)
+        ]
         self._contracts: list[ToolContract] = []
         for contract in [*self._declared, *handoffs.values()]:
             self._add(contract, declared=False)
+        # Program actions (tools.program): the runtime's run_program tool, offered to the model
+        # with the agent's own tools, carrying the declaration.
+        self.programs = programs
+        if programs is not None:
+            self._add(program_contract(programs), declared=False)
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, version={self.version!r}, tools={self.tools.names()})"
@@ -461,6 +470,7 @@ class Agent[DepsT]:
             "scenarios": self.scenarios,
             "health": self.health,
             "roles": self.roles,
+            "programs": self.programs,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:
@@ -479,6 +489,13 @@ class Agent[DepsT]:
                 raise ToolDefinitionError(
                     f"tool {contract.name}: replaces names {', '.join(unknown)}, which agent "
                     f"{self.name} does not have"
+                )
+        if self.programs is not None:
+            callable_ = sorted(set(self.programs.tools) - (names - {PROGRAM_TOOL}))
+            if callable_:
+                raise ToolDefinitionError(
+                    f"agent {self.name}: Programs(tools=...) names {', '.join(callable_)}, which"
+                    " are not tools of the agent a program can call"
                 )
         touching = sorted(c.name for c in self._contracts if c.declares_resources)
         if self.boundary_of is None and touching:

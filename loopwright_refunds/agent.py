@@ -39,6 +39,7 @@ from loopwright import (
     PermissionDenied,
     PreconditionFailed,
     Principal,
+    Programs,
     ReconcileResult,
     ReconcileStatus,
     Scenario,
@@ -464,6 +465,9 @@ agent: Agent[RefundServices] = Agent(
     ),
     shared=shared_services,
     health=services_down,
+    # "Refund each eligible order of mine": one program over the orders instead of a model step
+    # per order; each refund in it is still checked, approved, journaled and reconciled.
+    programs=Programs(tools=("get_order", "get_policy", "submit_refund", "get_refund_status")),
     # What `loopwright faults` proves it on: the demo's task, each trial on fresh services, which
     # a crash trial's processes reach through $LOOPWRIGHT_SERVICES.
     scenarios=[

@@ -26,8 +26,15 @@ from loopwright.graph.compaction import choose_window
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
 from loopwright.graph.plan import describe_plan
-from loopwright.graph.state import Action, ActionStatus, Phase, RunState, append_messages
-from loopwright.graph.views import actions_of, principal_of
+from loopwright.graph.state import (
+    Action,
+    ActionStatus,
+    CallVerdict,
+    Phase,
+    RunState,
+    append_messages,
+)
+from loopwright.graph.views import actions_of, pending_of, principal_of, program_of_message
 from loopwright.nodes.guard import gate
 
 RUNTIME_RULES = """\
@@ -116,6 +123,8 @@ def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, 
     update = gate(state, runtime.context)
     if update.get("phase") != Phase.READY.value:
         return update
+    if any(c.verdict is CallVerdict.RUNNING for c in pending_of(state)):
+        return update  # the run's program goes on first: no model request while it waits
     return {**update, **_compile(_with(state, update), runtime.context)}
 
 
@@ -151,13 +160,17 @@ def _compile(state: RunState, context: RunContext) -> dict[str, Any]:
 
 def render(state: RunState) -> list[BaseMessage]:
     """The messages the model step sends: the compiled system text, the task, the window, and
-    the runtime's feedback, if any, last."""
+    the runtime's feedback, if any, last. The answers to a program's calls are not among them:
+    the model asked for the program, and sees what it returned."""
     compiled = state.get("context") or {}
     history = state["history"]
     feedback = compiled.get("feedback") or []
+    window = [
+        m for m in history[max(1, compiled.get("window_start", 1)) :] if not program_of_message(m)
+    ]
     return [
         SystemMessage(content=compiled.get("system", "")),
         *history[:1],
-        *history[max(1, compiled.get("window_start", 1)) :],
+        *window,
         *([feedback_message(feedback)] if feedback else []),
     ]

@@ -1,0 +1,60 @@
+"""The reference agent answering with a program: what tests/test_programs*.py run, in this
+process and in the processes they crash (`--agent tests.program_agent:agent`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from loopwright import Decision, ScriptedChatModel, parse_tool_content
+from loopwright_refunds.agent import agent as refunds
+
+TASK = "Refund orders O-42 and O-43 in full."
+# Refunds each order of the task in full; a refused refund is caught and reported. O-42
+# (100.00) needs an approver, O-43 (30.00) does not.
+REFUND_EACH = """\
+done = {}
+for order_id in orders:
+    order = get_order(order_id=order_id)
+    try:
+        refund = submit_refund(
+            order_id=order_id,
+            amount=order["refundable"],
+            currency=order["currency"],
+            reason="refund requested by the customer",
+        )
+        done[order_id] = refund["refund_id"]
+    except Exception as refused:
+        done[order_id] = str(refused)
+done
+"""
+
+
+class ProgramPolicy:
+    """Answers the task with one program (`code`, started with `inputs`), then reports what the
+    program returned: one model step for the work, one for the answer."""
+
+    def __init__(self, code: str = REFUND_EACH, inputs: dict[str, Any] | None = None) -> None:
+        self.code = code
+        self.inputs = {"orders": ["O-42", "O-43"]} if inputs is None else inputs
+
+    def __call__(
+        self, messages: Sequence[BaseMessage], _tools: Sequence[dict[str, Any]]
+    ) -> Decision:
+        asked = [m for m in messages if isinstance(m, AIMessage) and m.tool_calls]
+        answers = [m for m in messages if isinstance(m, ToolMessage)]
+        if not asked:
+            return Decision.program(self.code, self.inputs)
+        envelope = parse_tool_content(str(answers[-1].content))
+        if envelope.status == "ok":
+            return Decision(content=f"The program returned {envelope.result['returned']}.")
+        return Decision(content=f"The program ended with {envelope.error}.")
+
+
+def program_model(code: str = REFUND_EACH, inputs: dict[str, Any] | None = None) -> Any:
+    return lambda: ScriptedChatModel(policy=ProgramPolicy(code, inputs))
+
+
+agent = refunds.replace(model=program_model())

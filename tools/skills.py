@@ -1,0 +1,3 @@
+"""Skills."""
+
+SKILL_TOOL = "load_skill"
