@@ -124,9 +124,7 @@ def test_a_refused_call_reaches_the_program_as_an_exception_it_may_handle(
     assert returned[1].startswith("O-99 not allowed: out_of_scope: order:O-99 is outside")
     assert returned[2].startswith("O-42 refused: approval_rejected: rejected by a-1")
     assert returned[3] == "O-43 refunded"
-    assert [r["order_id"] for r in (list_refunds(services, o) for o in orders) for r in r] == [
-        "O-43"
-    ]
+    assert [r["order_id"] for o in orders for r in list_refunds(services, o)] == ["O-43"]
     assert {(a.args["order_id"], a.status) for a in done.actions} == {
         ("O-42", "REJECTED"),
         ("O-43", "SUCCEEDED"),
