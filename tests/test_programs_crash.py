@@ -1,0 +1,130 @@
+"""Program actions under kill -9: a program's run killed at each crash point while the program
+is between calls, while one of its writes is in flight, and while it waits for an approval,
+then taken on by new processes (`loopwright resume`, `loopwright approvals approve`).
+
+Each case ends COMPLETED and verified, with exactly one refund of each order in the payments
+service's own storage, the model asked as often as in an uncrashed run (the program is never
+written again), and the program's four calls made once each: the program resumed where it
+stood, from its committed snapshot, never from its start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import ToolMessage
+
+from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.graph.crashpoints import UNREACHED_EXIT_CODE
+from loopwright.graph.views import program_of_message
+from loopwright.reports import EXIT_CODES
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests.program_agent import TASK
+from tests.runtime_fixtures import RunnerFactory, cli, on_backend, release_crashed
+from tests.test_crash_matrix import advance
+
+AGENT = {"LOOPWRIGHT_AGENT": "tests.program_agent:agent"}
+# The process that starts the run: compile_context, model_step (the program), validate (the
+# program started, paused at get_order(O-42)), validate (its check), execute, validate (resumed
+# to submit_refund(O-42), which waits for a person). The approver's process: approval,
+# validate, execute (the refund of O-42), validate (resumed to get_order(O-43)), execute,
+# validate (submit_refund(O-43)), execute, validate (the program ends), then the model answers.
+CASES: dict[str, tuple[str, ...]] = {
+    # Between calls: the program committed, paused, its next call unchecked or unsent.
+    "program started, its first call unchecked": ("node:validate:start#2",),
+    "the first call checked, not run": ("node:execute:start",),
+    "a read answered, the program not resumed": ("node:validate:start#3",),
+    "resumed, inside validate's commit": ("checkpoint:commit:before_commit:validate#3",),
+    "a read's answer inside execute's commit": ("checkpoint:commit:before_commit:execute",),
+    # Waiting for a person: the approval asked, decided, its decision saved alone.
+    "waiting for the approval": ("node:approval:start",),
+    "the decision saved, not applied": ("checkpoint:after_writes:approval",),
+    # One of its writes in flight, in the approver's process.
+    "a write journaled, not sent": ("executor:after_dispatch_record",),
+    "a write sent and applied, its answer unread": ("executor:after_send",),
+    "the second write sent and applied": ("executor:after_send#2",),
+    "a write's answer read, not recorded": ("executor:before_outcome_record",),
+    "reconciling the write the program waits on": (
+        "executor:after_dispatch_record",
+        "reconcile:after_settle",
+    ),
+    # The program ended, its answer committed, the model not asked yet (in the approver's
+    # process: nothing is armed in the first, "").
+    "the program ended": ("", "node:compile_context:start"),
+}
+# The write windows meet each backend's own transactions: both; the others one each in turn.
+BOTH = {"a write sent and applied, its answer unread", "resumed, inside validate's commit"}
+MATRIX = [
+    on_backend(backend, case)
+    for number, case in enumerate(CASES)
+    for backend in (
+        ("sqlite", "postgres") if case in BOTH else (("sqlite", "postgres")[number % 2],)
+    )
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "database_url"), MATRIX, indirect=["database_url"])
+def test_a_program_killed_at_a_crash_point_resumes_where_it_stood(
+    case: str,
+    database_url: str,
+    services: ServiceEndpoints,
+    tmp_path: Path,
+    open_test_runner: RunnerFactory,
+) -> None:
+    env = {**services.to_env(), **AGENT, "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    armed = list(CASES[case])
+    run_id = "run-program-crash"
+    result = cli(
+        "run", TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id,
+        env={**env, CRASH_ENV: armed[0]},
+    )  # fmt: skip
+    crashes = 0
+    for _ in range(10):
+        code, output = result.returncode, result.stdout + result.stderr
+        if code == CRASH_EXIT:
+            crashes += 1
+            release_crashed(result, database_url, run_id)
+        else:
+            # A process that stopped (for an approval, or at the end) before its armed point
+            # says so (reports.EXIT_CODES).
+            expected = (0, EXIT_CODES["waiting"], EXIT_CODES["unfinished"])
+            assert code in ((UNREACHED_EXIT_CODE,) if armed[0] else expected), output
+            if "COMPLETED" in output:
+                break
+        if code == CRASH_EXIT or not armed[0]:
+            armed.pop(0)
+        armed = armed or [""]
+        result = advance(run_id, database_url, {**env, CRASH_ENV: armed[0]})
+    reached = [point for point in CASES[case] if point]
+    assert crashes == len(reached), f"crash points {reached} not all reached: {output}"
+    assert "COMPLETED" in output, output
+
+    from tests.program_agent import agent
+
+    with open_test_runner(agent=agent) as runner:
+        outcome = runner.outcome(run_id)
+        state = runner.state(run_id)
+    assert outcome.stop_reason == "completed", outcome.stop_detail
+    assert [len(list_refunds(services, order)) for order in ("O-42", "O-43")] == [1, 1]
+    assert state["usage"]["model_requests"] == 2
+    calls = state["program"]["calls"]
+    assert [(c["tool"], c["args"]["order_id"], c["outcome"]) for c in calls] == [
+        ("get_order", "O-42", "ok"),
+        ("submit_refund", "O-42", "ok"),
+        ("get_order", "O-43", "ok"),
+        ("submit_refund", "O-43", "ok"),
+    ]
+    answered = [
+        m.tool_call_id
+        for m in state["history"]
+        if isinstance(m, ToolMessage) and program_of_message(m)
+    ]
+    assert answered == [c["call_id"] for c in calls]
+    assert [(a.args["order_id"], a.status) for a in outcome.actions] == [
+        ("O-42", "SUCCEEDED"),
+        ("O-43", "SUCCEEDED"),
+    ]
