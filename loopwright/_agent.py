@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, overload
 
 from langchain_core.language_models import BaseChatModel
@@ -55,6 +56,7 @@ from loopwright.tools.define import (
 from loopwright.tools.langchain import langchain_read, langchain_write
 from loopwright.tools.program import PROGRAM_TOOL, ProgramContract, Programs, program_contract
 from loopwright.tools.registry import ToolRegistry
+from loopwright.tools.skills import SKILL_TOOL, SkillContract, read_skills, skill_contract
 
 AGENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # the whole name: `fullmatch`
 # A model: a chat model, a spec ("openai:gpt-5-mini"), or a function that makes one (called
@@ -220,6 +222,7 @@ class Agent[DepsT]:
         health: Callable[[DepsT], Iterable[str]] | None = None,
         roles: Roles = DEFAULT_ROLES,
         programs: Programs | None = None,
+        skills: str | Path | Sequence[str | Path] | None = None,
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -271,7 +274,9 @@ class Agent[DepsT]:
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
         self._declared: list[ToolContract] = [
-            c for c in tools if c.name not in handoffs and not isinstance(c, ProgramContract)
+            c
+            for c in tools
+            if c.name not in handoffs and not isinstance(c, ProgramContract | SkillContract)
         ]
         self._contracts: list[ToolContract] = []
         for contract in [*self._declared, *handoffs.values()]:
@@ -281,6 +286,10 @@ class Agent[DepsT]:
         self.programs = programs
         if programs is not None:
             self._add(program_contract(programs), declared=False)
+        # Skills (tools.skills): folders read once, here; the runtime's load_skill tool.
+        self.skills = skills
+        if skills is not None:
+            self._add(skill_contract(read_skills(skills)), declared=False)
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, version={self.version!r}, tools={self.tools.names()})"
@@ -471,6 +480,7 @@ class Agent[DepsT]:
             "health": self.health,
             "roles": self.roles,
             "programs": self.programs,
+            "skills": self.skills,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:
@@ -491,7 +501,7 @@ class Agent[DepsT]:
                     f"{self.name} does not have"
                 )
         if self.programs is not None:
-            callable_ = sorted(set(self.programs.tools) - (names - {PROGRAM_TOOL}))
+            callable_ = sorted(set(self.programs.tools) - (names - {PROGRAM_TOOL, SKILL_TOOL}))
             if callable_:
                 raise ToolDefinitionError(
                     f"agent {self.name}: Programs(tools=...) names {', '.join(callable_)}, which"

@@ -468,6 +468,8 @@ agent: Agent[RefundServices] = Agent(
     # "Refund each eligible order of mine": one program over the orders instead of a model step
     # per order; each refund in it is still checked, approved, journaled and reconciled.
     programs=Programs(tools=("get_order", "get_policy", "submit_refund", "get_refund_status")),
+    # How to do that, loaded by the model when a task asks for it (skills/*/SKILL.md).
+    skills=Path(__file__).parent / "skills",
     # What `loopwright faults` proves it on: the demo's task, each trial on fresh services, which
     # a crash trial's processes reach through $LOOPWRIGHT_SERVICES.
     scenarios=[

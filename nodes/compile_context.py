@@ -35,6 +35,7 @@ from loopwright.graph.state import (
     append_messages,
 )
 from loopwright.graph.views import actions_of, pending_of, principal_of, program_of_message
+from loopwright.nodes import skills
 from loopwright.nodes.guard import gate
 
 RUNTIME_RULES = """\
@@ -95,6 +96,10 @@ def system_text(state: RunState, tools: list[str], context: RunContext) -> str:
         f"Task boundary: {boundary}.",
         f"Tools available now: {', '.join(tools)}.",
     ]
+    offered = skills.offered(context, tools)
+    if offered is not None:
+        lines += ["", "Skills you can load with load_skill (working methods from your operator):"]
+        lines += [f"- {s.name}: {s.description}" for s in offered.skills]
     actions = actions_of(state)
     if actions:
         lines += ["", "Task state from the action journal (authoritative):"]
@@ -159,17 +164,22 @@ def _compile(state: RunState, context: RunContext) -> dict[str, Any]:
 
 
 def render(state: RunState) -> list[BaseMessage]:
-    """The messages the model step sends: the compiled system text, the task, the window, and
-    the runtime's feedback, if any, last. The answers to a program's calls are not among them:
-    the model asked for the program, and sees what it returned."""
+    """The messages the model step sends: the compiled system text with the skills the run
+    loaded (trusted: the operator's), the task, the window, and the runtime's feedback, if
+    any, last. The answers to a program's calls are not among them: the model asked for the
+    program, and sees what it returned."""
     compiled = state.get("context") or {}
     history = state["history"]
     feedback = compiled.get("feedback") or []
     window = [
         m for m in history[max(1, compiled.get("window_start", 1)) :] if not program_of_message(m)
     ]
+    system = compiled.get("system", "") + "".join(
+        f"\n\nSkill {s.name} (version {s.version}), a working method from your operator:\n{s.body}"
+        for s in skills.loaded_skills(state)
+    )
     return [
-        SystemMessage(content=compiled.get("system", "")),
+        SystemMessage(content=system),
         *history[:1],
         *window,
         *([feedback_message(feedback)] if feedback else []),

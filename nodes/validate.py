@@ -61,7 +61,7 @@ from loopwright.graph.views import (
     principal_of,
     tool_result,
 )
-from loopwright.nodes import program
+from loopwright.nodes import program, skills
 from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
 
 # An unknown tool's name is echoed back to the model this long at most (names can be huge).
@@ -426,9 +426,13 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     calls: list[PendingCall] = []
     answered: dict[str, ToolEnvelope] = {}
     actions: list[Action] = []
+    # The loop's own tools (programs, skills) are answered by the loop, below.
+    own = {program.PROGRAM_TOOL} if programs else set()
+    if skills.offered(context, offered):
+        own.add(skills.SKILL_TOOL)
     for call in pending_of(state):
         answer: ToolEnvelope | None = None
-        if call.verdict is None and not (programs and call.tool == program.PROGRAM_TOOL):
+        if call.verdict is None and call.tool not in own:
             allowed = for_programs if call.program else offered
             call, changed, answer = _check_new(call, state, context, allowed)
             actions.extend(changed)
@@ -442,6 +446,9 @@ def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         calls.append(call)
     answers = [tool_result(c, answered[c.call_id]) for c in calls if c.call_id in answered]
     update: dict[str, Any] = {}
+    if (loading := skills.load(state, context, calls, offered)) is not None:
+        calls, answers = loading.calls, answers + loading.answers
+        update |= loading.update
     driven = program.advance(
         state,
         context,
