@@ -35,6 +35,7 @@ from loopwright.graph.state import (
     Verification,
 )
 from loopwright.observability.redaction import REDACTED, redact, redacted_digest
+from loopwright.tools.program import ProgramRun
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
@@ -173,7 +174,10 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
                 lines.append(
                     f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
                     f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
+                    + (f", a call of program {inline(pending.program)}" if pending.program else "")
                 )
+        if update.get("program"):
+            lines.append(_program_line(update["program"], redactor))
     for raw in update.get("evidence") or []:
         evidence = EvidenceNote.model_validate(raw)
         about = [*evidence.resources]
@@ -209,6 +213,23 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
         problems = [p for p in v.problems if p not in v.summary]
         lines.append(f"{mark}: {inline(v.summary)}" + "".join(f"; {inline(p)}" for p in problems))
     return [redactor.text(line) for line in lines]
+
+
+def _program_line(raw: dict[str, Any], redactor: Redactor) -> str:
+    """Where a program action stands after validate: the calls it made with their outcomes,
+    and the one it waits on, or its end."""
+    program = ProgramRun.model_validate(raw)
+    made = [c for c in program.calls if c.outcome != "waiting"]
+    so_far = ", ".join(f"{inline(c.tool)} {inline(c.code or c.outcome)}" for c in made)
+    line = f"program {inline(program.call_id)}"
+    if program.skill:
+        line += f" (skill {inline(program.skill)})"
+    if program.waiting is not None:
+        call = program.waiting
+        line += f" waits on call {len(program.calls)}: {redactor.call(call.tool, call.args)}"
+    else:
+        line += f" [bold]ended[/] after {len(made)} calls"
+    return line + (f"; calls so far: {so_far}" if so_far else "")
 
 
 class TimelinePrinter:

@@ -6,16 +6,22 @@ Runs of the reference agent on its real services, its scripted model answering w
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import ToolMessage
+from rich.console import Console
 
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.views import program_of_message
 from loopwright.nodes.compile_context import render
+from loopwright.observability.jsonl import read_spans
+from loopwright.observability.tracing import TraceSettings, configure_tracing, flush_traces
 from loopwright.runner import Runner
+from loopwright.timeline import render_run
 from loopwright.tools import sandbox
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -223,3 +229,41 @@ def test_a_program_paused_by_another_sandbox_version_ends_typed(
     assert "monty 9.9.9" in answer["error"]["detail"]
     assert [(a.args["order_id"], a.status) for a in done.actions] == [("O-42", "SUCCEEDED")]
     assert done.stop_reason == "not_done"
+
+
+def test_the_timeline_and_the_trace_show_the_program_and_the_call_being_approved(
+    open_program_runner: Any, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    trace = tmp_path / "traces.jsonl"
+    configure_tracing(TraceSettings(file=trace))
+    try:
+        with open_program_runner() as runner:
+            waiting = runner.start(TASK, principal(task=TASK), run_id="run-seen")
+            runner.resume("run-seen", decide(waiting))
+            shown = io.StringIO()
+            render_run(runner, "run-seen", Console(file=shown, width=400, soft_wrap=True))
+    finally:
+        flush_traces()
+        configure_tracing(TraceSettings.from_env())
+    lines = shown.getvalue()
+    assert "decides run_program(code=done = {}⏎for order_id in orders:" in lines
+    assert "program call_" in lines and "waits on call 2: submit_refund(order_id=O-42" in lines
+    assert "Refund 100.00 USD to order O-42" in lines and ", a call of program call_" in lines
+    assert (
+        "ended after 4 calls; calls so far: get_order ok, submit_refund ok, get_order ok" in lines
+    )
+    events = [
+        event["attributes"]
+        for span in read_spans(trace)
+        for event in span.get("events", [])
+        if event["name"] == "program"
+    ]
+    assert [(e["loopwright.program.status"], e["loopwright.program.calls"]) for e in events] == [
+        ("running", 1),
+        ("running", 2),
+        ("running", 3),
+        ("running", 4),
+        ("ended", 4),
+    ]
+    # Each time the program moved on (validate writes what changed), one source throughout.
+    assert len({e["loopwright.program.source_digest"] for e in events}) == 1
