@@ -167,6 +167,11 @@ class Agent[DepsT]:
     `health(deps)` names the agent's own dependencies that do not answer now (empty: all do),
     for readiness probes: a process serving the agent is not ready while any is named (or the
     hook raises, or takes longer than a probe's bound). Keep it quick: one cheap request each.
+    `programs=Programs(tools=(...))` lets the model answer with a short program over the named
+    tools (the `run_program` tool): each call it makes is checked, approved, journaled and
+    reconciled like one the model makes itself (docs/programs.md). `skills` names folders of
+    skills (a `SKILL.md` each, optional program files): the model sees their names and
+    descriptions and loads one by name (the `load_skill` tool) as trusted operator material.
 
     The functions an agent and its tools declare, and what each is given (`ctx` is the call's
     `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):

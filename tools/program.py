@@ -28,9 +28,9 @@ MAX_SOURCE_CHARS = 20_000
 
 @dataclass(frozen=True)
 class Programs:
-    """An agent's program actions: the tools a program may call (each still checked, approved
-    where its policy says, journaled and reconciled per call), the sandbox's limits for one
-    program, how many tool calls one program may make, and how large its result may be."""
+    """An agent's program actions: the tools a program may call (each call still checked,
+    approved where its tool asks for it, journaled and reconciled), the sandbox's limits for
+    one program, how many tool calls one program may make, and how large its result may be."""
 
     tools: tuple[str, ...]
     limits: SandboxLimits = field(default_factory=SandboxLimits)
@@ -76,11 +76,12 @@ class ProgramResult(BaseModel):
 
 def describe(programs: Programs) -> str:
     names = ", ".join(programs.tools)
+    example = f"`result = {programs.tools[0]}(name=value)`"
     return (
         "Run a short Python program instead of one tool call, when the work needs loops, "
         f"branches or filtering over several calls. The program may call these tools as "
-        f"functions, with keyword arguments only: {names}; e.g. "
-        "`order = get_order(order_id='O-1')`. A call returns the tool's result as a dict, or "
+        f"functions, with keyword arguments only: {names}; e.g. {example}. A call returns the "
+        "tool's result as a dict, or "
         "raises an exception whose message starts with the refusal's code (a write refused "
         "by a rule, or rejected by an approver, raises; an approval is asked for each write "
         "that needs one, and the program waits). Each call is checked and journaled like one "

@@ -10,10 +10,10 @@ it loaded (V, the trace), keeps the body and programs it loaded in its state, an
 them when it is resumed, whatever the folder holds by then.
 
     ---
-    name: refund-eligible-orders
-    description: Refund every order of a customer the refund policy allows, in one program.
+    name: close-stale-tickets
+    description: Close every ticket of a queue nobody answered for 30 days, in one program.
     ---
-    Read the policy first, then ...
+    Read the queue first, then ...
 """
 
 from __future__ import annotations
