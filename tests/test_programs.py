@@ -6,7 +6,9 @@ Runs of the reference agent on its real services, its scripted model answering w
 
 from __future__ import annotations
 
+import base64
 import io
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -267,3 +269,19 @@ def test_the_timeline_and_the_trace_show_the_program_and_the_call_being_approved
     ]
     # Each time the program moved on (validate writes what changed), one source throughout.
     assert len({e["loopwright.program.source_digest"] for e in events}) == 1
+
+
+@pytest.mark.parametrize("snapshot", ["not base64 at all!", "aGVsbG8=", None])
+def test_a_snapshot_that_does_not_load_ends_the_program_typed(snapshot: str | None) -> None:
+    """Bytes that are no paused program of this sandbox (damaged, or another format) end it
+    `snapshot_unreadable`, whatever they hold; the sandbox serves the next one."""
+    if snapshot is None:  # a real dump, cut short
+        paused = run_alone("get_order(order_id='O-1')")
+        assert isinstance(paused, sandbox.Paused)
+        raw = zlib.decompress(base64.b64decode(paused.snapshot))
+        snapshot = base64.b64encode(zlib.compress(raw[: len(raw) // 2])).decode()
+    step = sandbox.resume(
+        snapshot, sandbox.returns({}), tools={"get_order"}, limits=sandbox.SandboxLimits()
+    )
+    assert isinstance(step, sandbox.Failed) and step.code == "snapshot_unreadable", step
+    assert isinstance(run_alone("get_order(order_id='O-2')"), sandbox.Paused)

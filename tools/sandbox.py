@@ -22,6 +22,7 @@ import base64
 import functools
 import json
 import threading
+import zlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,7 +81,7 @@ class Finished:
 class Failed:
     """The program ended without a value: it raised, broke a limit, or could not run. `code`:
     `program_raised`, `program_invalid`, `time_limit`, `memory_limit`, `recursion_limit`,
-    `too_large`, `sandbox_crashed`."""
+    `suspension_limit`, `too_large`, `sandbox_crashed`, `snapshot_unreadable`."""
 
     code: str
     detail: str
@@ -198,7 +199,13 @@ def _segment(
                 f"the paused program is {len(dumped)} bytes, over its {limits.snapshot_bytes}",
                 _printed(collector),
             )
-        return Paused(name, args, base64.b64encode(dumped).decode(), _printed(collector))
+        return Paused(name, args, _stored(dumped), _printed(collector))
+
+
+def _stored(dumped: bytes) -> str:
+    """A paused program as the run stores it: compressed (a dump is about half redundancy, and
+    the run writes one at every call), as text."""
+    return base64.b64encode(zlib.compress(dumped, 1)).decode()
 
 
 def _external(answer: Answer) -> Any:
@@ -241,13 +248,21 @@ def start(
 
 def resume(snapshot: str, answer: Answer, *, tools: Collection[str], limits: SandboxLimits) -> Step:
     """Load a paused program (made by `start` or `resume` in any process) into a fresh session
-    and go on from its call with `answer`, to its next tool call or its end."""
+    and go on from its call with `answer`, to its next tool call or its end. A snapshot that
+    does not load ends the program `snapshot_unreadable`."""
     collector = monty.CollectString(max_bytes=PRINT_CAP_BYTES)
     try:
+        dumped = zlib.decompress(base64.b64decode(snapshot, validate=True))
+    except (ValueError, zlib.error) as exc:
+        return Failed("snapshot_unreadable", f"the paused program is not readable: {exc}")
+    try:
         with _pool().checkout() as session:
-            paused = session.load_snapshot(base64.b64decode(snapshot), print_callback=collector)
+            try:
+                paused = session.load_snapshot(dumped, print_callback=collector)
+            except monty.MontyError as exc:
+                return Failed("snapshot_unreadable", f"the sandbox refused it: {exc}"[:2_000])
             if not isinstance(paused, monty.FunctionSnapshot):
-                return Failed("sandbox_crashed", f"the paused program came back as {paused!r}")
+                return Failed("snapshot_unreadable", f"it came back as {type(paused).__name__}")
             return _segment(paused.resume(_external(answer)), tools, limits, collector)
     except monty.MontyError as exc:
         return _failure(exc, _printed(collector))
