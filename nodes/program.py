@@ -235,6 +235,7 @@ class _Driver:
         error = answer.error or {}
         settled = waiting.model_copy(
             update={
+                "args": {},
                 "outcome": "ok" if answer.status == "ok" else "error",
                 "code": None if answer.status == "ok" else str(error.get("code") or "error"),
             }

@@ -18,6 +18,7 @@ from langchain_core.messages import ToolMessage
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.graph.crashpoints import UNREACHED_EXIT_CODE
+from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.views import program_of_message
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import list_refunds
@@ -112,18 +113,17 @@ def test_a_program_killed_at_a_crash_point_resumes_where_it_stood(
     assert [len(list_refunds(services, order)) for order in ("O-42", "O-43")] == [1, 1]
     assert state["usage"]["model_requests"] == 2
     calls = state["program"]["calls"]
-    assert [(c["tool"], c["args"]["order_id"], c["outcome"]) for c in calls] == [
+    answered = [m for m in state["history"] if isinstance(m, ToolMessage) and program_of_message(m)]
+    assert [m.tool_call_id for m in answered] == [c["call_id"] for c in calls]
+    assert [
+        (c["tool"], parse_tool_content(str(m.content)).result["order_id"], c["outcome"])
+        for c, m in zip(calls, answered, strict=True)
+    ] == [
         ("get_order", "O-42", "ok"),
         ("submit_refund", "O-42", "ok"),
         ("get_order", "O-43", "ok"),
         ("submit_refund", "O-43", "ok"),
     ]
-    answered = [
-        m.tool_call_id
-        for m in state["history"]
-        if isinstance(m, ToolMessage) and program_of_message(m)
-    ]
-    assert answered == [c["call_id"] for c in calls]
     assert [(a.args["order_id"], a.status) for a in outcome.actions] == [
         ("O-42", "SUCCEEDED"),
         ("O-43", "SUCCEEDED"),

@@ -119,8 +119,10 @@ CallOutcome = Literal["waiting", "ok", "error"]
 
 
 class ProgramCall(BaseModel):
-    """One tool call a program made: its call id in the run, the tool, its arguments, where it
-    stands (`waiting` for its answer, `ok`, `error` with the refusal's code)."""
+    """One tool call a program made: its call id in the run, the tool, where it stands
+    (`waiting` for its answer, `ok`, `error` with the refusal's code), and while it waits its
+    arguments (the pending call's; once it is answered the run's history and journal hold what
+    it did, and the program's record stays small at every call it commits)."""
 
     call_id: str
     tool: str
