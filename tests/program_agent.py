@@ -4,6 +4,7 @@ process and in the processes they crash (`--agent tests.program_agent:agent`).""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -11,25 +12,13 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from loopwright import Decision, ScriptedChatModel, parse_tool_content
 from loopwright_refunds.agent import agent as refunds
 
+REPO = Path(__file__).resolve().parent.parent
+SKILL_PROGRAM = "loopwright_refunds/skills/refund-eligible-orders/refund_eligible.py"
+
 TASK = "Refund orders O-42 and O-43 in full."
-# Refunds each order of the task in full; a refused refund is caught and reported. O-42
-# (100.00) needs an approver, O-43 (30.00) does not.
-REFUND_EACH = """\
-done = {}
-for order_id in orders:
-    order = get_order(order_id=order_id)
-    try:
-        refund = submit_refund(
-            order_id=order_id,
-            amount=order["refundable"],
-            currency=order["currency"],
-            reason="refund requested by the customer",
-        )
-        done[order_id] = refund["refund_id"]
-    except Exception as refused:
-        done[order_id] = str(refused)
-done
-"""
+# The reference agent's own skill program: refunds each delivered order of `orders` in full, a
+# refused refund caught and reported. O-42 (100.00) needs an approver, O-43 (30.00) does not.
+REFUND_EACH = (REPO / SKILL_PROGRAM).read_text()
 
 
 class ProgramPolicy:

@@ -248,7 +248,7 @@ def test_the_timeline_and_the_trace_show_the_program_and_the_call_being_approved
         flush_traces()
         configure_tracing(TraceSettings.from_env())
     lines = shown.getvalue()
-    assert "decides run_program(code=done = {}⏎for order_id in orders:" in lines
+    assert "decides run_program(code=# Refund each order in `orders`" in lines
     assert "program call_" in lines and "waits on call 2: submit_refund(order_id=O-42" in lines
     assert "Refund 100.00 USD to order O-42" in lines and ", a call of program call_" in lines
     assert (

@@ -16,16 +16,13 @@ import pytest
 from langchain_core.messages import ToolMessage
 
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
-from loopwright.graph.crashpoints import UNREACHED_EXIT_CODE
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.views import program_of_message
-from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.program_agent import TASK
-from tests.runtime_fixtures import RunnerFactory, cli, on_backend, release_crashed
-from tests.test_crash_matrix import advance
+from tests.program_agent import TASK, agent
+from tests.runtime_fixtures import RunnerFactory, cli, on_backend
+from tests.test_crash_matrix import crash_and_resume
 
 AGENT = {"LOOPWRIGHT_AGENT": "tests.program_agent:agent"}
 # The process that starts the run: compile_context, model_step (the program), validate (the
@@ -77,34 +74,13 @@ def test_a_program_killed_at_a_crash_point_resumes_where_it_stood(
     open_test_runner: RunnerFactory,
 ) -> None:
     env = {**services.to_env(), **AGENT, "LOOPWRIGHT_HOME": str(tmp_path / "home")}
-    armed = list(CASES[case])
     run_id = "run-program-crash"
-    result = cli(
+    first = cli(
         "run", TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id,
-        env={**env, CRASH_ENV: armed[0]},
+        env={**env, CRASH_ENV: CASES[case][0]},
     )  # fmt: skip
-    crashes = 0
-    for _ in range(10):
-        code, output = result.returncode, result.stdout + result.stderr
-        if code == CRASH_EXIT:
-            crashes += 1
-            release_crashed(result, database_url, run_id)
-        else:
-            # A process that stopped (for an approval, or at the end) before its armed point
-            # says so (reports.EXIT_CODES).
-            expected = (0, EXIT_CODES["waiting"], EXIT_CODES["unfinished"])
-            assert code in ((UNREACHED_EXIT_CODE,) if armed[0] else expected), output
-            if "COMPLETED" in output:
-                break
-        if code == CRASH_EXIT or not armed[0]:
-            armed.pop(0)
-        armed = armed or [""]
-        result = advance(run_id, database_url, {**env, CRASH_ENV: armed[0]})
-    reached = [point for point in CASES[case] if point]
-    assert crashes == len(reached), f"crash points {reached} not all reached: {output}"
+    output = crash_and_resume(first, CASES[case], run_id, database_url, env)
     assert "COMPLETED" in output, output
-
-    from tests.program_agent import agent
 
     with open_test_runner(agent=agent) as runner:
         outcome = runner.outcome(run_id)
