@@ -9,8 +9,9 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from loopwright import Decision, ScriptedChatModel, parse_tool_content
+from loopwright import Decision, Scenario, ScriptedChatModel, parse_tool_content
 from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import fresh_services
 
 REPO = Path(__file__).resolve().parent.parent
 SKILL_PROGRAM = "loopwright_refunds/skills/refund-eligible-orders/refund_eligible.py"
@@ -46,4 +47,14 @@ def program_model(code: str = REFUND_EACH, inputs: dict[str, Any] | None = None)
     return lambda: ScriptedChatModel(policy=ProgramPolicy(code, inputs))
 
 
-agent = refunds.replace(model=program_model())
+# What `loopwright faults --agent tests.program_agent:agent` proves: the task as one program,
+# each trial on fresh services, every approval granted as a person would.
+SCENARIO = Scenario(
+    task=TASK,
+    user="u-1",
+    approver="a-1",
+    deps=fresh_services,
+    model=program_model(),
+    env=lambda services: services.endpoints.to_env(),
+)
+agent = refunds.replace(model=program_model(), scenarios=[SCENARIO])

@@ -10,6 +10,7 @@ stood, from its committed snapshot, never from its start.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from langchain_core.messages import ToolMessage
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.views import program_of_message
+from loopwright.runner import LEASE_TTL_ENV
+from loopwright.tools.faults import Fault
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.program_agent import TASK, agent
@@ -104,3 +107,26 @@ def test_a_program_killed_at_a_crash_point_resumes_where_it_stood(
         ("O-42", "SUCCEEDED"),
         ("O-43", "SUCCEEDED"),
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_faults_command_proves_a_program_holds_under_every_fault(
+    database_url: str, tmp_path: Path
+) -> None:
+    """`loopwright faults` on the program's scenario: clean, then each fault at each of the
+    program's two refunds (request lost, answer lost, late, delivered late, twice; the crash
+    trials' processes killed at the refund's send), each trial on fresh services. Every trial
+    ends with one refund per intent and COMPLETED: no duplicate, nothing unauthorised."""
+    env = {**AGENT, "LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "30"}
+    result = cli("faults", "--db", database_url, "--json", env=env, expect=0)
+    document = json.loads(result.stdout)
+    assert (document["agent"], document["held"], document["failures"]) == ("refunds", True, 0)
+    trials = document["trials"]
+    assert [(t["write"], t["tool"], t["fault"]) for t in trials] == [
+        (None, None, None),
+        *((write, "submit_refund", fault.value) for write in (1, 2) for fault in Fault),
+    ]
+    assert all(sorted(t["effects"].values()) == [1, 1] for t in trials), trials
+    assert all(t["reached"] for t in trials), trials
+    assert {t["stop_reason"] for t in trials} == {"completed"}
