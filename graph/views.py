@@ -161,7 +161,10 @@ def rule_refusals(
         if isinstance(message, AIMessage):
             names.update({str(c["id"]): c["name"] for c in message.tool_calls})
         elif isinstance(message, ToolMessage) and isinstance(message.content, str):
-            tool = names.get(message.tool_call_id)
+            # A program's call is named by its answer (the model never asked for it by name).
+            tool = names.get(message.tool_call_id) or (
+                message.name if program_of_message(message) else None
+            )
             if tool not in writes or message.tool_call_id in journaled:
                 continue
             try:

@@ -137,6 +137,9 @@ def test_a_refused_call_reaches_the_program_as_an_exception_it_may_handle(
         ("O-42", "REJECTED"),
         ("O-43", "SUCCEEDED"),
     }
+    # The run is not done (O-42 was rejected), and says why, naming the program's refusals.
+    assert done.stop_reason == "not_done"
+    assert "submit_refund refused: outside_refund_window" in done.stop_detail, done.stop_detail
 
 
 @pytest.mark.parametrize(
