@@ -19,6 +19,7 @@ load an agent by import path, and a run records which agent and version it belon
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -461,7 +462,8 @@ class Agent[DepsT]:
 
     def replace(self, **changes: Any) -> Agent[DepsT]:
         """A copy of this agent with some of its parts replaced, as keywords of `Agent(...)`
-        (a test's model or budget, a variant with one more tool: `tools=[*agent.tools, t]`)."""
+        (a test's model or budget, a variant with one more tool: `tools=[*agent.tools, t]`).
+        A variant given other tools keeps the programs of the tools it still has."""
         parts: dict[str, Any] = {
             "name": self.name,
             "instructions": self.instructions,
@@ -490,6 +492,11 @@ class Agent[DepsT]:
         unknown = sorted(set(changes) - set(parts))
         if unknown:
             raise TypeError(f"Agent has no part {', '.join(unknown)}")
+        if "tools" in changes and "programs" not in changes and self.programs is not None:
+            # Programs call what the variant still has (none left: it offers no programs).
+            names = {c.name for c in changes["tools"]}
+            kept = tuple(t for t in self.programs.tools if t in names)
+            parts["programs"] = dataclasses.replace(self.programs, tools=kept) if kept else None
         return Agent(**(parts | changes))
 
     @property

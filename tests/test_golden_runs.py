@@ -145,14 +145,7 @@ def test_a_release_can_finish_the_runs_an_earlier_one_parked(
 
 
 def without(tool: str) -> loopwright.Agent[Any]:
-    """The golden agent as a release without `tool` deploys it: its programs call it no more."""
-    programs = golden_agent.programs
-    if programs is not None:
-        kept = tuple(t for t in programs.tools if t != tool)
-        programs = dataclasses.replace(programs, tools=kept) if kept else None
-    return golden_agent.replace(
-        tools=[t for t in golden_agent.tools if t.name != tool], programs=programs
-    )
+    return golden_agent.replace(tools=[t for t in golden_agent.tools if t.name != tool])
 
 
 class SubmitRefundWithChannel(SubmitRefundArgs):

@@ -17,6 +17,7 @@ import pytest
 from langchain_core.messages import ToolMessage
 from rich.console import Console
 
+from loopwright import Programs, ToolDefinitionError
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.views import program_of_message
 from loopwright.nodes.compile_context import render
@@ -288,3 +289,17 @@ def test_a_snapshot_that_does_not_load_ends_the_program_typed(snapshot: str | No
     )
     assert isinstance(step, sandbox.Failed) and step.code == "snapshot_unreadable", step
     assert isinstance(run_alone("get_order(order_id='O-2')"), sandbox.Paused)
+
+
+def test_a_program_may_name_only_the_agents_tools_and_a_variant_keeps_those_it_has() -> None:
+    typo = program_agent.replace(programs=Programs(tools=("get_order", "submit_refnud")))
+    with pytest.raises(ToolDefinitionError, match="names submit_refnud, which are not tools"):
+        typo.check()
+    reads = program_agent.replace(tools=[t for t in program_agent.tools if t.name == "get_order"])
+    reads.check()
+    assert reads.programs is not None and reads.programs.tools == ("get_order",)
+    assert "run_program" in reads.tools.names()
+    none_left = program_agent.replace(tools=[])
+    assert none_left.programs is None and "run_program" not in none_left.tools.names()
+    with pytest.raises(ValueError, match="name the tools a program may call"):
+        Programs(tools=())
