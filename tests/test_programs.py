@@ -81,6 +81,8 @@ def test_a_program_refunds_each_order_each_call_checked_approved_and_journaled(
     ]
     program = state["program"]
     assert program["status"] == "ended" and program["snapshot"] is None
+    # The sandbox the program was paused in, as the run recorded it (V) and the program did.
+    assert state["versions"]["sandbox"] == program["sandbox"] == sandbox.sandbox_version()
     assert [(c["tool"], c["outcome"]) for c in program["calls"]] == [
         ("get_order", "ok"),
         ("submit_refund", "ok"),
