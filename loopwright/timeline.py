@@ -138,15 +138,10 @@ def _learn_step(update: dict[str, Any], redactor: Redactor) -> None:
         redactor.learn(action["tool"], action.get("outcome") or {})
 
 
-def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
-    """Plain-text lines (rich markup) for one node's committed update."""
-    _learn_step(update, redactor)
+def _message_lines(items: list[Any], redactor: Redactor) -> list[str]:
+    """What a step's protocol items say: the model's decisions or answer, each tool's result."""
     lines: list[str] = []
-    if update.get("stop_reason") and node != "verify":
-        lines.append(
-            f"[bold red]stop[/]: {update['stop_reason']} ({inline(update.get('stop_detail', ''))})"
-        )
-    for item in update.get("history") or []:
+    for item in items:
         if isinstance(item, AIMessage):
             for call in item.tool_calls:
                 lines.append(f"decides {redactor.call(call['name'], call['args'])}")
@@ -163,21 +158,38 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
                 lines.append(
                     f"{inline(item.name)} [red]{envelope.status}[/]: {inline(error.get('code'))} {inline(error.get('detail', ''))}"
                 )
+    return lines
+
+
+def _validate_lines(update: dict[str, Any], redactor: Redactor) -> list[str]:
+    """What validate made of the pending calls, and where the run's program stands."""
+    lines: list[str] = []
+    for pending in (PendingCall.model_validate(p) for p in update.get("pending") or []):
+        if pending.verdict == "ready":
+            lines.append(f"allows [cyan]{inline(pending.tool)}[/] for {inline(pending.call_id)}")
+        elif pending.verdict == "needs_approval" and pending.approval is not None:
+            request = pending.approval
+            lines.append(
+                f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
+                f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
+                + (f", a call of program {inline(pending.program)}" if pending.program else "")
+            )
+    if update.get("program"):
+        lines.append(_program_line(update["program"], redactor))
+    return lines
+
+
+def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    """Plain-text lines (rich markup) for one node's committed update."""
+    _learn_step(update, redactor)
+    lines: list[str] = []
+    if update.get("stop_reason") and node != "verify":
+        lines.append(
+            f"[bold red]stop[/]: {update['stop_reason']} ({inline(update.get('stop_detail', ''))})"
+        )
+    lines += _message_lines(update.get("history") or [], redactor)
     if node == "validate":
-        for pending in (PendingCall.model_validate(p) for p in update.get("pending") or []):
-            if pending.verdict == "ready":
-                lines.append(
-                    f"allows [cyan]{inline(pending.tool)}[/] for {inline(pending.call_id)}"
-                )
-            elif pending.verdict == "needs_approval" and pending.approval is not None:
-                request = pending.approval
-                lines.append(
-                    f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
-                    f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
-                    + (f", a call of program {inline(pending.program)}" if pending.program else "")
-                )
-        if update.get("program"):
-            lines.append(_program_line(update["program"], redactor))
+        lines += _validate_lines(update, redactor)
     for raw in update.get("evidence") or []:
         evidence = EvidenceNote.model_validate(raw)
         about = [*evidence.resources]
