@@ -305,3 +305,24 @@ def test_a_program_may_name_only_the_agents_tools_and_a_variant_keeps_those_it_h
     assert none_left.programs is None and "run_program" not in none_left.tools.names()
     with pytest.raises(ValueError, match="name the tools a program may call"):
         Programs(tools=())
+
+
+def test_a_program_is_bounded_in_calls_and_in_what_it_returns(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """`Programs(max_calls=2)`: the third call ends the program `call_limit` (the two before it
+    ran, each a call of the run); a result over `max_result_bytes` ends it `result_too_large`."""
+    code = "for n in range(3):\n    get_order(order_id='O-42')\n'x' * 20_000"
+    for max_calls, ending in ((2, "call_limit"), (3, "result_too_large")):
+        bounded = program_agent.replace(
+            programs=Programs(tools=("get_order",), max_calls=max_calls),
+            model=program_model(code, {}),
+        )
+        run_id = f"run-bounded-{max_calls}"
+        with open_test_runner(agent=bounded) as runner:
+            runner.start(TASK, principal(task=TASK), run_id=run_id)
+            answer = program_answer(runner, run_id)
+            state = runner.state(run_id)
+        assert answer["error"]["code"] == ending, answer
+        assert state["usage"]["tool_calls"] == max_calls
+        assert [c["outcome"] for c in answer["error"]["calls"]] == ["ok"] * max_calls
