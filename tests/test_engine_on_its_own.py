@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
+import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -235,3 +238,104 @@ def test_the_server_refuses_to_start_with_a_thread_ttl_in_one_line() -> None:
     )
     assert loaded.returncode != 0
     assert "AEGRA_THREAD_TTL: the engine would delete or compact threads" in loaded.stderr
+
+
+def test_a_run_the_engine_refuses_after_the_edge_holds_its_thread_no_longer(
+    engine: Engine,
+) -> None:
+    """The edge admits a run (one at a time on a thread), then the engine refuses it (an
+    assistant it does not have): the admission is withdrawn with the refusal, so the next
+    request on the thread is admitted at once rather than told the thread is busy."""
+    create_order(engine.served.services, "O-2103", "u-1", "20.00")
+    thread_id = engine.served.client("t-u1").threads.create()["thread_id"]
+    task = {"task": "Check whether order O-2103 can be refunded and refund it if so."}
+    refused = engine.post(
+        "t-u1", f"/threads/{thread_id}/runs", {"assistant_id": "no-such-assistant", "input": task}
+    )
+    assert refused.status_code in (404, 422), refused.text
+    started = engine.post(
+        "t-u1", f"/threads/{thread_id}/runs/wait", {"assistant_id": GRAPH, "input": task}
+    )
+    assert started.status_code == 200, started.text
+    assert values_of(engine.served.client("t-u1"), thread_id)["stop_reason"] == "completed"
+
+
+def raw_status(url: str, request: bytes) -> int | None:
+    """The status a server answers a request of exactly these bytes with (None: it closed the
+    connection without one, which refuses the request as surely)."""
+    address = httpx.URL(url)
+    with socket.create_connection((address.host, address.port or 80), timeout=PATIENCE_S) as sock:
+        sock.sendall(request)
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return None
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+# Bytes no well-behaved client sends: not UTF-8, half a character, NUL, controls, a lone
+# surrogate's UTF-8 spelling, an overlong encoding, a bidi override, a very long run.
+BAD_BYTES = (
+    b"\xff\xfe",
+    b"\x80",
+    b"\xed\xa0\x80",
+    b"\xc0\xaf",
+    b"\x00",
+    b"\x1b[2J",
+    b"\xe2\x80\xae",
+)
+
+
+def bad_requests(rng: random.Random, token: bytes) -> Iterator[bytes]:
+    """Requests to every route of the edge's table (and to none), each with bad bytes in one
+    place: the path, the query, a header's name or value, the bearer token, or the body."""
+    from loopwright.server.edge.routes import ROUTES
+
+    for route in ROUTES:
+        path = re.sub(
+            rb"\{\w+\}",
+            lambda _: rng.choice([b"x", b"%ff", b"%00", b"a" * 300]),
+            route.template.encode(),
+        )
+        bad = rng.choice(BAD_BYTES)
+        body = rng.choice(
+            [b'{"metadata": {"a": "' + bad + b'"}}', bad * 10, b'{"task": "\\ud800"}']
+        )
+        where = rng.choice(["path", "query", "name", "value", "token", "body"])
+        target = path + (b"/%ff" + bad.hex().encode() if where == "path" else b"")
+        if where == "query":
+            target += b"?limit=" + bad + b"&limit=%ff"
+        headers = [
+            b"Host: x",
+            b"Authorization: Bearer " + (token + bad if where == "token" else token),
+        ]
+        if where == "name":
+            headers.append(b"X-" + bad + b": 1")
+        if where == "value":
+            headers.append(b"Accept: text/" + bad)
+        payload = body if where == "body" or route.method in ("POST", "PUT", "PATCH") else b""
+        headers.append(b"Content-Length: %d" % len(payload))
+        yield b"%s %s HTTP/1.1\r\n%s\r\nConnection: close\r\n\r\n%s" % (
+            route.method.encode(),
+            target,
+            b"\r\n".join(headers),
+            payload,
+        )
+
+
+def test_bad_bytes_anywhere_are_a_4xx_on_every_route(engine: Engine) -> None:
+    """Every route of the edge's table (probes and the inbox included), and a route of none,
+    with bad bytes in one place each, with a token and without: a 4xx or a closed connection
+    every time, never a 5xx, and the server answers as before."""
+    rng = random.Random(54)
+    failures = []
+    for token in (b"t-u1", b"t-a1", b""):
+        for request in [*bad_requests(rng, token), b"GET /%ff\xff HTTP/1.1\r\nHost: x\r\n\r\n"]:
+            status = raw_status(engine.served.url, request)
+            if status is not None and status >= 500:
+                failures.append((status, request[:200]))
+    assert not failures, failures
+    live = httpx.get(f"{engine.served.url}/live", verify=tls.context())
+    assert live.status_code == 200

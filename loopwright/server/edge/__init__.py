@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loopwright.graph.roles import Capability
 from loopwright.graph.text import validation_problems
@@ -50,7 +50,7 @@ from loopwright.server.edge.http import (
     replaying,
 )
 from loopwright.server.edge.routes import Access, Matched, NotRouted, match
-from loopwright.server.edge.runs import admit_run
+from loopwright.server.edge.runs import admit_run, withdraw
 from loopwright.server.edge.threads import (
     journaled,
     owner_filter,
@@ -103,10 +103,23 @@ class Edge:
             await answer(send, refused.status, refused.detail)
             return
         token = _admitted.set(passed)
+        if passed.kind == "runs.create":
+            send = _withdrawing(passed.params["thread_id"], send)
         try:
             await self.app(passed_on(scope, body, query), replaying(body or b"", receive), send)
         finally:
             _admitted.reset(token)
+
+
+def _withdrawing(thread_id: str, send: Send) -> Send:
+    """`send`, withdrawing the run's admission when the engine refuses the run after all."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            await withdraw(thread_id)
+        await send(message)
+
+    return sending
 
 
 async def _judge(scope: Scope, receive: Receive) -> tuple[Admitted, bytes | None, dict[str, Any]]:

@@ -8,11 +8,13 @@ A run request is one of three, told apart by its fields and the caller, never by
   waits on now (`edge.decisions`);
 * the service identity waking a run parked in a reconciliation (`server.waker`): that resume,
   of a run the engine hosts, parked, in the tenant its token names; nothing else;
-* a start or a continue by the thread's own user: a task the agent takes for them, or nothing
-  more (a start delivered again continues the run; another task on it is a 409).
+* a start or a continue by the thread's own user: a task the agent takes for them (the same
+  task again continues the run, as a start delivered twice does; another task on it is a 409),
+  or a resume of their own run.
 
 Each is then admitted (`server.admissions`: one run at a time on a thread, a bound per user),
-and its metadata names the thread's owner, whatever the client wrote there.
+and its metadata names the thread's owner, whatever the client wrote there. An admission the
+engine then refuses (its answer a 4xx or 5xx: no run was made) is withdrawn (`withdraw`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopwright._agent import TaskRefused
+from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.leases import SERVER_ENGINE
 from loopwright.graph.roles import Roles
 from loopwright.graph.state import Phase, Principal
@@ -150,7 +153,9 @@ async def _start_or_continue(ask: Ask) -> Admitted:
             )
         if (refusal := await task_refusal(user, task)) is not None:
             raise Refused(403, refusal)
-    elif run is None:  # nothing to continue, nor to resume (the run would refuse it)
+    elif ask.body.command is None:  # Aegra refuses it in its own words, after admission
+        raise Refused(422, f"nothing to run: the same task again continues a run; {NEW_RUN_TAKES}")
+    elif run is None:  # nothing to resume (the run would refuse it)
         raise Refused(422, f"the thread has no run to continue: {NEW_RUN_TAKES}")
     await admit(user, ask.thread_id)
     return Admitted(ask.sent(user.user_id), owner_filter(user, roles))
@@ -207,3 +212,17 @@ async def admit(user: User, thread_id: str, *, bounded: bool = True) -> None:
             f"you have {admitting.per_principal} runs in flight, as many as one user may: ask"
             " again once one has ended",
         )
+
+
+async def withdraw(thread_id: str) -> None:
+    """The engine refused a run the edge admitted: its admission, and the claims a decision
+    took with it, hold nobody off any longer."""
+    res = await aresources()
+
+    def withdrawn() -> None:
+        try:
+            DecisionClaims(res.leases.db).released(thread_id)
+        finally:
+            res.admissions.ended(thread_id)
+
+    await asyncio.to_thread(withdrawn)
