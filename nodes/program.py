@@ -113,17 +113,17 @@ def _answer_to_program(envelope: ToolEnvelope) -> sandbox.Answer:
 
 
 def _end_envelope(
-    step: sandbox.Finished | sandbox.Failed, run: ProgramRun, programs: Programs
+    step: sandbox.Finished | sandbox.Failed, run: ProgramRun, max_result_bytes: int
 ) -> ToolEnvelope:
     calls = [{"tool": c.tool, "outcome": c.code or c.outcome} for c in run.calls]
     printed = run.printed + step.printed
     if isinstance(step, sandbox.Finished):
         result = {"returned": step.value, "printed": printed, "calls": calls}
         size = len(canonical_json(result))
-        if size <= programs.max_result_bytes:
+        if size <= max_result_bytes:
             return ToolEnvelope(status="ok", result=result)
         step = sandbox.Failed(
-            "result_too_large", f"{size} bytes > cap {programs.max_result_bytes}", step.printed
+            "result_too_large", f"{size} bytes > cap {max_result_bytes}", step.printed
         )
     error = {"code": step.code, "detail": step.detail, "printed": printed, "calls": calls}
     return ToolEnvelope(status="error", error=error)
@@ -158,10 +158,12 @@ class _Driver:
     """One validate pass's work on the run's program."""
 
     def __init__(
-        self, state: RunState, context: RunContext, programs: Programs, tools: list[str]
+        self, state: RunState, context: RunContext, programs: Programs | None, tools: list[str]
     ) -> None:
+        # No programs: the agent offers them no more (a release without them, a specialist
+        # that owns the run now): a running program ends at its next call's answer.
         self.state, self.context, self.programs = state, context, programs
-        self.tools = allowed_in(programs, tools)
+        self.tools = allowed_in(programs, tools) if programs else []
 
     def source(self, args: RunProgramArgs) -> tuple[str, str | None]:
         """The program's source: its code, or a program file of a skill the run loaded (the
@@ -181,12 +183,16 @@ class _Driver:
     ) -> tuple[ProgramRun | None, ToolEnvelope | None]:
         """Run a new program to its first tool call. Returns the program (None if it never
         paused) and the answer to the run_program call if the program already ended."""
+        assert self.programs is not None  # a program starts only where programs are offered
         try:
             args = RunProgramArgs.model_validate(call.args)
             code, skill = self.source(args)
-        except (ValidationError, ValueError) as exc:
-            detail = str(exc).splitlines()[0] if isinstance(exc, ValueError) else str(exc)
-            error = {"code": "invalid_program", "detail": detail[:500]}
+        except ValidationError as exc:
+            problems = "; ".join(e["msg"] for e in exc.errors(include_url=False))
+            error = {"code": "invalid_program", "detail": problems[:500]}
+            return None, ToolEnvelope(status="error", error=error)
+        except ValueError as exc:
+            error = {"code": "invalid_program", "detail": str(exc)[:500]}
             return None, ToolEnvelope(status="error", error=error)
         run = ProgramRun(
             call_id=call.call_id,
@@ -207,10 +213,10 @@ class _Driver:
 
     def step(self, run: ProgramRun, step: sandbox.Step) -> tuple[ProgramRun, ToolEnvelope | None]:
         """Record where a segment of the program ended: a new call it waits on, or its end."""
-        if isinstance(step, sandbox.Paused) and len(run.calls) >= self.programs.max_calls:
-            step = sandbox.Failed(
-                "call_limit", f"a program makes at most {self.programs.max_calls} tool calls"
-            )
+        if isinstance(step, sandbox.Paused):
+            assert self.programs is not None  # a paused program was resumed where offered
+            if len(run.calls) >= (limit := self.programs.max_calls):
+                step = sandbox.Failed("call_limit", f"a program makes at most {limit} tool calls")
         if isinstance(step, sandbox.Paused):
             number = len(run.calls) + 1
             made = ProgramCall(
@@ -224,7 +230,8 @@ class _Driver:
                 }
             ), None
         ended = run.model_copy(update={"status": "ended", "snapshot": None})
-        return ended, _end_envelope(step, run, self.programs)
+        most = self.programs.max_result_bytes if self.programs else 0
+        return ended, _end_envelope(step, run, most)
 
     def resume(
         self, run: ProgramRun, answer: ToolEnvelope
@@ -241,6 +248,9 @@ class _Driver:
             }
         )
         run = run.model_copy(update={"calls": [*run.calls[:-1], settled]})
+        if self.programs is None:
+            withdrawn = "the agent offers programs no more: the program was stopped at this call"
+            return self.step(run, sandbox.Failed("program_withdrawn", withdrawn))
         try:
             sandbox.check_version(run.sandbox)
         except sandbox.SandboxChanged as exc:
@@ -267,7 +277,9 @@ def advance(
     run = program_of(state)
     running = run is not None and run.status == "running"
     starting = [c for c in calls if c.tool == PROGRAM_TOOL and c.verdict is None]
-    if programs is None or not (running or starting):
+    if programs is None:
+        starting = []  # a run_program call is then a call of no offered tool: refused
+    if not (running or starting):
         return None
     driver = _Driver(state, context, programs, tools)
     out = Advance(calls=list(calls), program=run)

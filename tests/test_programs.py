@@ -17,7 +17,7 @@ import pytest
 from langchain_core.messages import ToolMessage
 from rich.console import Console
 
-from loopwright import Programs, ToolDefinitionError
+from loopwright import Decision, Programs, ScriptedChatModel, ToolDefinitionError
 from loopwright.graph.protocol import parse_tool_content
 from loopwright.graph.views import program_of_message
 from loopwright.nodes.compile_context import render
@@ -28,7 +28,7 @@ from loopwright.timeline import render_run
 from loopwright.tools import sandbox
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.program_agent import REFUND_EACH, TASK, program_model
+from tests.program_agent import REFUND_EACH, TASK, ProgramPolicy, program_model
 from tests.program_agent import agent as program_agent
 from tests.runtime_fixtures import RunnerFactory, decide, principal
 
@@ -326,3 +326,51 @@ def test_a_program_is_bounded_in_calls_and_in_what_it_returns(
         assert answer["error"]["code"] == ending, answer
         assert state["usage"]["tool_calls"] == max_calls
         assert [c["outcome"] for c in answer["error"]["calls"]] == ["ok"] * max_calls
+
+
+def test_a_program_whose_agent_offers_programs_no_more_ends_typed_at_its_next_call(
+    open_program_runner: Any, open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """A release without programs resumes a run whose program waits for an approval: the call
+    the person approved runs (it passed every check), then the program ends
+    `program_withdrawn` and the model is told; the run goes on, it does not spin."""
+    with open_program_runner() as runner:
+        waiting = runner.start(TASK, principal(task=TASK), run_id="run-withdrawn")
+    release = program_agent.replace(programs=None)
+    assert "run_program" not in release.tools.names()
+    with open_test_runner(agent=release) as runner:
+        done = runner.resume("run-withdrawn", decide(waiting))
+        answer = program_answer(runner, "run-withdrawn")
+    assert answer["error"]["code"] == "program_withdrawn", answer
+    assert [(c["tool"], c["outcome"]) for c in answer["error"]["calls"]] == [
+        ("get_order", "ok"),
+        ("submit_refund", "ok"),
+    ]
+    assert [(a.args["order_id"], a.status) for a in done.actions] == [("O-42", "SUCCEEDED")]
+    assert done.stop_reason == "not_done"  # O-43 was never refunded
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ({}, "give either code, or skill and program"),
+        ({"code": "1", "skill": "s", "program": "p.py"}, "give either code, or skill and program"),
+        ({"skill": "refund-eligible-orders", "program": "x.py"}, "is not loaded in this run"),
+        ({"code": "1", "inputs": {"not a name": 1}}, "each input is named as a Python name"),
+    ],
+)
+def test_a_program_call_that_names_no_program_is_refused_in_words(
+    args: dict[str, Any], problem: str, open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    class Once(ProgramPolicy):
+        def __call__(self, messages: Any, tools: Any) -> Decision:
+            if not any(isinstance(m, ToolMessage) for m in messages):
+                return Decision(tool_calls=[("run_program", args)])
+            return Decision(content="I could not run it.")
+
+    agent = program_agent.replace(model=lambda: ScriptedChatModel(policy=Once()))
+    with open_test_runner(agent=agent) as runner:
+        runner.start(TASK, principal(task=TASK), run_id="run-no-program")
+        answer = program_answer(runner, "run-no-program")
+    assert answer["error"]["code"] == "invalid_program"
+    assert problem in answer["error"]["detail"], answer
