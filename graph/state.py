@@ -274,6 +274,17 @@ class ApprovalRequest(BaseModel):
     evidence: tuple[EvidenceNote, ...] = ()
     confirm: bool = False
 
+    def refusal(self, decision: ApprovalChoice, approver: str) -> str | None:
+        """Why `approver` may not make `decision` on this request, or None: none of the
+        approvers whose edits made its arguments (`edited_by`) approves it (separation of
+        duties). Every path asks this, the run's own approval node last."""
+        if decision == "approve" and approver in self.edited_by:
+            return (
+                f"{approver} edited {self.approval_id} and cannot also approve it: "
+                "another approver must (separation of duties)"
+            )
+        return None
+
     def answer(
         self,
         decision: ApprovalChoice,
@@ -296,8 +307,8 @@ class ApprovalRequest(BaseModel):
                 )
         elif changes:
             raise ValueError("only an edit changes arguments")
-        if decision == "approve" and approver in self.edited_by:
-            raise ValueError(separation_of_duties(approver, self.approval_id))
+        if (why := self.refusal(decision, approver)) is not None:
+            raise ValueError(why)
         return ApprovalDecision(
             approval_id=self.approval_id,
             digest=self.digest,
@@ -309,15 +320,6 @@ class ApprovalRequest(BaseModel):
 
 
 ApprovalChoice = Literal["approve", "reject", "edit"]
-
-
-def separation_of_duties(approver: str, approval_id: str) -> str:
-    """Why an editor's approval of their own edit is refused, in one line (every path says
-    the same: the CLI, the inbox, the run's feedback)."""
-    return (
-        f"{approver} edited {approval_id} and cannot also approve it: "
-        "another approver must (separation of duties)"
-    )
 
 
 class ApprovalDecision(BaseModel):

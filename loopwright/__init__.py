@@ -52,10 +52,12 @@ _HOMES = {
     "ToolDefinitionError": "loopwright.tools.contract",
     "read_json": "loopwright.tools.http",
     "write_json": "loopwright.tools.http",
+    "McpServer": "loopwright.tools.mcp",
+    "McpAnswer": "loopwright.tools.mcp",
+    "ReadOptions": "loopwright.tools.options",
+    "WriteOptions": "loopwright.tools.options",
     "Programs": "loopwright.tools.program",
     "SandboxLimits": "loopwright.tools.sandbox",
-    "McpSession": "loopwright.tools.mcp",
-    "mcp_contracts": "loopwright.tools.mcp",
     # What runs are made of
     "Action": "loopwright.graph.state",
     "ActionEvent": "loopwright.checkpoints.journal",
@@ -109,7 +111,8 @@ __all__ = [
     "Fault",
     "Guarantee",
     "InvalidText",
-    "McpSession",
+    "McpAnswer",
+    "McpServer",
     "OutcomeUnknown",
     "PermissionDenied",
     "Phase",
@@ -120,6 +123,7 @@ __all__ = [
     "Price",
     "Principal",
     "Programs",
+    "ReadOptions",
     "ReconcileResult",
     "ReconcileStatus",
     "ResendAfterDeadline",
@@ -139,10 +143,10 @@ __all__ = [
     "ToolEnvelope",
     "ToolFault",
     "VerifyResult",
+    "WriteOptions",
     "crash_point",
     "load_agent",
     "loopwright_home",
-    "mcp_contracts",
     "open_runner",
     "parse_tool_content",
     "prove",
@@ -220,6 +224,7 @@ if TYPE_CHECKING:
     from loopwright.tools.define import read_tool, write_tool
     from loopwright.tools.faults import Fault
     from loopwright.tools.http import read_json, write_json
-    from loopwright.tools.mcp import McpSession, mcp_contracts
+    from loopwright.tools.mcp import McpAnswer, McpServer
+    from loopwright.tools.options import ReadOptions, WriteOptions
     from loopwright.tools.program import Programs
     from loopwright.tools.sandbox import SandboxLimits

@@ -914,8 +914,7 @@ def _decide_command(
 ) -> None:
     """An approver of `tenant` decides a request of that tenant's runs (another tenant's are
     not theirs to see: the same answer as for no request at all)."""
-    from loopwright.graph.state import ApprovalDecision, ApprovalRequest
-    from loopwright.runner import DecisionRefused, EditRefused
+    from loopwright.decisions import Asked, prepare
 
     hosted = agent_for(agent)
     of_tenant = tenant_of(tenant)
@@ -932,30 +931,28 @@ def _decide_command(
             raise UsageError(missing)
         if decision == "approve" and request.get("confirm") and not confirmed:
             confirm_approval(request)
-        # Separation of duties, judged on the run's own records before the run is resumed.
-        try:
-            runner.check_separation(ApprovalRequest.model_validate(request), decision, approver)
-        except DecisionRefused as exc:
-            raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         edits = _parse_changes(changes or []) if decision == "edit" else None
-        answer = decide(request, decision, approver, comment, changes=edits)
-        if answer.get("args") is not None:
-            try:
-                runner.check_edit(ApprovalRequest.model_validate(request), answer["args"])
-            except EditRefused as exc:
-                raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
-        printer = step_printer(runner, as_json, request["run_id"])
-        record = runner.leases.get(request["run_id"])
+        run_id = request["run_id"]
+        printer = step_printer(runner, as_json, run_id)
+        record = runner.leases.get(run_id)
         if record is not None and record.engine:
             # Resumed by the engine that hosts it, never behind its back: the engine's own run
-            # and thread records then end as the run does.
+            # and thread records then end as the run does. Refused here first, as there.
+            asked = Asked(approval_id=approval_id)
+            prepare(runner, run_id, approver, decision, asked=asked, comment=comment, changes=edits)
             decided_by_server(server, request, decision, comment, edits)
-            outcome = runner.outcome(request["run_id"])
+            outcome = runner.outcome(run_id)
             conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
-        with advancing(request["run_id"], repeat_options(agent, db)):
-            outcome = runner.resume(request["run_id"], answer, on_step=printer)
-        # Before the run's end is shown: a decision that did not take effect says only that.
-        runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))
+        with advancing(run_id, repeat_options(agent, db)):
+            outcome = runner.decide(
+                run_id,
+                decision,
+                approver,
+                approval_id=approval_id,
+                comment=comment,
+                changes=edits,
+                on_step=printer,
+            )
         conclude(runner, outcome, printer, as_json=as_json, again=repeat_options(agent, db))
 
 
@@ -1687,15 +1684,10 @@ def user_error(exc: Exception) -> str | None:
     )
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
+    from loopwright.decisions import DecisionNotTaken, DecisionRefused
     from loopwright.graph.text import InvalidText
     from loopwright.observability.tracing import TraceSettingsError
-    from loopwright.runner import (
-        DecisionNotTaken,
-        ModelChanged,
-        OtherAgentsRun,
-        RunExists,
-        UnknownRun,
-    )
+    from loopwright.runner import ModelChanged, OtherAgentsRun, RunExists, UnknownRun
     from loopwright.server.launch import ServerFailedToStart
 
     refused = (
@@ -1706,6 +1698,7 @@ def user_error(exc: Exception) -> str | None:
         UnknownRun,
         OtherAgentsRun,
         ModelChanged,
+        DecisionRefused,
         DecisionNotTaken,
         RunExists,
         LeaseHeld,

@@ -9,7 +9,7 @@
 | `loopwright.retention/1` | retention | the runs pruned (or, with --dry-run, that would be), those kept and why, checkpoint bytes before and after |
 
 A document's fields are only ever added to within a version; a change of meaning is a new
-version. Sensitive arguments (the contracts' `sensitive_fields`) are "[redacted]", and a
+version. Sensitive arguments (the contracts' `sensitive`) are "[redacted]", and a
 sensitive value is blanked wherever else it turns up (a task, an answer), as in the timeline.
 `exit_code` is what a command that advanced the run to where it stands exits with
 (`EXIT_CODES`).

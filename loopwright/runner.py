@@ -30,7 +30,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel.debug import tasks_w_writes
 from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
-from pydantic import ValidationError
 
 from loopwright._agent import Agent
 from loopwright.attempt import MAX_FAILURES, Claim, Turn, attempt, claim, worker_name
@@ -52,19 +51,17 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.retention import summary_of
 from loopwright.checkpoints.sql import Database
+from loopwright.decisions import Asked, check_taken, prepare
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import (
     DEFAULT_TENANT,
     ApprovalChoice,
-    ApprovalDecision,
-    ApprovalRequest,
     Phase,
     Principal,
     RunState,
     initial_state,
-    separation_of_duties,
 )
 from loopwright.graph.text import (
     MAX_TASK_CHARS,
@@ -72,15 +69,12 @@ from loopwright.graph.text import (
     checked_tenant,
     checked_text,
     named_run,
-    validation_problems,
 )
 from loopwright.models.factory import make_model, model_settings
-from loopwright.nodes.approval import editors_of
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings
 from loopwright.outcome import RunOutcome
-from loopwright.tools.contract import ToolFault
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]
@@ -416,78 +410,32 @@ class Runner:
         decision: ApprovalChoice,
         approver: str,
         *,
+        approval_id: str | None = None,
         comment: str = "",
         changes: dict[str, Any] | None = None,
         on_step: StepListener | None = None,
         wait: float = 0.0,
     ) -> RunOutcome:
-        """Answer the approval the run waits for, as `approver`, and advance the run (through
-        parked reconciliations for up to `wait` seconds, as `start`).
+        """Answer the approval the run waits for (`approval_id`, or its first), as `approver`,
+        and advance the run (through parked reconciliations for up to `wait` seconds, as
+        `start`).
 
         The decision names the request's digest (it authorises that action and nothing else);
         an edit changes only `changes`, arguments the write declares editable. Raises
-        ValueError for a decision that cannot be made, NoPendingApproval if the run waits for
-        none. Whether the approver may decide is the run's to check (the agent's approvers)."""
-        waiting = self.outcome(run_id).waiting_for_approval
-        if not waiting:
-            raise NoPendingApproval(run_id)
-        request = ApprovalRequest.model_validate(waiting[0])
-        self.check_separation(request, decision, approver)
-        answer = request.answer(decision, approver, comment, changes)
-        if answer.args is not None:
-            self.check_edit(request, answer.args)
-        outcome = self._resume(run_id, answer.model_dump(mode="json"), on_step)
-        self.check_taken(run_id, answer)
-        return self._settled(outcome, wait, on_step)
-
-    def check_taken(self, run_id: str, answer: ApprovalDecision) -> None:
-        """Raise DecisionNotTaken unless the run recorded this very decision: a decision that
-        did not take effect (another was first, the decider is not an approver of the run, the
-        request was no longer pending) must never read as if it had."""
-        state = self.state(run_id)
-        for record in state.get("approvals") or []:
-            if record["approval_id"] == answer.approval_id:
-                if (record["approver"], record["decision"]) == (answer.approver, answer.decision):
-                    return
-                raise DecisionNotTaken(
-                    f"{answer.decision} of {answer.approval_id} by {answer.approver} did not "
-                    f"take effect: it had been decided already ({record['decision']} by "
-                    f"{record['approver']} at {record['decided_at']})"
-                )
-        why = "; ".join(state.get("feedback") or []) or "the run did not take it"
-        raise DecisionNotTaken(
-            f"{answer.decision} of {answer.approval_id} by {answer.approver} did not take "
-            f"effect: {why}"
+        DecisionRefused (`loopwright.decisions`) for a decision the run would not take, with
+        the request still waiting, and DecisionNotTaken for one it did not record."""
+        prepared = prepare(
+            self,
+            run_id,
+            approver,
+            decision,
+            asked=Asked(approval_id=approval_id),
+            comment=comment,
+            changes=changes,
         )
-
-    def check_separation(
-        self, request: ApprovalRequest, decision: ApprovalChoice, approver: str
-    ) -> None:
-        """Raise DecisionRefused, before the run sees it, for an approval of an edit by one of
-        its editors (read from the run's records, whatever the request says). The run refuses
-        it too (`nodes.approval`); refusing here means a command never resumes the run for it."""
-        editors = {*request.edited_by, *editors_of(self.state(request.run_id), request.action_id)}
-        if decision == "approve" and approver in editors:
-            raise DecisionRefused(separation_of_duties(approver, request.approval_id))
-
-    def check_edit(self, request: ApprovalRequest, args: dict[str, Any]) -> None:
-        """Refuse, before the run sees it, an edit the write could not be planned with: its
-        arguments must be valid for the tool and meet its business rules, now. A refused edit
-        changes nothing: the request still waits for a decision. Raises EditRefused."""
-        contract = self.tools.get(request.tool)
-        if contract is None:
-            raise EditRefused(f"{request.tool} is not a tool of agent {self.agent.name}")
-        try:
-            edited = contract.args_model.model_validate(args)
-        except ValidationError as exc:
-            problems = validation_problems(exc)
-            raise EditRefused(f"the edited {request.tool} is invalid: {problems}") from None
-        state = self.state(request.run_id)
-        ctx = self.context(request.run_id, 0).tool_context(state)
-        try:
-            contract.check_preconditions(ctx, edited)
-        except ToolFault as fault:
-            raise EditRefused(f"the edited {request.tool} breaks a rule: {fault}") from None
+        outcome = self._resume(run_id, prepared.resume, on_step)
+        check_taken(self, run_id, prepared.answer)
+        return self._settled(outcome, wait, on_step)
 
     def cancel(self, run_id: str, *, on_step: StepListener | None = None) -> RunOutcome:
         """Ask a run to stop: no new model step or action starts; writes in flight are settled.
@@ -791,19 +739,6 @@ class RunExists(ValueError):
         self.run_id = run_id
 
 
-class DecisionNotTaken(RuntimeError):
-    """An approval decision the run did not record; the message says why."""
-
-
-class DecisionRefused(ValueError):
-    """A decision the runtime refuses before the run sees it (an editor approving their own
-    edit); the request still waits for another approver."""
-
-
-class EditRefused(ValueError):
-    """An approver's edit the write could not be planned with; the request still waits."""
-
-
 class ModelChanged(ValueError):
     """A run resumed with a model other than the one it was started with."""
 
@@ -814,12 +749,6 @@ class ModelChanged(ValueError):
             + (f" (--model {recorded})" if recorded else " (no --model)")
             + f", not {given or 'the agent default'}"
         )
-
-
-class NoPendingApproval(LookupError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id} waits for no approval")
-        self.run_id = run_id
 
 
 class OtherAgentsRun(PermissionError):

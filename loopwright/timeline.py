@@ -58,7 +58,7 @@ class Redactor:
 
     def sensitive(self, tool: str) -> frozenset[str]:
         contract = self.tools.get(tool)
-        return contract.sensitive_fields if contract is not None else frozenset()
+        return frozenset(contract.sensitive) if contract is not None else frozenset()
 
     def learn(self, tool: str, value: Any) -> None:
         """Remember the sensitive values in `value` (arguments or an outcome) of a `tool` call."""

@@ -151,8 +151,8 @@ def intent_key(contract: ToolContract, run_id: str, args: BaseModel, revision: i
     The suffix cannot collide with a key the contract computes itself (it never ends in
     ":edit-N"), so the model can never reach an edited intent, nor an edit a model's one.
     """
-    assert contract.intent_key is not None
-    key = contract.intent_key(run_id, args)
+    assert contract.intent is not None
+    key = contract.intent(run_id, args)
     return f"{key}:edit-{revision}" if revision else key
 
 
@@ -201,7 +201,7 @@ def _plan_write(
             raise Refusal(fault.code, fault.detail) from fault
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
-    needs_approval = edited_by is not None or contract.needs_approval(ctx, args)
+    needs_approval = edited_by is not None or contract.approval_needed(ctx, args)
     proposed = Action(
         action_id=f"act_{digest(key)[:16]}",
         run_id=state["run_id"],
@@ -330,8 +330,8 @@ def _apply_edit(
         changed = {
             k for k in {*edited.args, *action.args} if edited.args.get(k) != action.args.get(k)
         }
-        if contract is not None and not changed <= contract.editable:
-            outside = ", ".join(sorted(changed - contract.editable))
+        if contract is not None and not changed.issubset(contract.editable):
+            outside = ", ".join(sorted(changed.difference(contract.editable)))
             raise Refusal("edit_not_allowed", f"an approver may not change {outside}")
         # The edited call's business rules are checked where it is planned, below.
         contract, args = check_call(

@@ -101,7 +101,7 @@ def _superseded(writes: list[Action], context: RunContext) -> dict[str, str]:
         if superseder := next(replacing, None):
             later[action.action_id] = superseder
         for resource in touched:
-            seen.setdefault(resource, []).append((action.action_id, contract.replaces))
+            seen.setdefault(resource, []).append((action.action_id, frozenset(contract.replaces)))
     return later
 
 

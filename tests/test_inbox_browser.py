@@ -325,7 +325,7 @@ def test_an_editor_cannot_approve_their_edit_and_refused_edits_are_said_in_place
         edited.get_by_role("button", name=f"Approve {new_apr}").click()
         expect(edited.get_by_role("alert")).to_have_text(
             f"Refused (422): a-1 edited {new_apr} and cannot also approve it: another approver "
-            "must (separation of duties)"
+            f"must (separation of duties); {new_apr} still waits for a decision"
         )
         assert still_waiting(url, thread_id, new_apr)
         page.screenshot(path=str(tmp_path / "inbox-separation.png"), full_page=True)
