@@ -273,6 +273,11 @@ class ApprovalRequest(BaseModel):
     facts: tuple[Fact, ...] = ()
     evidence: tuple[EvidenceNote, ...] = ()
     confirm: bool = False
+    # Why a person is asked: the reason the tool's approval rule gave (its condition or threshold),
+    # and the checks the call passed before anyone was asked ("" and () in requests of earlier
+    # releases).
+    why: str = ""
+    checks: tuple[str, ...] = ()
 
     def refusal(self, decision: ApprovalChoice, approver: str) -> str | None:
         """Why `approver` may not make `decision` on this request, or None: none of the
@@ -400,6 +405,9 @@ class Versions(BaseModel):
     # ("openai:gpt-5-mini") and its settings (API, base URL, streaming, temperature, ...).
     model_spec: str = ""
     model_settings: dict[str, Any] = Field(default_factory=dict)
+    # Each change of the model an operator asked for on resuming (`--model-change`): when, from
+    # which spec and settings to which; model_spec and model_settings are then the new ones.
+    model_changes: list[dict[str, Any]] = Field(default_factory=list)
     prompt_version: str = ""
     tool_schemas: dict[str, str] = Field(default_factory=dict)
     # The sandbox the run's programs are paused in (a paused program is its bytes), and each
@@ -411,9 +419,10 @@ class Versions(BaseModel):
 class Verification(BaseModel):
     """What verify found in the business system. `completed` is only ever set from this.
 
-    `facts` keeps apart what the user was told (`answer`) and what the business system holds:
-    the writes verified there (`writes`), and the writes the run planned that did not happen
-    (`not_done`)."""
+    `facts` keeps apart what the business system holds (the writes verified there, `writes`;
+    those the run planned that did not happen, `not_done`; every refusal, `refusals`), the
+    runtime's account of it (`answer`, `outcome`), and what the model said (`model_answer`,
+    never passed on as fact, with the runtime's `answer_notes` on it): see `nodes.verify`."""
 
     verified: bool
     summary: str

@@ -222,8 +222,10 @@ def session(
     model: str | None = None,
     *,
     deps: Callable[[], AbstractContextManager[Any]] | None = None,
+    model_change: bool = False,
 ) -> Iterator[Runner]:
-    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
+    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`);
+    `model_change`: a run it resumes takes this command's model (see `Runner.model_for`)."""
     from loopwright.checkpoints.database import resolve_database_url
     from loopwright.observability.tracing import TraceSettings
     from loopwright.runner import lease_ttl_from_env, open_runner
@@ -250,6 +252,7 @@ def session(
                 agent,
                 deps=opened,
                 model_spec=model or None,
+                model_change=model_change,
                 lease_wait_s=lease_ttl_s + 1,
             )
         )
@@ -360,29 +363,14 @@ def decide(
 def report(
     outcome: RunOutcome, redactor: Redactor, *, again: str = "", approver: str = "APPROVER"
 ) -> None:
-    """The run's end; for a run that did not complete, what it did and did not do in the
-    business system, with sensitive arguments redacted as in the timeline. `again` is what a
-    command printed for a person to type needs besides its arguments (--agent, --db)."""
-    from loopwright.graph.state import UNRESOLVED_STATUSES
+    """The run's end (`reports.ending_lines`: the runtime's account, then the model's answer),
+    with sensitive arguments redacted as in the timeline; for a run that waits for a person,
+    what to decide. `again` is what a command printed for a person to type needs besides its
+    arguments (--agent, --db)."""
+    from loopwright.timeline import ending_lines
 
     console.print()
-    if outcome.stop_reason == "completed":
-        facts = (outcome.verification or {}).get("facts", {})
-        console.print(
-            f"[bold green]COMPLETED[/] run {inline(outcome.run_id)}, verified in the business system:"
-        )
-        for write in facts.get("writes", []):
-            produced = ", ".join(f"{k} {v}" for k, v in (write.get("produced") or {}).items())
-            line = f"  {write.get('summary', write.get('tool'))}" + (
-                f" ({produced})" if produced else ""
-            )
-            console.print(redactor.text(inline(line)))
-        if not facts.get("writes"):
-            console.print("  no business effect was needed")
-        console.print(
-            redactor.text(f"  answer: {flat(facts.get('answer', ''))}", markup=False), markup=False
-        )
-    elif outcome.waiting_for_approval:
+    if outcome.stop_reason != "completed" and outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         console.print(
             f"[bold yellow]WAITING_APPROVAL[/] run {inline(outcome.run_id)}: {inline(request['summary'])}"
@@ -402,27 +390,8 @@ def report(
                 f"  edited by {flat(', '.join(editors))}: another approver must approve it",
                 markup=False,
             )
-    else:
-        console.print(
-            f"[bold red]{outcome.phase}[/] run {inline(outcome.run_id)}: {outcome.stop_reason or 'not finished'} {inline(outcome.stop_detail)}"
-        )
-    if outcome.stop_reason != "completed":
-        # An honest account of what happened in the business system, whatever the run's end.
-        for action in outcome.actions:
-            call = redactor.call(action.tool, action.args)
-            if action.status == "SUCCEEDED":
-                done = redactor.outcome(action.tool, action.outcome or {})
-                console.print(redactor.text(f"  done: {call} -> {done}"))
-            elif action.status in UNRESOLVED_STATUSES or action.status == "ESCALATED":
-                console.print(
-                    redactor.text(
-                        f"  [bold red]unconfirmed write[/] {inline(action.action_id)} {call}: {action.status}"
-                    )
-                )
-            else:
-                console.print(redactor.text(f"  not done: {call} ({action.status})"))
-    for offer in outcome.compensations:
-        console.print(f"  compensation you may want (not performed): {flat(offer)}", markup=False)
+    for line in ending_lines(outcome, redactor, run=outcome.run_id):
+        console.print(line)
 
 
 def step_printer(runner: Runner, as_json: bool, run_id: str | None = None) -> TimelinePrinter:
@@ -471,13 +440,14 @@ def conclude(
     approver: str = "APPROVER",
 ) -> None:
     """Tell where the run stands (text or JSON) and exit with the code that says so."""
+    from loopwright.outcome import ending_of
     from loopwright.reports import exit_code, run_document
 
     if as_json:
         print_json(run_document(runner, outcome))
     else:
         report(outcome, printer.redactor, again=again, approver=approver)
-    raise typer.Exit(exit_code(outcome))
+    raise typer.Exit(exit_code(ending_of(outcome, runner.tools)))
 
 
 def repeat_options(agent: str | None, db: str | None) -> str:
@@ -604,12 +574,22 @@ def resume(
     db: DbOption = None,
     agent: AgentOption = None,
     model: ModelOption = None,
+    model_change: Annotated[
+        bool,
+        typer.Option(
+            "--model-change",
+            help="Go on with this command's model (--model, or the run's own with this"
+            " environment's settings) instead of the one the run recorded; the change is"
+            " recorded in the run.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
+    """Continue a run that stopped mid-way (a crash, or a parked reconciliation). It keeps
+    the model it recorded (endpoint, timeout, retries), unless --model-change."""
     hosted = agent_for(agent)
     require_run(hosted, db, run_id)
-    with session(hosted, db, model) as runner:
+    with session(hosted, db, model, model_change=model_change) as runner:
         printer = step_printer(runner, as_json, run_id)
         again = repeat_options(agent, db)
         with advancing(run_id, again):
@@ -873,6 +853,7 @@ def print_request(request: dict[str, Any], now: datetime | None, agent: Agent[An
     lines = [
         f"{flat(parsed.approval_id)}  run {flat(parsed.run_id)}  {flat(parsed.summary)}",
         f"  for {flat(parsed.requested_by)}: {flat(parsed.task)}" if parsed.task else "",
+        f"  why: {flat(parsed.why)}" if parsed.why else "",
         *(f"  {flat(fact.label)}: {flat(fact.value)}" for fact in parsed.facts),
         f"  {when}; digest {parsed.digest[:12]}"
         + ("; approving asks for a confirmation (--yes)" if parsed.confirm else ""),

@@ -22,17 +22,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from loopwright.graph.state import ApprovalChoice, ApprovalDecision, ApprovalRequest
+from loopwright._agent import Agent
+from loopwright.checkpoints.leases import LeaseStore, RunRecord
+from loopwright.graph.context import RunContext
+from loopwright.graph.state import ApprovalChoice, ApprovalDecision, ApprovalRequest, RunState
 from loopwright.graph.text import validation_problems
 from loopwright.nodes.approval import editors_of
+from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import ToolFault
+from loopwright.tools.registry import ToolRegistry
 
-if TYPE_CHECKING:
-    from loopwright.runner import Runner
+
+class Runner(Protocol):
+    """What deciding reads of a runner (`loopwright.runner.Runner`): the run, its agent's
+    approvers, tools and rules."""
+
+    agent: Agent[Any]
+    tools: ToolRegistry
+    leases: LeaseStore
+
+    def owned(self, run_id: str) -> RunRecord: ...
+    def outcome(self, run_id: str) -> RunOutcome: ...
+    def state(self, run_id: str) -> RunState: ...
+    def is_approver(self, user_id: str) -> bool: ...
+    def context(
+        self, run_id: str, fence: int, values: Mapping[str, Any] | None = None
+    ) -> RunContext: ...
 
 
 class DecisionRefused(ValueError):

@@ -70,7 +70,7 @@ from loopwright.graph.text import (
     checked_text,
     named_run,
 )
-from loopwright.models.factory import make_model, model_settings
+from loopwright.models.factory import changed_settings, make_model, model_settings
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings
@@ -191,6 +191,7 @@ class Runner:
         deps: Any,
         model: BaseChatModel | None = None,
         model_spec: str | None = None,
+        model_change: bool = False,
         budget: Budget | None = None,
         owner: str | None = None,
         lease_ttl_s: float | None = None,
@@ -206,6 +207,8 @@ class Runner:
         # What `model` is, or is to be built from: a spec ("openai:..."); None: the agent's own
         # (or the object given). A run keeps the model it was started with (`model_for`).
         self.model_spec = model_spec
+        # The operator asked to change a resumed run's model to this runner's (`model_for`).
+        self.model_change = model_change
         self.saver = saver
         self.graph = compile_graph(saver)
         self.journal = journal
@@ -240,12 +243,16 @@ class Runner:
     def model_for(
         self, run_id: str, values: Mapping[str, Any] | None = None
     ) -> tuple[BaseChatModel, str]:
-        """The model a run is advanced with, and its spec: the one it was started with (V).
+        """The model a run is advanced with, and its spec: exactly the one it recorded (V).
 
-        A new run takes this runner's. A run started with another spec is resumed with a model
-        rebuilt from its recorded spec and settings, unless this runner was given a spec of its
-        own (`--model`), which must then be the run's: ModelChanged otherwise. `values`: the
-        run's state as the caller has just read it, if it has (a read less)."""
+        A new run takes this runner's. A run is resumed with a model rebuilt from its recorded
+        spec and settings (endpoint, API, timeout, retries, ...: this environment's are not
+        looked at), unless this runner was given a spec of its own (`--model`), which must then
+        be the run's, with the same settings: ModelChanged (or ModelSettingsChanged, naming what
+        differs) otherwise. Only a runner told to change the run's model (`model_change`,
+        `--model-change`) uses its own (or the recorded spec with this environment's settings),
+        and the run records the change in V. `values`: the run's state as the caller has just
+        read it, if it has (a read less)."""
         if values is None:
             values = self.graph.get_state(self.config(run_id)).values or {}
         versions = values.get("versions")
@@ -253,13 +260,20 @@ class Runner:
         if not versions or "model_spec" not in versions:
             return self.model, mine
         recorded = str(versions["model_spec"])
-        if recorded == mine:
+        settings = versions.get("model_settings") or {}
+        if self.model_change:  # the operator's explicit change, recorded in V at the next gate
+            if self.model_spec is None and recorded:
+                return make_model(recorded), recorded  # this environment's settings
             return self.model, mine
-        if self.model_spec is not None:
-            raise ModelChanged(run_id, recorded, mine)
-        if not recorded:
-            return self.agent.chat_model(), recorded
-        return make_model(recorded, versions.get("model_settings") or None), recorded
+        if recorded != mine:
+            if self.model_spec is not None:
+                raise ModelChanged(run_id, recorded, mine)
+            if not recorded:
+                return self.agent.chat_model(), recorded
+            return make_model(recorded, settings or None), recorded
+        if settings and (changed := changed_settings(settings, model_settings(self.model))):
+            raise ModelSettingsChanged(run_id, recorded, changed)
+        return self.model, mine
 
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
@@ -289,6 +303,7 @@ class Runner:
             model=model,
             model_spec=spec,
             model_settings=model_settings(model),
+            model_change=self.model_change,
             tools=self.tools,
             deps=self.deps,
             agent_name=agent.name,
@@ -747,7 +762,20 @@ class ModelChanged(ValueError):
         super().__init__(
             f"run {run_id} was started with {started}; resume it with that"
             + (f" (--model {recorded})" if recorded else " (no --model)")
-            + f", not {given or 'the agent default'}"
+            + f", not {given or 'the agent default'}, or change it with --model-change"
+            " (recorded in the run)"
+        )
+
+
+class ModelSettingsChanged(ModelChanged):
+    """A run resumed with its model's name but other settings (another endpoint, timeout...)."""
+
+    def __init__(self, run_id: str, spec: str, changed: list[str]) -> None:
+        ValueError.__init__(
+            self,
+            f"run {run_id} was started with {spec} at other settings ({'; '.join(changed)}):"
+            " resume it without --model to keep its own, or add --model-change to apply these"
+            " (recorded in the run)",
         )
 
 
@@ -775,6 +803,7 @@ def open_runner(
     deps: Any = OPEN_DEPS,
     model: BaseChatModel | None = None,
     model_spec: str | None = None,
+    model_change: bool = False,
     budget: Budget | None = None,
     lease_wait_s: float = 0.0,
 ) -> Iterator[Runner]:
@@ -794,6 +823,7 @@ def open_runner(
             deps=deps,
             model=model,
             model_spec=model_spec,
+            model_change=model_change,
             budget=budget,
             lease_wait_s=lease_wait_s,
             databases=(saver.db, journal.db, leases.db),

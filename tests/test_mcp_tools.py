@@ -189,7 +189,7 @@ def test_mcp_tools_are_declared_without_a_session_with_the_safe_defaults() -> No
     assert (read.effect, note.effect, note.guarantee) == (Effect.READ, Effect.WRITE, Guarantee.NONE)
     args = note.args_model.model_validate({"account": "a-7", "text": "called back"})
     ctx: ToolContext[None] = ToolContext(deps=None)
-    assert note.approval_needed(ctx, args)
+    assert note.approval_reason(ctx, args) is not None
     assert note.output_model is McpAnswer and note.intent is not None
     same = note.args_model.model_validate({"text": "called back", "account": "a-7"})
     other = note.args_model.model_validate({"account": "a-7", "text": "again"})

@@ -460,7 +460,9 @@ def test_safe_defaults_of_a_write() -> None:
     )
     ctx: ToolContext[None] = ToolContext(deps=None)
     args = Slot(slot="1")
-    assert contract.approval_needed(ctx, args)  # a person decides unless the team says otherwise
+    assert (
+        contract.approval_reason(ctx, args) is not None
+    )  # a person decides unless the team says otherwise
     assert contract.editable == frozenset()  # and may change nothing of it
     assert contract.args_model.model_config.get("extra") == "forbid"
     assert contract.verify is not None  # verified by asking the business system again

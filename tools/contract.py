@@ -237,8 +237,9 @@ def _always_allowed(_ctx: ToolContext[Any], _args: Any) -> bool:
 
 
 Precondition = Callable[[ToolContext[Any], Any], None]
-# Whether a write asks a person first: always (True), never (False), or a condition on the call.
-ApprovalRule = bool | Callable[[ToolContext[Any], Any], bool]
+# Whether a write asks a person first: always (True, or a reason in words, which the approver is
+# shown), never (False), or a condition on the call answering one of them.
+ApprovalRule = bool | str | Callable[[ToolContext[Any], Any], bool | str | None]
 # Ask the business system about an intent: (ctx, action), or (ctx, action, pre_image) for a
 # write that journals a pre-image before its send.
 Reconcile = (
@@ -405,12 +406,6 @@ class ToolContract:
         ]
         return f"{self.name}: {', '.join(shown)}" if shown else self.name
 
-    def approval_needed(self, ctx: ToolContext[Any], args: BaseModel) -> bool:
-        """Whether a call of this write waits for a person: `needs_approval` True, or its
-        condition answering anything but False (a condition that cannot be read asks)."""
-        rule = self.needs_approval
-        return rule(ctx, args) is not False if callable(rule) else rule is not False
-
     def reconcile_intent(
         self, ctx: ToolContext[Any], action: Action, pre_image: dict[str, Any] | None
     ) -> ReconcileResult:
@@ -437,6 +432,29 @@ class ToolContract:
         """Whether approving a call takes a second click (the contract's `confirm`)."""
         return self.confirm is not None and bool(self.confirm(args))
 
+    def approval_reason(self, ctx: ToolContext[Any], args: BaseModel) -> str | None:
+        """Why a call of this write waits for a person, in words (the approver is shown it);
+        None if it does not. `needs_approval` (or what its condition answers) is False for no;
+        True, a reason, or anything else asks (a condition that cannot be read asks too)."""
+        rule = self.needs_approval
+        answer: object = rule(ctx, args) if callable(rule) else rule
+        if answer is False:
+            return None
+        if isinstance(answer, str) and answer.strip():
+            return answer.strip()
+        if answer is True and not callable(rule):
+            return f"every call of {self.name} needs a person's approval (its contract says so)"
+        if answer is True:
+            return f"the approval rule of {self.name} asks for one (it gave no reason)"
+        return (
+            f"the approval rule of {self.name} answered a {type(answer).__name__}, not True,"
+            " False or a reason: a person decides"
+        )
+
+    @property
+    def declares_authorize(self) -> bool:
+        return self.authorize is not _always_allowed
+
     def check_authorized(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise PermissionDenied unless `authorize` allows the call for ctx's principal: it
         answers True or None to allow. Any other answer refuses (a truthy object is no "yes")."""
@@ -451,11 +469,16 @@ class ToolContract:
             " True, False or None"
         )
 
+    @property
+    def rules(self) -> tuple[Precondition, ...]:
+        """The write's business rules (`preconditions`), in the order they are checked."""
+        return _rules(self.preconditions)
+
     def check_preconditions(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise the first PreconditionFailed (or other ToolFault) of the write's rules. A rule
         refuses by raising; one that answers False (a check written as a predicate) refuses
         too, as does any answer but None or True: a rule that cannot be read never holds."""
-        for rule in _rules(self.preconditions):
+        for rule in self.rules:
             answer: object = rule(ctx, args)
             if answer is None or answer is True:
                 continue
@@ -616,11 +639,14 @@ def _check_write(contract: ToolContract) -> None:
             "declare verify=... (how to check in the business system that a succeeded write is "
             "there): without it no run with this write can be verified complete",
         )
-    if not isinstance(contract.needs_approval, bool) and not callable(contract.needs_approval):
+    if not isinstance(contract.needs_approval, bool | str) and not callable(
+        contract.needs_approval
+    ):
         raise _fail(
             name,
-            f"needs_approval is {contract.needs_approval!r}: True (always), False (never) or a "
-            "condition needs_approval=lambda ctx, args: ...",
+            f"needs_approval is {contract.needs_approval!r}: True (always), a reason in words"
+            " (always, saying why), False (never) or a condition needs_approval=lambda ctx,"
+            " args: ... answering one of them",
         )
     _produced(contract)
 

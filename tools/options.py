@@ -79,8 +79,9 @@ class WriteOptions(ToolOptions, total=False):
     `reconcile(ctx, action[, pre_image])`: asks the business system about the intent (required
     unless the guarantee is `NONE`). `verify(ctx, action)`: checks a succeeded write is there
     (default: reconcile says applied; required with a pre-image or without reconcile).
-    `needs_approval` (default True): a person decides first: True always, False never, or a
-    condition `(ctx, args) -> bool` (any answer but False asks).
+    `needs_approval` (default True): a person decides first: True always, a reason in words
+    (always, and the approver is shown why), False never, or a condition `(ctx, args)` answering
+    one of them (any answer but False asks).
     `preconditions`: business rules that must hold whatever the model read, checked when the call
     is validated and again right before the send, each raising `PreconditionFailed` (or answering
     False; a rule holds only on None or True).

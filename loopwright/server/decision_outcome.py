@@ -66,8 +66,9 @@ def run_said(values: dict[str, Any]) -> str:
     """Where the run stands, in one sentence."""
     stop_reason = values.get("stop_reason")
     if stop_reason == "completed":
-        summary = (values.get("verification") or {}).get("summary", "")
-        return "The run completed" + (f", verified: {summary}" if summary else "") + "."
+        # The runtime's account (stop_detail), or, for a run of an earlier release, its summary.
+        account = values.get("stop_detail") or (values.get("verification") or {}).get("summary")
+        return "The run completed" + (f": {account}" if account else "") + "."
     if stop_reason:
         detail = values.get("stop_detail") or ""
         return f"The run ended: {stop_reason.replace('_', ' ')}" + (
