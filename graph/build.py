@@ -64,6 +64,11 @@ SPECIALIST_NODE = "specialist"  # the subgraph node that runs the specialist's l
 HANDOFF_NODES = ("handoff", SPECIALIST_NODE)
 
 
+def program_running(state: RunState) -> bool:
+    """Whether a program action of the run waits on one of its calls (`nodes.program`)."""
+    return any(c.verdict is CallVerdict.RUNNING for c in pending_of(state))
+
+
 def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__end__"]:
     if state.get("stop_reason"):
         return "__end__"
@@ -72,10 +77,15 @@ def after_guard(state: RunState) -> Literal["compile_context", "reconcile", "__e
     return "compile_context"
 
 
-def after_compile_context(state: RunState) -> Literal["model_step", "reconcile", "__end__"]:
-    """guard's routes, once the gate inside compile_context has decided."""
+def after_compile_context(
+    state: RunState,
+) -> Literal["model_step", "validate", "reconcile", "__end__"]:
+    """guard's routes, once the gate inside compile_context has decided. A running program
+    goes on (validate) rather than the model being asked while its program waits."""
     route = after_guard(state)
-    return "model_step" if route == "compile_context" else route
+    if route == "compile_context":
+        return "validate" if program_running(state) else "model_step"
+    return route
 
 
 def after_model_step(state: RunState) -> Literal["validate", "verify", "compile_context"]:
@@ -84,7 +94,9 @@ def after_model_step(state: RunState) -> Literal["validate", "verify", "compile_
     return "validate" if state.get("pending") else "verify"
 
 
-def after_validate(state: RunState) -> Literal["approval", "execute", "compile_context"]:
+def after_validate(
+    state: RunState,
+) -> Literal["approval", "execute", "validate", "compile_context"]:
     if state.get("cancel_requested"):
         return "compile_context"  # a run cancelled while waiting for approval stops there
     verdicts = {c.verdict for c in pending_of(state)}
@@ -92,16 +104,34 @@ def after_validate(state: RunState) -> Literal["approval", "execute", "compile_c
         return "approval"
     if CallVerdict.READY in verdicts:
         return "execute"
+    if None in verdicts:
+        return "validate"  # a program's first call, committed with the program, unchecked
     return "compile_context"
 
 
-def after_execute(state: RunState) -> Literal["reconcile", "handoff", "compile_context"]:
+def after_execute(
+    state: RunState,
+) -> Literal["reconcile", "handoff", "validate", "compile_context"]:
     if state.get("phase") == Phase.RECONCILING:
         return "reconcile"
+    if program_running(state) and not state.get("stop_reason"):
+        return "validate"  # the program goes on with its call's answer
     handed_off = any(
         c.verdict is CallVerdict.DONE and handoff_target(c.tool) for c in pending_of(state)
     )
     return "handoff" if handed_off and not state.get("stop_reason") else "compile_context"
+
+
+def after_reconcile(state: RunState) -> Literal["validate", "compile_context"]:
+    """A program whose write's outcome was unknown goes on once reconcile settled it; the gate
+    (in compile_context) first, if anything else is unresolved or the run is stopping."""
+    if (
+        program_running(state)
+        and state.get("phase") == Phase.READY
+        and not (state.get("cancel_requested") or state.get("stop_reason"))
+    ):
+        return "validate"
+    return "compile_context"
 
 
 def after_verify(state: RunState) -> Literal["compile_context", "__end__"]:
@@ -153,28 +183,42 @@ def build_graph(*, with_handoff: bool = True) -> StateGraph[RunState, RunContext
         builder.add_node(name, routed(loop_node(name, node), route, names), destinations=to)
 
     add("guard", guard, after_guard, ("compile_context", "reconcile", END))
-    add("compile_context", compile_context, after_compile_context, ("model_step", "reconcile", END))
+    add(
+        "compile_context",
+        compile_context,
+        after_compile_context,
+        ("model_step", "validate", "reconcile", END),
+    )
     add("model_step", model_step, after_model_step, ("validate", "verify", "compile_context"))
-    add("validate", validate, after_validate, ("approval", "execute", "compile_context"))
+    add(
+        "validate",
+        validate,
+        after_validate,
+        ("approval", "execute", "validate", "compile_context"),
+    )
     builder.add_node("approval", loop_node("approval", approval))
-    builder.add_node("reconcile", loop_node("reconcile", reconcile))
+    add("reconcile", reconcile, after_reconcile, ("validate", "compile_context"))
     add("verify", verify, after_verify, ("compile_context", END))
     builder.add_edge(START, "compile_context")
     builder.add_edge("approval", "validate")
-    builder.add_edge("reconcile", "compile_context")
     if with_handoff:
         builder.add_node("handoff", loop_node("handoff", handoff))
         specialist = build_graph(with_handoff=False).compile(name=SPECIALIST_NODE)
         builder.add_node(SPECIALIST_NODE, specialist)
         builder.add_edge("handoff", SPECIALIST_NODE)
         builder.add_edge(SPECIALIST_NODE, END)
-        add("execute", execute, after_execute, ("reconcile", "handoff", "compile_context"))
+        add(
+            "execute",
+            execute,
+            after_execute,
+            ("reconcile", "handoff", "validate", "compile_context"),
+        )
     else:
         add(
             "execute",
             execute,
             after_execute,
-            ("reconcile", "compile_context"),
+            ("reconcile", "validate", "compile_context"),
             {"handoff": "compile_context"},
         )
     return builder

@@ -371,6 +371,8 @@ class CallVerdict(StrEnum):
     NEEDS_APPROVAL = "needs_approval"
     REJECTED = "rejected"
     DONE = "done"
+    # A program action whose program is running: answered when the program ends.
+    RUNNING = "running"
 
 
 class PendingCall(BaseModel):
@@ -388,6 +390,8 @@ class PendingCall(BaseModel):
     revision: int = 0
     # Set by execute when the tool said "not finished yet, ask again after this many seconds".
     poll_after_s: float | None = None
+    # The program action (its call id) that made this call, if a program did.
+    program: str | None = None
 
 
 class Versions(BaseModel):
@@ -406,6 +410,10 @@ class Versions(BaseModel):
     model_changes: list[dict[str, Any]] = Field(default_factory=list)
     prompt_version: str = ""
     tool_schemas: dict[str, str] = Field(default_factory=dict)
+    # The sandbox the run's programs are paused in (a paused program is its bytes), and each
+    # skill the run loaded by its content hash: a resumed run goes on with what it had.
+    sandbox: str = ""
+    skills: dict[str, str] = Field(default_factory=dict)
 
 
 class Verification(BaseModel):
@@ -518,6 +526,10 @@ class RunState(TypedDict):
     handoffs: NotRequired[list[dict[str, Any]]]
     # The current plan (PlanStep dumps): revisable, shown to the model, never a permission.
     plan: NotRequired[list[dict[str, Any]]]
+    # The run's current (or last) program action (a ProgramRun dump; tools.program).
+    program: NotRequired[dict[str, Any]]
+    # The skills the run loaded: name -> the version it loaded (a LoadedSkill dump).
+    skills: NotRequired[dict[str, dict[str, Any]]]
     # What compile_context decided the next model step sees (small: no copies of history).
     context: NotRequired[dict[str, Any]]
     # Run control.

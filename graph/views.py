@@ -99,6 +99,11 @@ def dump_actions(actions: list[Action]) -> dict[str, dict[str, Any]]:
     return {a.action_id: a.model_dump(mode="json") for a in actions}
 
 
+# Where the answer to a program's call says which program made it: the model never asked for
+# that call and is not shown its answer (it sees what the program returns).
+PROGRAM_KEY = "loopwright_program"
+
+
 def tool_result(call: PendingCall, envelope: ToolEnvelope) -> ToolMessage:
     """The protocol item that answers one tool call, rendered as untrusted data."""
     return ToolMessage(
@@ -106,7 +111,13 @@ def tool_result(call: PendingCall, envelope: ToolEnvelope) -> ToolMessage:
         tool_call_id=call.call_id,
         name=call.tool,
         status="error" if envelope.status == "error" else "success",
+        additional_kwargs={PROGRAM_KEY: call.program} if call.program else {},
     )
+
+
+def program_of_message(message: BaseMessage) -> str | None:
+    """The program action whose call `message` answers, if a program's."""
+    return message.additional_kwargs.get(PROGRAM_KEY) if isinstance(message, ToolMessage) else None
 
 
 # Suffixes validate adds to a write's intent key: an approver's edit, a plan made anew after a

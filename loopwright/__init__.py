@@ -56,6 +56,8 @@ _HOMES = {
     "McpAnswer": "loopwright.tools.mcp",
     "ReadOptions": "loopwright.tools.options",
     "WriteOptions": "loopwright.tools.options",
+    "Programs": "loopwright.tools.program",
+    "SandboxLimits": "loopwright.tools.sandbox",
     # What runs are made of
     "Action": "loopwright.graph.state",
     "ActionEvent": "loopwright.checkpoints.journal",
@@ -120,6 +122,7 @@ __all__ = [
     "PreconditionFailed",
     "Price",
     "Principal",
+    "Programs",
     "ReadOptions",
     "ReconcileResult",
     "ReconcileStatus",
@@ -128,6 +131,7 @@ __all__ = [
     "RunOutcome",
     "RunState",
     "Runner",
+    "SandboxLimits",
     "Scenario",
     "ScriptedChatModel",
     "StepStatus",
@@ -222,3 +226,5 @@ if TYPE_CHECKING:
     from loopwright.tools.http import read_json, write_json
     from loopwright.tools.mcp import McpAnswer, McpServer
     from loopwright.tools.options import ReadOptions, WriteOptions
+    from loopwright.tools.program import Programs
+    from loopwright.tools.sandbox import SandboxLimits

@@ -19,12 +19,14 @@ load an agent by import path, and a run records which agent and version it belon
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Unpack, overload
 
 from langchain_core.language_models import BaseChatModel
@@ -45,7 +47,9 @@ from loopwright.tools.contract import (
 from loopwright.tools.define import function_contract
 from loopwright.tools.langchain import langchain_contract
 from loopwright.tools.options import ReadOptions, WriteOptions
+from loopwright.tools.program import PROGRAM_TOOL, ProgramContract, Programs, program_contract
 from loopwright.tools.registry import ToolRegistry
+from loopwright.tools.skills import SKILL_TOOL, SkillContract, read_skills, skill_contract
 
 AGENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # the whole name: `fullmatch`
 # A model: a chat model, a spec ("openai:gpt-5-mini"), or a function that makes one (called
@@ -172,6 +176,11 @@ class Agent[DepsT]:
     `health(deps)` names the agent's own dependencies that do not answer now (empty: all do),
     for readiness probes: a process serving the agent is not ready while any is named (or the
     hook raises, or takes longer than a probe's bound). Keep it quick: one cheap request each.
+    `programs=Programs(tools=(...))` lets the model answer with a short program over the named
+    tools (the `run_program` tool): each call it makes is checked, approved, journaled and
+    reconciled like one the model makes itself (docs/programs.md). `skills` names folders of
+    skills (a `SKILL.md` each, optional program files): the model sees their names and
+    descriptions and loads one by name (the `load_skill` tool) as trusted operator material.
 
     The functions an agent and its tools declare, and what each is given (`ctx` is the call's
     `ToolContext`, `args` the tool's argument model, `action` an `Action` from the journal):
@@ -226,6 +235,8 @@ class Agent[DepsT]:
         scenarios: Sequence[Scenario] = (),
         health: Callable[[DepsT], Iterable[str]] | None = None,
         roles: Roles = DEFAULT_ROLES,
+        programs: Programs | None = None,
+        skills: str | Path | Sequence[str | Path] | None = None,
     ) -> None:
         if not AGENT_NAME.fullmatch(name):
             raise ToolDefinitionError(f"agent name {name!r}: lowercase letters, digits, _ and -")
@@ -277,11 +288,23 @@ class Agent[DepsT]:
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
         self._declared: list[ToolContract] = [
-            c for c in tools if getattr(c, "name", None) not in handoffs
+            c
+            for c in tools
+            if getattr(c, "name", None) not in handoffs
+            and not isinstance(c, ProgramContract | SkillContract)
         ]
         self._contracts: list[ToolContract] = []
         for contract in [*self._declared, *handoffs.values()]:
             self._add(contract, declared=False)
+        # Program actions (tools.program): the runtime's run_program tool, offered to the model
+        # with the agent's own tools, carrying the declaration.
+        self.programs = programs
+        if programs is not None:
+            self._add(program_contract(programs), declared=False)
+        # Skills (tools.skills): folders read once, here; the runtime's load_skill tool.
+        self.skills = skills
+        if skills is not None:
+            self._add(skill_contract(read_skills(skills)), declared=False)
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, version={self.version!r}, tools={self.tools.names()})"
@@ -361,7 +384,8 @@ class Agent[DepsT]:
 
     def replace(self, **changes: Any) -> Agent[DepsT]:
         """A copy of this agent with some of its parts replaced, as keywords of `Agent(...)`
-        (a test's model or budget, a variant with one more tool: `tools=[*agent.tools, t]`)."""
+        (a test's model or budget, a variant with one more tool: `tools=[*agent.tools, t]`).
+        A variant given other tools keeps the programs of the tools it still has."""
         parts: dict[str, Any] = {
             "name": self.name,
             "instructions": self.instructions,
@@ -384,10 +408,17 @@ class Agent[DepsT]:
             "scenarios": self.scenarios,
             "health": self.health,
             "roles": self.roles,
+            "programs": self.programs,
+            "skills": self.skills,
         }
         unknown = sorted(set(changes) - set(parts))
         if unknown:
             raise TypeError(f"Agent has no part {', '.join(unknown)}")
+        if "tools" in changes and "programs" not in changes and self.programs is not None:
+            # Programs call what the variant still has (none left: it offers no programs).
+            names = {getattr(c, "name", None) for c in changes["tools"]}
+            kept = tuple(t for t in self.programs.tools if t in names)
+            parts["programs"] = dataclasses.replace(self.programs, tools=kept) if kept else None
         return Agent(**(parts | changes))
 
     @property
@@ -402,6 +433,13 @@ class Agent[DepsT]:
                 raise ToolDefinitionError(
                     f"tool {contract.name}: replaces names {', '.join(unknown)}, which agent "
                     f"{self.name} does not have"
+                )
+        if self.programs is not None:
+            callable_ = sorted(set(self.programs.tools) - (names - {PROGRAM_TOOL, SKILL_TOOL}))
+            if callable_:
+                raise ToolDefinitionError(
+                    f"agent {self.name}: Programs(tools=...) names {', '.join(callable_)}, which"
+                    " are not tools of the agent a program can call"
                 )
         touching = sorted(c.name for c in self._contracts if c.declares_resources)
         if self.boundary_of is None and touching:

@@ -37,6 +37,7 @@ from loopwright.graph.state import (
 from loopwright.nodes.verify import refusal_words
 from loopwright.observability.redaction import REDACTED, redact, redacted_digest
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
+from loopwright.tools.program import ProgramRun
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
@@ -189,14 +190,35 @@ def _pending_line(pending: PendingCall) -> list[str]:
         f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
         f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
         + (f"; why: {inline(request.why)}" if request.why else "")
+        + (f", a call of program {inline(pending.program)}" if pending.program else "")
     ]
+
+
+def _program_line(raw: dict[str, Any], redactor: Redactor) -> str:
+    """Where a program action stands after validate: the calls it made with their outcomes,
+    and the one it waits on, or its end."""
+    program = ProgramRun.model_validate(raw)
+    made = [c for c in program.calls if c.outcome != "waiting"]
+    so_far = ", ".join(f"{inline(c.tool)} {inline(c.code or c.outcome)}" for c in made)
+    line = f"program {inline(program.call_id)}"
+    if program.skill:
+        line += f" (skill {inline(program.skill)})"
+    if program.waiting is not None:
+        call = program.waiting
+        line += f" waits on call {len(program.calls)}: {redactor.call(call.tool, call.args)}"
+    else:
+        line += f" [bold]ended[/] after {len(made)} calls"
+    return line + (f"; calls so far: {so_far}" if so_far else "")
 
 
 def _validate_lines(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
     if node != "validate":
         return []
     pending = (PendingCall.model_validate(p) for p in update.get("pending") or [])
-    return [line for call in pending for line in _pending_line(call)]
+    lines = [line for call in pending for line in _pending_line(call)]
+    if update.get("program"):
+        lines.append(_program_line(update["program"], redactor))
+    return lines
 
 
 def _evidence_lines(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -39,6 +39,7 @@ from loopwright import (
     PermissionDenied,
     PreconditionFailed,
     Principal,
+    Programs,
     ReconcileResult,
     ReconcileStatus,
     Scenario,
@@ -464,6 +465,11 @@ agent: Agent[RefundServices] = Agent(
     ),
     shared=shared_services,
     health=services_down,
+    # "Refund each eligible order of mine": one program over the orders instead of a model step
+    # per order; each refund in it is still checked, approved, journaled and reconciled.
+    programs=Programs(tools=("get_order", "get_policy", "submit_refund", "get_refund_status")),
+    # How to do that, loaded by the model when a task asks for it (skills/*/SKILL.md).
+    skills=Path(__file__).parent / "skills",
     # What `loopwright faults` proves it on: the demo's task, each trial on fresh services, which
     # a crash trial's processes reach through $LOOPWRIGHT_SERVICES.
     scenarios=[
@@ -509,15 +515,16 @@ def get_refund_status(ctx: Ctx, args: GetRefundStatusArgs) -> Refund:
 # --- the write -----------------------------------------------------------------------------
 
 
-def refund_needs_approval(ctx: Ctx, args: SubmitRefundArgs) -> str | None:
-    """A refund above the policy's approval threshold needs a person; the reason names both."""
+def refund_needs_approval(ctx: Ctx, args: SubmitRefundArgs) -> str | Literal[False]:
+    """A refund above the policy's approval threshold needs a person, the reason naming both;
+    False for one at or below it (any other answer asks for a person)."""
     try:
         policy = fetch_policy(ctx)
         threshold, whose = Decimal(policy.approval_threshold), f"refund policy v{policy.version}"
     except ToolFault:  # fail closed: the reference threshold applies
         threshold, whose = DEFAULT_APPROVAL_THRESHOLD, "reference policy (the policy is unreadable)"
     if Decimal(args.amount) <= threshold:
-        return None
+        return False
     return f"{args.amount} {args.currency} is above the approval threshold of {threshold} ({whose})"
 
 

@@ -26,8 +26,16 @@ from loopwright.graph.compaction import choose_window
 from loopwright.graph.context import RunContext
 from loopwright.graph.crashpoints import crash_point
 from loopwright.graph.plan import describe_plan
-from loopwright.graph.state import Action, ActionStatus, Phase, RunState, append_messages
-from loopwright.graph.views import actions_of, principal_of
+from loopwright.graph.state import (
+    Action,
+    ActionStatus,
+    CallVerdict,
+    Phase,
+    RunState,
+    append_messages,
+)
+from loopwright.graph.views import actions_of, pending_of, principal_of, program_of_message
+from loopwright.nodes import skills
 from loopwright.nodes.guard import gate
 
 RUNTIME_RULES = """\
@@ -88,6 +96,10 @@ def system_text(state: RunState, tools: list[str], context: RunContext) -> str:
         f"Task boundary: {boundary}.",
         f"Tools available now: {', '.join(tools)}.",
     ]
+    offered = skills.offered(context, tools)
+    if offered is not None:
+        lines += ["", "Skills you can load with load_skill (working methods from your operator):"]
+        lines += [f"- {s.name}: {s.description}" for s in offered.skills]
     actions = actions_of(state)
     if actions:
         lines += ["", "Task state from the action journal (authoritative):"]
@@ -116,6 +128,8 @@ def compile_context(state: RunState, runtime: Runtime[RunContext]) -> dict[str, 
     update = gate(state, runtime.context)
     if update.get("phase") != Phase.READY.value:
         return update
+    if any(c.verdict is CallVerdict.RUNNING for c in pending_of(state)):
+        return update  # the run's program goes on first: no model request while it waits
     return {**update, **_compile(_with(state, update), runtime.context)}
 
 
@@ -150,14 +164,23 @@ def _compile(state: RunState, context: RunContext) -> dict[str, Any]:
 
 
 def render(state: RunState) -> list[BaseMessage]:
-    """The messages the model step sends: the compiled system text, the task, the window, and
-    the runtime's feedback, if any, last."""
+    """The messages the model step sends: the compiled system text with the skills the run
+    loaded (trusted: the operator's), the task, the window, and the runtime's feedback, if
+    any, last. The answers to a program's calls are not among them: the model asked for the
+    program, and sees what it returned."""
     compiled = state.get("context") or {}
     history = state["history"]
     feedback = compiled.get("feedback") or []
+    window = [
+        m for m in history[max(1, compiled.get("window_start", 1)) :] if not program_of_message(m)
+    ]
+    system = compiled.get("system", "") + "".join(
+        f"\n\nSkill {s.name} (version {s.version}), a working method from your operator:\n{s.body}"
+        for s in skills.loaded_skills(state)
+    )
     return [
-        SystemMessage(content=compiled.get("system", "")),
+        SystemMessage(content=system),
         *history[:1],
-        *history[max(1, compiled.get("window_start", 1)) :],
+        *window,
         *([feedback_message(feedback)] if feedback else []),
     ]

@@ -42,6 +42,8 @@ from loopwright.graph.views import (
     usage_of,
     why_not,
 )
+from loopwright.tools.program import PROGRAM_TOOL
+from loopwright.tools.sandbox import sandbox_version
 
 # A refused permission is not retried: the model hears why once; a second refusal stops.
 MAX_DENIALS = 2
@@ -62,6 +64,7 @@ def _first_step(state: RunState, context: RunContext) -> dict[str, Any]:
         model_settings=context.model_settings,
         prompt_version=context.prompt_version,
         tool_schemas=context.tools.schema_hashes(),
+        sandbox=sandbox_version() if context.tools.get(PROGRAM_TOOL) else "",
     )
     return {
         "principal": principal,

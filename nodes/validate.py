@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from langchain_core.messages import ToolMessage
 from langgraph.runtime import Runtime
 from pydantic import BaseModel, ValidationError
 
@@ -63,6 +62,7 @@ from loopwright.graph.views import (
     principal_of,
     tool_result,
 )
+from loopwright.nodes import program, skills
 from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
 
 # An unknown tool's name is echoed back to the model this long at most (names can be huge).
@@ -421,44 +421,78 @@ def _apply_decision(
     return call.model_copy(update={"verdict": CallVerdict.READY}), [action], None
 
 
+def _check_new(
+    call: PendingCall,
+    state: RunState,
+    context: RunContext,
+    allowed: list[str],
+) -> tuple[PendingCall, list[Action], ToolEnvelope | None]:
+    """The checks of a call met for the first time: refused with its answer, planned (a write,
+    journaled; answered at once if the journal settles it), or ready."""
+    ctx = context.tool_context(state, bounded=True)
+    try:
+        contract, args = check_call(call, ctx, context, allowed=allowed, preconditions=False)
+        if contract.effect is Effect.WRITE:
+            call, action, answer = _plan_write(call, contract, args, state, context)
+            return call, [action], answer
+        return call.model_copy(update={"verdict": CallVerdict.READY}), [], None
+    except Refusal as refusal:
+        call = call.model_copy(update={"verdict": CallVerdict.REJECTED, "error": refusal.error})
+        return call, [], ToolEnvelope(status="error", error=refusal.error)
+
+
 def validate(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     crash_point("node:validate:start")
     context = runtime.context
-    ctx = context.tool_context(state, bounded=True)
     decisions = {
         r["approval_id"]: ApprovalRecord.model_validate(r) for r in state.get("approvals") or []
     }
     offered = (state.get("context") or {}).get("tools") or context.tools.names()
+    programs = program.offered(context, offered)
+    # A program's calls may name only the tools declared for programs (and offered now).
+    for_programs = program.allowed_in(programs, offered) if programs else []
     calls: list[PendingCall] = []
-    answers: list[ToolMessage] = []
+    answered: dict[str, ToolEnvelope] = {}
     actions: list[Action] = []
+    # The loop's own tools (programs, skills) are answered by the loop, below.
+    own = {program.PROGRAM_TOOL} if programs else set()
+    if skills.offered(context, offered):
+        own.add(skills.SKILL_TOOL)
     for call in pending_of(state):
         answer: ToolEnvelope | None = None
-        if call.verdict is None:
-            try:
-                contract, args = check_call(
-                    call, ctx, context, allowed=offered, preconditions=False
-                )
-                if contract.effect is Effect.WRITE:
-                    call, action, answer = _plan_write(call, contract, args, state, context)
-                    actions.append(action)
-                else:
-                    call = call.model_copy(update={"verdict": CallVerdict.READY})
-            except Refusal as refusal:
-                call = call.model_copy(
-                    update={"verdict": CallVerdict.REJECTED, "error": refusal.error}
-                )
-                answer = ToolEnvelope(status="error", error=refusal.error)
+        if call.verdict is None and call.tool not in own:
+            allowed = for_programs if call.program else offered
+            call, changed, answer = _check_new(call, state, context, allowed)
+            actions.extend(changed)
         elif call.verdict is CallVerdict.NEEDS_APPROVAL and call.approval is not None:
             record = decisions.get(call.approval.approval_id)
             if record is not None:
                 call, changed, answer = _apply_decision(call, record, state, context)
                 actions.extend(changed)
         if answer is not None:
-            answers.append(tool_result(call, answer))
+            answered[call.call_id] = answer
         calls.append(call)
+    answers = [tool_result(c, answered[c.call_id]) for c in calls if c.call_id in answered]
+    update: dict[str, Any] = {}
+    if (loading := skills.load(state, context, calls, offered)) is not None:
+        calls, answers = loading.calls, answers + loading.answers
+        update |= loading.update
+    driven = program.advance(
+        state,
+        context,
+        calls,
+        answered,
+        offered,
+        lambda made: _check_new(made, state, context, for_programs),
+    )
+    if driven is not None:
+        calls, answers = driven.calls, answers + driven.answers
+        actions.extend(driven.actions)
+        if driven.program is not None:
+            update["program"] = driven.program.model_dump(mode="json")
     waiting = any(c.verdict is CallVerdict.NEEDS_APPROVAL for c in calls)
     return {
+        **update,
         "pending": dump_pending(calls),
         "history": answers,
         "journal": dump_actions(actions),

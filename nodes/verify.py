@@ -72,6 +72,7 @@ from loopwright.graph.views import (
     latest_per_intent,
     messages_of,
     not_done,
+    program_of_message,
     stop,
     why_not,
 )
@@ -265,7 +266,10 @@ def refused_calls(
         if isinstance(message, AIMessage):
             names.update({str(c["id"]): c["name"] for c in message.tool_calls})
         elif isinstance(message, ToolMessage) and isinstance(message.content, str):
-            tool = names.get(message.tool_call_id)
+            # A program's call is named by its answer (the model never asked for it by name).
+            tool = names.get(message.tool_call_id) or (
+                message.name if program_of_message(message) else None
+            )
             if tool is None or tool not in writes or message.tool_call_id in journaled:
                 continue
             try:

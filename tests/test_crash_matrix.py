@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,35 @@ def advance(run_id: str, db: str, env: dict[str, str]) -> Finished:
     return cli("resume", run_id, "--db", db, env=env)
 
 
+def crash_and_resume(
+    first: Finished, armed: Sequence[str], run_id: str, db: str, env: dict[str, str]
+) -> str:
+    """Take a run on from its first process (`first`, armed at `armed[0]`) as an operator
+    would (`advance`), each next process armed at the next point once the last was reached,
+    until it ends COMPLETED; the last process's output. `""` arms nothing in its process (a
+    point to reach in a later one). Every point armed must be reached, each exactly once."""
+    points, result, crashes = list(armed), first, 0
+    for _ in range(10):
+        code, output = result.returncode, result.stdout + result.stderr
+        if code == CRASH_EXIT:
+            crashes += 1
+            release_crashed(result, db, run_id)
+        else:
+            # Resumed to an approval, a parked reconciliation, or the end (reports.EXIT_CODES);
+            # a process that stopped so before its armed point says so.
+            expected = (0, EXIT_CODES["waiting"], EXIT_CODES["unfinished"])
+            assert code in ((UNREACHED_EXIT_CODE,) if points[0] else expected), output
+            if "COMPLETED" in output:
+                break
+        if code == CRASH_EXIT or not points[0]:
+            points.pop(0)
+        points = points or [""]
+        result = advance(run_id, db, {**env, CRASH_ENV: points[0]})
+    reached = [point for point in armed if point]
+    assert crashes == len(reached), f"crash points {reached} not all reached: {output}"
+    return output
+
+
 def assert_no_part_committed(runner: Runner, run_id: str, node: str) -> None:
     """A node's commit interrupted by a crash left none of itself: the last checkpoint is the
     one the node ran from, with none of its writes."""
@@ -92,41 +122,16 @@ def test_crash_at_point_then_resume_completes_with_one_refund(
     open_test_runner: RunnerFactory,
 ) -> None:
     env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
-    armed = list(CASES[case])
     run_id = "run-crash"
-    result = cli(
-        "run",
-        DEMO_TASK,
-        "--user",
-        "u-1",
-        "--db",
-        database_url,
-        "--run-id",
-        run_id,
-        env={**env, CRASH_ENV: armed[0]},
-    )
-    code, output = result.returncode, result.stdout + result.stderr
+    first = cli(
+        "run", DEMO_TASK, "--user", "u-1", "--db", database_url, "--run-id", run_id,
+        env={**env, CRASH_ENV: CASES[case][0]},
+    )  # fmt: skip
     if case.startswith("checkpoint:commit:"):
-        assert code == CRASH_EXIT, output
+        assert first.returncode == CRASH_EXIT, first.stdout + first.stderr
         with open_test_runner() as runner:
             assert_no_part_committed(runner, run_id, node=case.rpartition(":")[2])
-    crashes = 0
-    for _ in range(8):
-        if code == CRASH_EXIT:
-            crashes += 1
-            armed.pop(0)
-            release_crashed(result, database_url, run_id)
-        else:
-            # Resumed to an approval, a parked reconciliation, or the end (reports.EXIT_CODES);
-            # a process that stopped so before its armed point says so.
-            expected = (0, EXIT_CODES["waiting"], EXIT_CODES["unfinished"])
-            assert code in ((UNREACHED_EXIT_CODE,) if armed else expected), output
-            if "COMPLETED" in output:
-                break
-        step_env = {**env, CRASH_ENV: armed[0]} if armed else env
-        result = advance(run_id, database_url, step_env)
-        code, output = result.returncode, result.stdout + result.stderr
-    assert crashes == len(CASES[case]), f"crash points {CASES[case]} not all reached: {output}"
+    output = crash_and_resume(first, CASES[case], run_id, database_url, env)
     assert "COMPLETED" in output, output
 
     with open_test_runner() as runner:

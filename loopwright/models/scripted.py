@@ -35,6 +35,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import PrivateAttr
 
 from loopwright.graph.state import canonical_json, digest
+from loopwright.tools.program import PROGRAM_TOOL
+from loopwright.tools.skills import SKILL_TOOL
 
 # Streaming splits text and tool arguments into pieces of at most this many parts, so consumers
 # are exercised on fragments the way a provider stream exercises them.
@@ -56,6 +58,17 @@ class Decision:
     content: str = ""
     tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     raw_arguments: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def program(cls, code: str, inputs: dict[str, Any] | None = None) -> Decision:
+        """Answer with a program over the agent's tools (a program action: `run_program`),
+        started with `inputs` as its global names."""
+        return cls(tool_calls=[(PROGRAM_TOOL, {"code": code, "inputs": inputs or {}})])
+
+    @classmethod
+    def skill(cls, name: str) -> Decision:
+        """Ask for one of the agent's skills (`load_skill`)."""
+        return cls(tool_calls=[(SKILL_TOOL, {"name": name})])
 
 
 @runtime_checkable

@@ -41,6 +41,7 @@ from loopwright.graph.state import (
     PendingCall,
     RunState,
     canonical_json,
+    digest,
 )
 from loopwright.observability.redaction import redact, redacted_digest
 from loopwright.observability.tracing import active_tracer, capture_raw_args, span
@@ -142,6 +143,7 @@ def _note_update(
     if node == "validate":
         for raw in update.get("pending") or []:
             _note_verdict(opened, PendingCall.model_validate(raw), tools)
+        _note_program(opened, update)
     pending = state.get("pending") or []
     decided = {r["approval_id"] for r in state.get("approvals") or []}
     asked = {c["approval"]["approval_id"]: c["tool"] for c in pending if c.get("approval")}
@@ -159,6 +161,28 @@ def _note_update(
                     **_approval_digest(tools, tool, record["digest"]),
                 },
             )
+
+
+def _note_program(opened: Span, update: dict[str, Any]) -> None:
+    """A program action where validate left it (its source's digest, where it stands, how many
+    calls it made, the one it waits on), and each skill the run loaded, with its version."""
+    program = update.get("program")
+    if program:
+        calls = program.get("calls") or []
+        attributes: Attributes = {
+            "loopwright.program.call_id": program["call_id"],
+            "loopwright.program.status": program["status"],
+            "loopwright.program.source_digest": digest(program["source"])[:16],
+            "loopwright.program.sandbox": program["sandbox"],
+            "loopwright.program.calls": len(calls),
+        }
+        if program.get("skill"):
+            attributes["loopwright.program.skill"] = program["skill"]
+        if calls and calls[-1]["outcome"] == "waiting":
+            attributes["loopwright.program.waiting_on"] = calls[-1]["call_id"]
+        opened.add_event("program", attributes)
+    for name, version in ((update.get("versions") or {}).get("skills") or {}).items():
+        opened.add_event("skill", {"loopwright.skill": name, "loopwright.skill.version": version})
 
 
 def _usage(usage: Mapping[str, Any]) -> Attributes:
@@ -196,6 +220,8 @@ def _note_verdict(opened: Span, call: PendingCall, tools: ToolRegistry) -> None:
         attributes["loopwright.error.code"] = str(call.error.get("code"))
     if call.action_id is not None:
         attributes["loopwright.action_id"] = call.action_id
+    if call.program is not None:
+        attributes["loopwright.program.call_id"] = call.program
     if call.approval is not None:
         attributes["loopwright.approval_id"] = call.approval.approval_id
         attributes |= _approval_digest(tools, call.tool, call.approval.digest)
