@@ -116,8 +116,9 @@ BAD_WRITES: list[tuple[dict[str, Any], str]] = [
     ({"produces": ["booking_id"]}, r"produces names booking_id, which \w+ lacks"),
     ({"preconditions": [async_rule]}, r"preconditions\[0\] is an async function"),
     (
-        {"needs_approval": "yes"},
-        "needs_approval is 'yes': True .always., False .never. or a condition",
+        {"needs_approval": 1},
+        "needs_approval is 1: True .always., a reason in words .always, saying why., False"
+        " .never. or a condition",
     ),
     ({"max_attempts": 3}, "max_attempts: a read's declarations, and this tool is a write"),
     ({"timeout_s": 0}, "timeout_s must be a number above 0, not 0"),
