@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from loopwright import Budget
-from loopwright.cli import UsageError, _pending_approvals, decide
+from loopwright.cli.approvals_command import pending_approvals
+from loopwright.cli.errors import UsageError
+from loopwright.cli.hosting import decide
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
@@ -576,7 +578,7 @@ def test_the_approvals_list_reads_only_the_runs_that_have_not_ended(
             return outcome(run_id)
 
         monkeypatch.setattr(runner, "outcome", reading)
-        [request] = _pending_approvals(runner)
+        [request] = pending_approvals(runner)
         unended = [record.run_id for record in runner.leases.unended()]
     assert [e.phase for e in ended] == ["COMPLETED", "COMPLETED", "INCOMPLETE"]
     assert unended == read == [waiting.run_id]

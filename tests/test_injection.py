@@ -16,7 +16,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 
 from loopwright.checkpoints.journal import open_journal
-from loopwright.cli import decide
+from loopwright.cli.hosting import decide
 from loopwright.graph.context import RunContext
 from loopwright.graph.protocol import UNTRUSTED_HEADER
 from loopwright.graph.state import Action, ActionStatus, StopReason, initial_state

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
-from loopwright.cli import decide
+from loopwright.cli.hosting import decide
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import ActionStatus, RunState
 from loopwright.models.scripted import Decision, ScriptedChatModel
