@@ -66,7 +66,7 @@ def user_error(exc: Exception) -> str | None:
         RunExists,
         UnknownRun,
     )
-    from loopwright.server.launch import ServerFailedToStart
+    from loopwright.server.launch import ServerFailedToStart, ServingRefused
 
     refused = (
         UsageError,
@@ -87,6 +87,7 @@ def user_error(exc: Exception) -> str | None:
         DatabaseUnavailable,
         HomeUnusable,
         ServerFailedToStart,
+        ServingRefused,
         TraceSettingsError,
     )
     if isinstance(exc, refused):

@@ -19,21 +19,30 @@ deployment an operator can plan on:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from loopwright import tls
+from loopwright._agent import Agent
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.aegra import GRACE_S
-from loopwright.server.launch import OFFLINE_ENV, file_config, wait_until_answering
+from loopwright.server.launch import (
+    OFFLINE_ENV,
+    ServingRefused,
+    file_config,
+    wait_until_answering,
+)
 
 # The engine's worker lease and its reaper decide when a dead instance's run is re-queued;
 # loopwright's run lease when another instance may take it; the drain how long a SIGTERM'd
@@ -171,6 +180,57 @@ def started_cluster(
             instance = start_instance(workdir, env, index=index, host=host, port=port)
             instances.append(stack.enter_context(instance))
         yield instances
+
+
+def checked_redis_url(given: str | None, environ: Mapping[str, str]) -> str:
+    """The Redis a deployment runs on (`given`, else REDIS_URL), answering; ServingRefused in
+    one line otherwise, or where the engine is not installed."""
+    if importlib.util.find_spec("aegra_api") is None:
+        raise ServingRefused("the aegra engine is not installed: pip install 'loopwright[aegra]'")
+    redis_url = given or environ.get(REDIS_ENV) or ""
+    if not redis_url:
+        raise ServingRefused(
+            "--engine aegra needs Redis: --redis redis://host:port/db or REDIS_URL"
+        )
+    if (why := redis_unreachable(redis_url)) is not None:
+        raise ServingRefused(f"--redis: {why}")
+    return redis_url
+
+
+@contextmanager
+def deployment(
+    agent: Agent[Any],
+    base: Mapping[str, str],
+    *,
+    database_url: str,
+    redis_url: str,
+    extra: Mapping[str, str],
+    workdir: Path,
+    host: str,
+    ports: Sequence[int],
+) -> Iterator[list[Instance]]:
+    """What the agent's instances share (`Agent(shared=...)`), started once, then the instances
+    (`started_cluster`), each with `instance_env`; all stopped when the block ends."""
+    with ExitStack() as stack:
+        if agent.shared is not None:
+            extra = {**extra, **stack.enter_context(agent.shared())}
+        env = instance_env(
+            base,
+            database_url=database_url,
+            redis_url=redis_url,
+            config=write_config(workdir),
+            extra=extra,
+        )
+        yield stack.enter_context(started_cluster(workdir, env, host=host, ports=ports))
+
+
+def first_to_exit(instances: Sequence[Instance], poll_s: float = 0.5) -> Instance:
+    """Wait until an instance exits; that instance."""
+    while True:
+        for instance in instances:
+            if instance.process.poll() is not None:
+                return instance
+        time.sleep(poll_s)
 
 
 def redis_unreachable(redis_url: str, timeout: float = 2.0) -> str | None:

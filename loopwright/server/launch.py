@@ -9,12 +9,17 @@ every piece named by module, so it works the same from a checkout and from an in
 wheel). The agent it hosts is `LOOPWRIGHT_AGENT` in its environment; checkpoints, journal and
 leases are in Postgres (`DATABASE_URL`). The server dies with the process that started it, even
 a killed one (`loopwright.server.dev`), and is found at the URL it announces.
+
+What every engine's servers are given is checked here before any starts (`serving_env`): the
+settings a server reads from the environment and the identities it takes, each refused in one
+line (`ServingRefused`) rather than by a server after it has started.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import socket
 import subprocess
@@ -22,15 +27,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
 from loopwright import tls
+from loopwright.checkpoints.database import HOME_ENV
+from loopwright.graph.roles import Roles
+from loopwright.observability.tracing import TRACE_FILE_ENV, TraceSettings
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
-from loopwright.server.admissions import RUN_SLOTS
+from loopwright.runner import lease_ttl_from_env
+from loopwright.server.admissions import RUN_SLOTS, per_principal_from_env
+from loopwright.server.bearer_tokens import PLAIN_TOKENS_ENV, TOKENS_ENV, TOKENS_FILE_ENV
 from loopwright.server.dev import GRACE_S
+from loopwright.server.identities import Identities
+from loopwright.server.jwt_identity import JWKS_ENV, JwtSettings
+from loopwright.server.users import IdentityConfigError
 
 # The graph's id on the server: what clients and the inbox name as the assistant.
 GRAPH_ID = "loopwright"
@@ -57,6 +71,102 @@ ANNOUNCED_URL = re.compile(rb"API: (?:\x1b\[[0-9;]*m)?(https?://[^\s\x1b]+)")
 
 class ServerFailedToStart(RuntimeError):
     pass
+
+
+class ServingRefused(ValueError):
+    """What the servers would be given, refused before any starts; the message says why."""
+
+
+@dataclass
+class ServingEnv:
+    """What every server of a deployment is given besides the operator's environment, and what
+    a person starting it must be told about it (the development identities, say)."""
+
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+
+def serving_env(
+    environ: Mapping[str, str], *, database_url: str, agent_path: str, roles: Roles, use_dev: bool
+) -> ServingEnv:
+    """The environment each server of `agent_path` on `database_url` gets: the settings it reads
+    checked, the paths the environment names made absolute, and its identities (the
+    development table only where `use_dev`). ServingRefused, in one line, for what no server
+    could serve with."""
+    check_server_settings(environ)
+    served = identity_env(environ, use_dev=use_dev, roles=roles)
+    served.env |= {"DATABASE_URL": database_url, "LOOPWRIGHT_AGENT": agent_path}
+    served.env |= paths_from_here(environ)
+    return served
+
+
+def check_server_settings(environ: Mapping[str, str]) -> None:
+    """The run settings a server reads from the environment, refused here in one line rather
+    than by the server at its first request, after it has started."""
+    try:
+        lease_ttl_from_env()
+        per_principal_from_env(environ)
+        TraceSettings.from_env()
+    except ValueError as exc:
+        raise ServingRefused(str(exc)) from exc
+
+
+def paths_from_here(environ: Mapping[str, str]) -> dict[str, str]:
+    """The paths the environment names, resolved against the directory the command was started
+    in, for a server that runs in a directory of its own: the application stays importable
+    (this directory, then PYTHONPATH's entries), and loopwright's home and trace file are
+    where the user meant them."""
+    named = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = {"PYTHONPATH": os.pathsep.join([os.getcwd(), *(os.path.abspath(p) for p in named)])}
+    for name in (HOME_ENV, TRACE_FILE_ENV):
+        if value := environ.get(name):
+            paths[name] = os.path.abspath(value)
+    return paths
+
+
+def identity_env(environ: Mapping[str, str], *, use_dev: bool, roles: Roles) -> ServingEnv:
+    """The identities the server takes: the operator's JWT keys and token table (relative
+    files made absolute: the server runs in a directory of its own), else the development
+    table where allowed, saying so. Refused here, in one line, if a server could not use them
+    (an Aegra instance whose auth module fails to load would serve without any)."""
+    served = ServingEnv({})
+    if named := environ.get(TOKENS_FILE_ENV):
+        served.env[TOKENS_FILE_ENV] = str(Path(named).absolute())
+    try:
+        jwt_settings = JwtSettings.from_env(environ)
+    except IdentityConfigError as exc:
+        raise ServingRefused(f"identities: {exc}") from None
+    if jwt_settings is not None and not jwt_settings.is_url:
+        served.env[JWKS_ENV] = str(Path(jwt_settings.jwks).absolute())
+    if not (named or jwt_settings or environ.get(TOKENS_ENV)):
+        if not use_dev:
+            raise ServingRefused(
+                f"no identities: set {JWKS_ENV} (your identity provider's keys) or name a token"
+                f" table in {TOKENS_FILE_ENV}, or serve with --dev-tokens for the development"
+                " one (never in production)"
+            )
+        served.env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
+        served.env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published
+        served.notes += dev_token_notes(roles)
+    try:
+        Identities({**environ, **served.env})  # what each server builds at its start
+    except IdentityConfigError as exc:
+        raise ServingRefused(f"identities: {exc}") from None
+    return served
+
+
+def dev_token_notes(roles: Roles) -> list[str]:
+    """What a person serving with the development table is told: that it is, and which of its
+    roles grant nothing with the agent."""
+    notes = [f"no identities configured: using the development tokens in {DEV_TOKENS}"]
+    dev_roles = {r for user in json.loads(DEV_TOKENS.read_text()).values() for r in user["roles"]}
+    if idle := sorted(r for r in dev_roles if not roles.granting(r)):
+        notes.append(
+            f"their roles {', '.join(idle)} grant nothing with this agent, whose roles are"
+            f" {roles}: give its people tokens of those (loopwright tokens new --role ROLE)"
+            f" in a table of your own, {TOKENS_FILE_ENV}"
+        )
+    return notes
 
 
 def file_config() -> dict[str, Any]:
