@@ -443,20 +443,28 @@ class Runner:
         changes: dict[str, Any] | None = None,
         on_step: StepListener | None = None,
         wait: float = 0.0,
+        approval_id: str | None = None,
     ) -> RunOutcome:
         """Answer the approval the run waits for, as `approver`, and advance the run (through
         parked reconciliations for up to `wait` seconds, as `start`).
 
         The decision names the request's digest (it authorises that action and nothing else);
-        an edit changes only `changes`, arguments the write declares editable. Raises
-        ValueError for a decision that cannot be made, NoPendingApproval if the run waits for
-        none. Whether the approver may decide is the run's to check (the agent's approvers)."""
+        an edit changes only `changes`, arguments the write declares editable. `approval_id`:
+        the request the decider was shown, which the run must still wait for. Raises
+        DecisionRefused (EditRefused) for a decision that cannot be made, NoPendingApproval if
+        the run waits for none (or for another). Whether the approver may decide is the run's
+        to check (the agent's approvers)."""
         waiting = self.outcome(run_id).waiting_for_approval
-        if not waiting:
+        if not waiting or approval_id not in (None, waiting[0]["approval_id"]):
             raise NoPendingApproval(run_id)
         request = ApprovalRequest.model_validate(waiting[0])
         self.check_separation(request, decision, approver)
-        answer = request.answer(decision, approver, comment, changes)
+        try:
+            answer = request.answer(decision, approver, comment, changes)
+        except ValidationError as exc:
+            raise DecisionRefused(validation_problems(exc)) from None
+        except ValueError as exc:  # an edit of what may not change, a change without an edit
+            raise DecisionRefused(str(exc)) from None
         if answer.args is not None:
             self.check_edit(request, answer.args)
         outcome = self._resume(run_id, answer.model_dump(mode="json"), on_step)
@@ -861,7 +869,7 @@ class DecisionNotTaken(RuntimeError):
 
 class DecisionRefused(ValueError):
     """A decision the runtime refuses before the run sees it (an editor approving their own
-    edit); the request still waits for another approver."""
+    edit, an edit of what may not change); the request still waits for a decision."""
 
 
 class EditRefused(ValueError):

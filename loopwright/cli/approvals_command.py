@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -161,11 +163,10 @@ def decide_command(
     tenant: str | None = None,
 ) -> None:
     """An approver of `tenant` decides a request of that tenant's runs (another tenant's are
-    not theirs to see: the same answer as for no request at all)."""
+    not theirs to see: the same answer as for no request at all): `Runner.decide`, or for a run
+    a server hosts, that server's inbox (which decides it the same way)."""
     from loopwright.cli import hosting
     from loopwright.cli.ending import conclude
-    from loopwright.graph.state import ApprovalDecision, ApprovalRequest
-    from loopwright.runner import DecisionRefused, EditRefused
 
     hosted = hosting.agent_for(agent)
     of_tenant = hosting.tenant_of(tenant)
@@ -182,32 +183,42 @@ def decide_command(
             raise UsageError(missing)
         if decision == "approve" and request.get("confirm") and not confirmed:
             confirm_approval(request)
-        # Separation of duties, judged on the run's own records before the run is resumed.
-        try:
-            runner.check_separation(ApprovalRequest.model_validate(request), decision, approver)
-        except DecisionRefused as exc:
-            raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
         edits = parse_changes(changes or []) if decision == "edit" else None
-        answer = hosting.decide(request, decision, approver, comment, changes=edits)
-        if answer.get("args") is not None:
-            try:
-                runner.check_edit(ApprovalRequest.model_validate(request), answer["args"])
-            except EditRefused as exc:
-                raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
-        printer = hosting.step_printer(runner, as_json, request["run_id"])
-        record = runner.leases.get(request["run_id"])
+        run_id = request["run_id"]
+        printer = hosting.step_printer(runner, as_json, run_id)
         again = hosting.repeat_options(agent, db)
+        record = runner.leases.get(run_id)
         if record is not None and record.engine:
             # Resumed by the engine that hosts it, never behind its back: the engine's own run
             # and thread records then end as the run does.
             decided_by_server(server, request, decision, comment, edits)
-            outcome = runner.outcome(request["run_id"])
-            conclude(runner, outcome, printer, as_json=as_json, again=again)
-        with hosting.advancing(request["run_id"], again):
-            outcome = runner.resume(request["run_id"], answer, on_step=printer)
-        # Before the run's end is shown: a decision that did not take effect says only that.
-        runner.check_taken(request["run_id"], ApprovalDecision.model_validate(answer))
+            outcome = runner.outcome(run_id)
+        else:
+            with hosting.advancing(run_id, again), refused(approval_id, missing):
+                outcome = runner.decide(
+                    run_id,
+                    decision,
+                    approver,
+                    comment=comment,
+                    changes=edits,
+                    on_step=printer,
+                    approval_id=approval_id,
+                )
         conclude(runner, outcome, printer, as_json=as_json, again=again)
+
+
+@contextmanager
+def refused(approval_id: str, missing: str) -> Iterator[None]:
+    """A decision the runtime refuses before the run sees it, in one line: the request still
+    waits (or, decided meanwhile, is no longer pending)."""
+    from loopwright.runner import DecisionRefused, EditRefused, NoPendingApproval
+
+    try:
+        yield
+    except NoPendingApproval:
+        raise UsageError(missing) from None
+    except (DecisionRefused, EditRefused) as exc:
+        raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
 
 
 def decided_by_server(

@@ -28,7 +28,7 @@ from loopwright.checkpoints.leases import LeaseHeld
 from loopwright.cli.errors import DepsUnavailable, UsageError
 from loopwright.cli.output import console, errors
 from loopwright.display import flat
-from loopwright.graph.state import DEFAULT_TENANT, ApprovalChoice, ApprovalRequest, Principal
+from loopwright.graph.state import DEFAULT_TENANT, Principal
 from loopwright.graph.text import checked_tenant, validation_problems
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, UnknownRun, lease_ttl_from_env, open_runner
@@ -215,23 +215,3 @@ def repeat_options(agent: str | None, db: str | None) -> str:
     if db:
         shown += f" --db {redact(db)}"
     return shown
-
-
-def decide(
-    request: dict[str, Any],
-    decision: ApprovalChoice,
-    approver: str,
-    comment: str = "",
-    *,
-    changes: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The resume value that answers `request`; an edit changes `changes` and keeps the rest."""
-    try:
-        answer = ApprovalRequest.model_validate(request).answer(
-            decision, approver, comment, changes
-        )
-    except ValidationError as exc:
-        raise UsageError(validation_problems(exc)) from None
-    except ValueError as exc:  # separation of duties; an edit of what may not change
-        raise UsageError(str(exc)) from None
-    return answer.model_dump(mode="json")

@@ -48,8 +48,6 @@ def drive(
     interactive: bool = True,
 ) -> RunOutcome:
     """Answer approval interrupts on the terminal (or with --yes) until the run stops asking."""
-    from loopwright.cli.hosting import decide
-
     while outcome.waiting_for_approval:
         request = outcome.waiting_for_approval[0]
         if yes:
@@ -67,8 +65,13 @@ def drive(
             if decision == "reject"
             else ""
         )
-        outcome = runner.resume(
-            outcome.run_id, decide(request, decision, approver, why), on_step=printer
+        outcome = runner.decide(
+            outcome.run_id,
+            decision,
+            approver,
+            comment=why,
+            on_step=printer,
+            approval_id=request["approval_id"],
         )
     return outcome
 
