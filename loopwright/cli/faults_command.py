@@ -59,6 +59,7 @@ def faults(
     else:
         for skipped in proof.skipped:
             console.print(f"not tried: {skipped}", markup=False)
+        console.print(f"the trials' runs: {proof.proof}-* (loopwright show RUN_ID)", markup=False)
         trials, failed = len(proof.trials), len(proof.failures)
         verdict = (
             f"held under every fault tried: {trials} trials, 0 failed"
