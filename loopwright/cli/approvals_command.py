@@ -168,6 +168,7 @@ def decide_command(
     from loopwright.cli import hosting
     from loopwright.cli.ending import conclude
 
+    hosting.checked_person(approver, "--as")
     hosted = hosting.agent_for(agent)
     of_tenant = hosting.tenant_of(tenant)
     missing = f"no pending approval {approval_id!r} of tenant {of_tenant!r}"

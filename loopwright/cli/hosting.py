@@ -32,6 +32,7 @@ from loopwright.graph.state import DEFAULT_TENANT, Principal
 from loopwright.graph.text import checked_tenant, validation_problems
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, UnknownRun, lease_ttl_from_env, open_runner
+from loopwright.server.service_identity import SERVICE_USER_ID
 from loopwright.stopping import stopping_at_once
 from loopwright.timeline import TimelinePrinter
 from loopwright.tools.contract import ToolDefinitionError
@@ -171,6 +172,15 @@ def principal_for(runner: Runner, user_id: str, task: str, tenant: str | None = 
         return runner.principal_for(user_id, task, tenant=tenant_of(tenant))
     except TaskRefused as exc:
         raise UsageError(str(exc)) from None
+
+
+def checked_person(user_id: str, option: str) -> None:
+    """Refuse, before anything opens, the user id of the servers' own identity (the one that
+    wakes parked runs) named as a person's: no run is started or decided as it."""
+    if user_id == SERVICE_USER_ID:
+        raise UsageError(
+            f"{option} {user_id}: that is the servers' own identity, no person's; name the user"
+        )
 
 
 def require_approver(runner: Runner, approver: str) -> None:

@@ -141,6 +141,7 @@ def run(
     from loopwright.runner import checked_start, new_run_id
 
     run_id = new_run_id() if run_id is None else checked_run_id(run_id)
+    hosting.checked_person(user, "--user")
     tenant_name = hosting.tenant_of(tenant)
     checked_start(user, task, tenant_name)  # refused before a database or service is opened
     with hosting.session(hosting.agent_for(agent), db, model) as runner:

@@ -58,13 +58,25 @@ def serve(
             "--redis", help="aegra: Redis URL (redis://host:port/db). Default: $REDIS_URL."
         ),
     ] = None,
+    redis_prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-prefix",
+            metavar="PREFIX",
+            envvar="LOOPWRIGHT_REDIS_PREFIX",
+            help="aegra: the deployment's Redis key prefix (its queue and channels). Default:"
+            " one derived from the database, so that deployments on other databases never"
+            " share a queue.",
+        ),
+    ] = None,
     dev_tokens: Annotated[
         bool,
         typer.Option(
             "--dev-tokens",
-            help="aegra: serve with the development token table (dev-u1, dev-a1, ...: plain"
-            " tokens, published) where no identities are configured; otherwise set"
-            " LOOPWRIGHT_JWKS (JWTs) or LOOPWRIGHT_TOKENS_FILE (hashed tokens).",
+            help="Serve with the development token table (dev-u1, dev-a1, ...: plain tokens,"
+            " published) where no identities are configured: langgraph falls back to it on a"
+            " loopback --host only, aegra only with this flag. Otherwise set LOOPWRIGHT_JWKS"
+            " (JWTs) or LOOPWRIGHT_TOKENS_FILE (hashed tokens).",
         ),
     ] = False,
 ) -> None:
@@ -72,7 +84,7 @@ def serve(
     (one process), or a cluster of Aegra instances (`--engine aegra --instances N`)."""
     from loopwright.checkpoints.database import DatabaseKind, database_kind, resolve_database_url
     from loopwright.cli import hosting
-    from loopwright.server.launch import cannot_listen, serving_env
+    from loopwright.server.launch import Listening, cannot_listen, serving_env
 
     if engine == "langgraph" and instances not in (None, 1):
         raise UsageError("--instances: langgraph dev serves from one process; use --engine aegra")
@@ -93,8 +105,8 @@ def serve(
         os.environ,
         database_url=url,
         agent_path=path,
-        roles=hosted.roles,
-        use_dev=dev_tokens or engine == "langgraph",
+        agent=hosted,
+        listening=Listening(host, dev_tokens=dev_tokens, dev_fallback=engine == "langgraph"),
     )
     for note in served.notes:
         errors.print(note, markup=False)
@@ -102,19 +114,26 @@ def serve(
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     console.print(f"agent  {hosted.name} {hosted.version} ({path})", markup=False)
     if engine == "aegra":
-        _serve_aegra(hosted, url, redis, served.env, host=host, ports=ports)
+        _serve_aegra(hosted, url, redis, redis_prefix, served.env, host=host, ports=ports)
     else:
-        _serve_langgraph(served.env, host=host, port=port)
+        _serve_langgraph(hosted, served.env, host=host, port=port)
 
 
-def _serve_langgraph(extra: dict[str, str], *, host: str, port: int) -> None:
+def _serve_langgraph(hosted: Agent[Any], extra: dict[str, str], *, host: str, port: int) -> None:
+    """`langgraph dev`: what the agent's servers share, started first, then the server."""
     from loopwright.checkpoints.database import loopwright_home
-    from loopwright.server.launch import server_env, start_server
+    from loopwright.server.launch import server_env, shared_by_servers, start_server
 
-    env = server_env(os.environ, extra)
-    with start_server(
-        loopwright_home() / "server", env, host=host, port=port, stdout=sys.stdout.buffer
-    ) as running:
+    with (
+        shared_by_servers(hosted) as shared,
+        start_server(
+            loopwright_home() / "server",
+            server_env(os.environ, {**extra, **shared}),
+            host=host,
+            port=port,
+            stdout=sys.stdout.buffer,
+        ) as running,
+    ):
         console.print(f"API    {running.url}", markup=False)
         console.print(f"inbox  {running.url}/inbox", markup=False)
         console.print(
@@ -128,16 +147,19 @@ def _serve_aegra(
     hosted: Agent[Any],
     url: str,
     redis: str | None,
+    prefix: str | None,
     extra: dict[str, str],
     *,
     host: str,
     ports: list[int],
 ) -> None:
-    """`--engine aegra`: what the agent's instances share, started once, then the instances."""
+    """`--engine aegra`: what the agent's instances share, started once, then the instances,
+    kept running until SIGTERM (or Ctrl-C) drains them all."""
     from loopwright.checkpoints.database import loopwright_home
     from loopwright.server import cluster
 
     redis_url = cluster.checked_redis_url(redis, os.environ)
+    keys = cluster.checked_prefix(prefix) if prefix else cluster.deployment_prefix(url)
     with cluster.deployment(
         hosted,
         os.environ,
@@ -147,23 +169,22 @@ def _serve_aegra(
         workdir=loopwright_home() / "aegra",
         host=host,
         ports=ports,
+        prefix=keys,
+        say=lambda line: errors.print(f"loopwright: {line}", markup=False),
     ) as running:
-        prefix = cluster.deployment_prefix(url)
-        console.print(f"engine aegra, {len(running)} instances; Redis keys {prefix}*", markup=False)
-        for instance in running:
+        instances = running.instances
+        console.print(f"engine aegra, {len(instances)} instances; Redis keys {keys}*", markup=False)
+        for instance in instances:
             console.print(f"API    {instance.url}  (log {instance.log})", markup=False)
-        console.print(f"inbox  {running[0].url}/inbox (on every instance)", markup=False)
+        console.print(f"inbox  {instances[0].url}/inbox (on every instance)", markup=False)
         console.print(
             f"handover: a killed instance's runs go on within {cluster.KILLED_HANDOVER_S:.0f} s,"
-            f" a stopped one's within {cluster.STOPPED_HANDOVER_S:.0f} s",
+            f" a stopped one's within {cluster.STOPPED_HANDOVER_S:.0f} s; a dead instance is"
+            " started again",
             markup=False,
         )
         with contextlib.suppress(KeyboardInterrupt):
-            gone = cluster.first_to_exit(running)
-            errors.print(
-                f"loopwright: error: instance {gone.url} exited; see {gone.log}", markup=False
-            )
-            raise typer.Exit(1)
+            running.watch()
 
 
 def _raise_keyboard_interrupt(*_: object) -> None:

@@ -13,6 +13,9 @@ from loopwright.cli.errors import UsageError
 from loopwright.cli.options import AgentOption
 from loopwright.cli.output import console
 
+# What `tokens hash` reads at most: far more than any token a server takes.
+MAX_INPUT_CHARS = 65_536
+
 app = typer.Typer(
     no_args_is_help=True,
     help="Entries of a token table (`LOOPWRIGHT_TOKENS_FILE`): tokens stored hashed.",
@@ -43,6 +46,7 @@ def tokens_new(
     from loopwright.server.bearer_tokens import hash_token, new_token
     from loopwright.server.users import user_of
 
+    hosting.checked_person(user, "--user")
     try:
         named = user_of({"user_id": user, "roles": role, "tenant": tenant})
     except ValueError as exc:
@@ -66,10 +70,20 @@ def tokens_hash(
         typer.Argument(help="The token; default: read from standard input (out of the history)."),
     ] = None,
 ) -> None:
-    """The table key of a token you have: `sha256:<hex>`."""
+    """The table key of a token you have: `sha256:<hex>`. One token at a time: standard input
+    holding more than one line is refused, not hashed in part."""
     from loopwright.server.bearer_tokens import MIN_TOKEN_CHARS, hash_token
 
-    given = (token if token is not None else sys.stdin.readline()).strip()
+    text = token if token is not None else sys.stdin.read(MAX_INPUT_CHARS + 1)
+    if len(text) > MAX_INPUT_CHARS:
+        raise UsageError(f"a token is at most {MAX_INPUT_CHARS} characters")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        raise UsageError(
+            f"one token at a time: {len(lines)} lines were given (hash each with its own"
+            " `loopwright tokens hash`)"
+        )
+    given = text.strip()
     if not given or any(character.isspace() for character in given):
         raise UsageError("a token is one word, not blank")
     if len(given) < MIN_TOKEN_CHARS:

@@ -18,6 +18,7 @@ line (`ServingRefused`) rather than by a server after it has started.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
 import re
@@ -26,7 +27,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -34,16 +36,17 @@ from typing import IO, Any
 import httpx
 
 from loopwright import tls
+from loopwright._agent import Agent
 from loopwright.checkpoints.database import HOME_ENV
 from loopwright.graph.roles import Roles
-from loopwright.observability.tracing import TRACE_FILE_ENV, TraceSettings
+from loopwright.observability.tracing import TRACE_FILE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
-from loopwright.runner import lease_ttl_from_env
-from loopwright.server.admissions import RUN_SLOTS, per_principal_from_env
+from loopwright.server.admissions import RUN_SLOTS
 from loopwright.server.bearer_tokens import PLAIN_TOKENS_ENV, TOKENS_ENV, TOKENS_FILE_ENV
 from loopwright.server.dev import GRACE_S
 from loopwright.server.identities import Identities
 from loopwright.server.jwt_identity import JWKS_ENV, JwtSettings
+from loopwright.server.resources import ServerMisconfigured, check_settings
 from loopwright.server.users import IdentityConfigError
 
 # The graph's id on the server: what clients and the inbox name as the assistant.
@@ -86,29 +89,65 @@ class ServingEnv:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Listening:
+    """Where a deployment's servers listen, and whether the development token table may serve
+    them: asked for (`--dev-tokens`), or the fallback where no identities are configured, on
+    the langgraph engine and a loopback host only."""
+
+    host: str
+    dev_tokens: bool = False
+    dev_fallback: bool = True
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
 def serving_env(
-    environ: Mapping[str, str], *, database_url: str, agent_path: str, roles: Roles, use_dev: bool
+    environ: Mapping[str, str],
+    *,
+    database_url: str,
+    agent_path: str,
+    agent: Agent[Any],
+    listening: Listening,
 ) -> ServingEnv:
-    """The environment each server of `agent_path` on `database_url` gets: the settings it reads
-    checked, the paths the environment names made absolute, and its identities (the
-    development table only where `use_dev`). ServingRefused, in one line, for what no server
-    could serve with."""
-    check_server_settings(environ)
-    served = identity_env(environ, use_dev=use_dev, roles=roles)
+    """The environment each server of `agent` (at `agent_path`) on `database_url` gets: the
+    settings it reads checked, the paths the environment names made absolute, and its
+    identities. ServingRefused, in one line, for what no server could serve with."""
+    try:
+        check_settings(agent)
+    except ServerMisconfigured as exc:
+        raise ServingRefused(str(exc)) from None
+    served = identity_env(environ, roles=agent.roles, listening=listening)
     served.env |= {"DATABASE_URL": database_url, "LOOPWRIGHT_AGENT": agent_path}
     served.env |= paths_from_here(environ)
     return served
 
 
-def check_server_settings(environ: Mapping[str, str]) -> None:
-    """The run settings a server reads from the environment, refused here in one line rather
-    than by the server at its first request, after it has started."""
-    try:
-        lease_ttl_from_env()
-        per_principal_from_env(environ)
-        TraceSettings.from_env()
-    except ValueError as exc:
-        raise ServingRefused(str(exc)) from exc
+@contextmanager
+def shared_by_servers(agent: Agent[Any]) -> Iterator[dict[str, str]]:
+    """What every server of `agent` must share (`Agent(shared=...)`, e.g. a business service
+    started locally), started once for the block, as the environment that points each
+    server's dependencies at it (empty for an agent that declares nothing). ServingRefused, in
+    one line, where it cannot be started (a setting of the agent's that is wrong)."""
+    if agent.shared is None:
+        yield {}
+        return
+    with ExitStack() as stack:
+        try:
+            shared = dict(stack.enter_context(agent.shared()))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ServingRefused(
+                f"agent {agent.name}: what its servers share could not be started: {first}"
+            ) from exc
+        yield shared
 
 
 def paths_from_here(environ: Mapping[str, str]) -> dict[str, str]:
@@ -124,11 +163,11 @@ def paths_from_here(environ: Mapping[str, str]) -> dict[str, str]:
     return paths
 
 
-def identity_env(environ: Mapping[str, str], *, use_dev: bool, roles: Roles) -> ServingEnv:
+def identity_env(environ: Mapping[str, str], *, roles: Roles, listening: Listening) -> ServingEnv:
     """The identities the server takes: the operator's JWT keys and token table (relative
     files made absolute: the server runs in a directory of its own), else the development
-    table where allowed, saying so. Refused here, in one line, if a server could not use them
-    (an Aegra instance whose auth module fails to load would serve without any)."""
+    table where `listening` allows it, saying so. Refused here, in one line, if a server could
+    not use them (an Aegra instance whose auth module fails to load would serve without any)."""
     served = ServingEnv({})
     if named := environ.get(TOKENS_FILE_ENV):
         served.env[TOKENS_FILE_ENV] = str(Path(named).absolute())
@@ -139,15 +178,10 @@ def identity_env(environ: Mapping[str, str], *, use_dev: bool, roles: Roles) -> 
     if jwt_settings is not None and not jwt_settings.is_url:
         served.env[JWKS_ENV] = str(Path(jwt_settings.jwks).absolute())
     if not (named or jwt_settings or environ.get(TOKENS_ENV)):
-        if not use_dev:
-            raise ServingRefused(
-                f"no identities: set {JWKS_ENV} (your identity provider's keys) or name a token"
-                f" table in {TOKENS_FILE_ENV}, or serve with --dev-tokens for the development"
-                " one (never in production)"
-            )
+        refuse_dev_tokens(listening)
         served.env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
         served.env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published
-        served.notes += dev_token_notes(roles)
+        served.notes += dev_token_notes(roles, listening)
     try:
         Identities({**environ, **served.env})  # what each server builds at its start
     except IdentityConfigError as exc:
@@ -155,10 +189,36 @@ def identity_env(environ: Mapping[str, str], *, use_dev: bool, roles: Roles) -> 
     return served
 
 
-def dev_token_notes(roles: Roles) -> list[str]:
-    """What a person serving with the development table is told: that it is, and which of its
-    roles grant nothing with the agent."""
+def refuse_dev_tokens(listening: Listening) -> None:
+    """ServingRefused, saying how to configure identities, where no identities are configured
+    and the development table (its tokens published) may not take their place."""
+    configure = (
+        f"set {JWKS_ENV} (your identity provider's keys) or name a token table in"
+        f" {TOKENS_FILE_ENV} (loopwright tokens new makes its entries)"
+    )
+    if listening.dev_tokens:
+        return
+    if not listening.dev_fallback:
+        raise ServingRefused(
+            f"no identities: {configure}, or serve with --dev-tokens for the development one"
+            " (never in production)"
+        )
+    if not listening.loopback:
+        raise ServingRefused(
+            f"no identities, and the development tokens are published: they serve a loopback"
+            f" --host only, not {listening.host}; {configure}"
+        )
+
+
+def dev_token_notes(roles: Roles, listening: Listening) -> list[str]:
+    """What a person serving with the development table is told: that it is (and, off
+    loopback, who can use it), and which of its roles grant nothing with the agent."""
     notes = [f"no identities configured: using the development tokens in {DEV_TOKENS}"]
+    if not listening.loopback:
+        notes.append(
+            f"they are published: anyone who reaches {listening.host} can use them (development"
+            " only)"
+        )
     dev_roles = {r for user in json.loads(DEV_TOKENS.read_text()).values() for r in user["roles"]}
     if idle := sorted(r for r in dev_roles if not roles.granting(r)):
         notes.append(
