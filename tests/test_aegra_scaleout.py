@@ -643,6 +643,7 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
                 serving.kill()
                 serving.wait()
             cluster_module.forget_keys(REDIS_URL, f"{prefix}:")
+            print(output.read_text())  # what the command said, shown if the test failed
 
 
 def sending_instance(database_url: str, run_id: str, instances: dict[int, int]) -> int:
