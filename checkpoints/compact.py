@@ -381,6 +381,9 @@ class CompactSaver(FencedSaver):
             lock = self.db.spell(lock_fence_sql(run_id="%(thread)s::text"))
             self._commits = _commit_statements({"run": lock, "ours": OURS_FENCED})
 
+    def _fence_with(self, fence: Fence, watch: RunWatch | None) -> None:
+        self.legacy = self.legacy.fenced(fence, watch)
+
     # The fence and the attempt's watch are the legacy saver's too: one writer, two layouts.
     @property
     def fence(self) -> Fence | None:

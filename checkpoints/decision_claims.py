@@ -6,10 +6,11 @@ hook checks that the approval waits, but both checks pass before either run reco
 So the hook claims the request first, in the database every instance shares: the first claim
 wins, a second gets a 409 naming it. A claim is for one asking (the run, the approval and the
 interrupt that asks it): an approval asked again, after a decision the run did not take, is
-asked by a new interrupt, and claimed anew. A
-claim whose run never took it (the run cancelled before it started, its instance gone for good)
-lapses after `CLAIM_TTL_S`; the run itself still takes one decision per request, so a lapsed
-claim can at worst tell a late second approver 200, never apply two decisions.
+asked by a new interrupt, and claimed anew. The attempt a decision resumed gives the run's
+claims up as it ends (`released`), taken or not: a decision it did not take holds nobody off. A
+claim whose run never started (cancelled before it did, its instance gone for good) lapses
+after `CLAIM_TTL_S`; the run itself still takes one decision per request, so a lapsed claim can
+at worst tell a late second approver 200, never apply two decisions.
 """
 
 from __future__ import annotations
@@ -77,3 +78,9 @@ class DecisionClaims:
             " WHERE run_id = %s AND approval_id = %s AND asked = %s AND approver = %s",
             (run_id, approval_id, asked, approver),
         )
+
+    def released(self, run_id: str) -> None:
+        """Give up every claim on the run's requests: its attempt has ended, and a decision it
+        took is recorded (the request waits no more), one it did not take must not hold the
+        request from the next approver."""
+        self.db.write("DELETE FROM lw_decision_claims WHERE run_id = %s", (run_id,))

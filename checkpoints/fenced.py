@@ -49,9 +49,9 @@ version is written some 40 times a checkpoint, in its channel versions, versions
 keys. The server's saver (`loopwright.server.checkpointer`) writes the same form.
 
 Everything else of LangGraph's layout (reads, `get_delta_channel_history` for `DeltaChannel`
-state, pruning) is the stock saver's, untouched. The worker sets `saver.fence =
-Fence.of(lease)` after it claims a run; the graph's thread id is the run id. With `fence=None`
-nothing is checked.
+state, pruning) is the stock saver's, untouched. An attempt at a run writes through
+`saver.fenced(Fence.of(lease))`, a copy of the saver checking its own lease's fence
+(`loopwright.attempt`); the graph's thread id is the run id. Unfenced, nothing is checked.
 
 Only the sync savers are fenced: their async methods are not implemented by langgraph, so no
 write path bypasses the check.
@@ -59,13 +59,14 @@ write path bypasses the check.
 
 from __future__ import annotations
 
+import copy
 import random
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
@@ -264,8 +265,8 @@ class FencedSaver(BaseCheckpointSaver[str]):
     stock saver class. Each backend commits (`_commit`) in its own way."""
 
     fence: Fence | None
-    # Told what each commit's fence check read of a cancel (the attempt's `RunWatch`, set and
-    # cleared with `fence`): the run's row is read under lock anyway, so the nodes need not.
+    # Told what each commit's fence check read of a cancel (the attempt's `RunWatch`, given
+    # with `fence`): the run's row is read under lock anyway, so the nodes need not.
     watch: RunWatch | None
     # The stock saver's lock on its connection, re-entrant: the stock statements take it again
     # inside a commit, and the compact saver (`checkpoints.compact`) shares it.
@@ -280,6 +281,18 @@ class FencedSaver(BaseCheckpointSaver[str]):
         self._saved_alone: dict[WriteKey, frozenset[str]] = {}
         self._held_lock = threading.Lock()
         self._arrived = threading.Condition(self._held_lock)  # a task's writes were held
+
+    def fenced(self, fence: Fence, watch: RunWatch | None = None) -> Self:
+        """This saver, for one attempt: writing on the same connection, checking every commit
+        against `fence` and telling `watch` what each fence check read. The writes a superstep
+        holds are kept by thread, so attempts at different runs share them safely."""
+        view = copy.copy(self)
+        view._fence_with(fence, watch)
+        return view
+
+    def _fence_with(self, fence: Fence, watch: RunWatch | None) -> None:
+        self.fence = fence
+        self.watch = watch
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return next_version(current)

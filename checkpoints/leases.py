@@ -484,7 +484,7 @@ class LeaseStore:
 
     def release_for_dead(self, run_id: str, process: str) -> bool:
         """Give the run up for its holder, a process known to be dead (`process`: the
-        "host:pid:" that its owner names begin with: `runner.process_owner`), rather than wait out
+        "host:pid:" that its owner names begin with: `attempt.process_owner`), rather than wait out
         the lease's time to live: a reaped process renews and writes nothing more. Only for a
         process the caller reaped itself; whether there was such a lease."""
         run = self.get(run_id)
@@ -595,10 +595,15 @@ class LeaseKeeper:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Renew no more (before the lease is given up: a renewal must not race the release)."""
         with _keeping_lock:
             _keeping.discard(self)
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
 
 
 _keeping: set[LeaseKeeper] = set()

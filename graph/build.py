@@ -17,7 +17,7 @@ compile_context does, so it costs no superstep of its own: a tool step is four (
 model_step, validate, execute), and a run begins with compile_context. compile_context routes as
 the gate decides (`after_compile_context`). The guard node, the gate alone, is kept for the
 checkpoints of earlier releases whose next node is guard, and is the node a run's end is written
-as when its attempts keep failing (`Runner._give_up`). Every INCOMPLETE end passes through the
+as when its attempts keep failing (`attempt.give_up`). Every INCOMPLETE end passes through the
 gate; the only COMPLETED end is verify's.
 
 Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing

@@ -29,12 +29,13 @@ from typing import Any
 
 from loopwright._agent import Agent, Scenario, TaskRefused
 from loopwright._loading import load_agent
+from loopwright.attempt import process_owner
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.crashpoints import EXIT_CODE as CRASHED
 from loopwright.graph.crashpoints import nth
 from loopwright.graph.state import Action, ActionStatus, Principal
 from loopwright.outcome import RunOutcome
-from loopwright.runner import Runner, open_runner, process_owner
+from loopwright.runner import Runner, open_runner
 from loopwright.tools import faults as injected
 from loopwright.tools.contract import Guarantee, ReconcileStatus, ToolContext
 from loopwright.tools.faults import Fault, FaultPlan

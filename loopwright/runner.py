@@ -6,10 +6,12 @@ its fenced checkpointer, the action journal, the run leases, the agent's depende
 A run belongs to the agent that started it: a runner of another agent refuses it
 (`OtherAgentsRun`), whatever it is asked to do with it.
 
-Advancing a run means: claim its lease (one writer per run; a live lease held by another process
-is refused), fence the checkpointer and the journal with the lease's token, stream the graph with
-`durability="sync"` (each node's update committed before the next node starts) while a keeper
-renews the lease, record where the run stands, release the lease.
+Advancing a run is one attempt (`loopwright.attempt`, the protocol the served graph follows
+too): claim its lease (one writer per run; a live lease held by another process is refused),
+stream the graph fenced to the lease with `durability="sync"` (each node's update committed
+before the next node starts) while a keeper renews the lease, record where the run stands (or
+count the failure), release the lease. The fence travels with the attempt, so one runner may
+advance several runs at once, from several threads.
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from __future__ import annotations
 import functools
 import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
@@ -32,26 +33,21 @@ from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 from pydantic import ValidationError
 
 from loopwright._agent import Agent
-from loopwright.checkpoints.database import DATABASE_FAULTS
+from loopwright.attempt import MAX_FAILURES, Claim, Turn, attempt, claim, worker_name
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.fenced import Fence, FencedSaver, Superstep
+from loopwright.checkpoints.fenced import FencedSaver, Superstep
 from loopwright.checkpoints.journal import (
     ActionEvent,
     ActionJournal,
-    StaleTransition,
     VersionedJournal,
     open_journal,
 )
 from loopwright.checkpoints.leases import (
     Lease,
     LeaseHeld,
-    LeaseKeeper,
-    LeaseLost,
     LeaseStore,
     RunPruned,
     RunRecord,
-    RunWatch,
-    StaleWriter,
     open_lease_store,
 )
 from loopwright.checkpoints.retention import summary_of
@@ -67,7 +63,6 @@ from loopwright.graph.state import (
     Phase,
     Principal,
     RunState,
-    StopReason,
     initial_state,
     separation_of_duties,
 )
@@ -77,15 +72,13 @@ from loopwright.graph.text import (
     checked_tenant,
     checked_text,
     named_run,
-    storable,
     validation_problems,
 )
-from loopwright.graph.views import stop
 from loopwright.models.factory import make_model, model_settings
 from loopwright.nodes.approval import editors_of
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
-from loopwright.observability.tracing import TraceSettings, run_span
+from loopwright.observability.tracing import TraceSettings
 from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import ToolFault
 
@@ -159,25 +152,8 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
 
 
-def worker_name() -> str:
-    """Who holds a lease: host, process and a nonce (a restarted process is a new owner)."""
-    return f"{process_owner(os.getpid())}{uuid.uuid4().hex[:6]}"
-
-
-def process_owner(pid: int) -> str:
-    """What the owner names of every lease process `pid` of this host holds begin with."""
-    return f"{socket.gethostname()}:{pid}:"
-
-
 # `open_runner`'s default: enter the agent's own `deps` factory.
 OPEN_DEPS: Any = object()
-# What an attempt ends with when another worker took the run over while it worked.
-OWNERSHIP_LOST = (StaleWriter, StaleTransition, LeaseLost)
-# What an attempt may end with that says nothing about the run itself.
-NOT_THE_RUNS_FAULT: tuple[type[Exception], ...] = (*OWNERSHIP_LOST, *DATABASE_FAULTS)
-MAX_ERROR_CHARS = 1_000
-# 8 failures in a row: the last retry comes after 1 + 2 + ... + 64 = 127 s of backoff.
-MAX_FAILURES = 8
 DEFAULT_LEASE_TTL_S = 30.0
 LEASE_TTL_ENV = "LOOPWRIGHT_LEASE_TTL_S"
 
@@ -204,7 +180,8 @@ def lease_ttl_from_env() -> float:
 
 
 class Runner:
-    """Runs of one agent in one database, advanced by this process.
+    """Runs of one agent in one database, advanced by this process (several at once, from
+    several threads: each attempt holds its own lease and fence).
 
     `deps` is what the agent's `deps` factory opened (tools get it as `ctx.deps`). `model` and
     `budget` replace the agent's own (the CLI's `--model`, an experiment's tighter budget).
@@ -535,14 +512,11 @@ class Runner:
         kinds = {i.value.get("kind") for i in snapshot.interrupts}
         if "approval" in kinds:
             # Answer the approval interrupt with the cancellation itself, under our lease.
-            lease = self._claim(run_id)
-            self.saver.fence = Fence.of(lease)
             answer = {"cancel_requested": True}
-            try:
-                self.graph.update_state(self.config(run_id), answer, as_node="approval")
-            finally:
-                self.saver.fence = None
-                self.leases.release(lease)
+            with attempt(
+                self.leases, run_id, graph=self.graph, saver=self.saver, how=self._claim_as()
+            ) as turn:
+                turn.graph.update_state(self.config(run_id), answer, as_node="approval")
             if on_step is not None:  # the approval's step, as `steps` reads it back
                 on_step("approval", answer)
             return self._advance(run_id, None, on_step)
@@ -558,11 +532,14 @@ class Runner:
         outcome = self.outcome(run_id)
         run = self.leases.get(run_id)
         if run is not None and run.phase != outcome.phase:
-            lease = self._claim(run_id)
+            lease = claim(self.leases, run_id, self._claim_as())
             try:
-                self.leases.record(lease, outcome.phase, agent_version=writer_version(snapshot))
-            finally:
+                self.leases.record(
+                    lease, outcome.phase, release=True, agent_version=writer_version(snapshot)
+                )
+            except BaseException:
                 self.leases.release(lease)
+                raise
         return outcome
 
     def submit(self, task: str, principal: Principal, *, run_id: str | None = None) -> str:
@@ -632,79 +609,53 @@ class Runner:
         *,
         lease: Lease | None = None,
     ) -> RunOutcome:
-        """Advance the run inside one `run` span: its node, model and tool spans are children,
-        and the run spans of every process that advances this run share its trace id. `values`:
-        the run's state as the caller has just read it, if it has; `lease`: the new run's, if
-        it was registered leased to this runner."""
-        attributes = {"loopwright.advance": advance_kind(payload), "loopwright.owner": self.owner}
+        """One attempt at the run (`loopwright.attempt`): its outcome. `values`: the run's
+        state as the caller has just read it, if it has; `lease`: the new run's, if it was
+        registered leased to this runner."""
         if lease is None:
             # A model the run was not started with: refused before anything (and again, on the
             # state read under the lease, by `context`). A new run has none yet.
             self.model_for(run_id, values)
-        with run_span(run_id, attributes) as span:
-            outcome, state = self._advance_leased(run_id, payload, on_step, lease)
-            if span.is_recording():
-                note_run(span, outcome, state)
-            return outcome
+        with attempt(
+            self.leases,
+            run_id,
+            graph=self.graph,
+            saver=self.saver,
+            how=self._claim_as(),
+            lease=lease,
+            kind=advance_kind(payload),
+            max_failures=self.max_failures,
+        ) as turn:
+            return self._attempted(turn, payload, on_step, new=lease is not None)
 
-    def _advance_leased(
-        self, run_id: str, payload: Any, on_step: StepListener | None, new: Lease | None
-    ) -> tuple[RunOutcome, RunState]:
-        """The attempt under the run's lease (`new`, a new run's, or claimed now): its outcome,
-        and the state it was read from."""
-        lease = new or self._claim(run_id)
-        # The attempt's clock and cancel flag, kept by the lease's renewals and the commits'
-        # fence checks: its nodes read neither from the database.
-        watch = RunWatch(lease)
-        released = False
-        self.saver.fence = Fence.of(lease)
-        self.saver.watch = watch
-        try:
-            # The state as of the claim: one read for the start's check and the run's model. A
-            # new run's first lease (fence 1, taken as it was registered) finds none to read.
-            values = {} if new else self.graph.get_state(self.config(run_id)).values
-            if isinstance(payload, dict) and values:
-                # A concurrent start of this run got its first step in before our claim: go on
-                # from there rather than begin again.
-                payload = None
-            context = replace(
-                self.context(run_id, lease.fence, values),
-                clock=watch.now,
-                cancel_requested=watch.cancel_requested,
-            )
-            with LeaseKeeper(self.leases, lease, on_renew=watch.renewed):
-                ended = self._stream(payload, self.config(run_id), context, on_step)
-            version = None  # the claim's: this process wrote the run's last step
-            if ended is None:  # nothing ran: where the run stands is its checkpoint's
-                snapshot = self.graph.get_state(self.config(run_id))
-                ended = Ended(snapshot.values, snapshot.interrupts)
-                version = writer_version(snapshot)
-            outcome = self._outcome(run_id, ended.values, ended.interrupts)
-            self.leases.record(
-                lease, outcome.phase, outcome.next_attempt_at, release=True, agent_version=version
-            )
-            released = True
-            note_run_end(values, ended.values)
-        except NOT_THE_RUNS_FAULT:
-            raise  # the new owner carries on, or the database failed us: not the run's fault
-        except Exception as exc:
-            # An attempt that cannot go on (a bug, a graph that does not end): noted on the run,
-            # so that workers retry it later and later, and after `max_failures` it ends typed.
-            error = storable(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
-            if self.leases.record_failure(lease, error).failures >= self.max_failures:
-                self._give_up(run_id, lease, error)
-            raise
-        finally:
-            self.saver.fence = None
-            self.saver.watch = None
-            if not released:
-                self.leases.release(lease)
-        return outcome, cast(RunState, ended.values)
+    def _attempted(
+        self, turn: Turn, payload: Any, on_step: StepListener | None, *, new: bool
+    ) -> RunOutcome:
+        run_id = turn.run_id
+        # The state as of the claim: one read for the start's check and the run's model. A new
+        # run's first lease (fence 1, taken as it was registered) finds none to read.
+        values = {} if new else turn.graph.get_state(self.config(run_id)).values
+        if isinstance(payload, dict) and values:
+            # A concurrent start of this run got its first step in before our claim: go on from
+            # there rather than begin again.
+            payload = None
+        context = turn.context(self.context(run_id, turn.lease.fence, values))
+        ended = self._stream(turn, payload, context, on_step)
+        version = None  # the claim's: this process wrote the run's last step
+        if ended is None:  # nothing ran: where the run stands is its checkpoint's
+            snapshot = turn.graph.get_state(self.config(run_id))
+            ended = Ended(snapshot.values, snapshot.interrupts)
+            version = writer_version(snapshot)
+        outcome = self._outcome(run_id, ended.values, ended.interrupts)
+        turn.record(outcome.phase, outcome.next_attempt_at, version)
+        note_run_end(values, ended.values)
+        note_run(turn.span, outcome, cast(RunState, ended.values))
+        return outcome
 
     def _stream(
         self,
+        turn: Turn,
         payload: Any,
-        config: RunnableConfig,
         context: RunContext,
         on_step: StepListener | None,
     ) -> Ended | None:
@@ -718,9 +669,9 @@ class Runner:
         Streaming a subgraph's steps makes LangGraph run every node on its thread pool, a hop
         there and back per superstep, where it otherwise runs a lone task in this thread: asked
         for only where someone listens to the steps."""
-        stream = self.graph.stream(
+        stream = turn.graph.stream(
             payload,
-            {**config, "metadata": {VERSION_METADATA_KEY: self.agent.version}},
+            {**self.config(turn.run_id), "metadata": {VERSION_METADATA_KEY: self.agent.version}},
             context=context,
             durability=RUN_DURABILITY,
             stream_mode=["values", "updates"] if on_step else ["values"],
@@ -739,31 +690,16 @@ class Runner:
                         on_step(node, update or {})
         return ended
 
-    def _give_up(self, run_id: str, lease: Lease, error: str) -> None:
-        """End a run whose attempts keep failing: INCOMPLETE, needs_human, the last error in its
-        detail. Written as guard's step, whose edge then ends the graph; the journal keeps all
-        the run did, and any write it could not confirm is reported as such."""
-        detail = f"{self.max_failures} attempts in a row ended in an error; the last: {error}"
-        ended = stop(StopReason.NEEDS_HUMAN, detail)
-        self.graph.update_state(self.config(run_id), ended, as_node="guard")
-        self.leases.record(lease, Phase.INCOMPLETE.value)
-        note_run_end({}, ended)
-
-    def _claim(self, run_id: str) -> Lease:
-        give_up = time.monotonic() + self.lease_wait_s
-        told = False
-        while True:
-            try:
-                return self.leases.claim(
-                    run_id, self.owner, self.lease_ttl_s, agent_version=self.agent.version
-                )
-            except LeaseHeld as held:
-                if time.monotonic() >= give_up:
-                    raise
-                if not told and self.on_lease_wait is not None:
-                    self.on_lease_wait(held)
-                    told = True
-                time.sleep(min(0.25, max(0.0, give_up - time.monotonic())))
+    def _claim_as(self) -> Claim:
+        """How this runner claims a run: as its owner, for its agent's version, waiting for
+        another owner's lease as long as it was told to."""
+        return Claim(
+            self.owner,
+            self.lease_ttl_s,
+            self.agent.version,
+            wait_s=self.lease_wait_s,
+            on_wait=self.on_lease_wait,
+        )
 
     def run_ids(self) -> list[str]:
         return [run.run_id for run in self.leases.runs()]

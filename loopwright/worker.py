@@ -17,13 +17,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
 
+from loopwright.attempt import OWNERSHIP_LOST
 from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
 from loopwright.graph.bounded import stop_all
 from loopwright.graph.state import ENDED_PHASES
 from loopwright.outcome import RunOutcome
 from loopwright.readiness import agent_answers, connections_answer, database_answers, failing
-from loopwright.runner import OWNERSHIP_LOST, Runner, UnknownRun
+from loopwright.runner import Runner, UnknownRun
 
 # Called after each attempt: (run id, the outcome, or the error that ended the attempt).
 WorkListener = Callable[[str, RunOutcome | Exception], None]

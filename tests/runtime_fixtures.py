@@ -19,6 +19,7 @@ from langgraph.types import PregelTask
 from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract, tls
+from loopwright.attempt import process_owner
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
@@ -39,7 +40,7 @@ from loopwright.models.openai_chat import (
     TIMEOUT_ENV,
 )
 from loopwright.outcome import RunOutcome
-from loopwright.runner import Runner, open_runner, process_owner
+from loopwright.runner import Runner, open_runner
 from loopwright_refunds.agent import RefundServices, connect, task_scope
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import list_refunds

@@ -78,8 +78,9 @@ IDENTITY = {OWNER: ("u-1", "default"), OTHER: ("u-2", "default"), APPROVER: ("a-
 IDENTITY[FOREIGN] = ("a-1", "bank-b")
 ROLES = tuple(TOKENS)
 # A refusal: unauthenticated, forbidden, not found (filtered away), not allowed, conflict,
-# invalid; 400 is the server's own "invalid request" (e.g. a resume without a thread).
-REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 422})
+# invalid, a body or query past its bound; 400 is the server's own "invalid request" (e.g. a
+# resume without a thread).
+REFUSALS = frozenset({400, 401, 403, 404, 405, 409, 413, 414, 422})
 TIMEOUT = httpx.Timeout(PATIENCE_S, connect=60.0)  # only a server that hangs takes this long
 ACCEPT = "application/json, text/event-stream"  # the MCP transport wants both
 HELLO = "Hello, what can you do for me?"  # a new run that touches nothing: no order in it
@@ -163,12 +164,8 @@ CLASSIFICATION: dict[Route, Rule] = {
     ),
     ("POST", "/threads/search"): harmless("filtered to the caller's own / tenant's threads"),
     ("POST", "/threads/count"): harmless("filtered to the caller's own / tenant's threads"),
-    ("POST", "/threads/prune"): allowed(
-        [OWNER], "the owner prunes their own threads, but none with journaled actions"
-    ),
-    ("GET", "/threads/{thread_id}/storage"): harmless(
-        "not implemented for this checkpointer (501)", errors=[501]
-    ),
+    ("POST", "/threads/prune"): refused("threads are deleted one by one, by their own user"),
+    ("GET", "/threads/{thread_id}/storage"): refused("a thread's storage is not served"),
     ("GET", "/threads/{thread_id}/state"): allowed(READERS, THREAD_READ),
     ("POST", "/threads/{thread_id}/state"): refused("nobody writes a thread's state"),
     ("GET", "/threads/{thread_id}/state/{checkpoint_id}"): allowed(READERS, THREAD_READ),
@@ -182,7 +179,7 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("DELETE", "/threads/{thread_id}"): refused(JOURNALED),
     ("PATCH", "/threads/{thread_id}"): refused("nobody writes a thread's metadata"),
     ("GET", "/threads/{thread_id}/stream"): allowed(READERS, THREAD_READ),
-    ("POST", "/threads/{thread_id}/stream/events"): allowed(READERS, THREAD_READ),
+    ("POST", "/threads/{thread_id}/stream/events"): refused("protocol v2 is not served"),
     ("POST", "/threads/{thread_id}/commands"): refused(
         "protocol v2 run.start / input.respond: Aegra gives the run-creation hook the envelope,"
         " not the run it builds, so no rule could judge it; runs start through /runs"
@@ -212,9 +209,7 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("POST", "/runs/wait"): refused(STATELESS),
     ("POST", "/runs"): refused(STATELESS),
     ("POST", "/runs/batch"): refused(STATELESS),
-    ("POST", "/runs/cancel"): allowed(
-        TOKENED, "cancels the caller's own runs only (filtered by owner); here none is in flight"
-    ),
+    ("POST", "/runs/cancel"): refused("runs are cancelled one by one, by their thread and id"),
     # the store: closed
     ("PUT", "/store/items"): refused(CLOSED),
     ("DELETE", "/store/items"): refused(CLOSED),
@@ -222,21 +217,13 @@ CLASSIFICATION: dict[Route, Rule] = {
     ("POST", "/store/items/search"): refused(CLOSED),
     ("POST", "/store/namespaces"): refused(CLOSED),
     # transports over the API, called as the caller: the API's rules apply
-    ("POST", "/a2a/{assistant_id}"): allowed(
-        CUSTOMERS,
-        "A2A over the runs API as the caller: the graph takes no messages, a data part "
-        "is a run's input (the owner continues their run; the other customer is refused)",
-    ),
-    ("POST", "/mcp/"): refused(
-        "MCP tools/call is a stateless run as the caller: refused (the transport answers the "
-        "API's 4xx with a 500)",
-        refusals=[500],
-    ),
-    ("GET", "/mcp/"): harmless("no such MCP method (405)"),
-    ("DELETE", "/mcp/"): harmless("no MCP session to end (404)"),
+    ("POST", "/a2a/{assistant_id}"): refused("the A2A transport is not served: the runs API is"),
+    ("POST", "/mcp/"): refused("the MCP transport is not served: the runs API is"),
+    ("GET", "/mcp/"): refused("the MCP transport is not served"),
+    ("DELETE", "/mcp/"): refused("the MCP transport is not served"),
     # the server's own
     ("GET", "/info"): harmless("the server's versions: with a token only"),
-    ("GET", "/metrics"): harmless("the server's metrics: with a token only"),
+    ("GET", "/metrics"): refused("the engine's metrics: operators only (none of these roles)"),
     ("GET", "/docs"): harmless("the API's description: with a token only"),
     ("GET", "/ok"): harmless("health check", public=True),
     # loopwright's probes and metrics (server.operating)
@@ -273,6 +260,7 @@ AEGRA_SHARED: tuple[Route, ...] = (
     ("POST", "/assistants/{assistant_id}/latest"),
     ("POST", "/threads"),
     ("POST", "/threads/search"),
+    ("POST", "/threads/prune"),
     ("GET", "/threads/{thread_id}/state"),
     ("POST", "/threads/{thread_id}/state"),
     ("GET", "/threads/{thread_id}/state/{checkpoint_id}"),
@@ -321,13 +309,9 @@ AEGRA_CLASSIFICATION: dict[Route, Rule] = {
     **{route: CLASSIFICATION[route] for route in AEGRA_SHARED},
     ("GET", "/assistants"): harmless("assistants are readable"),
     ("GET", "/assistants/{assistant_id}/subgraphs"): harmless("assistants are readable"),
-    ("GET", "/threads"): harmless("filtered to the caller's own / tenant's threads"),
-    ("POST", "/threads/prune"): refused(
-        "Aegra prunes every expired thread of the engine identity (the tenant): refused, threads"
-        " are deleted one by one by their own user"
-    ),
-    ("PATCH", "/threads/{thread_id}/runs/{run_id}"): allowed(
-        [OWNER], "interrupting a run (status: interrupted) is a cancel: its own user only"
+    ("GET", "/threads"): refused("Aegra lists every thread of the tenant: search instead"),
+    ("PATCH", "/threads/{thread_id}/runs/{run_id}"): refused(
+        "a run is cancelled by POST .../cancel"
     ),
 }
 # Each engine's routes and rules.
@@ -1200,6 +1184,71 @@ def command_probes(env: Env) -> Iterator[Probe]:
                 )
 
 
+def unlisted_fields(env: Env, run: Run | None) -> dict[str, list[Any]]:
+    """Fields an engine reads somewhere that a route's document may not list (as a body field
+    or a query parameter): every route is sent each, to be refused or to mean nothing."""
+    target = run or env.waiting
+    other = env.other(target)
+    return {
+        "action": ["interrupt", "rollback"],
+        "checkpoint_id": [target.rewind],
+        "checkpoint_ns": ["x"],
+        "ttl": [{"strategy": "delete", "ttl": 0.01}],
+        "on_disconnect": ["cancel"],
+        "cancel_on_disconnect": [True],
+        "if_not_exists": ["create"],
+        "multitask_strategy": ["rollback", "interrupt"],
+        "webhook": [WEBHOOK],
+        "metadata": [SPOOF],
+        "config": [{"configurable": {"checkpoint_ns": "x", "thread_id": other.thread_id}}],
+        "context": [{"principal": FORGED_PRINCIPAL}],
+        "thread_id": [other.thread_id],
+        "values": [{"phase": "COMPLETED"}],
+        "as_node": ["execute"],
+        "status": ["interrupted"],
+        "command": [{"update": {"phase": "COMPLETED"}}],
+        "limit": [10**9],
+        "subgraphs": ["x" * 5_000],
+    }
+
+
+def documented_fields(document: dict[str, Any], route: Route) -> list[str]:
+    """A route's documented body fields and query parameters."""
+    operation = document["paths"][route[1]][route[0].lower()]
+    query = [p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"]
+    return [*schema_fields(document, route), *query]
+
+
+def hostile_value(name: str, env: Env, run: Run | None) -> list[Any]:
+    """Hostile values for a field the route documents: the unlisted ones' where the field is
+    one of them, else a value of the wrong shape and one far too long."""
+    known = unlisted_fields(env, run)
+    return known.get(name, [{"$ne": None}, "x" * 5_000])
+
+
+def field_sweep_probes(route: Route, env: Env, document: dict[str, Any]) -> Iterator[Probe]:
+    """Every documented and unlisted field of a route the matrix does not refuse, with hostile
+    values, in its body (where it takes one) and in its query: each value as one of the
+    roles with a token in turn (the edge judges a field before whose request it is)."""
+    method, template = route
+    takes_body = method in ("POST", "PUT", "PATCH") and template not in (INBOX + "decisions",)
+    turn = itertools.count()
+    for run in targets(route, env):
+        names = dict.fromkeys([*documented_fields(document, route), *unlisted_fields(env, run)])
+        for name in names:
+            for value in hostile_value(name, env, run):
+                role = TOKENED[next(turn) % len(TOKENED)]
+                base = sweep_body(route, role, env, run)
+                label = f"{name}={json.dumps(value)[:60]}{' on the ' + run.name if run else ''}"
+                if takes_body and isinstance(base, dict | type(None)):
+                    body = {**(base or {}), name: value}
+                    yield Probe(route, role, f"body {label}", fill(template, env, run), body)
+                query = {name: value if isinstance(value, str) else json.dumps(value)}
+                yield Probe(
+                    route, role, f"query {label}", fill(template, env, run), base, params=query
+                )
+
+
 # --- judging ------------------------------------------------------------------------------------
 
 
@@ -1443,6 +1492,15 @@ def test_every_route_role_and_field_is_refused_or_harmless(target: Target, env: 
         if route in routes:
             probes = functools.partial(thread_field_probes, route, env, document)
             groups.append((f"fields of {route[0]} {route[1]}", probes))
+    open_routes = [r for r in routes if target.classification[r].kind != "refused"]
+    groups.append(
+        (
+            "hostile fields of every route",
+            lambda: itertools.chain.from_iterable(
+                field_sweep_probes(route, env, document) for route in open_routes
+            ),
+        )
+    )
     if ("POST", "/threads/{thread_id}/commands") in routes:
         groups.append(("protocol v2 commands", functools.partial(command_probes, env)))
     for name, make in groups:
@@ -1461,3 +1519,24 @@ def test_every_route_role_and_field_is_refused_or_harmless(target: Target, env: 
         )
     )
     assert not report.problems, "\n".join(report.problems)
+
+
+def test_the_edge_routes_what_the_matrix_lets_anyone_call(target: Target) -> None:
+    """The edge's table (`server.edge.routes`) and this one agree on every route the server
+    documents: what this table lets anyone call, the edge routes (a route missing from the
+    edge's table is refused by it: a 404)."""
+    from loopwright.server.edge.routes import Access, NotRouted, match
+
+    disagree = []
+    for route, rule in target.classification.items():
+        method, template = route
+        path = re.sub(r"\{\w+\}", "x", template)
+        try:
+            edge_refuses = match(method, path).route.access is Access.REFUSED
+        except NotRouted:
+            edge_refuses = True
+        # The matrix refuses some routes the edge routes for others (an operator's metrics, a
+        # thread without journaled actions deleted by its owner): refused here for its roles.
+        if edge_refuses and rule.kind != "refused":
+            disagree.append(f"{method} {template}: the matrix says {rule.kind}, the edge refuses")
+    assert not disagree, "\n".join(disagree)

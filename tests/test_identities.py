@@ -12,19 +12,31 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from loopwright.server.bearer_tokens import (
+    MAX_TOKEN_BYTES,
     TokenTableError,
     hash_token,
     hashed_table,
     new_token,
 )
-from loopwright.server.identities import Identities, IdentityRefused
+from loopwright.server.identities import (
+    Identities,
+    IdentityRefused,
+    authenticated_user,
+    configured,
+)
+from loopwright.server.jwks import KeySet
 from loopwright.server.launch import DEV_TOKENS
 from loopwright.server.service_identity import is_service, service_token
 from loopwright.server.users import SERVICE_ROLE, IdentityConfigError, User
@@ -75,6 +87,15 @@ def test_a_jwt_of_the_provider_names_its_user_tenant_and_roles(
         ({"roles": None}, "the token has no roles claim"),
         ({"exp": None, "lifetime_s": 0}, "the token has no exp claim"),
         ({"sub": "u 1"}, "the token's claims name no user here: user_id"),
+        ({"exp": str(int(time.time()) + 600)}, "the token's exp is not a number of seconds"),
+        ({"nbf": "0"}, "the token's nbf is not a number of seconds"),
+        ({"iat": str(int(time.time()))}, "the token's iat is not a number of seconds"),
+        ({"iat": True}, "the token's iat is not a number of seconds"),
+        ({"lifetime_s": 86_401}, "valid for longer than 86400 s (LOOPWRIGHT_JWT_MAX_LIFETIME_S)"),
+        ({"iat": None, "lifetime_s": 90_000}, "valid for longer than 86400 s"),
+        ({"iat": time.time() - 90_000}, "valid for longer than 86400 s"),
+        ({"sub": "loopwright-service"}, "user_id: 'loopwright-service' is the server's own"),
+        ({"sub": "LoopWright-Service"}, "user_id: 'LoopWright-Service' is the server's own"),
     ],
 )
 def test_a_jwt_refused_says_why_in_one_line(
@@ -95,6 +116,196 @@ def test_a_jwt_not_signed_by_a_key_of_the_set_is_refused(
     assert "signature does not verify" in refusal(from_file, forged).detail
     unknown = provider.token("a-1", ["approver"], "bank-a", key=SigningKey.new("key-9"))
     assert "unknown key (kid 'key-9')" in refusal(from_file, unknown).detail
+
+
+def test_a_jwt_lives_as_long_as_the_operator_allows(
+    provider: IdentityProvider, tmp_path: Path
+) -> None:
+    env = provider.env(str(provider.write_jwks(tmp_path / "jwks.json")))
+    day = provider.token("u-1", ["customer"], lifetime_s=86_400)
+    assert user_for(Identities(env), day).user_id == "u-1"
+    two_days = provider.token("u-1", ["customer"], lifetime_s=2 * 86_400)
+    assert "longer than 86400 s" in refusal(Identities(env), two_days).detail
+    longer = Identities(env | {"LOOPWRIGHT_JWT_MAX_LIFETIME_S": str(2 * 86_400)})
+    assert user_for(longer, two_days).user_id == "u-1"
+
+
+def test_a_token_above_the_size_bound_is_refused_before_any_work(
+    provider: IdentityProvider, from_file: Identities, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token of a few KB is taken (a JWT with many claims); one longer than MAX_TOKEN_BYTES
+    is a 401 saying so, its signature never checked, nothing of it decoded or hashed: a 16 MB
+    one costs what a short one does."""
+    padded = provider.token("u-1", ["customer"], groups=["g" * 60] * 90)
+    assert 6000 < len(padded) <= MAX_TOKEN_BYTES
+    assert user_for(from_file, padded).user_id == "u-1"
+
+    def untouched(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an oversized token was worked on")
+
+    for name in ("jwt.get_unverified_header", "jwt.decode", "hashlib.sha256", "base64.b64decode"):
+        monkeypatch.setattr(name, untouched)
+    at_most = len("Bearer ") + MAX_TOKEN_BYTES
+    for token in (padded + "A" * (at_most - len(padded)), "eyJ" + "A" * 16_000_000 + ".e.e"):
+        refused = refusal(from_file, token)
+        assert refused.status == 401
+        assert refused.detail == f"the bearer token is longer than {MAX_TOKEN_BYTES} bytes"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Basic dTpw",
+        "Bearer",
+        "Bearer tok-u1-0123 456789",
+        "Bearer\ttok-u1-0123456789",
+        "Bearer tok-u1-0123456789,",
+        "Bearer tok=u1",
+        'Bearer "tok-u1-0123456789"',
+        "Bearer: tok-u1-0123456789",
+        "Token tok-u1-0123456789",
+    ],
+)
+def test_an_authorization_header_that_is_not_bearer_token_is_a_401_in_one_line(
+    header: str,
+) -> None:
+    table = {"tok-u1-0123456789": {"user_id": "u-1"}}
+    identities = Identities({"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(table))})
+    assert asyncio.run(identities.user_for("bearer  tok-u1-0123456789 ")).user_id == "u-1"
+    with pytest.raises(IdentityRefused) as refused:
+        asyncio.run(identities.user_for(header))
+    assert refused.value.status == 401
+    assert refused.value.detail == (
+        "a valid bearer token is required: the Authorization header is not 'Bearer <token>'"
+    )
+
+
+def test_a_verification_holds_up_no_other_request(
+    provider: IdentityProvider, tmp_path: Path
+) -> None:
+    """While a JWT's verification is held (its keys looked up, and then held there), the same
+    event loop proves another identity: the verification runs off the loop."""
+    table = {"tok-u2-0123456789": {"user_id": "u-2"}}
+    identities = Identities(
+        provider.env(str(provider.write_jwks(tmp_path / "jwks.json")))
+        | {"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(table))}
+    )
+    assert identities.jwt is not None
+    source, verifying, released = identities.jwt.source, threading.Event(), threading.Event()
+
+    class HeldKeys:
+        def keys(self) -> KeySet | None:
+            verifying.set()
+            assert released.wait(timeout=60), "the other request never ran"
+            return source.keys()
+
+        def due(self, kid: str) -> bool:
+            return False
+
+        def refresh(self, kid: str) -> None:
+            raise AssertionError("nothing is due")
+
+    identities.jwt.source = HeldKeys()
+
+    async def both() -> tuple[User, User]:
+        held = asyncio.create_task(
+            identities.user_for(f"Bearer {provider.token('u-1', ['customer'])}")
+        )
+        assert await asyncio.to_thread(verifying.wait, 60)
+        other = await identities.user_for("Bearer tok-u2-0123456789")
+        released.set()
+        return await held, other
+
+    held, other = asyncio.run(both())
+    assert (held.user_id, other.user_id) == ("u-1", "u-2")
+
+
+# What reaches `authenticated_user`: LangGraph's server hands the headers over as bytes, Aegra
+# as text, Starlette (the inbox, the metrics) as text decoded from latin-1; any text at all.
+HEADER_VALUES = st.one_of(
+    st.binary(max_size=64),
+    st.binary(max_size=64).map(lambda raw: b"Bearer " + raw),
+    st.binary(max_size=64).map(lambda raw: b"Bearer lw-service.t." + raw),
+    st.text(st.characters(codec=None, exclude_categories=()), max_size=64),
+    st.text(max_size=64).map(lambda text: "Bearer lw-service.default." + text),
+)
+
+
+@pytest.fixture
+def served_identities(
+    provider: IdentityProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """The process's identities (`configured()`, what `authenticated_user` asks): the
+    provider's JWTs and a token table."""
+    table = {"tok-u1-0123456789": {"user_id": "u-1"}}
+    env = provider.env(str(provider.write_jwks(tmp_path / "jwks.json")))
+    for name, value in (env | {"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(table))}).items():
+        monkeypatch.setenv(name, value)
+    configured.cache_clear()
+    yield
+    configured.cache_clear()
+
+
+def refused_whatever_its_bytes(authorization: str | bytes | None) -> None:
+    try:
+        user = asyncio.run(authenticated_user(authorization))
+    except IdentityRefused as exc:
+        assert exc.status == 401 and "\n" not in exc.detail
+    else:
+        raise AssertionError(f"{authorization!r} proved {user}")
+
+
+async def edge_answer(authorization: bytes) -> tuple[int, str]:
+    """What the served edge answers a request for `/info` (any known token's) carrying
+    `authorization` as its Authorization header's bytes: its status and body."""
+    from loopwright.server.edge import Edge
+
+    async def engine(scope: object, receive: object, send: object) -> None:
+        raise AssertionError(f"{authorization!r} passed the edge")
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"x-\xff", b"\xff"), (b"authorization", authorization)]
+    scope = {"type": "http", "method": "GET", "path": "/info", "headers": headers}
+    await Edge(engine)({**scope, "query_string": b""}, receive, send)  # type: ignore[arg-type]
+    return sent[0]["status"], sent[1]["body"].decode()
+
+
+@pytest.mark.usefixtures("served_identities")
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=HEADER_VALUES)
+@example(value=b"Bearer \xff")
+@example(value="Bearer lw-service.default.\xe9")
+@example(value="Bearer lw-service.default.\udcff")
+@example(value=b"Bearer tok-u1-0123456789\x80")
+def test_bad_bytes_in_the_authorization_header_are_a_401_never_an_error(
+    value: str | bytes,
+) -> None:
+    """As bytes, as text decoded from latin-1 (Starlette's), as any text; and through the
+    served edge, which hands `authenticated_user` the header it reads."""
+    raw = value if isinstance(value, bytes) else value.encode(errors="surrogatepass")
+    refused_whatever_its_bytes(value)
+    refused_whatever_its_bytes(raw)
+    refused_whatever_its_bytes(raw.decode("latin-1"))
+    status, body = asyncio.run(edge_answer(raw))
+    assert status == 401 and "\n" not in body, body
+    assert asyncio.run(authenticated_user(b"Bearer tok-u1-0123456789")).user_id == "u-1"
+
+
+@given(token=st.text(st.characters(codec=None, exclude_categories=()), max_size=64))
+@example(token="lw-service.default.\udcff")
+def test_a_token_of_any_text_is_compared_never_an_error(token: str) -> None:
+    """Below the header's checks too: the table and the service identity compare bytes."""
+    table = {"tok-u1-0123456789": {"user_id": "u-1"}}
+    identities = Identities({"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(table))})
+    with pytest.raises(IdentityRefused):
+        identities.user_for_token(token)
 
 
 def hmac_token(header: dict[str, object], claims: dict[str, object], secret: bytes) -> str:
@@ -128,6 +339,12 @@ def test_none_and_hmac_tokens_are_refused_whatever_their_key(
         ({"LOOPWRIGHT_JWT_LEEWAY_S": "soon"}, "LOOPWRIGHT_JWT_LEEWAY_S=soon: seconds"),
         ({"LOOPWRIGHT_JWKS": "/nowhere/jwks.json"}, "/nowhere/jwks.json: No such file"),
         ({"LOOPWRIGHT_JWT_ALGORITHMS": "ES512"}, "no usable signing key"),
+        ({"LOOPWRIGHT_JWT_ISSUER": "  "}, "LOOPWRIGHT_JWT_ISSUER must be too, not blank"),
+        ({"LOOPWRIGHT_JWT_ROLES_CLAIM": "realm_access..roles"}, "LOOPWRIGHT_JWT_ROLES_CLAIM: a"),
+        ({"LOOPWRIGHT_JWT_ROLES_CLAIM": "realm_access."}, "LOOPWRIGHT_JWT_ROLES_CLAIM: a claim"),
+        ({"LOOPWRIGHT_JWT_USER_CLAIM": ".sub"}, "LOOPWRIGHT_JWT_USER_CLAIM: a claim name"),
+        ({"LOOPWRIGHT_JWT_TENANT_CLAIM": "org. id"}, "LOOPWRIGHT_JWT_TENANT_CLAIM: a claim"),
+        ({"LOOPWRIGHT_JWT_MAX_LIFETIME_S": "forever"}, "LOOPWRIGHT_JWT_MAX_LIFETIME_S=forever"),
     ],
 )
 def test_identity_settings_that_cannot_be_used_are_refused_at_the_start(
@@ -166,7 +383,7 @@ def test_claim_names_and_leeway_are_the_operators(
 
 def test_the_key_file_is_followed_without_a_restart(tmp_path: Path) -> None:
     """A rotation: the new key is published, then the old one withdrawn; one Identities, no
-    restart. A broken write in between keeps the keys held."""
+    restart."""
     provider = IdentityProvider()
     old, new = provider.keys[0], SigningKey.new("key-2")
     path = provider.write_jwks(tmp_path / "jwks.json")
@@ -178,7 +395,6 @@ def test_the_key_file_is_followed_without_a_restart(tmp_path: Path) -> None:
     provider.keys = [old, new]
     provider.write_jwks(path)
     wait_for(lambda: accepted(identities, by_new), timeout=30)
-    path.write_text('{"keys": [')  # half a write: not used
     provider.keys = [new]
     provider.write_jwks(path)
     wait_for(lambda: not accepted(identities, by_old), timeout=30)
@@ -273,8 +489,13 @@ def test_only_the_process_itself_holds_its_service_identity(
     table = {"tok-svc-0123456789": {"user_id": "u-9", "roles": [SERVICE_ROLE]}}
     with pytest.raises(TokenTableError, match="loopwright-service"):
         Identities({"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(table))})
+    named = {"tok-svc-0123456789": {"user_id": "loopwright-service", "tenant": "bank-a"}}
+    with pytest.raises(TokenTableError, match="user_id: 'loopwright-service' is the server's"):
+        Identities({"LOOPWRIGHT_TOKENS": json.dumps(hashed_table(named))})
     forged = provider.token("u-9", [SERVICE_ROLE])
     assert refusal(from_file, forged).status == 401
+    posing = provider.token("loopwright-service", ["customer"], "bank-a")
+    assert "is the server's own" in refusal(from_file, posing).detail
     own = user_for(from_file, service_token("bank-a"))
     assert is_service(own) and own.tenant == "bank-a"
     guessed = service_token("bank-a").rpartition(".")[0] + ".not-the-secret"
@@ -289,9 +510,77 @@ def test_the_token_table_file_is_followed_without_a_restart(tmp_path: Path) -> N
     path.write_text(json.dumps(hashed_table({"tok-u2-0123456789": {"user_id": "u-2"}})))
     wait_for(lambda: accepted(identities, "tok-u2-0123456789"), timeout=30)
     assert not accepted(identities, "tok-u1-0123456789")  # revoked
-    path.write_text('{"tok-plain": {"user_id": "u-3"}}')  # plain: refused, the last good kept
-    wait_for(lambda: identities.table.user_for("tok-plain") is None, timeout=5)
+
+
+@pytest.fixture
+def checked_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files looked at again on every request (not once a second): each change is in effect
+    at the next request."""
+    monkeypatch.setattr("loopwright.server.watched_file.CHECK_INTERVAL_S", 0.0)
+
+
+def file_problems(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "loopwright.server.watched_file"]
+
+
+@pytest.mark.usefixtures("checked_every_request")
+def test_a_token_table_deleted_or_broken_revokes_every_token_of_it_until_fixed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fail closed: a table deleted holds nobody; an edit that revokes u-1 but breaks another
+    entry keeps nobody in (least of all u-1) rather than the last good table; each said once."""
+    caplog.set_level("ERROR", logger="loopwright.server.watched_file")
+    both = {"tok-u1-0123456789": {"user_id": "u-1"}, "tok-u2-0123456789": {"user_id": "u-2"}}
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps(hashed_table(both)))
+    identities = Identities({"LOOPWRIGHT_TOKENS_FILE": str(path)})
+    assert user_for(identities, "tok-u1-0123456789").user_id == "u-1"
+
+    path.unlink()
+    for _ in range(3):
+        assert refusal(identities, "tok-u1-0123456789").status == 401
+    [gone] = file_problems(caplog)
+    assert gone == f"{path}: No such file or directory; nothing of it is taken until it is fixed"
+
+    path.write_text(json.dumps(hashed_table(both)))
+    assert user_for(identities, "tok-u2-0123456789").user_id == "u-2"  # back with the file
+
+    revoked = hashed_table({"tok-u2-0123456789": {"user_id": "u-2"}})
+    broken = json.dumps({**revoked, "tok-u3-0123456789": {"user_id": "u 3"}})
+    path.write_text(broken)  # u-1 revoked, and a plain token, u-3's, with a spaced user id
+    for token in ("tok-u1-0123456789", "tok-u2-0123456789", "tok-u2-0123456789"):
+        assert refusal(identities, token).status == 401
+    [_, broken_table] = file_problems(caplog)
+    assert "tok-... is stored in plain" in broken_table and "\n" not in broken_table
+
+    path.write_text(json.dumps(revoked))  # fixed
     assert user_for(identities, "tok-u2-0123456789").user_id == "u-2"
+    assert refusal(identities, "tok-u1-0123456789").status == 401
+    path.write_bytes(b'{"\xff": {}}')  # not text at all
+    assert refusal(identities, "tok-u2-0123456789").status == 401
+    assert "not UTF-8 text" in file_problems(caplog)[-1]
+
+
+@pytest.mark.usefixtures("checked_every_request")
+def test_a_key_file_deleted_or_broken_takes_no_token_until_fixed(
+    provider: IdentityProvider, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("ERROR", logger="loopwright.server.watched_file")
+    path = provider.write_jwks(tmp_path / "jwks.json")
+    identities = Identities(provider.env(str(path)))
+    token = provider.token("u-1", ["customer"])
+    assert user_for(identities, token).user_id == "u-1"
+
+    path.unlink()
+    for _ in range(3):
+        assert "unknown key (kid 'key-1')" in refusal(identities, token).detail
+    assert len(file_problems(caplog)) == 1
+    provider.write_jwks(path)
+    assert user_for(identities, token).user_id == "u-1"
+    path.write_text('{"keys": [')  # half a write
+    assert refusal(identities, token).status == 401
+    [_, half] = file_problems(caplog)
+    assert "not JSON" in half
 
 
 def test_tokens_new_makes_a_token_and_its_entry_and_hash_refuses_a_short_one() -> None:

@@ -16,8 +16,8 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 
 from loopwright.graph.roles import DEFAULT_ROLES, Roles
 from loopwright.graph.state import Principal, initial_state
-from loopwright.server.auth import authorization_of, decisions_in
 from loopwright.server.bearer_tokens import TokenTableError, token_table
+from loopwright.server.edge.decisions import decisions_in
 from loopwright.server.graph import _cancel_and_settle, _settled, is_user_cancel
 from loopwright.server.inputs import (
     Continue,
@@ -53,9 +53,9 @@ def decision(approver: str = "someone") -> dict[str, Any]:
 
 def test_a_new_run_takes_its_principal_from_the_server_never_from_the_input() -> None:
     forged = {"user_id": "u-2", "roles": ["approver"], "scope": []}
-    request = parse_request(
-        {"task": TASK, "principal": forged, "journal": {"x": {}}}, ADA, roles=DEFAULT_ROLES
-    )
+    with pytest.raises(RunRefused, match="an input naming journal, principal"):
+        parse_request({"task": TASK, "principal": forged, "journal": {}}, ADA, roles=DEFAULT_ROLES)
+    request = parse_request({"task": TASK}, ADA, roles=DEFAULT_ROLES)
     assert request == NewRun(task=TASK)
     scoped = ADA.model_copy(update={"scope": ("order:O-42",)})  # by the agent's boundary
     state = payload_for(request, snapshot(), "t-1", scoped)
@@ -197,9 +197,6 @@ def test_token_table_and_authorization_header() -> None:
     user = token_table(environ).user_for("t")
     assert user is not None and user.user_id == "a-2" and user.roles == ("customer", "approver")
     assert len(token_table({})) == 0
-    assert authorization_of({b"authorization": b"Bearer t"}) == "Bearer t"
-    assert authorization_of({"Authorization": "Bearer t"}) == "Bearer t"
-    assert authorization_of({"x-other": "1"}) is None
 
 
 @pytest.mark.parametrize(

@@ -159,14 +159,18 @@ def post_run(
 def test_refund_with_an_approval_through_the_sdk(served: Served) -> None:
     """The refund scenario end to end: interrupt payload, resume by interrupt id, verified end.
 
-    The client's own `principal` in the input and `approver` in the decision are ignored: the
-    run acts for the authenticated customer, and the decision is signed by the authenticated
-    approver.
+    A client's own `principal` in the input is refused (422, nothing started); its `approver`
+    in the decision is overwritten: the run acts for the authenticated customer, and the
+    decision is signed by the authenticated approver.
     """
 
     ada, ann = served.client("t-u1"), served.client("t-a1")
     forged = {"user_id": "u-2", "roles": ["customer", "approver"], "scope": []}
-    thread_id, waiting = start_run(ada, TASK_O42, principal=forged)
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        start_run(ada, TASK_O42, principal=forged)
+    assert refused.value.response.status_code == 422
+    assert "an input naming principal" in refused.value.response.text
+    thread_id, waiting = start_run(ada, TASK_O42)
     interrupt = waiting["interrupts"][0]
     final = ann.runs.wait(
         thread_id, GRAPH, command={"resume": decision_for(interrupt, "approve", approver="u-2")}
@@ -506,7 +510,7 @@ def test_a_customer_cannot_restart_their_waiting_run_in_another_checkpoint_names
         ),
     ]
     for attempt in attempts:
-        assert status_of(attempt) == 403
+        assert status_of(attempt) == 422  # fields the edge does not take from a client
     after = ada.threads.get_state(thread_id)
     assert [i["id"] for i in after["interrupts"]] == [i["id"] for i in waiting["interrupts"]]
     assert values_of(ada, thread_id)["task"] == waiting["values"]["task"]
@@ -540,7 +544,7 @@ def test_nobody_erases_the_record_of_a_run_with_journaled_actions(served: Served
         input={"task": "Check whether order O-805 can be refunded and refund it."},
         multitask_strategy="rollback",
     )
-    assert status_of(rollback) == 403
+    assert status_of(rollback) == 422
     assert (
         served.sql("SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread_id)
         == checkpoints
@@ -549,9 +553,12 @@ def test_nobody_erases_the_record_of_a_run_with_journaled_actions(served: Served
     assert [r["amount"] for r in list_refunds(served.services, "O-805")] == ["80.00"]
 
 
-def test_a_decision_the_run_ignores_is_a_409_not_an_accepted_decision(served: Served) -> None:
-    """The token says approver, the agent does not: the run ignores the decision, so the inbox
-    says it did not take effect (and the approval still waits)."""
+def test_an_approver_the_agent_does_not_take_is_a_403_on_every_decision_route(
+    served: Served,
+) -> None:
+    """The token says approver, the agent's own rule does not: the inbox and the SDK's route
+    both refuse the decision (403) before anything is claimed, and the approval still waits for
+    a real approver, who decides it at once."""
     create_order(served.services, "O-806", "u-1", "80.00")
     thread_id, waiting = start_run(served.client("t-u1"), "Refund order O-806 if it can be.")
     [interrupt] = waiting["interrupts"]
@@ -562,9 +569,16 @@ def test_a_decision_the_run_ignores_is_a_409_not_an_accepted_decision(served: Se
         json=body,
         verify=tls.context(),
     )
-    assert ignored.status_code == 409, ignored.text
-    assert "did not take effect" in ignored.json()["detail"]
+    assert ignored.status_code == 403, ignored.text
     assert "u-2 is not an approver" in ignored.json()["detail"]
+    through_sdk = post_run(
+        served,
+        "t-u2-approver",
+        thread_id,
+        {"assistant_id": GRAPH, "command": {"resume": decision_for(interrupt, "approve", "u-2")}},
+    )
+    assert through_sdk.status_code == 403, through_sdk.text
+    assert "u-2 is not an approver" in through_sdk.json()["detail"]
     [still] = served.client("t-u1").threads.get_state(thread_id)["interrupts"]
     assert still["value"]["approval_id"] == interrupt["value"]["approval_id"]  # still waiting
     decided = httpx.post(
@@ -879,14 +893,16 @@ def test_the_same_user_id_in_another_tenant_is_another_principal(served: Served)
 
 
 def test_a_decision_nested_past_any_decision_is_a_422(served: Served) -> None:
-    """JSON nested deeper than the parser recurses was a 500 from the inbox's decision route."""
+    """JSON nested deeper than the parser recurses was a 500 from the inbox's decision route;
+    a body past any decision's size is a 413 before it is read."""
     headers = {"Authorization": "Bearer t-a1", "Content-Type": "application/json"}
-    body = "[" * 100_000 + "]" * 100_000
-    answer = httpx.post(
-        f"{served.url}/inbox/api/decisions", content=body, headers=headers, verify=tls.context()
-    )
-    assert answer.status_code == 422, answer.text
-    assert "nested too deep" in answer.json()["detail"]
+    for depth, status, said in ((5_000, 422, "JSON"), (100_000, 413, "at most")):
+        body = "[" * depth + "]" * depth
+        answer = httpx.post(
+            f"{served.url}/inbox/api/decisions", content=body, headers=headers, verify=tls.context()
+        )
+        assert answer.status_code == status, answer.text
+        assert said in answer.json()["detail"]
 
 
 def test_a_decision_the_request_does_not_allow_is_a_422_through_the_api(served: Served) -> None:
@@ -1033,8 +1049,8 @@ STALL_ANSWERS = {
     "queue": {409},  # behind their busy thread, with the server's default strategy
     "queue-enqueue": {409},
     "queue-reject": {409},
-    "queue-interrupt": {409},
-    "queue-rollback": {403},  # would erase a run's record
+    "queue-interrupt": {422},  # a run in flight stops by its user's cancel only
+    "queue-rollback": {422},  # would erase a run's record
     "delayed": {422},
     "threadless-wait": {422},
     "threadless-create": {422},

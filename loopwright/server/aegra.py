@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from loopwright.processes import exit_with_parent
 from loopwright.server import identities
+from loopwright.server.edge import protocol
 from loopwright.server.service_identity import SELF_URL_ENV, self_url
 from loopwright.server.starting import refuse_unusable_settings
 from loopwright.server.users import IdentityConfigError
@@ -50,7 +51,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     exit_with_parent(GRACE_S)
     import uvicorn
 
-    uvicorn.run("aegra_api.main:app", host=args.host, port=args.port, log_level="info")
+    uvicorn.run(
+        "aegra_api.main:app",
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        http=protocol.PROTOCOL,  # a request's head bounded as it arrives
+    )
 
 
 if __name__ == "__main__":

@@ -43,27 +43,26 @@ import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import cast
 
 import httpx
 from fastapi import FastAPI
 from langgraph_sdk.client import LangGraphClient
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from loopwright import tls
 from loopwright.display import UNSHOWABLE
-from loopwright.graph.state import ApprovalChoice, ApprovalRequest
-from loopwright.graph.text import unstorable_in, validation_problems
+from loopwright.graph.state import ApprovalRequest
+from loopwright.graph.text import validation_problems
 from loopwright.runner import EditRefused, Runner, UnknownRun
 from loopwright.server.approvals import Waiting, pending_for, waiting_run
 from loopwright.server.decision_outcome import decision_result, taken_decision
-from loopwright.server.gate import Gate
-from loopwright.server.identities import IdentityRefused, authenticated_user
+from loopwright.server.edge import Edge, admitted
+from loopwright.server.edge.bodies import DecisionRequest
+from loopwright.server.identities import BEARER_REQUIRED
 from loopwright.server.launch import GRAPH_ID
 from loopwright.server.operating import METRICS_PATH, live, metrics, ready
-from loopwright.server.resources import aresources, hosted_roles
+from loopwright.server.resources import aresources
 from loopwright.server.users import User
 from loopwright.server.waker import waking
 
@@ -102,27 +101,6 @@ PAGE_HEADERS = {
 }
 
 
-class DecisionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    thread_id: str = Field(min_length=1, max_length=64)
-    interrupt_id: str = Field(min_length=1, max_length=128)
-    # Builtin types only: the server loads this module from its path, outside sys.modules, where
-    # pydantic cannot resolve this module's own names in (postponed) annotations.
-    decision: str = Field(pattern=r"^(approve|reject|edit)$")
-    comment: str = Field(default="", max_length=500)
-    changes: dict[str, str] = Field(default_factory=dict, max_length=20)
-    # The approver's second click, for a request that asks for one (`ApprovalRequest.confirm`).
-    confirmed: bool = False
-
-    @model_validator(mode="after")
-    def _storable(self) -> DecisionRequest:
-        """Refused here, with the approval still pending, rather than by the run's create."""
-        if (problem := unstorable_in(self.model_dump(), "the decision")) is not None:
-            raise ValueError(problem)
-        return self
-
-
 class InboxError(Exception):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
@@ -130,25 +108,23 @@ class InboxError(Exception):
         self.detail = detail
 
 
-async def _approver(request: Request) -> User:
-    try:
-        user = await authenticated_user(request.headers.get("authorization"))
-    except IdentityRefused as exc:
-        raise InboxError(exc.status, exc.detail) from None
-    if not (roles := await hosted_roles()).grants("decide", user.roles):
-        raise InboxError(403, roles.refusal("decide"))
-    return user
+def _approver() -> User:
+    """The caller, as the edge authenticated them: an approver (the route's access)."""
+    passed = admitted()
+    if passed is None or passed.user is None:  # not served through the edge: nobody
+        raise InboxError(401, BEARER_REQUIRED)
+    return passed.user
 
 
 @contextlib.asynccontextmanager
 async def _server(request: Request) -> AsyncIterator[LangGraphClient]:
-    """The server's own API, called as the caller (their token), so its auth rules apply: a
-    client as `langgraph_sdk.get_client` makes one, but on the process's TLS roots, and closed
-    (its connections with it) when the decision is made."""
+    """The server's own API, called in process (the app itself, through the edge again) as the
+    caller, with their token, so every rule applies: no address is taken from the request (its
+    Host header, a proxy's forwarded scheme), and nothing leaves the process."""
     http = httpx.AsyncClient(
-        base_url=str(request.base_url).rstrip("/"),
+        base_url="http://loopwright.internal",
         headers={"Authorization": request.headers.get("authorization", "")},
-        transport=httpx.AsyncHTTPTransport(retries=5, verify=tls.context()),
+        transport=httpx.ASGITransport(app=request.app),
         timeout=httpx.Timeout(connect=5, read=300, write=300, pool=5),
     )
     async with http:
@@ -174,7 +150,7 @@ async def page(_request: Request) -> Response:
 
 async def list_approvals(request: Request) -> Response:
     try:
-        user = await _approver(request)
+        user = _approver()
         runner = (await aresources()).runner
         return JSONResponse({"approvals": await asyncio.to_thread(pending_for, runner, user)})
     except InboxError as exc:
@@ -194,15 +170,9 @@ def _deliberate(req: ApprovalRequest, body: DecisionRequest) -> None:
 
 async def decide(request: Request) -> Response:
     try:
-        user = await _approver(request)
-        try:
-            body = DecisionRequest.model_validate(await request.json())
-        except ValidationError as exc:
-            raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
-        except ValueError as exc:  # not JSON
-            raise InboxError(422, f"bad decision: {exc}") from None
-        except RecursionError:  # JSON nested deeper than any decision
-            raise InboxError(422, "bad decision: nested too deep to be one") from None
+        user = _approver()
+        # The edge validated it (`edge.bodies.DecisionRequest`); this is that request again.
+        body = DecisionRequest.model_validate(await request.json())
         run = await visible_run(user, body.thread_id)
         req = run.requests.get(body.interrupt_id)
         if req is None:
@@ -211,8 +181,7 @@ async def decide(request: Request) -> Response:
             raise InboxError(403, "an approver cannot decide about their own run")
         _deliberate(req, body)
         try:
-            choice = cast(ApprovalChoice, body.decision)
-            decision = req.answer(choice, user.user_id, body.comment, body.changes)
+            decision = req.answer(body.decision, user.user_id, body.comment, body.changes)
         except ValidationError as exc:
             raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
         except ValueError as exc:  # separation of duties; an edit of what may not change
@@ -251,7 +220,7 @@ async def decide(request: Request) -> Response:
 async def timeline(request: Request) -> Response:
     """The run's timeline, for a run the caller may read (the server decides, by their token)."""
     try:
-        user = await _approver(request)
+        user = _approver()
         run_id = request.path_params["run_id"]
         await visible_run(user, run_id)
         res = await aresources()
@@ -296,7 +265,7 @@ async def root(request: Request) -> Response:
 app = FastAPI(
     title="loopwright inbox", docs_url=None, redoc_url=None, openapi_url=None, lifespan=waking
 )
-app.add_middleware(Gate)  # before every route of the server's, not only these (`server.gate`)
+app.add_middleware(Edge)  # before every route of the server's, not only these (`server.edge`)
 app.add_api_route("/", root, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox", page, methods=["GET"], include_in_schema=False)
 app.add_api_route("/inbox/api/approvals", list_approvals, methods=["GET"])

@@ -22,23 +22,35 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from loopwright.server.users import IdentityConfigError, User, user_of
+from loopwright.server.watched_file import read_text
 
 TOKENS_ENV = "LOOPWRIGHT_TOKENS"
 TOKENS_FILE_ENV = "LOOPWRIGHT_TOKENS_FILE"
 PLAIN_TOKENS_ENV = "LOOPWRIGHT_DEV_TOKENS"
 HASH_PREFIX = "sha256:"
 MIN_TOKEN_CHARS = 16
+# The longest bearer token taken, JWTs included (an identity provider's, with a few claims, is
+# under 2 KB): a longer one is refused before anything is done with it.
+MAX_TOKEN_BYTES = 8192
+# A bearer token as RFC 6750 spells it (its b64token): every token a header can carry.
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*", re.ASCII)
+TOKEN_GRAMMAR = f"letters, digits and -._~+/ (then = padding), at most {MAX_TOKEN_BYTES} bytes"
 
 
 class TokenTableError(IdentityConfigError):
     """The token table cannot be used as it is; the message says which entry and why."""
+
+
+def well_formed_token(token: str) -> bool:
+    """Whether `token` is one a bearer header can carry (`TOKEN_GRAMMAR`): no other is anyone's."""
+    return len(token) <= MAX_TOKEN_BYTES and _TOKEN.fullmatch(token) is not None
 
 
 def hash_token(token: str) -> str:
@@ -76,8 +88,9 @@ class TokenTable:
     users: tuple[tuple[bytes, User], ...] = ()
 
     def user_for(self, token: str) -> User | None:
-        """The user `token` names, or None; every entry compared, in constant time each."""
-        digest = hashlib.sha256(token.encode()).digest()
+        """The user `token` names, or None; every entry compared, in constant time each (as
+        bytes: whatever text `token` is, even one no header carries, it is compared)."""
+        digest = hashlib.sha256(token.encode(errors="surrogatepass")).digest()
         found = None
         for known, user in self.users:
             if hmac.compare_digest(known, digest):
@@ -105,9 +118,11 @@ def _digest(key: str, source: str, *, plain_allowed: bool) -> bytes:
                 f"{source}: entry {key[:12]}...: not a SHA-256 digest (64 lowercase hex digits)"
             )
         return bytes.fromhex(hexdigest)
-    if not key or any(character.isspace() for character in key):
+    if not well_formed_token(key):
         # A bearer header's token is the word after "Bearer ": this one would match nobody.
-        raise TokenTableError(f"{source}: token {key!r}: a token is one word, not blank")
+        raise TokenTableError(
+            f"{source}: token {key[:16]!r}: a token is one word of {TOKEN_GRAMMAR}"
+        )
     if not plain_allowed:
         raise TokenTableError(
             f"{source}: token {key[:4]}... is stored in plain: store its hash instead"
@@ -147,7 +162,7 @@ def token_table(environ: Mapping[str, str] | None = None) -> TokenTable:
         return parse_token_table(raw, TOKENS_ENV, plain_allowed=plain)
     if path := env.get(TOKENS_FILE_ENV):
         try:
-            text = Path(path).read_text()
+            text = read_text(path)
         except OSError as exc:
             raise TokenTableError(f"token table file {path}: {exc.strerror}") from None
         return parse_token_table(text, path, plain_allowed=plain)

@@ -13,12 +13,16 @@ So the engine's identity is the tenant (`engine_identity`): the engine walls ten
 one another in its own queries, and an approver reaches every thread of their tenant, as the
 inbox and the SDK's state read need. Within a tenant, the hooks do not rely on filters: they
 raise for a thread that is not the caller's, and so need to know whose it is
-(`server.auth.thread_owner`): the run's user and tenant in lw_runs once a run is registered
+(`server.edge.threads.thread_owner`): the run's user and tenant in lw_runs once a run is registered
 there, else those loopwright stamped into the thread's metadata at its creation, read from the
 engine's own thread row (Aegra's `thread` table; LangGraph's in-memory registry has none, and needs none).
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
 
 from loopwright.checkpoints.sql import Database
 
@@ -67,3 +71,44 @@ class EngineThreads:
         if row is None:
             return False, None, None
         return True, row["user_id"], row["tenant"]
+
+
+# The engines' thread TTL settings: each has its engine delete or compact expired threads
+# (their checkpoints included) with its own checkpointer, outside loopwright's fenced saver.
+TTL_ENV = ("AEGRA_THREAD_TTL", "LANGGRAPH_THREAD_TTL")
+# Where each engine reads its checkpointer's settings (a `ttl` there does the same): Aegra's
+# config file, and the JSON `langgraph dev` passes its server from langgraph.json.
+AEGRA_CONFIG_ENV = "AEGRA_CONFIG"
+LANGGRAPH_CHECKPOINTER_ENV = "LANGGRAPH_CHECKPOINTER"
+
+
+class EngineMisconfigured(RuntimeError):
+    """The engine is set to change runs' records on its own; the message names the setting."""
+
+
+def refuse_thread_ttl(environ: Mapping[str, str]) -> None:
+    """EngineMisconfigured if the engine would sweep threads by a timer: a journaled run's
+    checkpoints deleted (its record and timeline gone), or compacted to the last one, and a run
+    waiting for an approval gone from the inbox while lw_runs says it waits."""
+    settings = [name for name in TTL_ENV if environ.get(name, "").strip()]
+    for name, read in ((AEGRA_CONFIG_ENV, _config_file), (LANGGRAPH_CHECKPOINTER_ENV, json.loads)):
+        raw = environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            config = read(raw)
+        except (OSError, ValueError):
+            continue  # the engine says what is wrong with its own settings
+        checkpointer = config.get("checkpointer", config) if isinstance(config, dict) else {}
+        if isinstance(checkpointer, dict) and checkpointer.get("ttl"):
+            settings.append(f"{name}'s checkpointer.ttl")
+    if settings:
+        raise EngineMisconfigured(
+            f"{', '.join(settings)}: the engine would delete or compact threads by a timer, a"
+            " run's record with them; loopwright keeps runs until its own retention job"
+            " (`loopwright retention`) prunes them: unset it"
+        )
+
+
+def _config_file(path: str) -> object:
+    return json.loads(Path(path).read_text())

@@ -3,8 +3,8 @@
 `ServedGraph` is the compiled loopwright graph with one method replaced: `astream`, through which
 every server run goes (`ainvoke` and `astream_events` call it too). LangGraph's server and Aegra
 both take the graph object, copy it with their checkpointer and call `astream(input, config,
-context=..., durability=..., stream_mode=...)`. A served run does what the CLI's `Runner` does,
-in a thread of its own:
+context=..., durability=..., stream_mode=...)`. A served run is one attempt of the protocol the
+CLI's `Runner` follows (`loopwright.attempt`), in a thread of its own:
 
 1. the principal is the user the server authenticated (`configurable.langgraph_auth_user`),
    never the run input or the client's context, and the input is reduced to what a client may
@@ -13,10 +13,11 @@ in a thread of its own:
    the server does: Aegra does not keep one run per thread, and a re-queued run may race its
    first attempt);
 3. the graph is streamed synchronously with `durability="sync"` and a saver fenced with the
-   lease's token (`checkpoints.fenced`; a new thread in LangGraph's own layout, which the
-   server's stock readers read, see `checkpoints.compact`), with a `RunContext` built here,
-   and the chunks the server asked for are handed back to it;
-4. where the run stands is recorded in lw_runs and the lease released.
+   lease's token (a new thread in LangGraph's own layout, which the server's stock readers
+   read, see `checkpoints.compact`), with a `RunContext` built here, and the chunks the server
+   asked for are handed back to it;
+4. where the run stands is recorded in lw_runs and the lease released; an attempt that failed
+   is counted on the run, which ends typed after as many failures in a row as a CLI run's.
 
 Running the sync stream in a thread (rather than the server's async stream) is what makes a
 server-side stop safe. When the server stops a run it stops consuming our stream; a node may be
@@ -40,7 +41,6 @@ import dataclasses
 import logging
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -53,32 +53,22 @@ from langgraph.types import StateSnapshot
 from pydantic import BaseModel, create_model
 
 from loopwright._agent import TaskRefused
+from loopwright.attempt import Claim, attempt, worker_name
 from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import pooled
+from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.factory import fenced_saver
-from loopwright.checkpoints.fenced import Fence
-from loopwright.checkpoints.leases import (
-    SERVER_ENGINE,
-    Lease,
-    LeaseHeld,
-    LeaseKeeper,
-    LeaseStore,
-    RunWatch,
-)
+from loopwright.checkpoints.leases import SERVER_ENGINE, Lease
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import Phase, Principal, RunState
 from loopwright.graph.text import InvalidText
 from loopwright.observability.metrics import note_run_end
-from loopwright.runner import (
-    VERSION_METADATA_KEY,
-    OtherAgentsRun,
-    UnknownRun,
-    worker_name,
-    writer_version,
-)
+from loopwright.runner import VERSION_METADATA_KEY, OtherAgentsRun, UnknownRun, writer_version
 from loopwright.server.inputs import (
+    Continue,
     NewRun,
+    Resume,
     RunRefused,
     RunRequest,
     parse_request,
@@ -125,23 +115,6 @@ def where_it_stands(snapshot: StateSnapshot) -> tuple[str, datetime | None]:
         ]
         return Phase.RECONCILING.value, datetime.fromisoformat(min(waits))
     return str((snapshot.values or {}).get("phase", Phase.READY.value)), None
-
-
-# How often a run's claim is tried again while a dead owner's lease runs out.
-CLAIM_POLL_S = 0.2
-
-
-def claim(leases: LeaseStore, run_id: str, owner: str, ttl_s: float, agent_version: str) -> Lease:
-    """Claim the run for `agent_version`'s process, waiting out a dead owner's lease (it
-    expires after `ttl_s`), no longer."""
-    give_up = time.monotonic() + ttl_s + 1
-    while True:
-        try:
-            return leases.claim(run_id, owner, ttl_s, agent_version=agent_version)
-        except LeaseHeld:
-            if time.monotonic() >= give_up:
-                raise
-            time.sleep(CLAIM_POLL_S)
 
 
 @dataclass(frozen=True)
@@ -226,8 +199,9 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
             except BaseException as exc:
                 emit(_Failed(exc))
             finally:
-                try:  # before the engine hears the run ended: a decision right after is admitted
-                    res.admissions.ended(thread_id)
+                # Before the engine hears the run ended: a decision right after is admitted.
+                try:
+                    _ended(res, thread_id, request)
                 finally:
                     emit(_END)
                     with contextlib.suppress(RuntimeError):
@@ -281,53 +255,63 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
             raise RunRefused(str(exc)) from None
         except UnknownRun:
             pass  # nothing registered: payload_for says there is no run to continue
-        version = res.agent.version
-        lease = lease or claim(res.leases, run_id, owner, res.lease_ttl_s, version)
-        try:
-            with pooled(res.run_connections, res.database_url) as conn:
-                # A new thread in LangGraph's layout: the server's own reads (its API,
-                # Studio) and Aegra's are the stock saver's.
-                saver = fenced_saver(conn, fence=Fence.of(lease), new_threads=Layout.STOCK)
-                # The attempt's clock and cancel flag, as the runner's: kept by the lease's
-                # renewals and the commits' fence checks, not read by every node.
-                watch = saver.watch = RunWatch(lease)
-                graph = self.copy(update={"checkpointer": saver, "store": None})
-                run_config = _with_writer(config, owner, version)
-                before = graph.get_state(run_config)
-                payload = payload_for(request, before, run_id, principal, watch.now())
-                context = dataclasses.replace(
-                    served_context(res, run_id, lease.fence, request, principal),
-                    clock=watch.now,
-                    cancel_requested=watch.cancel_requested,
-                )
-                with LeaseKeeper(res.leases, lease, on_renew=watch.renewed):
-                    for chunk in graph.stream(
-                        payload,
-                        run_config,
-                        context=context,
-                        durability=RUN_DURABILITY,
-                        stream_mode=stream_mode,
-                        **stream_kwargs,
-                    ):
-                        emit(chunk)
-                        if pause.is_set():
-                            break  # a step boundary: what ran is committed
-                after = graph.get_state(run_config)
-                phase, next_attempt_at = where_it_stands(after)
-                # The version that wrote the last step: not this attempt's where it found
-                # nothing left to do (the engine handing a finished run out again).
-                res.leases.record(
-                    lease, phase, next_attempt_at, agent_version=writer_version(after)
-                )
-                note_run_end(before.values or {}, after.values or {})
-        finally:
-            res.leases.release(lease)
+        # A dead owner's lease is waited out (it expires after its time to live), no longer.
+        how = Claim(owner, res.lease_ttl_s, res.agent.version, wait_s=res.lease_ttl_s + 1)
+        with (
+            pooled(res.run_connections, res.database_url) as conn,
+            attempt(
+                res.leases,
+                run_id,
+                # A new thread in LangGraph's layout: the server's own reads (its API, Studio)
+                # and Aegra's are the stock saver's.
+                graph=self.copy(update={"store": None}),
+                saver=fenced_saver(conn, new_threads=Layout.STOCK),
+                how=how,
+                lease=lease,
+                kind=_KINDS[type(request)],
+                not_the_runs=(RunRefused,),
+            ) as turn,
+        ):
+            run_config = _with_writer(config, owner, res.agent.version)
+            before = turn.graph.get_state(run_config)
+            payload = payload_for(request, before, run_id, principal, turn.watch.now())
+            context = turn.context(served_context(res, run_id, request, principal))
+            for chunk in turn.graph.stream(
+                payload,
+                run_config,
+                context=context,
+                durability=RUN_DURABILITY,
+                stream_mode=stream_mode,
+                **stream_kwargs,
+            ):
+                emit(chunk)
+                if pause.is_set():
+                    break  # a step boundary: what ran is committed
+            after = turn.graph.get_state(run_config)
+            phase, next_attempt_at = where_it_stands(after)
+            # The version that wrote the last step: not this attempt's where it found nothing
+            # left to do (the engine handing a finished run out again).
+            turn.record(phase, next_attempt_at, writer_version(after))
+            note_run_end(before.values or {}, after.values or {})
+
+
+def _ended(res: ServerResources, thread_id: str, request: RunRequest) -> None:
+    """An attempt's end as the edge's records see it: a decision's claims given up (one the
+    run did not take holds nobody off), then the thread's admission."""
+    try:
+        if isinstance(request, Resume):
+            DecisionClaims(res.leases.db).released(thread_id)
+    finally:
+        res.admissions.ended(thread_id)
+
+
+# What a served attempt was given, as `runner.advance_kind` names it.
+_KINDS: dict[type[Any], str] = {NewRun: "start", Resume: "answer", Continue: "resume"}
 
 
 def served_context(
     res: ServerResources,
     run_id: str,
-    fence: int,
     request: RunRequest,
     user: Principal | None,
 ) -> RunContext:
@@ -338,7 +322,7 @@ def served_context(
     if it comes from the authenticated user of this server run, whose identity holds a role the
     agent's `Roles` grants deciding by, and who is an approver by the agent's own rule.
     """
-    context = res.runner.context(run_id, fence)
+    context = res.runner.context(run_id, 0)  # the attempt's fence: `Turn.context`
     directory = context.is_approver
 
     def is_approver(user_id: str) -> bool:

@@ -5,12 +5,20 @@ signed by the identity provider, for production; `server.bearer_tokens`: a stati
 development and a few service accounts). A token shaped as a JWT is judged as one; any other
 is looked up in the table. Neither configured: nobody is anybody, every request is refused.
 
+The Authorization header is judged before anything else is done with it: at most
+`MAX_AUTHORIZATION_BYTES`, ASCII, `Bearer <token>` with a token as RFC 6750 spells it (a
+`bearer_tokens.MAX_TOKEN_BYTES` token at most), whether the engine hands it over as bytes or as
+text; anything else is a 401 in one line, never decoded, hashed or verified. A JWT's signature
+and claims are verified in a small pool of threads of its own, off the event loop: one costly
+verification, or many, hold up no other request of the process.
+
 Keys and the table follow their files without a restart. The file checks and key fetches are
 blocking I/O, so they run in a thread, and only when due (once a second for a file; for a key
-URL see `server.jwks`): the event loop itself only verifies, in memory.
+URL see `server.jwks`).
 
 One process-wide `Identities` (`configured()`), built from the environment at the server's
-start (a broken configuration stops it there) and shared by the auth hooks and the inbox.
+start (a broken configuration stops it there) and asked by the edge (`server.edge`) for every
+request that needs an identity.
 """
 
 from __future__ import annotations
@@ -18,9 +26,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from loopwright.server.bearer_tokens import (
+    MAX_TOKEN_BYTES,
     TOKENS_ENV,
     TOKENS_FILE_ENV,
     TokenTable,
@@ -28,6 +39,7 @@ from loopwright.server.bearer_tokens import (
     parse_token_table,
     plain_tokens_allowed,
     token_table,
+    well_formed_token,
 )
 from loopwright.server.jwt_identity import (
     JWKS_ENV,
@@ -42,6 +54,15 @@ from loopwright.server.users import User
 from loopwright.server.watched_file import WatchedFile
 
 BEARER_REQUIRED = "a valid bearer token is required"
+SCHEME = "Bearer "
+# The longest Authorization header judged at all: the scheme and the longest token taken. An
+# edge that bounds headers before the app sees them bounds this one by it.
+MAX_AUTHORIZATION_BYTES = len(SCHEME) + MAX_TOKEN_BYTES
+_BEARER = re.compile(r"bearer +([^ ]+)", re.ASCII | re.IGNORECASE)
+# Verifications at once: RSA and EC signatures are CPU work, so a few threads are as fast as
+# many, and a flood of tokens queues here instead of taking the threads the engine shares.
+VERIFYING_THREADS = 4
+_verifying = ThreadPoolExecutor(VERIFYING_THREADS, thread_name_prefix="loopwright-jwt")
 
 
 class IdentityRefused(Exception):
@@ -54,12 +75,23 @@ class IdentityRefused(Exception):
         self.detail = detail
 
 
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header, or None."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+def bearer_token(authorization: str | bytes | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header (bytes, or text as a server
+    decoded them); IdentityRefused (401, one line) for anything else, judged by its length
+    first and its characters next, before anything is decoded, hashed or verified."""
+    if not authorization:
+        raise IdentityRefused(401, BEARER_REQUIRED)
+    if len(authorization) > MAX_AUTHORIZATION_BYTES:
+        raise IdentityRefused(401, f"the bearer token is longer than {MAX_TOKEN_BYTES} bytes")
+    if not authorization.isascii():
+        raise IdentityRefused(401, "the Authorization header is not ASCII")
+    text = authorization.decode() if isinstance(authorization, bytes) else authorization
+    matched = _BEARER.fullmatch(text.strip(" \t"))
+    if matched is None or not well_formed_token(matched[1]):
+        raise IdentityRefused(
+            401, f"{BEARER_REQUIRED}: the Authorization header is not '{SCHEME}<token>'"
+        )
+    return matched[1]
 
 
 class Identities:
@@ -75,7 +107,9 @@ class Identities:
             plain = plain_tokens_allowed(environ)
             try:
                 self._table_file = WatchedFile(
-                    path, lambda text: parse_token_table(text, path, plain_allowed=plain)
+                    path,
+                    lambda text: parse_token_table(text, path, plain_allowed=plain),
+                    empty=TokenTable(),
                 )
             except OSError as exc:
                 raise TokenTableError(f"token table file {path}: {exc.strerror}") from None
@@ -121,13 +155,14 @@ class Identities:
         elif self._table_file is not None:
             self._table_file.refresh()
 
-    async def user_for(self, authorization: str | None) -> User:
+    async def user_for(self, authorization: str | bytes | None) -> User:
         """The user an Authorization header proves; IdentityRefused otherwise."""
         token = bearer_token(authorization)
-        if token is None:
-            raise IdentityRefused(401, BEARER_REQUIRED)
         if (due := self._due(token)) is not None:
             await asyncio.to_thread(self._refresh, due)
+        if looks_like_jwt(token) and self.jwt is not None:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(_verifying, self.user_for_token, token)
         return self.user_for_token(token)
 
 
@@ -138,6 +173,7 @@ def configured() -> Identities:
     return Identities(os.environ)
 
 
-async def authenticated_user(authorization: str | None) -> User:
-    """The user an Authorization header proves to this server; IdentityRefused otherwise."""
+async def authenticated_user(authorization: str | bytes | None) -> User:
+    """The user an Authorization header proves to this server; IdentityRefused otherwise. The
+    one way in: every route's identity is asked here by the edge (`server.edge`)."""
     return await configured().user_for(authorization)

@@ -6,9 +6,8 @@ write any channel: a `principal` of its choosing (guard takes the input's princi
 forged approval record, a journal projection. So the served graph never passes client input
 through. It accepts three shapes and builds the graph's payload itself:
 
-* a new run: `{"task": "..."}` and nothing else that matters. The initial state is built here
-  from the task and the principal the server authenticated; any other key (`principal`
-  included) is ignored.
+* a new run: `{"task": "..."}` and nothing else. The initial state is built here from the task
+  and the principal the server authenticated; any other key (`principal` included) is refused.
 * a resume: a `Command` with `resume` only (no `update`, no `goto`). An approval decision is
   accepted from an approver only (a role the agent's `Roles.decide` names), never from the
   run's own user, and its `approver` field is
@@ -99,13 +98,16 @@ def parse_request(raw: Any, principal: Principal | None, *, roles: Roles) -> Run
 
 
 def new_run_task(raw: Any) -> str:
-    """The task of a client's input for a new run, `{"task": "..."}` (other keys ignored);
-    RunRefused, saying what a new run takes, for any other input."""
+    """The task of a client's input for a new run, `{"task": "..."}` and nothing else (a key
+    more is refused, not ignored: a client whose `principal` was dropped silently would learn
+    nothing); RunRefused, saying what a new run takes, for any other input."""
     if not isinstance(raw, Mapping):
         raise RunRefused(f"a run's input of type {type(raw).__name__}: {NEW_RUN_TAKES}")
     task = raw.get("task")
     if task is None:
         raise RunRefused(f"an input without a task: {NEW_RUN_TAKES}")
+    if more := sorted(str(key) for key in raw if key != "task"):
+        raise RunRefused(f"an input naming {', '.join(more)[:200]}: {NEW_RUN_TAKES}")
     try:
         checked_text("the task", task, max_chars=MAX_TASK_CHARS)
     except InvalidText as exc:

@@ -1,7 +1,9 @@
 """The identity provider's signing keys (a JWKS), from a file or a URL, kept current.
 
 Keys rotate: the provider publishes a new key, signs with it, and later drops the old one. A
-file source is read again when the file changes (`server.watched_file`). A URL source is
+file source is read again when the file changes (`server.watched_file`); a key file deleted, or
+changed into one that holds no usable key, holds no keys until it is fixed (every token is
+refused: a withdrawn key must not live on in a server's copy). A URL source is
 fetched at the first token, again once its copy is older than the TTL, and at once when a
 token names a key id it does not hold (a key published since), at most once per refetch
 interval however many such tokens arrive: a stream of made-up key ids cannot turn the server
@@ -96,7 +98,9 @@ class FileKeys:
 
     def __init__(self, path: str, algorithms: Collection[str]) -> None:
         try:
-            self._file = WatchedFile(path, lambda text: parse_jwks(text, path, algorithms))
+            self._file = WatchedFile(
+                path, lambda text: parse_jwks(text, path, algorithms), empty=KeySet()
+            )
         except OSError as exc:
             raise JwksError(f"{path}: {exc.strerror}") from None
 

@@ -7,22 +7,28 @@ Configured from the environment (the same on every instance):
   a token another service was issued, by the same provider, is no token for this one);
 * `LOOPWRIGHT_JWT_ALGORITHMS`: default `RS256,ES256`; any of RS/PS/ES 256/384/512 and EdDSA;
 * `LOOPWRIGHT_JWT_LEEWAY_S`: clock skew forgiven on `exp`, `nbf` and `iat`, default 30;
+* `LOOPWRIGHT_JWT_MAX_LIFETIME_S`: the longest a token may be valid for, default 86400 (24 h):
+  `exp - iat`, or `exp` - now for a token without `iat` (a token that outlives its user's
+  revocation by days is refused however well signed);
 * `LOOPWRIGHT_JWT_USER_CLAIM`, `..._TENANT_CLAIM`, `..._ROLES_CLAIM`: the claims that name the
   user (default `sub`), the tenant (`tenant`) and the roles (`roles`: a list, or words separated
-  by spaces as in `scope`); a dotted name reads a nested claim (`realm_access.roles`);
+  by spaces as in `scope`); a dotted name reads a nested claim (`realm_access.roles`; no empty
+  part: `a..b` is refused at the start);
 * `LOOPWRIGHT_JWKS_TTL_S` (default 300) and `LOOPWRIGHT_JWKS_REFETCH_S` (30): a URL's keys are
   fetched again once older than the TTL, and on an unknown key id at most once per refetch
   interval (`server.jwks`).
 
 A token must be signed by a key of the set (named by its `kid`), with an allowed algorithm,
-carry `exp`, `iss` and `aud`, be within its validity (`exp`, `nbf`, with the leeway), and name
-a user, tenant and roles. `none` and the HMAC algorithms (HS*) are refused, always: an HMAC
+carry `exp`, `iss` and `aud`, its times (`exp`, `nbf`, `iat`) numbers (never strings), be within
+its validity (`exp`, `nbf`, with the leeway) and the maximum lifetime, and name a user, tenant
+and roles. `none` and the HMAC algorithms (HS*) are refused, always: an HMAC
 key verifies and signs alike, so every server holding it could mint any identity, and mixing
 it with public keys is the classic algorithm-confusion hole; providers publish asymmetric keys.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +43,7 @@ ISSUER_ENV = "LOOPWRIGHT_JWT_ISSUER"
 AUDIENCE_ENV = "LOOPWRIGHT_JWT_AUDIENCE"
 ALGORITHMS_ENV = "LOOPWRIGHT_JWT_ALGORITHMS"
 LEEWAY_ENV = "LOOPWRIGHT_JWT_LEEWAY_S"
+MAX_LIFETIME_ENV = "LOOPWRIGHT_JWT_MAX_LIFETIME_S"
 USER_CLAIM_ENV = "LOOPWRIGHT_JWT_USER_CLAIM"
 TENANT_CLAIM_ENV = "LOOPWRIGHT_JWT_TENANT_CLAIM"
 ROLES_CLAIM_ENV = "LOOPWRIGHT_JWT_ROLES_CLAIM"
@@ -47,6 +54,8 @@ ASYMMETRIC_ALGORITHMS = frozenset(
     {f"{family}{bits}" for family in ("RS", "PS", "ES") for bits in (256, 384, 512)} | {"EdDSA"}
 )
 DEFAULT_ALGORITHMS = ("RS256", "ES256")
+DEFAULT_MAX_LIFETIME_S = 86_400.0
+TIME_CLAIMS = ("exp", "nbf", "iat")
 
 
 class JwtRefused(Exception):
@@ -69,6 +78,7 @@ class JwtSettings:
     audience: str
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     leeway_s: float = 30.0
+    max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S
     user_claim: str = "sub"
     tenant_claim: str = "tenant"
     roles_claim: str = "roles"
@@ -85,11 +95,11 @@ class JwtSettings:
         jwks = environ.get(JWKS_ENV, "").strip()
         if not jwks:
             return None
-        missing = [name for name in (ISSUER_ENV, AUDIENCE_ENV) if not environ.get(name, "")]
-        if missing:
+        named = {name: environ.get(name, "").strip() for name in (ISSUER_ENV, AUDIENCE_ENV)}
+        if missing := [name for name, value in named.items() if not value]:
             raise IdentityConfigError(
-                f"{JWKS_ENV} is set: {' and '.join(missing)} must be too (tokens are checked"
-                " for whom they were issued by and for)"
+                f"{JWKS_ENV} is set: {' and '.join(missing)} must be too, not blank (tokens are"
+                " checked for whom they were issued by and for)"
             )
         algorithms = tuple(
             a.strip() for a in environ.get(ALGORITHMS_ENV, ",".join(DEFAULT_ALGORITHMS)).split(",")
@@ -108,20 +118,31 @@ class JwtSettings:
                 (ROLES_CLAIM_ENV, "roles"),
             )
         }
-        if blank := [name for name, claim in claims.items() if not claim]:
-            raise IdentityConfigError(f"{', '.join(blank)}: a claim name, not blank")
+        if unusable := [name for name, claim in claims.items() if not _claim_path(claim)]:
+            raise IdentityConfigError(
+                f"{', '.join(unusable)}: a claim name, or names joined by single dots"
+                " (realm_access.roles), none blank or spaced"
+            )
         return cls(
             jwks=jwks,
-            issuer=environ[ISSUER_ENV],
-            audience=environ[AUDIENCE_ENV],
+            issuer=named[ISSUER_ENV],
+            audience=named[AUDIENCE_ENV],
             algorithms=algorithms,
             leeway_s=_seconds(environ, LEEWAY_ENV, 30.0, most=300.0),
+            max_lifetime_s=_seconds(
+                environ, MAX_LIFETIME_ENV, DEFAULT_MAX_LIFETIME_S, most=30 * 86_400.0
+            ),
             user_claim=claims[USER_CLAIM_ENV],
             tenant_claim=claims[TENANT_CLAIM_ENV],
             roles_claim=claims[ROLES_CLAIM_ENV],
             ttl_s=_seconds(environ, JWKS_TTL_ENV, 300.0, most=86_400.0),
             refetch_s=_seconds(environ, JWKS_REFETCH_ENV, 30.0, most=3_600.0),
         )
+
+
+def _claim_path(name: str) -> bool:
+    """Whether `name` names a claim: words without spaces, joined by single dots."""
+    return all(part and not any(c.isspace() for c in part) for part in name.split("."))
 
 
 def _seconds(environ: Mapping[str, str], name: str, default: float, *, most: float) -> float:
@@ -210,7 +231,23 @@ class JwtVerifier:
         except jwt.PyJWTError as exc:
             reason = next((r for kind, r in _REFUSALS if isinstance(exc, kind)), None)
             raise JwtRefused(reason or "the token is not a valid JWT") from None
+        self._check_times(claims)
         return self.user_of(claims)
+
+    def _check_times(self, claims: Mapping[str, Any]) -> None:
+        """JwtRefused for times that are not numbers (PyJWT reads `"exp": "1700000000"` as
+        one) or a token valid for longer than the maximum lifetime."""
+        for name in TIME_CLAIMS:
+            value = claims.get(name)
+            if value is not None and not _is_number(value):
+                raise JwtRefused(f"the token's {name} is not a number of seconds (NumericDate)")
+        most = self.settings.max_lifetime_s
+        if (issued := claims.get("iat")) is not None:
+            lifetime = claims["exp"] - issued
+        else:  # what is left of it, with the clock skew forgiven (an issuer ahead of us)
+            lifetime = claims["exp"] - time.time() - self.settings.leeway_s
+        if lifetime > most:
+            raise JwtRefused(f"the token is valid for longer than {most:g} s ({MAX_LIFETIME_ENV})")
 
     def user_of(self, claims: Mapping[str, Any]) -> User:
         s = self.settings
@@ -224,6 +261,10 @@ class JwtVerifier:
             return user_of(named)
         except ValueError as exc:
             raise JwtRefused(f"the token's claims name no user here: {exc}") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _claim(claims: Mapping[str, Any], name: str) -> Any:

@@ -42,8 +42,9 @@ from loopwright.readiness import (
     failing,
 )
 from loopwright.server.cluster import REDIS_ENV, redis_unreachable
-from loopwright.server.identities import IdentityRefused, authenticated_user
-from loopwright.server.resources import hosted_roles, resources, server_database_url
+from loopwright.server.edge import admitted
+from loopwright.server.identities import BEARER_REQUIRED
+from loopwright.server.resources import resources, server_database_url
 
 METRICS_PATH = "/loopwright/metrics"
 # Aegra's setting that it queues runs in Redis (`server.cluster` sets it on every instance).
@@ -109,12 +110,10 @@ async def ready(_request: Request) -> Response:
     )
 
 
-async def metrics(request: Request) -> Response:
-    try:
-        user = await authenticated_user(request.headers.get("authorization"))
-    except IdentityRefused as exc:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
-    if not (roles := await hosted_roles()).grants("operate", user.roles):
-        return JSONResponse({"detail": roles.refusal("operate")}, status_code=403)
+async def metrics(_request: Request) -> Response:
+    """For operators: the edge admits no one else to this route (`edge.routes`)."""
+    passed = admitted()
+    if passed is None or passed.user is None:  # not served through the edge: nobody
+        return JSONResponse({"detail": BEARER_REQUIRED}, status_code=401)
     body = await asyncio.to_thread(scrape, server_database_url())
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

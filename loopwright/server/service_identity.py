@@ -14,25 +14,26 @@ from __future__ import annotations
 import hmac
 import secrets
 
-from loopwright.server.users import SERVICE_ROLE, User
+from loopwright.server.users import SERVICE_ROLE, SERVICE_USER_ID, User
 
-SERVICE_USER_ID = "loopwright-service"
 # Where the process reaches its own server, set by the engines' entry points.
 SELF_URL_ENV = "LOOPWRIGHT_SELF_URL"
 _PREFIX = "lw-service"
-_SECRET = secrets.token_urlsafe(32)
+_SECRET = secrets.token_urlsafe(32).encode()
 
 
 def service_token(tenant: str) -> str:
     """The bearer token of this process's service identity in `tenant`."""
-    return f"{_PREFIX}.{tenant}.{_SECRET}"
+    return f"{_PREFIX}.{tenant}.{_SECRET.decode()}"
 
 
 def service_user(token: str) -> User | None:
-    """The service identity `token` proves, if it is this process's; None for any other."""
+    """The service identity `token` proves, if it is this process's; None for any other (any
+    text: the secrets are compared as bytes)."""
     prefix, _, rest = token.partition(".")
     tenant, _, secret = rest.rpartition(".")
-    if prefix != _PREFIX or not tenant or not hmac.compare_digest(secret, _SECRET):
+    given = secret.encode(errors="surrogatepass")
+    if prefix != _PREFIX or not tenant or not hmac.compare_digest(given, _SECRET):
         return None
     return User(SERVICE_USER_ID, (SERVICE_ROLE,), tenant)
 

@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopwright.graph.text import validation_problems
 
-# The role of a served process's own identity (`server.service_identity`): no token table or
-# identity provider may grant it.
+# The role and user id of a served process's own identity (`server.service_identity`): no token
+# table or identity provider may grant the one or name the other.
 SERVICE_ROLE = "loopwright-service"
+SERVICE_USER_ID = "loopwright-service"
 
 
 class IdentityConfigError(ValueError):
@@ -49,5 +50,7 @@ def user_of(fields: object) -> User:
         raise ValueError(validation_problems(exc)) from None
     if SERVICE_ROLE in parsed.roles:
         raise ValueError(f"roles: {SERVICE_ROLE!r} is the server's own, no user's")
+    if parsed.user_id.casefold() == SERVICE_USER_ID:  # nor a look-alike shown to approvers
+        raise ValueError(f"user_id: {parsed.user_id!r} is the server's own, no user's")
     # A role named twice grants what it grants once: the entry names it once.
     return User(parsed.user_id, tuple(dict.fromkeys(parsed.roles)), parsed.tenant)
