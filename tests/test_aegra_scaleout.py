@@ -34,12 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from langgraph_sdk.client import SyncLangGraphClient
 
-from loopwright import tls
 from loopwright.attempt import CLAIM_POLL_S
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server import cluster as cluster_module
@@ -50,6 +48,7 @@ from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port, reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, sdk_client, wait_for
+from tests.test_readme_walkthrough import reachable_aegra
 from tests.test_server_langgraph import (
     GRAPH,
     TOKENS,
@@ -546,13 +545,6 @@ def instances_of(serving: subprocess.Popen[bytes]) -> dict[int, int]:
     return found
 
 
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2, verify=tls.context()).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
@@ -593,7 +585,7 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
             env=env,
         )
         try:
-            wait_for(lambda: serving.poll() is not None or all(map(answers, urls)))
+            wait_for(lambda: serving.poll() is not None or all(map(reachable_aegra, urls)))
             assert serving.poll() is None, output.read_text()
             started = instances_of(serving)
             assert sorted(started) == [port, port + 1]
@@ -625,7 +617,7 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
 
             wait_for(lambda: instances_of(serving).get(sender) not in (None, started[sender]))
             killed = f"http://127.0.0.1:{sender}"
-            wait_for(lambda: answers(killed))
+            wait_for(lambda: reachable_aegra(killed))
             back = sdk_client(url=killed, headers={"Authorization": "Bearer t-u1"})
             assert back.threads.create()["thread_id"]
             said = output.read_text()
@@ -637,7 +629,7 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
             serving.send_signal(signal.SIGTERM)
             assert serving.wait(timeout=PATIENCE_S) == 0, output.read_text()
             assert not any(Path(f"/proc/{pid}").exists() for pid in running)
-            assert not any(map(answers, urls))
+            assert not any(map(reachable_aegra, urls))
         finally:
             if serving.poll() is None:
                 serving.kill()
