@@ -86,14 +86,14 @@ def worker(database_url: str) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with _runner_session(database_url, endpoints) as runner:
-        claim = runner._claim
+        claim = runner.leases.claim
 
-        def reporting_claim(run_id: str) -> Lease:
-            lease = claim(run_id)
+        def reporting_claim(run_id: str, *args: Any, **kwargs: Any) -> Lease:
+            lease = claim(run_id, *args, **kwargs)
             print(json.dumps({"run_id": run_id, "claimed": time.time()}), flush=True)
             return lease
 
-        runner._claim = reporting_claim  # type: ignore[method-assign]
+        runner.leases.claim = reporting_claim  # type: ignore[method-assign]
         print("ready", flush=True)
         work(runner, stop=stop, poll_s=POLL_S)
 

@@ -175,7 +175,9 @@ def _judge(db: Database, saver: Any, candidate: Candidate, row: dict[str, Any]) 
         candidate.kept = f"writes not settled: {', '.join(unsettled)}"
         return
     verification = values.get("verification")
-    answer = ((verification or {}).get("facts") or {}).get("answer")
+    # The model's final answer, kept as its own (the runtime's account is the verification's).
+    facts = (verification or {}).get("facts") or {}
+    answer = facts.get("model_answer", facts.get("answer"))
     candidate.summary = Summary(
         run_id=candidate.run_id,
         phase=str(phase),

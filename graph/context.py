@@ -37,6 +37,9 @@ class RunContext:
     # the run's first step.
     model_spec: str = ""
     model_settings: dict[str, Any] = field(default_factory=dict)
+    # The operator changes a resumed run's model to this one (`--model-change`): the gate
+    # records the change in V before the model is asked anything.
+    model_change: bool = False
     # The application's own dependencies (what its agent's `deps` factory opened), passed to
     # every tool function as `ctx.deps`. The runtime never looks inside.
     deps: Any = None

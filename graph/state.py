@@ -273,6 +273,22 @@ class ApprovalRequest(BaseModel):
     facts: tuple[Fact, ...] = ()
     evidence: tuple[EvidenceNote, ...] = ()
     confirm: bool = False
+    # Why a person is asked: the reason the tool's approval rule gave (its condition or threshold),
+    # and the checks the call passed before anyone was asked ("" and () in requests of earlier
+    # releases).
+    why: str = ""
+    checks: tuple[str, ...] = ()
+
+    def refusal(self, decision: ApprovalChoice, approver: str) -> str | None:
+        """Why `approver` may not make `decision` on this request, or None: none of the
+        approvers whose edits made its arguments (`edited_by`) approves it (separation of
+        duties). Every path asks this, the run's own approval node last."""
+        if decision == "approve" and approver in self.edited_by:
+            return (
+                f"{approver} edited {self.approval_id} and cannot also approve it: "
+                "another approver must (separation of duties)"
+            )
+        return None
 
     def answer(
         self,
@@ -296,8 +312,8 @@ class ApprovalRequest(BaseModel):
                 )
         elif changes:
             raise ValueError("only an edit changes arguments")
-        if decision == "approve" and approver in self.edited_by:
-            raise ValueError(separation_of_duties(approver, self.approval_id))
+        if (why := self.refusal(decision, approver)) is not None:
+            raise ValueError(why)
         return ApprovalDecision(
             approval_id=self.approval_id,
             digest=self.digest,
@@ -309,15 +325,6 @@ class ApprovalRequest(BaseModel):
 
 
 ApprovalChoice = Literal["approve", "reject", "edit"]
-
-
-def separation_of_duties(approver: str, approval_id: str) -> str:
-    """Why an editor's approval of their own edit is refused, in one line (every path says
-    the same: the CLI, the inbox, the run's feedback)."""
-    return (
-        f"{approver} edited {approval_id} and cannot also approve it: "
-        "another approver must (separation of duties)"
-    )
 
 
 class ApprovalDecision(BaseModel):
@@ -394,6 +401,9 @@ class Versions(BaseModel):
     # ("openai:gpt-5-mini") and its settings (API, base URL, streaming, temperature, ...).
     model_spec: str = ""
     model_settings: dict[str, Any] = Field(default_factory=dict)
+    # Each change of the model an operator asked for on resuming (`--model-change`): when, from
+    # which spec and settings to which; model_spec and model_settings are then the new ones.
+    model_changes: list[dict[str, Any]] = Field(default_factory=list)
     prompt_version: str = ""
     tool_schemas: dict[str, str] = Field(default_factory=dict)
 
@@ -401,9 +411,10 @@ class Versions(BaseModel):
 class Verification(BaseModel):
     """What verify found in the business system. `completed` is only ever set from this.
 
-    `facts` keeps apart what the user was told (`answer`) and what the business system holds:
-    the writes verified there (`writes`), and the writes the run planned that did not happen
-    (`not_done`)."""
+    `facts` keeps apart what the business system holds (the writes verified there, `writes`;
+    those the run planned that did not happen, `not_done`; every refusal, `refusals`), the
+    runtime's account of it (`answer`, `outcome`), and what the model said (`model_answer`,
+    never passed on as fact, with the runtime's `answer_notes` on it): see `nodes.verify`."""
 
     verified: bool
     summary: str

@@ -7,11 +7,10 @@ parsing and the shape of common updates live in one place.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright.graph.budget import Usage
 from loopwright.graph.protocol import ToolEnvelope, parse_tool_content, render_tool_content
@@ -135,32 +134,6 @@ def not_done(actions: list[Action]) -> list[Action]:
 FORM_REFUSALS = frozenset(
     {"invalid_arguments", "unknown_tool", "tool_not_allowed_now", "duplicate_intent"}
 )
-
-
-def rule_refusals(
-    state: RunState, writes: Collection[str], journaled: Collection[str]
-) -> list[str]:
-    """The calls of the tools `writes` refused by a rule before they were ever journaled (at
-    validate: a business precondition, the task's boundary, authorisation), in words, oldest
-    first: `"book_room refused: room_taken: ..."`. Calls in `journaled` (call
-    ids of the run's actions) are the journal's to tell."""
-    names: dict[str, str] = {}
-    refused: list[str] = []
-    for message in messages_of(state):
-        if isinstance(message, AIMessage):
-            names.update({str(c["id"]): c["name"] for c in message.tool_calls})
-        elif isinstance(message, ToolMessage) and isinstance(message.content, str):
-            tool = names.get(message.tool_call_id)
-            if tool not in writes or message.tool_call_id in journaled:
-                continue
-            try:
-                error = parse_tool_content(message.content).error or {}
-            except ValueError:
-                continue
-            code = error.get("code")
-            if code and code not in FORM_REFUSALS:
-                refused.append(f"{tool} refused: {code}: {error.get('detail', '')}".rstrip(": "))
-    return refused
 
 
 def why_not(action: Action) -> str:

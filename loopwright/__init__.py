@@ -52,8 +52,10 @@ _HOMES = {
     "ToolDefinitionError": "loopwright.tools.contract",
     "read_json": "loopwright.tools.http",
     "write_json": "loopwright.tools.http",
-    "McpSession": "loopwright.tools.mcp",
-    "mcp_contracts": "loopwright.tools.mcp",
+    "McpServer": "loopwright.tools.mcp",
+    "McpAnswer": "loopwright.tools.mcp",
+    "ReadOptions": "loopwright.tools.options",
+    "WriteOptions": "loopwright.tools.options",
     # What runs are made of
     "Action": "loopwright.graph.state",
     "ActionEvent": "loopwright.checkpoints.journal",
@@ -107,7 +109,8 @@ __all__ = [
     "Fault",
     "Guarantee",
     "InvalidText",
-    "McpSession",
+    "McpAnswer",
+    "McpServer",
     "OutcomeUnknown",
     "PermissionDenied",
     "Phase",
@@ -117,6 +120,7 @@ __all__ = [
     "PreconditionFailed",
     "Price",
     "Principal",
+    "ReadOptions",
     "ReconcileResult",
     "ReconcileStatus",
     "ResendAfterDeadline",
@@ -135,10 +139,10 @@ __all__ = [
     "ToolEnvelope",
     "ToolFault",
     "VerifyResult",
+    "WriteOptions",
     "crash_point",
     "load_agent",
     "loopwright_home",
-    "mcp_contracts",
     "open_runner",
     "parse_tool_content",
     "prove",
@@ -216,4 +220,5 @@ if TYPE_CHECKING:
     from loopwright.tools.define import read_tool, write_tool
     from loopwright.tools.faults import Fault
     from loopwright.tools.http import read_json, write_json
-    from loopwright.tools.mcp import McpSession, mcp_contracts
+    from loopwright.tools.mcp import McpAnswer, McpServer
+    from loopwright.tools.options import ReadOptions, WriteOptions

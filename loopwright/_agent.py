@@ -25,34 +25,26 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, overload
+from typing import Any, Unpack, overload
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
-from pydantic import BaseModel
 
 from loopwright.graph.agents import AgentProfile, handoff_contract
 from loopwright.graph.budget import Budget
 from loopwright.graph.plan import Planner
 from loopwright.graph.roles import DEFAULT_ROLES, Roles
-from loopwright.graph.state import DEFAULT_TENANT, Action, Evidence, Principal
+from loopwright.graph.state import DEFAULT_TENANT, Action, Principal
 from loopwright.tools.contract import (
-    Guarantee,
-    Precondition,
-    ResendAfterDeadline,
+    Effect,
     ToolContext,
     ToolContract,
     ToolDefinitionError,
-    VerifyResult,
     synchronous,
 )
-from loopwright.tools.define import (
-    ApprovalRule,
-    Reconcile,
-    read_tool,
-    write_tool,
-)
-from loopwright.tools.langchain import langchain_read, langchain_write
+from loopwright.tools.define import function_contract
+from loopwright.tools.langchain import langchain_contract
+from loopwright.tools.options import ReadOptions, WriteOptions
 from loopwright.tools.registry import ToolRegistry
 
 AGENT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # the whole name: `fullmatch`
@@ -100,6 +92,22 @@ class Scenario:
 @contextlib.contextmanager
 def _no_deps() -> Iterator[None]:
     yield None
+
+
+Connection = Callable[[Sequence[ToolContract]], AbstractContextManager[object]]
+
+
+@contextlib.contextmanager
+def _opened[T](
+    factory: Callable[[], AbstractContextManager[T]],
+    connections: Mapping[Connection, Sequence[ToolContract]],
+) -> Iterator[T]:
+    """The tools' connections (each given the tools that use it), then the application's
+    dependencies; closed in reverse."""
+    with contextlib.ExitStack() as stack:
+        for connection, contracts in connections.items():
+            stack.enter_context(connection(contracts))
+        yield stack.enter_context(factory())
 
 
 # The functions of a scenario (or the demo) loopwright calls.
@@ -268,7 +276,9 @@ class Agent[DepsT]:
         self.health = health
         handoffs = {handoff_contract(p).name: handoff_contract(p) for p in specialists}
         # What the team declared; the handoff tools of its specialists come with them.
-        self._declared: list[ToolContract] = [c for c in tools if c.name not in handoffs]
+        self._declared: list[ToolContract] = [
+            c for c in tools if getattr(c, "name", None) not in handoffs
+        ]
         self._contracts: list[ToolContract] = []
         for contract in [*self._declared, *handoffs.values()]:
             self._add(contract, declared=False)
@@ -279,157 +289,70 @@ class Agent[DepsT]:
     # --- tools ---------------------------------------------------------------------------
 
     @overload
-    def read[F: Callable[..., Any] | BaseTool](self, fn: F, /, **declared: Any) -> F: ...
+    def read[F: Callable[..., Any] | BaseTool](
+        self, fn: F, /, **options: Unpack[ReadOptions]
+    ) -> F: ...
     @overload
-    def read[F: Callable[..., Any]](
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        args: type[BaseModel] | None = None,
-        output: type[BaseModel] | None = None,
-        resources: Callable[[Any], Iterable[str]] | None = None,
-        authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
-        poll_after: Callable[[dict[str, Any]], float | None] | None = None,
-        timeout_s: float = 5.0,
-        max_attempts: int = 2,
-        max_result_bytes: int = 64_000,
-        sensitive: Collection[str] = (),
+    def read[F: Callable[..., Any] | BaseTool](
+        self, fn: None = None, /, **options: Unpack[ReadOptions]
     ) -> Callable[[F], F]: ...
-    def read(self, fn: Any = None, /, **declared: Any) -> Any:
-        """Declare a read: `def f(ctx: ToolContext[Deps], args: Args) -> Output`.
+    def read(self, fn: Any = None, /, **options: Unpack[ReadOptions]) -> Any:
+        """Declare a read: `def f(ctx: ToolContext[Deps], args: Args) -> Output`, with the
+        options of `ReadOptions`.
 
         A LangChain tool (`@tool`, `BaseTool`) may be passed instead of a function. Reads are
         retried on transport faults (`max_attempts`), bounded by `timeout_s` and the run's
-        deadline, and their results are shown to the model as untrusted data.
-        `resources(args)` names what a call touches (for the task boundary and scheduling),
-        `authorize(ctx, args)` allows a call for the run's principal by returning True or None
-        (anything else refuses it, as raising `PermissionDenied` does), `sensitive` names
-        arguments never shown or traced. Every function given is a plain `def`: loopwright
-        calls them from worker threads (an `async def` is refused).
-        `args=` and `output=` give the argument and output models where the function's
-        annotations do not (one function serving a table of tools, defined in a loop).
+        deadline, and their results are shown to the model as untrusted data. Every function
+        given is a plain `def`: loopwright calls them from worker threads (an `async def` is
+        refused).
         """
+        return self._declare(fn, Effect.READ, options)
+
+    @overload
+    def write[F: Callable[..., Any] | BaseTool](
+        self, fn: F, /, **options: Unpack[WriteOptions]
+    ) -> F: ...
+    @overload
+    def write[F: Callable[..., Any] | BaseTool](
+        self, fn: None = None, /, **options: Unpack[WriteOptions]
+    ) -> Callable[[F], F]: ...
+    def write(self, fn: Any = None, /, **options: Unpack[WriteOptions]) -> Any:
+        """Declare a write: `def f(ctx: ToolContext[Deps], args: Args, intent_key: str) ->
+        Output`, with the options of `WriteOptions` (`intent` required; a person approves
+        unless `needs_approval` says otherwise; an unknown outcome goes to a person unless a
+        `guarantee` and `reconcile` say how to learn it).
+
+        A LangChain tool may be passed instead of a function, with the same options. Without
+        `summary=`, an approver sees a call as its name and arguments (`restart: name web`).
+        """
+
+        return self._declare(fn, Effect.WRITE, options)
+
+    def _declare(self, fn: Any, effect: Effect, options: Mapping[str, Any]) -> Any:
+        """Add `fn` (a function or a LangChain tool) as a tool of `effect`, now or, used as a
+        decorator with options only, when it is given."""
 
         def register(function: Any) -> Any:
             if isinstance(function, BaseTool):
-                self._add(langchain_read(function, **declared))
+                self._add(langchain_contract(function, effect, options))
             else:
-                self._add(read_tool(function, **declared))
-            return function
-
-        return register(fn) if fn is not None else register
-
-    def write[F: Callable[..., Any]](
-        self,
-        fn: F | BaseTool | None = None,
-        /,
-        *,
-        intent: Callable[[str, Any], str] | None = None,
-        guarantee: Guarantee = Guarantee.NONE,
-        reconcile: Reconcile | None = None,
-        verify: Callable[[ToolContext[DepsT], Action], VerifyResult] | None = None,
-        needs_approval: ApprovalRule = True,
-        preconditions: Precondition | Sequence[Precondition] = (),
-        pre_image: Callable[[ToolContext[DepsT], Any], dict[str, Any]] | None = None,
-        current_versions: Callable[[ToolContext[DepsT], Any], dict[str, str]] | None = None,
-        compensation: Callable[[Action], str] | None = None,
-        summary: Callable[[Any], str] | None = None,
-        produces: Sequence[str] | Mapping[str, str] = (),
-        resources: Callable[[Any], Iterable[str]] | None = None,
-        authorize: Callable[[ToolContext[DepsT], Any], bool | None] | None = None,
-        sensitive: Collection[str] = (),
-        editable: Collection[str] = (),
-        facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None,
-        confirm: Callable[[Any], bool] | None = None,
-        resend: ResendAfterDeadline | None = None,
-        replaces: Collection[str] = (),
-        timeout_s: float = 5.0,
-        max_result_bytes: int = 64_000,
-        name: str | None = None,
-        description: str | None = None,
-        args: type[BaseModel] | None = None,
-        output: type[BaseModel] | None = None,
-    ) -> Any:
-        """Declare a write: `def f(ctx: ToolContext[Deps], args: Args, intent_key: str) -> Output`.
-
-        `intent(run_id, args)` is the business intent key: one per business effect (e.g.
-        `f"booking:{run_id}:{args.slot}"`), sent on every attempt as the idempotency key,
-        never the model's call id; the same key can never carry changed arguments.
-        `guarantee` says what the downstream promises about a write whose answer was lost:
-        `IDEMPOTENT_BY_KEY` (an absent intent is re-sent under the same key), `QUERYABLE` (it
-        can be looked up, never re-sent blindly) or `NONE` (a person decides). `reconcile(ctx,
-        action[, pre_image])` asks the business system about the intent; `verify(ctx, action)`
-        checks a succeeded write is there (default: reconcile says applied). `preconditions`
-        are the business rules that must hold whatever the model read: checked when the call
-        is validated and again right before the send, each raising `PreconditionFailed` (or
-        answering False; it holds only on None or True).
-        `needs_approval` (default True) asks a person first; `pre_image(ctx, args)` is read and
-        journaled before the send, for a downstream without keys; `current_versions(ctx,
-        args)` refuses a plan made on data that changed since the model read it; `produces`
-        names the output fields that are identifiers the write created (an answer may cite
-        only those the run can back); `editable` the arguments an approver may change; `resend`
-        (for a downstream without keys) how an intent proven absent is sent again safely.
-        `args=` and `output=` give the argument and output models where the function's
-        annotations do not. `replaces` names the tools (this one's own name included) whose
-        earlier writes this write replaces where both touch a resource, e.g. a status set again:
-        verification then checks the latest against the business system and the earlier by
-        its recorded outcome. Without it every write is verified, whatever it shares.
-
-        What an approver decides from: `summary(args)` is the action in one line; `facts(args,
-        evidence)` returns labelled facts drawn from the run's evidence (the reads the model
-        relied on), e.g. `[("Balance", "100.00 USD"), ("Rule", "v3: allows it")]`. It is
-        given no deps on purpose: the request is fixed when the call is planned, from what the
-        run saw, and is the same however often that step runs. `confirm(args)` True makes
-        approving these arguments a two-step decision (e.g. above an amount), so one click
-        never approves a large effect. Both are optional: without them an approver sees the
-        summary, the arguments and the run's reads.
-        """
-        declared: dict[str, Any] = {
-            "intent": intent,
-            "guarantee": guarantee,
-            "reconcile": reconcile,
-            "verify": verify,
-            "needs_approval": needs_approval,
-            "preconditions": preconditions,
-            "pre_image": pre_image,
-            "current_versions": current_versions,
-            "compensation": compensation,
-            "summary": summary,
-            "produces": produces,
-            "resources": resources,
-            "authorize": authorize,
-            "sensitive": sensitive,
-            "editable": editable,
-            "facts": facts,
-            "confirm": confirm,
-            "resend": resend,
-            "replaces": replaces,
-            "timeout_s": timeout_s,
-            "max_result_bytes": max_result_bytes,
-            "name": name,
-            "description": description,
-            "args": args,
-            "output": output,
-        }
-
-        def register(function: Any) -> Any:
-            if isinstance(function, BaseTool):
-                self._add(langchain_write(function, **declared))
-            else:
-                self._add(write_tool(function, **declared))
+                self._add(function_contract(function, effect, options))
             return function
 
         return register(fn) if fn is not None else register
 
     def add(self, *contracts: ToolContract) -> None:
-        """Add tool contracts built elsewhere (e.g. `mcp_contracts` of an MCP server)."""
+        """Add tool contracts built elsewhere (`write_tool`, an `McpServer`'s declared tools).
+        Every contract was checked when it was made, however it was made."""
         for contract in contracts:
             self._add(contract)
 
     def _add(self, contract: ToolContract, *, declared: bool = True) -> None:
+        if not isinstance(contract, ToolContract):
+            raise ToolDefinitionError(
+                f"agent {self.name}: {contract!r} is no ToolContract (declare a function with"
+                " agent.read / agent.write, or make its contract with read_tool / write_tool)"
+            )
         if any(c.name == contract.name for c in self._contracts):
             raise ToolDefinitionError(f"agent {self.name}: a tool {contract.name} exists already")
         self._contracts.append(contract)
@@ -475,7 +398,7 @@ class Agent[DepsT]:
         """Refuse an agent that cannot run safely, saying what to add (entry points call it)."""
         names = {c.name for c in self._contracts}
         for contract in self._contracts:
-            if unknown := sorted(contract.replaces - names):
+            if unknown := sorted(set(contract.replaces) - names):
                 raise ToolDefinitionError(
                     f"tool {contract.name}: replaces names {', '.join(unknown)}, which agent "
                     f"{self.name} does not have"
@@ -491,9 +414,15 @@ class Agent[DepsT]:
     # --- what entry points ask -------------------------------------------------------------
 
     def open_deps(self) -> AbstractContextManager[DepsT]:
-        """The application's dependencies for this process, as a context manager."""
+        """The application's dependencies for this process, as a context manager, with what the
+        agent's tools' calls go through opened first (each MCP server's session, whose listing
+        is checked against the tools declared on it: a mismatch is refused here, in one line)."""
         factory = self.deps_factory or _no_deps
-        return factory()  # type: ignore[return-value]
+        users: dict[Connection, list[ToolContract]] = {}
+        for contract in self._contracts:
+            if contract.connection is not None:
+                users.setdefault(contract.connection, []).append(contract)
+        return _opened(factory, users)  # type: ignore[arg-type]
 
     def chat_model(self, spec: str | None = None) -> BaseChatModel:
         """The model a run uses: `spec` ("openai:<model>") if given, else the agent's own."""

@@ -366,6 +366,6 @@ def _effects(
         if contract is None or contract.reconcile is None:
             counts[key] = 0
             continue
-        answer = contract.reconcile(ctx, action, before)
+        answer = contract.reconcile_intent(ctx, action, before)
         counts[key] = int(answer.status is ReconcileStatus.APPLIED)
     return counts

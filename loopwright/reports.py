@@ -2,25 +2,41 @@
 
 | schema | printed by | what it holds |
 | --- | --- | --- |
-| `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: phase, stop reason, verification, what waits, every action |
+| `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: its ending (below), phase, stop reason, verification, what waits, every action |
 | `loopwright.run-history/1` | show | `loopwright.run/1` and each action's status history |
 | `loopwright.runs/1` | runs | the runs listed (every one with an unconfirmed write, then the newest up to --limit): agent and version, phase, stop reason, unconfirmed writes, failures; `more`: how many the limit left out |
 | `loopwright.approvals/1` | approvals list | the approvals waiting |
 | `loopwright.retention/1` | retention | the runs pruned (or, with --dry-run, that would be), those kept and why, checkpoint bytes before and after |
 
 A document's fields are only ever added to within a version; a change of meaning is a new
-version. Sensitive arguments (the contracts' `sensitive_fields`) are "[redacted]", and a
+version. Sensitive arguments (the contracts' `sensitive`) are "[redacted]", and a
 sensitive value is blanked wherever else it turns up (a task, an answer), as in the timeline.
-`exit_code` is what a command that advanced the run to where it stands exits with
-(`EXIT_CODES`).
+
+`loopwright.run/1` (and so `run-history/1`) holds `ending`, the runtime's own account
+(`outcome.Ending`): `kind` (below), `statement`, `effects` (each `verified` or not),
+`refusals` (each `by` a rule, a check, an approver or the business system, with `code` and
+`reason`), `unconfirmed`, then `model_answer` (the model's words, never the runtime's) and
+`answer_notes`. `exit_code` is what a command that advanced the run to where it stands exits
+with, by the ending's kind (`EXIT_CODES`):
+
+| exit | kind | the run |
+| --- | --- | --- |
+| 0 | `completed` | completed, its effects verified in the business system |
+| 2 | | (bad input or usage: nothing was done) |
+| 3 | `waiting` | waits for a person (an approval) |
+| 4 | `incomplete` | ended with a typed stop reason other than completed |
+| 5 | `unfinished` | parked until a reconciliation is due, or still advancing |
+| 6 | `completed_no_effect` | completed without changing anything in the business system: the task owed no effect |
+| 7 | `completed_with_refusal` | completed, and a write it asked for was refused (rule, check, approver, business system) or not done: the task is done without it |
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loopwright.graph.state import Action, Phase
+from loopwright.graph.state import Action
 from loopwright.observability.redaction import redact
+from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
 from loopwright.timeline import Redactor
 
 if TYPE_CHECKING:
@@ -28,30 +44,25 @@ if TYPE_CHECKING:
 
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
-    from loopwright.outcome import RunOutcome
     from loopwright.run_list import RunList
     from loopwright.runner import Runner
     from loopwright.tools.registry import ToolRegistry
 
-# How a command that advanced or read one run exits, by where the run stands.
+# How a command that advanced or read one run exits, by how the run ended (the table above).
 EXIT_CODES = {
-    "completed": 0,  # verified in the business system
-    "usage": 2,  # bad input; nothing was done
-    "waiting": 3,  # a person must decide (an approval)
-    "incomplete": 4,  # ended with a typed stop reason other than completed
-    "unfinished": 5,  # neither: parked until a reconciliation is due, or still advancing
+    EndingKind.COMPLETED.value: 0,
+    "usage": 2,
+    EndingKind.WAITING.value: 3,
+    EndingKind.INCOMPLETE.value: 4,
+    EndingKind.UNFINISHED.value: 5,
+    EndingKind.COMPLETED_NO_EFFECT.value: 6,
+    EndingKind.COMPLETED_WITH_REFUSAL.value: 7,
 }
 
 
-def exit_code(outcome: RunOutcome) -> int:
-    """The exit code that says where `outcome`'s run stands."""
-    if outcome.stop_reason == "completed":
-        return EXIT_CODES["completed"]
-    if outcome.waiting_for_approval:
-        return EXIT_CODES["waiting"]
-    if outcome.phase == Phase.INCOMPLETE:
-        return EXIT_CODES["incomplete"]
-    return EXIT_CODES["unfinished"]
+def exit_code(ending: Ending) -> int:
+    """The exit code that says how the run ended."""
+    return EXIT_CODES[ending.kind.value]
 
 
 def _redactor(tools: ToolRegistry, actions: list[Action]) -> Redactor:
@@ -88,6 +99,7 @@ def run_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
 
 def _run_fields(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
     record = runner.leases.get(outcome.run_id)
+    ending = ending_of(outcome, runner.tools)
     return {
         "schema": "loopwright.run/1",
         "run_id": outcome.run_id,
@@ -96,7 +108,8 @@ def _run_fields(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
         "phase": outcome.phase,
         "stop_reason": outcome.stop_reason,
         "stop_detail": outcome.stop_detail,
-        "exit_code": exit_code(outcome),
+        "exit_code": exit_code(ending),
+        "ending": ending.document(),
         "verification": outcome.verification,
         "waiting_for_approval": [
             _request(r, Redactor(runner.tools)) for r in outcome.waiting_for_approval

@@ -30,7 +30,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel.debug import tasks_w_writes
 from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
-from pydantic import ValidationError
 
 from loopwright._agent import Agent
 from loopwright.attempt import MAX_FAILURES, Claim, Turn, attempt, claim, worker_name
@@ -52,19 +51,17 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.retention import summary_of
 from loopwright.checkpoints.sql import Database
+from loopwright.decisions import Asked, check_taken, prepare
 from loopwright.graph.budget import Budget
 from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.graph.context import RunContext
 from loopwright.graph.state import (
     DEFAULT_TENANT,
     ApprovalChoice,
-    ApprovalDecision,
-    ApprovalRequest,
     Phase,
     Principal,
     RunState,
     initial_state,
-    separation_of_duties,
 )
 from loopwright.graph.text import (
     MAX_TASK_CHARS,
@@ -72,15 +69,12 @@ from loopwright.graph.text import (
     checked_tenant,
     checked_text,
     named_run,
-    validation_problems,
 )
-from loopwright.models.factory import make_model, model_settings
-from loopwright.nodes.approval import editors_of
+from loopwright.models.factory import changed_settings, make_model, model_settings
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings
 from loopwright.outcome import RunOutcome
-from loopwright.tools.contract import ToolFault
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]
@@ -197,6 +191,7 @@ class Runner:
         deps: Any,
         model: BaseChatModel | None = None,
         model_spec: str | None = None,
+        model_change: bool = False,
         budget: Budget | None = None,
         owner: str | None = None,
         lease_ttl_s: float | None = None,
@@ -212,6 +207,8 @@ class Runner:
         # What `model` is, or is to be built from: a spec ("openai:..."); None: the agent's own
         # (or the object given). A run keeps the model it was started with (`model_for`).
         self.model_spec = model_spec
+        # The operator asked to change a resumed run's model to this runner's (`model_for`).
+        self.model_change = model_change
         self.saver = saver
         self.graph = compile_graph(saver)
         self.journal = journal
@@ -246,12 +243,16 @@ class Runner:
     def model_for(
         self, run_id: str, values: Mapping[str, Any] | None = None
     ) -> tuple[BaseChatModel, str]:
-        """The model a run is advanced with, and its spec: the one it was started with (V).
+        """The model a run is advanced with, and its spec: exactly the one it recorded (V).
 
-        A new run takes this runner's. A run started with another spec is resumed with a model
-        rebuilt from its recorded spec and settings, unless this runner was given a spec of its
-        own (`--model`), which must then be the run's: ModelChanged otherwise. `values`: the
-        run's state as the caller has just read it, if it has (a read less)."""
+        A new run takes this runner's. A run is resumed with a model rebuilt from its recorded
+        spec and settings (endpoint, API, timeout, retries, ...: this environment's are not
+        looked at), unless this runner was given a spec of its own (`--model`), which must then
+        be the run's, with the same settings: ModelChanged (or ModelSettingsChanged, naming what
+        differs) otherwise. Only a runner told to change the run's model (`model_change`,
+        `--model-change`) uses its own (or the recorded spec with this environment's settings),
+        and the run records the change in V. `values`: the run's state as the caller has just
+        read it, if it has (a read less)."""
         if values is None:
             values = self.graph.get_state(self.config(run_id)).values or {}
         versions = values.get("versions")
@@ -259,13 +260,20 @@ class Runner:
         if not versions or "model_spec" not in versions:
             return self.model, mine
         recorded = str(versions["model_spec"])
-        if recorded == mine:
+        settings = versions.get("model_settings") or {}
+        if self.model_change:  # the operator's explicit change, recorded in V at the next gate
+            if self.model_spec is None and recorded:
+                return make_model(recorded), recorded  # this environment's settings
             return self.model, mine
-        if self.model_spec is not None:
-            raise ModelChanged(run_id, recorded, mine)
-        if not recorded:
-            return self.agent.chat_model(), recorded
-        return make_model(recorded, versions.get("model_settings") or None), recorded
+        if recorded != mine:
+            if self.model_spec is not None:
+                raise ModelChanged(run_id, recorded, mine)
+            if not recorded:
+                return self.agent.chat_model(), recorded
+            return make_model(recorded, settings or None), recorded
+        if settings and (changed := changed_settings(settings, model_settings(self.model))):
+            raise ModelSettingsChanged(run_id, recorded, changed)
+        return self.model, mine
 
     def config(self, run_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
@@ -295,6 +303,7 @@ class Runner:
             model=model,
             model_spec=spec,
             model_settings=model_settings(model),
+            model_change=self.model_change,
             tools=self.tools,
             deps=self.deps,
             agent_name=agent.name,
@@ -416,86 +425,32 @@ class Runner:
         decision: ApprovalChoice,
         approver: str,
         *,
+        approval_id: str | None = None,
         comment: str = "",
         changes: dict[str, Any] | None = None,
         on_step: StepListener | None = None,
         wait: float = 0.0,
-        approval_id: str | None = None,
     ) -> RunOutcome:
-        """Answer the approval the run waits for, as `approver`, and advance the run (through
-        parked reconciliations for up to `wait` seconds, as `start`).
+        """Answer the approval the run waits for (`approval_id`, or its first), as `approver`,
+        and advance the run (through parked reconciliations for up to `wait` seconds, as
+        `start`).
 
         The decision names the request's digest (it authorises that action and nothing else);
-        an edit changes only `changes`, arguments the write declares editable. `approval_id`:
-        the request the decider was shown, which the run must still wait for. Raises
-        DecisionRefused (EditRefused) for a decision that cannot be made, NoPendingApproval if
-        the run waits for none (or for another). Whether the approver may decide is the run's
-        to check (the agent's approvers)."""
-        waiting = self.outcome(run_id).waiting_for_approval
-        if not waiting or approval_id not in (None, waiting[0]["approval_id"]):
-            raise NoPendingApproval(run_id)
-        request = ApprovalRequest.model_validate(waiting[0])
-        self.check_separation(request, decision, approver)
-        try:
-            answer = request.answer(decision, approver, comment, changes)
-        except ValidationError as exc:
-            raise DecisionRefused(validation_problems(exc)) from None
-        except ValueError as exc:  # an edit of what may not change, a change without an edit
-            raise DecisionRefused(str(exc)) from None
-        if answer.args is not None:
-            self.check_edit(request, answer.args)
-        outcome = self._resume(run_id, answer.model_dump(mode="json"), on_step)
-        self.check_taken(run_id, answer)
-        return self._settled(outcome, wait, on_step)
-
-    def check_taken(self, run_id: str, answer: ApprovalDecision) -> None:
-        """Raise DecisionNotTaken unless the run recorded this very decision: a decision that
-        did not take effect (another was first, the decider is not an approver of the run, the
-        request was no longer pending) must never read as if it had."""
-        state = self.state(run_id)
-        for record in state.get("approvals") or []:
-            if record["approval_id"] == answer.approval_id:
-                if (record["approver"], record["decision"]) == (answer.approver, answer.decision):
-                    return
-                raise DecisionNotTaken(
-                    f"{answer.decision} of {answer.approval_id} by {answer.approver} did not "
-                    f"take effect: it had been decided already ({record['decision']} by "
-                    f"{record['approver']} at {record['decided_at']})"
-                )
-        why = "; ".join(state.get("feedback") or []) or "the run did not take it"
-        raise DecisionNotTaken(
-            f"{answer.decision} of {answer.approval_id} by {answer.approver} did not take "
-            f"effect: {why}"
+        an edit changes only `changes`, arguments the write declares editable. Raises
+        DecisionRefused (`loopwright.decisions`) for a decision the run would not take, with
+        the request still waiting, and DecisionNotTaken for one it did not record."""
+        prepared = prepare(
+            self,
+            run_id,
+            approver,
+            decision,
+            asked=Asked(approval_id=approval_id),
+            comment=comment,
+            changes=changes,
         )
-
-    def check_separation(
-        self, request: ApprovalRequest, decision: ApprovalChoice, approver: str
-    ) -> None:
-        """Raise DecisionRefused, before the run sees it, for an approval of an edit by one of
-        its editors (read from the run's records, whatever the request says). The run refuses
-        it too (`nodes.approval`); refusing here means a command never resumes the run for it."""
-        editors = {*request.edited_by, *editors_of(self.state(request.run_id), request.action_id)}
-        if decision == "approve" and approver in editors:
-            raise DecisionRefused(separation_of_duties(approver, request.approval_id))
-
-    def check_edit(self, request: ApprovalRequest, args: dict[str, Any]) -> None:
-        """Refuse, before the run sees it, an edit the write could not be planned with: its
-        arguments must be valid for the tool and meet its business rules, now. A refused edit
-        changes nothing: the request still waits for a decision. Raises EditRefused."""
-        contract = self.tools.get(request.tool)
-        if contract is None:
-            raise EditRefused(f"{request.tool} is not a tool of agent {self.agent.name}")
-        try:
-            edited = contract.args_model.model_validate(args)
-        except ValidationError as exc:
-            problems = validation_problems(exc)
-            raise EditRefused(f"the edited {request.tool} is invalid: {problems}") from None
-        state = self.state(request.run_id)
-        ctx = self.context(request.run_id, 0).tool_context(state)
-        try:
-            contract.check_preconditions(ctx, edited)
-        except ToolFault as fault:
-            raise EditRefused(f"the edited {request.tool} breaks a rule: {fault}") from None
+        outcome = self._resume(run_id, prepared.resume, on_step)
+        check_taken(self, run_id, prepared.answer)
+        return self._settled(outcome, wait, on_step)
 
     def cancel(self, run_id: str, *, on_step: StepListener | None = None) -> RunOutcome:
         """Ask a run to stop: no new model step or action starts; writes in flight are settled.
@@ -799,19 +754,6 @@ class RunExists(ValueError):
         self.run_id = run_id
 
 
-class DecisionNotTaken(RuntimeError):
-    """An approval decision the run did not record; the message says why."""
-
-
-class DecisionRefused(ValueError):
-    """A decision the runtime refuses before the run sees it (an editor approving their own
-    edit, an edit of what may not change); the request still waits for a decision."""
-
-
-class EditRefused(ValueError):
-    """An approver's edit the write could not be planned with; the request still waits."""
-
-
 class ModelChanged(ValueError):
     """A run resumed with a model other than the one it was started with."""
 
@@ -820,14 +762,21 @@ class ModelChanged(ValueError):
         super().__init__(
             f"run {run_id} was started with {started}; resume it with that"
             + (f" (--model {recorded})" if recorded else " (no --model)")
-            + f", not {given or 'the agent default'}"
+            + f", not {given or 'the agent default'}, or change it with --model-change"
+            " (recorded in the run)"
         )
 
 
-class NoPendingApproval(LookupError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id} waits for no approval")
-        self.run_id = run_id
+class ModelSettingsChanged(ModelChanged):
+    """A run resumed with its model's name but other settings (another endpoint, timeout...)."""
+
+    def __init__(self, run_id: str, spec: str, changed: list[str]) -> None:
+        ValueError.__init__(
+            self,
+            f"run {run_id} was started with {spec} at other settings ({'; '.join(changed)}):"
+            " resume it without --model to keep its own, or add --model-change to apply these"
+            " (recorded in the run)",
+        )
 
 
 class OtherAgentsRun(PermissionError):
@@ -854,6 +803,7 @@ def open_runner(
     deps: Any = OPEN_DEPS,
     model: BaseChatModel | None = None,
     model_spec: str | None = None,
+    model_change: bool = False,
     budget: Budget | None = None,
     lease_wait_s: float = 0.0,
 ) -> Iterator[Runner]:
@@ -873,6 +823,7 @@ def open_runner(
             deps=deps,
             model=model,
             model_spec=model_spec,
+            model_change=model_change,
             budget=budget,
             lease_wait_s=lease_wait_s,
             databases=(saver.db, journal.db, leases.db),

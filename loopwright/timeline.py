@@ -14,7 +14,7 @@ answer, a summary, an outcome).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +34,12 @@ from loopwright.graph.state import (
     PendingCall,
     Verification,
 )
+from loopwright.nodes.verify import refusal_words
 from loopwright.observability.redaction import REDACTED, redact, redacted_digest
+from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwright.outcome import RunOutcome
     from loopwright.runner import Runner
 
 # Shorter sensitive values are not blanked in free text: they would blank ordinary words.
@@ -57,7 +58,7 @@ class Redactor:
 
     def sensitive(self, tool: str) -> frozenset[str]:
         contract = self.tools.get(tool)
-        return contract.sensitive_fields if contract is not None else frozenset()
+        return frozenset(contract.sensitive) if contract is not None else frozenset()
 
     def learn(self, tool: str, value: Any) -> None:
         """Remember the sensitive values in `value` (arguments or an outcome) of a `tool` call."""
@@ -137,43 +138,69 @@ def _learn_step(update: dict[str, Any], redactor: Redactor) -> None:
         redactor.learn(action["tool"], action.get("outcome") or {})
 
 
-def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
-    """Plain-text lines (rich markup) for one node's committed update."""
-    _learn_step(update, redactor)
+# A step's lines: one describer per part of a node's update, each in turn as printed.
+Describer = Callable[[str, dict[str, Any], Redactor], list[str]]
+
+
+def _stop_line(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    if not update.get("stop_reason") or node == "verify":  # verify's ending is its own line
+        return []
+    detail = inline(update.get("stop_detail", ""))
+    return [f"[bold red]stop[/]: {update['stop_reason']} ({detail})"]
+
+
+def _decision_lines(message: AIMessage, redactor: Redactor) -> list[str]:
+    lines = [f"decides {redactor.call(c['name'], c['args'])}" for c in message.tool_calls]
+    lines += [
+        f"decides [red]unparsable[/] call {inline(invalid.get('name'))}"
+        for invalid in message.invalid_tool_calls
+    ]
+    return lines or [f"the model answers: [italic]{inline(message.text)}[/]"]
+
+
+def _result_line(message: ToolMessage) -> str:
+    envelope = parse_tool_content(str(message.content))
+    if envelope.status == "ok":
+        return f"{inline(message.name)} [green]ok[/]"
+    error = envelope.error or {}
+    return (
+        f"{inline(message.name)} [red]{envelope.status}[/]: {inline(error.get('code'))}"
+        f" {inline(error.get('detail', ''))}"
+    )
+
+
+def _history_lines(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
     lines: list[str] = []
-    if update.get("stop_reason") and node != "verify":
-        lines.append(
-            f"[bold red]stop[/]: {update['stop_reason']} ({inline(update.get('stop_detail', ''))})"
-        )
     for item in update.get("history") or []:
         if isinstance(item, AIMessage):
-            for call in item.tool_calls:
-                lines.append(f"decides {redactor.call(call['name'], call['args'])}")
-            for invalid in item.invalid_tool_calls:
-                lines.append(f"decides [red]unparsable[/] call {inline(invalid.get('name'))}")
-            if not item.tool_calls and not item.invalid_tool_calls:
-                lines.append(f"answers: [italic]{inline(item.text)}[/]")
+            lines += _decision_lines(item, redactor)
         elif isinstance(item, ToolMessage):
-            envelope = parse_tool_content(str(item.content))
-            if envelope.status == "ok":
-                lines.append(f"{inline(item.name)} [green]ok[/]")
-            else:
-                error = envelope.error or {}
-                lines.append(
-                    f"{inline(item.name)} [red]{envelope.status}[/]: {inline(error.get('code'))} {inline(error.get('detail', ''))}"
-                )
-    if node == "validate":
-        for pending in (PendingCall.model_validate(p) for p in update.get("pending") or []):
-            if pending.verdict == "ready":
-                lines.append(
-                    f"allows [cyan]{inline(pending.tool)}[/] for {inline(pending.call_id)}"
-                )
-            elif pending.verdict == "needs_approval" and pending.approval is not None:
-                request = pending.approval
-                lines.append(
-                    f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
-                    f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
-                )
+            lines.append(_result_line(item))
+    return lines
+
+
+def _pending_line(pending: PendingCall) -> list[str]:
+    if pending.verdict == "ready":
+        return [f"allows [cyan]{inline(pending.tool)}[/] for {inline(pending.call_id)}"]
+    request = pending.approval
+    if pending.verdict != "needs_approval" or request is None:
+        return []
+    return [
+        f"[yellow]needs approval[/] {inline(request.approval_id)}: {inline(request.summary)}"
+        f" (digest {request.digest[:DIGEST_CHARS]}, expires {_time(request.expires_at)})"
+        + (f"; why: {inline(request.why)}" if request.why else "")
+    ]
+
+
+def _validate_lines(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    if node != "validate":
+        return []
+    pending = (PendingCall.model_validate(p) for p in update.get("pending") or [])
+    return [line for call in pending for line in _pending_line(call)]
+
+
+def _evidence_lines(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    lines = []
     for raw in update.get("evidence") or []:
         evidence = EvidenceNote.model_validate(raw)
         about = [*evidence.resources]
@@ -183,31 +210,70 @@ def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list
             f"evidence {inline(evidence.evidence_id)} from {inline(evidence.source)}"
             + (f" ({inline(', '.join(about))})" if about else "")
         )
-    if update.get("cancel_requested"):
-        lines.append("[yellow]cancel requested[/]: no new step or action starts")
-    if node == "handoff" and update.get("handoffs"):
-        record = update["handoffs"][-1]  # the one just made
-        lines.append(
-            f"passes the run from {inline(record.get('from'))} to [bold]{inline(record.get('to'))}[/]"
-            f": {inline(record.get('reason', ''))}"
-        )
-    if node == "approval" and update.get("approvals"):
-        record = ApprovalRecord.model_validate(update["approvals"][-1])  # the one just decided
-        lines.append(
-            f"{PAST_TENSE.get(record.decision, record.decision)} by {inline(record.approver)} at {_time(record.decided_at)}"
-            f" (digest {record.digest[:DIGEST_CHARS]})"
-        )
-    for raw in (update.get("journal") or {}).values():
-        action = Action.model_validate(raw)
-        lines.append(
-            f"action {inline(action.action_id)} {inline(action.tool)} [bold]{action.status}[/] (attempts {action.attempts})"
-        )
-    if update.get("verification"):
-        v = Verification.model_validate(update["verification"])
-        mark = "[green]verified[/]" if v.verified else "[red]not verified[/]"
-        # A problem the summary already says (a write not done) is said once.
-        problems = [p for p in v.problems if p not in v.summary]
-        lines.append(f"{mark}: {inline(v.summary)}" + "".join(f"; {inline(p)}" for p in problems))
+    return lines
+
+
+def _cancel_line(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    if not update.get("cancel_requested"):
+        return []
+    return ["[yellow]cancel requested[/]: no new step or action starts"]
+
+
+def _handoff_line(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    if node != "handoff" or not update.get("handoffs"):
+        return []
+    record = update["handoffs"][-1]  # the one just made
+    return [
+        f"passes the run from {inline(record.get('from'))} to [bold]{inline(record.get('to'))}[/]"
+        f": {inline(record.get('reason', ''))}"
+    ]
+
+
+def _decided_line(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    if node != "approval" or not update.get("approvals"):
+        return []
+    record = ApprovalRecord.model_validate(update["approvals"][-1])  # the one just decided
+    return [
+        f"{PAST_TENSE.get(record.decision, record.decision)} by {inline(record.approver)}"
+        f" at {_time(record.decided_at)} (digest {record.digest[:DIGEST_CHARS]})"
+    ]
+
+
+def _journal_lines(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    actions = (Action.model_validate(raw) for raw in (update.get("journal") or {}).values())
+    return [
+        f"action {inline(a.action_id)} {inline(a.tool)} [bold]{a.status}[/] (attempts {a.attempts})"
+        for a in actions
+    ]
+
+
+def _verification_line(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    if not update.get("verification"):
+        return []
+    v = Verification.model_validate(update["verification"])
+    mark = "[green]verified[/]" if v.verified else "[red]not verified[/]"
+    # A problem the summary already says (a write not done) is said once.
+    problems = [p for p in v.problems if p not in v.summary]
+    return [f"{mark}: {inline(v.summary)}" + "".join(f"; {inline(p)}" for p in problems)]
+
+
+DESCRIBERS: tuple[Describer, ...] = (
+    _stop_line,
+    _history_lines,
+    _validate_lines,
+    _evidence_lines,
+    _cancel_line,
+    _handoff_line,
+    _decided_line,
+    _journal_lines,
+    _verification_line,
+)
+
+
+def describe_step(node: str, update: dict[str, Any], redactor: Redactor) -> list[str]:
+    """Plain-text lines (rich markup) for one node's committed update."""
+    _learn_step(update, redactor)
+    lines = [line for describe in DESCRIBERS for line in describe(node, update, redactor)]
     return [redactor.text(line) for line in lines]
 
 
@@ -271,8 +337,94 @@ def _budget_line(usage: Usage, budget: Budget) -> str:
     )
 
 
+# What each completed ending is, in the line that heads it.
+COMPLETED_AS = {
+    EndingKind.COMPLETED: "its effects are verified in the business system",
+    EndingKind.COMPLETED_NO_EFFECT: "no business effect, and the task owed none",
+    EndingKind.COMPLETED_WITH_REFUSAL: "done without what was refused",
+}
+MODEL_ANSWER = "the model's answer (its own words; loopwright vouches only for the lines above)"
+NO_EFFECT_LINE = "  no business effect: this run changed nothing in the business system"
+# A write in one of these may have changed the business system (done, or not known).
+MAY_HAVE_EFFECT = UNRESOLVED_STATUSES | {ActionStatus.SUCCEEDED, ActionStatus.ESCALATED}
+NOT_SENT_YET = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL, ActionStatus.APPROVED})
+
+
+def ending_lines(outcome: RunOutcome, redactor: Redactor, *, run: str = "") -> list[str]:
+    """How a run ended, as a command prints it (rich markup, sensitive values blanked): a line
+    saying how it ended (none for a run that waits for a person: the command says what to
+    decide), what happened in the business system and every refusal, and last the model's
+    answer, labelled as the model's. `run` names the run in the first line (a command's
+    report does; `show` has said which run it is)."""
+    ending = ending_of(outcome, redactor.tools)
+    lines = [] if ending.kind is EndingKind.WAITING else [_headline(outcome, ending, run)]
+    if ending.kind in COMPLETED_AS:
+        lines += _effect_lines(ending)
+    else:
+        lines += _call_lines(outcome, ending, redactor)
+    if ending.model_answer:
+        lines.append(f"  {MODEL_ANSWER}: {inline(ending.model_answer)}")
+        lines += [f"    note: {inline(note)}" for note in ending.answer_notes]
+    lines += [
+        f"  compensation you may want (not performed): {inline(offer)}"
+        for offer in outcome.compensations
+    ]
+    return [redactor.text(line) for line in lines]
+
+
+def _headline(outcome: RunOutcome, ending: Ending, run: str) -> str:
+    """`COMPLETED[ run R]: completed, <what kind>` or `PHASE[ run R]: reason detail`."""
+    named = f" run {inline(run)}" if run else ""
+    if ending.kind in COMPLETED_AS:
+        return f"[bold green]COMPLETED[/]{named}: completed, {COMPLETED_AS[ending.kind]}"
+    ended = outcome.stop_reason or "not finished"
+    return f"[bold red]{outcome.phase}[/]{named}: {ended} {inline(outcome.stop_detail)}".rstrip()
+
+
+def _effect_lines(ending: Ending) -> list[str]:
+    """A completed run's effects (every one verified) and refusals, in the runtime's words."""
+    lines = []
+    for effect in ending.effects:
+        produced = ", ".join(f"{k} {v}" for k, v in effect["produced"].items())
+        said = f"{effect['summary']} ({produced})" if produced else effect["summary"]
+        lines.append(f"  verified in the business system: {inline(said)}")
+    if not ending.effects:
+        lines.append(NO_EFFECT_LINE)
+    return lines + [f"  {inline(refusal_words(r))}" for r in ending.refusals]
+
+
+def _call_lines(outcome: RunOutcome, ending: Ending, redactor: Redactor) -> list[str]:
+    """What a run that did not complete did in the business system, call by call from the
+    journal (done, not confirmed, not done and why), and the refusals of calls never journaled."""
+    verified = {e["action_id"] for e in ending.effects if e["verified"]}
+    refused = {r.get("action_id"): r for r in ending.refusals}
+    lines = []
+    for action in outcome.actions:
+        call = redactor.call(action.tool, action.args)
+        if action.status is ActionStatus.SUCCEEDED:
+            done = redactor.outcome(action.tool, action.outcome or {})
+            check = " (verified)" if action.action_id in verified else " (not verified)"
+            lines.append(f"  done: {call} -> {done}{check}")
+        elif action.status in UNRESOLVED_STATUSES or action.status is ActionStatus.ESCALATED:
+            lines.append(
+                f"  [bold red]unconfirmed write[/] {inline(action.action_id)} {call}: {action.status}"
+            )
+        elif action.status in NOT_SENT_YET:
+            lines.append(f"  not sent yet: {call} ({action.status})")
+        else:
+            why = refused.get(action.action_id)
+            said = f": {inline(refusal_words(why))}" if why else ""
+            lines.append(f"  not done: {call} ({action.status}){said}")
+    if not any(a.status in MAY_HAVE_EFFECT for a in outcome.actions):
+        lines.insert(0, NO_EFFECT_LINE)
+    return lines + [
+        f"  {inline(refusal_words(r))}" for r in ending.refusals if not r.get("action_id")
+    ]
+
+
 def render_run(runner: Runner, run_id: str, console: Console) -> None:
-    """Print a run from the database: its steps, each action's history, where it stands."""
+    """Print a run from the database: where it stands (the runtime's account of its ending
+    first, the model's answer last), then its steps and each action's history."""
     outcome = runner.outcome(run_id)
     if outcome.pruned is not None:
         render_pruned_run(runner, outcome, console)
@@ -291,31 +443,12 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     console.rule(f"run {inline(run_id)}")
     say(f"task: {inline(state['task'])}")
     say(f"user: {inline((state.get('principal') or {}).get('user_id', '?'))}")
-    for node, update in steps:
-        printer(node, update)
-    if outcome.actions:
-        say("\n[bold]actions[/]")
-    for action in outcome.actions:
-        for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
-            say(line)
     say("\n[bold]where it stands[/]")
-    ended = outcome.stop_reason or "not finished"
-    say(f"{outcome.phase}: {ended} {inline(outcome.stop_detail)}".rstrip())
-    if outcome.verification:
-        verification = Verification.model_validate(outcome.verification)
-        mark = "verified" if verification.verified else "not verified"
-        say(f"{mark}: {inline(verification.summary)}")
+    for line in ending_lines(outcome, redactor):
+        say(line)
     for request in outcome.interrupts:
-        if request.get("kind") == "approval":
-            say(
-                f"waiting for approval {inline(request['approval_id'])}: {inline(request['summary'])}"
-                f" (digest {request['digest'][:DIGEST_CHARS]}, expires {_time(request['expires_at'])})"
-            )
-        elif request.get("kind") == "reconcile_wait":
-            say(f"parked: reconciliation looks again at {_time(request['retry_at'])}")
-    for action in outcome.actions:
-        if action.status in UNCONFIRMED:
-            say(f"[bold red]unconfirmed write[/] {inline(action.action_id)}: {action.status}")
+        for line in _interrupt_line(request):
+            say(line)
     record = runner.leases.get(run_id)
     if record is not None and record.failures:
         retry = (
@@ -328,6 +461,25 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     say(
         f"budget used: {_budget_line(Usage.model_validate(state.get('usage') or {}), runner.budget)}"
     )
+    say("\n[bold]steps[/]")
+    for node, update in steps:
+        printer(node, update)
+    if outcome.actions:
+        say("\n[bold]actions[/]")
+    for action in outcome.actions:
+        for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
+            say(line)
+
+
+def _interrupt_line(request: dict[str, Any]) -> list[str]:
+    if request.get("kind") == "reconcile_wait":
+        return [f"parked: reconciliation looks again at {_time(request['retry_at'])}"]
+    if request.get("kind") != "approval":
+        return []
+    return [
+        f"waiting for approval {inline(request['approval_id'])}: {inline(request['summary'])}"
+        f" (digest {request['digest'][:DIGEST_CHARS]}, expires {_time(request['expires_at'])})"
+    ]
 
 
 def _learn_actions(redactor: Redactor, actions: Iterable[Action]) -> None:
@@ -359,17 +511,12 @@ def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> 
         f" steps went with its {summary.checkpoints} checkpoints ({summary.bytes} bytes); the"
         " journal and this summary remain"
     )
+    say("\n[bold]where it stands[/]")
+    for line in ending_lines(outcome, redactor):
+        say(line)
+    say(f"budget used: {_budget_line(Usage.model_validate(summary.usage), runner.budget)}")
     if outcome.actions:
         say("\n[bold]actions[/]")
     for action in outcome.actions:
         for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
             say(line)
-    say("\n[bold]where it stands[/]")
-    say(f"{summary.phase}: {summary.stop_reason} {inline(summary.stop_detail)}".rstrip())
-    if summary.verification:
-        verification = Verification.model_validate(summary.verification)
-        mark = "verified" if verification.verified else "not verified"
-        say(f"{mark}: {inline(verification.summary)}")
-    if summary.answer:
-        say(f"answer: {inline(summary.answer)}")
-    say(f"budget used: {_budget_line(Usage.model_validate(summary.usage), runner.budget)}")

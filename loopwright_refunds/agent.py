@@ -509,12 +509,16 @@ def get_refund_status(ctx: Ctx, args: GetRefundStatusArgs) -> Refund:
 # --- the write -----------------------------------------------------------------------------
 
 
-def refund_needs_approval(ctx: Ctx, args: SubmitRefundArgs) -> bool:
+def refund_needs_approval(ctx: Ctx, args: SubmitRefundArgs) -> str | None:
+    """A refund above the policy's approval threshold needs a person; the reason names both."""
     try:
-        threshold = Decimal(fetch_policy(ctx).approval_threshold)
-    except ToolFault:
-        threshold = DEFAULT_APPROVAL_THRESHOLD  # fail closed: the reference threshold applies
-    return Decimal(args.amount) > threshold
+        policy = fetch_policy(ctx)
+        threshold, whose = Decimal(policy.approval_threshold), f"refund policy v{policy.version}"
+    except ToolFault:  # fail closed: the reference threshold applies
+        threshold, whose = DEFAULT_APPROVAL_THRESHOLD, "reference policy (the policy is unreadable)"
+    if Decimal(args.amount) <= threshold:
+        return None
+    return f"{args.amount} {args.currency} is above the approval threshold of {threshold} ({whose})"
 
 
 def _refund_by_key(ctx: Ctx, key: str) -> httpx.Response:

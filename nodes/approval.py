@@ -29,7 +29,6 @@ from loopwright.graph.state import (
     CallVerdict,
     Phase,
     RunState,
-    separation_of_duties,
 )
 from loopwright.graph.views import pending_of, principal_of
 
@@ -89,8 +88,8 @@ def approval(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         return {"feedback": [f"{decision.approver} cannot decide about their own run"]}
     if not runtime.context.is_approver(decision.approver):
         return {"feedback": [f"{decision.approver} is not an approver"]}
-    if decision.decision == "approve" and decision.approver in request.edited_by:
-        return {"feedback": [separation_of_duties(decision.approver, request.approval_id)]}
+    if (why := request.refusal(decision.decision, decision.approver)) is not None:
+        return {"feedback": [why]}
     record = ApprovalRecord(
         approval_id=request.approval_id,
         action_id=request.action_id,

@@ -116,13 +116,38 @@ def gate(state: RunState, context: RunContext) -> dict[str, Any]:
     """guard's decision and book-keeping, without a superstep of its own: the guard node's
     body, and the first thing compile_context does (every loop iteration but the first reaches
     the gate there). Phase READY means go on; anything else is where guard routes."""
-    update = _guard(state, context)
+    update = _guard(state, context) | _model_change(state, context)
     if update.get("phase") == Phase.INCOMPLETE.value:
         # A run that ends leaves no action for nobody to send: not sent yet, never will be.
         reason = update.get("stop_reason") or state.get("stop_reason") or "stopped"
         released = _release_unsent(state, context, str(reason))
         update["journal"] = {**(update.get("journal") or {}), **dump_actions(released)}
     return update
+
+
+def _model_change(state: RunState, context: RunContext) -> dict[str, Any]:
+    """The change of model an operator asked for (`context.model_change`), recorded in V before
+    the changed model is asked anything: the run's model is from now on the context's."""
+    versions = state.get("versions")
+    if not context.model_change or not versions:
+        return {}
+    was = (versions.get("model_spec", ""), versions.get("model_settings") or {})
+    now = (context.model_spec, context.model_settings)
+    if was == now:
+        return {}
+    change = {
+        "at": context.now().isoformat(),
+        "from": {"spec": was[0], "settings": was[1]},
+        "to": {"spec": now[0], "settings": now[1]},
+    }
+    return {
+        "versions": {
+            **versions,
+            "model_spec": now[0],
+            "model_settings": now[1],
+            "model_changes": [*(versions.get("model_changes") or []), change],
+        }
+    }
 
 
 def _release_unsent(state: RunState, context: RunContext, reason: str) -> list[Action]:

@@ -140,7 +140,7 @@ def reconcile_action(
     assert contract is not None and contract.reconcile is not None
     # A re-send needs both the contract it was sent under and today's to say it is safe.
     guarantee = _weaker(Guarantee(sent.get("guarantee", contract.guarantee)), contract.guarantee)
-    answer = contract.reconcile(ctx, action, sent.get("pre_image"))
+    answer = contract.reconcile_intent(ctx, action, sent.get("pre_image"))
     match answer.status:
         case ReconcileStatus.APPLIED:
             return journal.transition(

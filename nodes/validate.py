@@ -51,6 +51,7 @@ from loopwright.graph.state import (
     Fact,
     PendingCall,
     Phase,
+    Principal,
     RunState,
     digest,
 )
@@ -145,14 +146,34 @@ def check_call(
     return contract, args
 
 
+def passed_checks(
+    contract: ToolContract, args: BaseModel, principal: Principal, key: str
+) -> tuple[str, ...]:
+    """The checks a write passed before a person is asked to approve it, in words: those
+    `check_call` and planning make, each as this contract declares it."""
+    resources = sorted(contract.resources_of(args))
+    rules = [getattr(r, "__name__", type(r).__name__) for r in contract.rules]
+    return (
+        f"{contract.name} is offered to this run, and its arguments are valid",
+        f"inside the task's boundary: {', '.join(resources)}"
+        if resources
+        else "touches no resource the task's boundary governs",
+        f"authorised for {principal.user_id} ({principal.tenant})"
+        if contract.declares_authorize
+        else "no authorisation rule of its own: any principal of the run may ask",
+        f"business rules hold now: {', '.join(rules)}" if rules else "no business rules declared",
+        f"a new intent: the journal holds no other with key {key}",
+    )
+
+
 def intent_key(contract: ToolContract, run_id: str, args: BaseModel, revision: int) -> str:
     """The business intent key of a write; an approver's edit number `revision` is a new intent.
 
     The suffix cannot collide with a key the contract computes itself (it never ends in
     ":edit-N"), so the model can never reach an edited intent, nor an edit a model's one.
     """
-    assert contract.intent_key is not None
-    key = contract.intent_key(run_id, args)
+    assert contract.intent is not None
+    key = contract.intent(run_id, args)
     return f"{key}:edit-{revision}" if revision else key
 
 
@@ -201,7 +222,12 @@ def _plan_write(
             raise Refusal(fault.code, fault.detail) from fault
     canonical = args.model_dump(mode="json")
     # An approver's edit always needs its own approval: nobody approved these arguments yet.
-    needs_approval = edited_by is not None or contract.needs_approval(ctx, args)
+    why = (
+        f"an edit by {edited_by} needs another approver's approval"
+        if edited_by is not None
+        else contract.approval_reason(ctx, args)
+    )
+    needs_approval = why is not None
     proposed = Action(
         action_id=f"act_{digest(key)[:16]}",
         run_id=state["run_id"],
@@ -256,6 +282,8 @@ def _plan_write(
             facts=tuple(Fact(label=k, value=v) for k, v in contract.facts_of(args, evidence)),
             evidence=EvidenceNote.of_run(evidence),
             confirm=contract.needs_confirmation(args),
+            why=why or "",
+            checks=passed_checks(contract, args, ctx.user, key),
         )
         verdict = CallVerdict.NEEDS_APPROVAL
         call = call.model_copy(update={"approval": request})
@@ -330,8 +358,8 @@ def _apply_edit(
         changed = {
             k for k in {*edited.args, *action.args} if edited.args.get(k) != action.args.get(k)
         }
-        if contract is not None and not changed <= contract.editable:
-            outside = ", ".join(sorted(changed - contract.editable))
+        if contract is not None and not changed.issubset(contract.editable):
+            outside = ", ".join(sorted(changed.difference(contract.editable)))
             raise Refusal("edit_not_allowed", f"an approver may not change {outside}")
         # The edited call's business rules are checked where it is planned, below.
         contract, args = check_call(

@@ -19,6 +19,7 @@ from typing import Any
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests import claiming_agent as claiming
 from tests.card_payments import CARD
 from tests.card_payments import TASK as CARD_TASK
 from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, cli
@@ -203,3 +204,50 @@ def test_the_readme_script_approves_what_waits_and_reads_completed(
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "completed", result.stdout + result.stderr
     assert [r["amount"] for r in list_refunds(services, "O-46")] == ["1000.00"]
+
+
+def test_completed_with_effects_with_no_effect_and_with_a_refusal_exit_apart(
+    sqlite_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """A script tells the three completed endings apart by the exit code and `ending.kind`
+    alone, and reads what happened from the runtime's account, never from the model's answer:
+    a refund refused by the refund window and then claimed in words ends 7, not 0."""
+    env = {**env_for(services, tmp_path), "DATABASE_URL": sqlite_url}
+    ask = ("run", claiming.TASK, "--user", "u-1")
+    nothing = document(*ask, env=env, expect=6, schema="loopwright.run/1")
+    refused = document(
+        *ask, "--agent", "tests.claiming_agent:agent", env=env, expect=7, schema="loopwright.run/1"
+    )
+    for ended, kind in ((nothing, "completed_no_effect"), (refused, "completed_with_refusal")):
+        assert (ended["stop_reason"], ended["exit_code"]) == ("completed", EXIT_CODES[kind])
+        ending = ended["ending"]
+        assert ending["kind"] == kind and ending["effects"] == []
+        assert ended["stop_detail"] == ending["statement"]
+        assert ending["statement"].startswith("no business effect: ")
+        assert ending["answer_notes"][0].startswith("this run made no business effect")
+    [rule] = refused["ending"]["refusals"]
+    assert (rule["by"], rule["tool"], rule["code"]) == (
+        "rule",
+        "submit_refund",
+        "outside_refund_window",
+    )
+    assert refused["ending"]["model_answer"] == claiming.CLAIM
+    assert claiming.CLAIM not in refused["stop_detail"]
+    assert (
+        "it names 'O-44', which no verified effect of this run holds"
+        in (refused["ending"]["answer_notes"])
+    )
+
+    text = cli(*ask, "--agent", "tests.claiming_agent:agent", env=env, expect=7).stdout
+    report = text[text.index("\nCOMPLETED run ") :].splitlines()[2:]
+    assert report[0] == "  no business effect: this run changed nothing in the business system"
+    assert report[1].startswith("  refused by a rule: submit_refund (outside_refund_window: ")
+    assert report[2] == (
+        "  the model's answer (its own words; loopwright vouches only for the lines above): "
+        + claiming.CLAIM
+    )
+
+    made = document("demo", "--yes", env=env, expect=0, schema="loopwright.run/1")
+    assert made["ending"]["kind"] == "completed" and made["ending"]["effects"][0]["verified"]
+    assert made["stop_detail"].startswith("verified in the business system: Refund 100.00 USD")
+    assert list_refunds(services, "O-44") == []

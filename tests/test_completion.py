@@ -61,7 +61,11 @@ def test_a_refund_the_downstream_refuses_never_ends_completed(
     )
     facts = (outcome.verification or {})["facts"]
     assert facts["writes"] == [] and facts["task_done"] is False
-    assert "was not made" in facts["answer"]  # what the user was told, kept apart from the facts
+    # What the model said, kept apart from the runtime's account of the run.
+    assert "was not made" in facts["model_answer"]
+    assert facts["answer"].startswith("no business effect: ")
+    refused = "refused by the business system: submit_refund (amount_exceeds_refundable"
+    assert refused in facts["answer"]
     assert all_refunds(services) == []
 
 

@@ -97,3 +97,18 @@ def test_a_run_that_waits_again_says_for_what() -> None:
         "approvals": [{"approval_id": "apr_1"}],
     }
     assert run_said(values) == "The run waits for approval apr_2: Refund 2.00 USD to order O-2."
+
+
+def test_a_completed_run_is_said_in_the_runtimes_words_never_the_models() -> None:
+    """The page says what the business system holds (the runtime's account, its stop detail),
+    not the model's answer; a run of an earlier release, without one, by its summary."""
+    facts = {"model_answer": "All done, refunded twice!"}
+    account = "no business effect: this run changed nothing in the business system"
+    values = {
+        "stop_reason": "completed",
+        "stop_detail": account,
+        "verification": {"summary": "no business effect", "facts": facts},
+    }
+    assert run_said(values) == f"The run completed: {account}."
+    earlier = {**values, "stop_detail": ""}
+    assert run_said(earlier) == "The run completed: no business effect."

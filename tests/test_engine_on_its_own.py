@@ -70,7 +70,7 @@ class Engine:
         """What must not change: the run's checkpoints, its lw_runs row, its journal, its state
         as its owner reads it, and the inbox."""
         sql = self.served.sql
-        state = self.served.client("t-u1").threads.get_state(thread_id)
+        state: dict[str, Any] = dict(self.served.client("t-u1").threads.get_state(thread_id))
         inbox = httpx.get(
             f"{self.served.url}/inbox/api/approvals",
             headers={"Authorization": "Bearer t-a1"},

@@ -1,8 +1,9 @@
 """The approval inbox in a real browser: Debian's headless Chromium, driven by Playwright,
 against a real `langgraph dev` server, the reference services and Postgres.
 
-An approver must be able to decide from the page alone: who the customer is and what they
-asked, the action and its arguments, the facts the agent declares from what the run read
+An approver must be able to decide from the page alone, in the runtime's words whatever the
+agent's domain: who requested the run and what was asked, why approval is needed (the reason the
+write's approval rule gave), the checks the call passed, the action and its arguments, the facts the agent declares from what the run read
 (order total, refundable balance, delivery, the policy's verdict and version), the reads
 themselves, the run's timeline, and how long the request stays valid. One click does not
 approve an amount above what the agent asks to confirm, a rejection needs a reason, the editor
@@ -153,9 +154,21 @@ def test_an_approver_decides_from_the_run_context_and_the_page_says_the_refund_s
         expect = sync_api.expect
         card = card_of(page, apr)
         expect(card).to_contain_text("Refund 100.00 USD to order O-42")
-        # Who asked, and what, in their words.
-        expect(card).to_contain_text("Customer u-1")
+        # Who asked, and what, in their words; in the runtime's words, not the agent's domain.
+        expect(card).to_contain_text("Requested by u-1")
+        expect(card.locator("h3", has_text="What was asked")).to_have_count(1)
         expect(card.locator("blockquote")).to_have_text(TASK_O42)
+        assert "customer" not in card.inner_text().lower()
+        # Why a person is asked: the reason the write's approval rule gave.
+        expect(card.locator("p.why")).to_have_text(
+            "100.00 USD is above the approval threshold of 50.00 (refund policy v1)"
+        )
+        # The checks the call passed before anyone was asked.
+        checks = card.locator("ul.checks li")
+        expect(checks).to_have_count(5)
+        expect(checks.nth(1)).to_have_text("inside the task's boundary: order:O-42")
+        expect(checks.nth(2)).to_have_text("authorised for u-1 (default)")
+        expect(checks.nth(3)).to_have_text("business rules hold now: refund_policy_holds")
         # The agent's facts, from what the run read (O-42: 100.00, nothing refunded yet).
         for label, value in [
             ("Order total", "100.00 USD"),
@@ -325,7 +338,7 @@ def test_an_editor_cannot_approve_their_edit_and_refused_edits_are_said_in_place
         edited.get_by_role("button", name=f"Approve {new_apr}").click()
         expect(edited.get_by_role("alert")).to_have_text(
             f"Refused (422): a-1 edited {new_apr} and cannot also approve it: another approver "
-            "must (separation of duties)"
+            f"must (separation of duties); {new_apr} still waits for a decision"
         )
         assert still_waiting(url, thread_id, new_apr)
         page.screenshot(path=str(tmp_path / "inbox-separation.png"), full_page=True)

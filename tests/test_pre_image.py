@@ -67,7 +67,7 @@ def test_timeout_after_apply_is_reconciled_as_applied_by_the_pre_image(
 def test_without_any_guarantee_an_unknown_outcome_escalates(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
-    blind = dataclasses.replace(STORE_CREDIT, guarantee=Guarantee.NONE)
+    blind = dataclasses.replace(STORE_CREDIT, guarantee=Guarantee.NONE, resend=None)
     set_fault(services, "accept_then_timeout", delay_s=6)
     outcome, history = run_credit(open_test_runner, [*refunds.tools, blind])
     assert history[-1] == ActionStatus.ESCALATED

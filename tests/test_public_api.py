@@ -345,16 +345,16 @@ def generic(ctx: ToolContext[None], args: Any, intent_key: str) -> Any:
 
 
 def test_a_table_of_tools_is_defined_in_a_loop_with_explicit_models() -> None:
-    """One function serves several tools: `args=` and `output=` give each its models, where an
-    unannotated function alone is refused."""
+    """One function serves several tools: `args_model=` and `output_model=` give each its
+    models, where an unannotated function alone is refused."""
     agent: Agent[None] = Agent("airline", instructions="Change bookings.")
     table: dict[str, type[BaseModel]] = {"book_seat": Seat, "book_slot": Slot}
     for name, model in table.items():
         agent.write(
             generic,
             name=name,
-            args=model,
-            output=Booked,
+            args_model=model,
+            output_model=Booked,
             intent=functools.partial(lambda tool, run_id, _a: f"{tool}:{run_id}", name),
             guarantee=Guarantee.IDEMPOTENT_BY_KEY,
             reconcile=asked,
@@ -371,12 +371,12 @@ def test_a_table_of_tools_is_defined_in_a_loop_with_explicit_models() -> None:
     # Without the models, the same function is refused, naming what to add.
     with pytest.raises(ToolDefinitionError, match="annotate its argument 'args'"):
         agent.write(generic, name="book_meal", intent=lambda r, a: r)
-    with pytest.raises(ToolDefinitionError, match="args= takes a pydantic model class"):
+    with pytest.raises(ToolDefinitionError, match="args_model= takes a pydantic model class"):
         agent.write(
             generic,
             name="book_meal",
-            args=dict,  # type: ignore[arg-type]  # the mistake under test
-            output=Booked,
+            args_model=dict,  # type: ignore[arg-type]  # the mistake under test
+            output_model=Booked,
             intent=lambda r, a: r,
         )
 
@@ -389,8 +389,8 @@ def test_a_write_without_a_summary_reads_as_its_name_and_arguments() -> None:
     seat = write_tool(
         generic,
         name="seat",
-        args=Seat,
-        output=Booked,
+        args_model=Seat,
+        output_model=Booked,
         intent=lambda r, a: r,
         guarantee=Guarantee.IDEMPOTENT_BY_KEY,
         reconcile=asked,
@@ -460,7 +460,9 @@ def test_safe_defaults_of_a_write() -> None:
     )
     ctx: ToolContext[None] = ToolContext(deps=None)
     args = Slot(slot="1")
-    assert contract.needs_approval(ctx, args)  # a person decides unless the team says otherwise
+    assert (
+        contract.approval_reason(ctx, args) is not None
+    )  # a person decides unless the team says otherwise
     assert contract.editable == frozenset()  # and may change nothing of it
     assert contract.args_model.model_config.get("extra") == "forbid"
     assert contract.verify is not None  # verified by asking the business system again

@@ -26,6 +26,9 @@ CORE = [
     "loopwright/cli",
     "loopwright/run_list.py",
     "loopwright/timeline.py",
+    "loopwright/outcome.py",
+    "loopwright/reports.py",
+    "loopwright/display.py",
     "loopwright/server",
 ]
 DOMAIN_WORDS = re.compile(r"refund|\border(s|ed|ing)?\b|\bpolic(y|ies)\b|payment", re.IGNORECASE)

@@ -442,7 +442,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     for bad in ("abc", "-5", "500.00"):
         invalid = post("edit", interrupt["id"], amount=bad)
         assert invalid.status_code == 422, invalid.text
-        assert "the approval still waits" in invalid.json()["detail"]
+        assert "still waits for a decision" in invalid.json()["detail"]
     held = post("edit", interrupt["id"], amount="4\u00000.00")  # no run could keep it
     assert held.status_code == 422 and "holds a NUL character" in held.json()["detail"], held.text
     listed = httpx.get(
@@ -466,7 +466,7 @@ def test_an_approver_edits_the_amount_in_the_inbox_then_approves_the_edit(served
     assert own.status_code == 422
     assert own.json()["detail"] == (
         f"a-1 edited {item['approval_id']} and cannot also approve it: another approver must "
-        "(separation of duties)"
+        f"(separation of duties); {item['approval_id']} still waits for a decision"
     )
     assert post("approve", item["interrupt_id"], token="t-a2").status_code == 200
 

@@ -107,7 +107,7 @@ def test_a_models_answer_with_a_nul_is_kept_through_retention(
         summary = summary_of(runner.leases.db, outcome.run_id)
     assert summary is not None and summary.answer == FOREIGN
     assert summary.verification is not None
-    assert summary.verification["facts"]["answer"] == FOREIGN
+    assert summary.verification["facts"]["model_answer"] == FOREIGN
 
 
 def raises_foreign_text(_ctx: ToolContext[Any], _args: NoArgs, _key: str | None) -> Any:

@@ -11,8 +11,10 @@ Every function of a contract is given a `ToolContext`: the application's own dep
 clients, endpoints, credentials: whatever the team's `deps` factory built) and the run the call
 belongs to. The runtime never knows what is in `deps`.
 
-`ToolContract` is the runtime's own, complete form. Applications write typed functions and
-declare the rest with `Agent.read` / `Agent.write` (`loopwright.tools.define`), which build it.
+`ToolContract` is the runtime's own, complete form, and every way a tool is made ends in it:
+applications write typed functions and declare the rest with `Agent.read` / `Agent.write`
+(`loopwright.tools.define`), with the options `loopwright.tools.options` names; LangChain tools
+and MCP servers' tools take the same options. Every contract is checked when it is made.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
@@ -33,8 +36,11 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict
 
 from loopwright.graph.state import Action, Evidence, Principal, digest, utcnow
+from loopwright.tools.json_schema import JsonSchemaModel
 
 MIN_TIMEOUT_S = 0.05
+# A tool call's own bound unless its contract says otherwise (the run's deadline bounds it too).
+DEFAULT_TIMEOUT_S = 5.0
 
 
 class Effect(StrEnum):
@@ -230,19 +236,70 @@ def _always_allowed(_ctx: ToolContext[Any], _args: Any) -> bool:
     return True
 
 
-def _never(_ctx: ToolContext[Any], _args: Any) -> bool:
-    return False
-
-
 Precondition = Callable[[ToolContext[Any], Any], None]
+# Whether a write asks a person first: always (True, or a reason in words, which the approver is
+# shown), never (False), or a condition on the call answering one of them.
+ApprovalRule = bool | str | Callable[[ToolContext[Any], Any], bool | str | None]
+# Ask the business system about an intent: (ctx, action), or (ctx, action, pre_image) for a
+# write that journals a pre-image before its send.
+Reconcile = (
+    Callable[[ToolContext[Any], Action], ReconcileResult]
+    | Callable[[ToolContext[Any], Action, dict[str, Any] | None], ReconcileResult]
+)
+Verify = Callable[[ToolContext[Any], Action], VerifyResult]
+
+# What a model may call a function (OpenAI's rule), the whole name (`fullmatch`: a `$` would
+# let a trailing newline through).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A pydantic `pattern` anchors with ^ and $; finding an id in text needs it unanchored.
+_ANCHORS = re.compile(r"^\^|\$$")
 
 
-@dataclass(frozen=True, eq=False)
+def _takes_pre_image(reconcile: Reconcile) -> bool:
+    return len(inspect.signature(reconcile).parameters) == 3
+
+
+@dataclass(frozen=True)
+class AskedAgain:
+    """The default verification of a write that declares reconcile (and no pre-image): the
+    business system is asked again whether the intent is applied."""
+
+    reconcile: Reconcile
+
+    def __call__(self, ctx: ToolContext[Any], action: Action) -> VerifyResult:
+        if _takes_pre_image(self.reconcile):
+            answer = self.reconcile(ctx, action, None)  # type: ignore[call-arg]
+        else:
+            answer = self.reconcile(ctx, action)  # type: ignore[call-arg]
+        if answer.status is ReconcileStatus.APPLIED:
+            return VerifyResult(True, dict(answer.outcome or action.outcome or {}))
+        detail = answer.detail or str(answer.status)
+        return VerifyResult(False, {}, f"{action.tool} {action.action_id}: {detail}")
+
+
+def closed(model: type[BaseModel]) -> type[BaseModel]:
+    """`model`, refusing arguments it does not name (a model's call is never trimmed silently).
+
+    A JSON Schema model is closed by its schema (see `schema_model`)."""
+    if model.model_config.get("extra") == "forbid" or issubclass(model, JsonSchemaModel):
+        return model
+    config = ConfigDict(**{**model.model_config, "extra": "forbid"})
+    namespace = {"model_config": config, "__module__": model.__module__, "__doc__": model.__doc__}
+    return type(model.__name__, (model,), namespace)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class ToolContract:
-    """A tool as the runtime uses it. Every function takes the call's `ToolContext` first.
+    """A tool as the runtime uses it: what it is (name, description, models, effect, the call)
+    and what it declares. The declarations are the fields `ReadOptions` and `WriteOptions`
+    (`loopwright.tools.options`) name, with the same names, types and defaults: every way a tool
+    is made (`Agent.read`/`write`, `read_tool`/`write_tool`, LangChain tools, MCP servers'
+    tools, this class itself, `dataclasses.replace`) ends here, and every contract is checked
+    once, here, when it is made (`ToolDefinitionError`, saying what to add).
 
     Compared (and hashed) by identity: two contracts are the same only if they are one."""
 
+    # --- what the tool is --------------------------------------------------------------------
     name: str
     description: str
     args_model: type[BaseModel]
@@ -251,62 +308,55 @@ class ToolContract:
     # Perform the call. For writes, the third argument is the business intent key (never the
     # model's call id). Raises ToolFault (definitive) or OutcomeUnknown (writes only).
     run: Callable[[ToolContext[Any], Any, str | None], Mapping[str, Any] | BaseModel]
+    # What the tool's calls go through that a process opens once (an MCP server's session),
+    # given the agent's tools that use it (to check them against what it finds): entered with
+    # the agent's dependencies. None: the tool needs nothing opened.
+    connection: Callable[[Sequence[ToolContract]], AbstractContextManager[object]] | None = None
+    # --- what every tool declares --------------------------------------------------------------
     resources: Callable[[Any], Iterable[str]] = _no_resources
-    # False (or raising PermissionDenied) refuses the call for the context's principal.
     authorize: Callable[[ToolContext[Any], Any], bool | None] = _always_allowed
-    needs_approval: Callable[[ToolContext[Any], Any], bool] = _never
-    # Writes: business rules that must hold whatever the model read, checked at validate and
-    # again right before the send, on current data; each raises PreconditionFailed.
-    preconditions: tuple[Precondition, ...] = ()
-    # Writes: the intent key for these args within a run; for a downstream without keys, a
-    # pre-image read journaled with DISPATCHED before the send; reconcile an unknown outcome
-    # (given the journaled pre-image, if any); verify a succeeded one.
-    intent_key: Callable[[str, Any], str] | None = None
-    pre_image: Callable[[ToolContext[Any], Any], dict[str, Any]] | None = None
-    reconcile: (
-        Callable[[ToolContext[Any], Action, dict[str, Any] | None], ReconcileResult] | None
-    ) = None
-    verify: Callable[[ToolContext[Any], Action], VerifyResult] | None = None
-    summarize: Callable[[Any], str] | None = None
-    # Writes: output fields that are identifiers the write produced (a booking id), each with
-    # the pattern that finds it in text: an answer may cite only those the run can back.
-    produces: Mapping[str, str] = field(default_factory=dict)
-    # Reads of asynchronous operations: seconds until it is worth asking again when a result
-    # says "not finished yet" (a poll is not mistaken for a loop without progress).
-    poll_after: Callable[[dict[str, Any]], float | None] | None = None
-    # Writes: the current version of each resource the write touches, compared right before the
-    # send with the version the model observed when it planned the write.
-    current_versions: Callable[[ToolContext[Any], Any], dict[str, str]] | None = None
-    # Writes: how a succeeded action could be undone, offered to a person (never performed by
-    # the runtime) when a run is cancelled after the write.
-    compensation: Callable[[Action], str] | None = None
-    guarantee: Guarantee = Guarantee.NONE
-    # Writes: the tools whose earlier writes this one replaces where both touch a resource (a
-    # status set again): verification then checks the latest only. Nothing unless declared.
-    replaces: frozenset[str] = field(default_factory=frozenset)
-    # Writes to a downstream without keys (queryable): how an intent proven absent is sent
-    # again safely. Without one, an absent keyless write goes to a person (needs_human).
-    resend: ResendAfterDeadline | None = None
-    timeout_s: float = 5.0
-    max_attempts: int = 2  # reads: transport faults retried in this one layer
+    sensitive: Collection[str] = frozenset()
+    timeout_s: float = DEFAULT_TIMEOUT_S
     max_result_bytes: int = 64_000
-    sensitive_fields: frozenset[str] = field(default_factory=frozenset)
-    # Writes: the arguments an approver may change (an edit); none unless declared.
-    editable: frozenset[str] = field(default_factory=frozenset)
-    # Writes: what an approver decides from beyond the summary, as labelled facts drawn from
-    # the call's arguments and the evidence the run holds (`facts(args, evidence)`); and whether
-    # approving these arguments takes a second, deliberate confirmation (`confirm(args)`).
+    # --- reads -------------------------------------------------------------------------------
+    poll_after: Callable[[dict[str, Any]], float | None] | None = None
+    max_attempts: int = 2
+    # --- writes ------------------------------------------------------------------------------
+    intent: Callable[[str, Any], str] | None = None
+    guarantee: Guarantee = Guarantee.NONE
+    reconcile: Reconcile | None = None
+    verify: Verify | None = None
+    needs_approval: ApprovalRule = True
+    preconditions: Precondition | Sequence[Precondition] = ()
+    pre_image: Callable[[ToolContext[Any], Any], dict[str, Any]] | None = None
+    current_versions: Callable[[ToolContext[Any], Any], dict[str, str]] | None = None
+    compensation: Callable[[Action], str] | None = None
+    summary: Callable[[Any], str] | None = None
+    produces: Sequence[str] | Mapping[str, str] = ()
+    editable: Collection[str] = frozenset()
     facts: Callable[[Any, Sequence[Evidence]], Iterable[tuple[str, str]]] | None = None
     confirm: Callable[[Any], bool] | None = None
+    resend: ResendAfterDeadline | None = None
+    replaces: Collection[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.effect is Effect.WRITE and self.intent_key is None:
-            raise ValueError(f"write tool {self.name} must declare its business intent key")
-        functions = {f.name: getattr(self, f.name) for f in fields(self)}
-        functions |= {f"preconditions[{i}]": rule for i, rule in enumerate(self.preconditions)}
-        for what, function in functions.items():
-            if callable(function) and not isinstance(function, type):
-                synchronous(f"tool {self.name}", what, function)
+        # Declared in the forms a team writes them; kept in one form each (what `replace()`
+        # passes on is kept as it is).
+        normal: dict[str, Any] = {
+            "args_model": closed(self.args_model) if _is_model(self.args_model) else None,
+            "preconditions": _rules(self.preconditions),
+            "sensitive": frozenset(_words(self.sensitive)),
+            "editable": frozenset(_words(self.editable)),
+            "replaces": frozenset(_words(self.replaces)),
+            "verify": None if isinstance(self.verify, AskedAgain) else self.verify,
+        }
+        for name, value in normal.items():
+            object.__setattr__(self, name, value if value is not None else getattr(self, name))
+        check_contract(self)
+        if self.effect is Effect.WRITE:
+            object.__setattr__(self, "produces", _produced(self))
+            if self.verify is None and self.reconcile is not None:
+                object.__setattr__(self, "verify", AskedAgain(self.reconcile))
 
     # A contract is immutable: what is rendered from it (JSON schemas, their hash) is rendered
     # once per contract, not at every step that reads it. `replace()` builds a new contract,
@@ -345,16 +395,27 @@ class ToolContract:
 
     def describe(self, args: BaseModel) -> str:
         """A one-line human summary of a call, shown to approvers."""
-        if self.summarize is not None:
-            return self.summarize(args)
+        if self.summary is not None:
+            return self.summary(args)
         # Without the write's own words: its name and each argument as a person reads it
         # ("issue_credit: ticket_id T-1, amount 40.00"), never a raw dict.
         shown = [
-            f"{k} {'[redacted]' if k in self.sensitive_fields else _readable(v)}"
+            f"{k} {'[redacted]' if k in self.sensitive else _readable(v)}"
             for k, v in args.model_dump(mode="json").items()
             if v is not None
         ]
         return f"{self.name}: {', '.join(shown)}" if shown else self.name
+
+    def reconcile_intent(
+        self, ctx: ToolContext[Any], action: Action, pre_image: dict[str, Any] | None
+    ) -> ReconcileResult:
+        """The business system's answer about `action`'s intent (`reconcile`, given the
+        pre-image journaled with its send if it takes one)."""
+        if self.reconcile is None:
+            raise ToolDefinitionError(f"tool {self.name} declares no reconcile")
+        if _takes_pre_image(self.reconcile):
+            return self.reconcile(ctx, action, pre_image)  # type: ignore[call-arg]
+        return self.reconcile(ctx, action)  # type: ignore[call-arg]
 
     def facts_of(
         self, args: BaseModel, evidence: Sequence[Evidence]
@@ -371,6 +432,29 @@ class ToolContract:
         """Whether approving a call takes a second click (the contract's `confirm`)."""
         return self.confirm is not None and bool(self.confirm(args))
 
+    def approval_reason(self, ctx: ToolContext[Any], args: BaseModel) -> str | None:
+        """Why a call of this write waits for a person, in words (the approver is shown it);
+        None if it does not. `needs_approval` (or what its condition answers) is False for no;
+        True, a reason, or anything else asks (a condition that cannot be read asks too)."""
+        rule = self.needs_approval
+        answer: object = rule(ctx, args) if callable(rule) else rule
+        if answer is False:
+            return None
+        if isinstance(answer, str) and answer.strip():
+            return answer.strip()
+        if answer is True and not callable(rule):
+            return f"every call of {self.name} needs a person's approval (its contract says so)"
+        if answer is True:
+            return f"the approval rule of {self.name} asks for one (it gave no reason)"
+        return (
+            f"the approval rule of {self.name} answered a {type(answer).__name__}, not True,"
+            " False or a reason: a person decides"
+        )
+
+    @property
+    def declares_authorize(self) -> bool:
+        return self.authorize is not _always_allowed
+
     def check_authorized(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise PermissionDenied unless `authorize` allows the call for ctx's principal: it
         answers True or None to allow. Any other answer refuses (a truthy object is no "yes")."""
@@ -385,11 +469,16 @@ class ToolContract:
             " True, False or None"
         )
 
+    @property
+    def rules(self) -> tuple[Precondition, ...]:
+        """The write's business rules (`preconditions`), in the order they are checked."""
+        return _rules(self.preconditions)
+
     def check_preconditions(self, ctx: ToolContext[Any], args: BaseModel) -> None:
         """Raise the first PreconditionFailed (or other ToolFault) of the write's rules. A rule
         refuses by raising; one that answers False (a check written as a predicate) refuses
         too, as does any answer but None or True: a rule that cannot be read never holds."""
-        for rule in self.preconditions:
+        for rule in self.rules:
             answer: object = rule(ctx, args)
             if answer is None or answer is True:
                 continue
@@ -404,4 +493,182 @@ class ToolContract:
         return {f: str(outcome[f]) for f in self.produces if outcome and outcome.get(f)}
 
     def id_patterns(self) -> list[re.Pattern[str]]:
+        assert isinstance(self.produces, Mapping)  # one form since __post_init__
         return [re.compile(rf"(?<![\w-]){p}(?![\w-])") for p in self.produces.values()]
+
+
+# --- the checks every contract passes when it is made ------------------------------------------
+
+# Declarations that mean something for one effect only, with the value that declares nothing.
+_WRITE_ONLY: dict[str, object] = {
+    "intent": None,
+    "guarantee": Guarantee.NONE,
+    "reconcile": None,
+    "verify": None,
+    "needs_approval": True,
+    "preconditions": (),
+    "pre_image": None,
+    "current_versions": None,
+    "compensation": None,
+    "summary": None,
+    "produces": (),
+    "editable": frozenset(),
+    "facts": None,
+    "confirm": None,
+    "resend": None,
+    "replaces": frozenset(),
+}
+_READ_ONLY: dict[str, object] = {"poll_after": None, "max_attempts": 2}
+
+
+def _is_model(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+def _rules(preconditions: Precondition | Sequence[Precondition]) -> tuple[Precondition, ...]:
+    return (preconditions,) if callable(preconditions) else tuple(preconditions)
+
+
+def _words(names: Collection[str]) -> Collection[str]:
+    # A single string is a collection of letters: taken for the one name it means.
+    return (names,) if isinstance(names, str) else names
+
+
+def _fail(name: str, problem: str) -> ToolDefinitionError:
+    return ToolDefinitionError(f"tool {name}: {problem}")
+
+
+def check_contract(contract: ToolContract) -> None:
+    """Refuse a contract the runtime cannot use safely, saying what to add or remove."""
+    if not isinstance(contract.name, str) or not TOOL_NAME.fullmatch(contract.name):
+        raise ToolDefinitionError(f"tool name {contract.name!r} is not a valid function name")
+    name = contract.name
+    if not isinstance(contract.description, str) or not contract.description.strip():
+        raise _fail(name, "give it a docstring or description=...: the model reads it")
+    for what in ("args_model", "output_model"):
+        if not _is_model(getattr(contract, what)):
+            raise _fail(
+                name, f"{what}= takes a pydantic model class (got {getattr(contract, what)!r})"
+            )
+    if not isinstance(contract.effect, Effect):
+        raise _fail(name, f"effect is {contract.effect!r}, not Effect.READ or Effect.WRITE")
+    _check_numbers(contract)
+    _check_fields(contract, "sensitive", contract.args_model)
+    _check_fields(contract, "editable", contract.args_model)
+    _check_effect(contract)
+    if contract.effect is Effect.WRITE:
+        _check_write(contract)
+    functions = {f.name: getattr(contract, f.name) for f in fields(contract)}
+    rules = _rules(contract.preconditions)
+    functions |= {f"preconditions[{i}]": rule for i, rule in enumerate(rules)}
+    for what, function in functions.items():
+        if callable(function) and not isinstance(function, type):
+            synchronous(f"tool {name}", what, function)
+
+
+def _check_numbers(contract: ToolContract) -> None:
+    limits = {
+        "timeout_s": contract.timeout_s,
+        "max_result_bytes": contract.max_result_bytes,
+        "max_attempts": contract.max_attempts,
+    }
+    for what, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise _fail(contract.name, f"{what} must be a number above 0, not {value!r}")
+        if not math.isfinite(value):
+            raise _fail(contract.name, f"{what} must be finite, not {value!r}")
+
+
+def _check_fields(contract: ToolContract, what: str, model: type[BaseModel]) -> None:
+    unknown = sorted(set(getattr(contract, what)) - set(model.model_fields))
+    if unknown:
+        raise _fail(
+            contract.name, f"{what} names {', '.join(unknown)}, which {model.__name__} lacks"
+        )
+
+
+def _declared(contract: ToolContract, defaults: Mapping[str, object]) -> list[str]:
+    """The declarations of `defaults` that `contract` makes (an empty collection declares none)."""
+    return [
+        what
+        for what, default in defaults.items()
+        if (value := getattr(contract, what)) != default
+        and not (isinstance(value, Collection) and not value and not isinstance(value, str))
+    ]
+
+
+def _check_effect(contract: ToolContract) -> None:
+    if contract.effect is Effect.READ and (misplaced := _declared(contract, _WRITE_ONLY)):
+        raise _fail(
+            contract.name,
+            f"{', '.join(misplaced)}: a write's declarations, and this tool is a read (a read is "
+            "never journaled, approved or reconciled): declare it a write, or drop them",
+        )
+    if contract.effect is Effect.WRITE and (misplaced := _declared(contract, _READ_ONLY)):
+        raise _fail(
+            contract.name,
+            f"{', '.join(misplaced)}: a read's declarations, and this tool is a write (a write is "
+            "sent once and reconciled, never retried or polled): drop them",
+        )
+
+
+def _check_write(contract: ToolContract) -> None:
+    name = contract.name
+    if contract.intent is None:
+        raise _fail(
+            name,
+            "a write needs its business intent key: intent=lambda run_id, args: "
+            "f'<what>:{run_id}:<the target>' (one intent per business effect, never a call id)",
+        )
+    if contract.guarantee is not Guarantee.NONE and contract.reconcile is None:
+        raise _fail(
+            name,
+            f"guarantee {contract.guarantee.value} needs reconcile=... (how to ask the business "
+            "system whether an intent happened), or declare guarantee=Guarantee.NONE (every "
+            "unknown outcome then goes to a person)",
+        )
+    if contract.resend is not None and contract.guarantee is not Guarantee.QUERYABLE:
+        raise _fail(
+            name,
+            "resend= is for a downstream without keys (guarantee=Guarantee.QUERYABLE): one that "
+            "dedupes by key is re-sent under its key, one that cannot be asked never is",
+        )
+    if contract.verify is None and (contract.reconcile is None or contract.pre_image is not None):
+        raise _fail(
+            name,
+            "declare verify=... (how to check in the business system that a succeeded write is "
+            "there): without it no run with this write can be verified complete",
+        )
+    if not isinstance(contract.needs_approval, bool | str) and not callable(
+        contract.needs_approval
+    ):
+        raise _fail(
+            name,
+            f"needs_approval is {contract.needs_approval!r}: True (always), a reason in words"
+            " (always, saying why), False (never) or a condition needs_approval=lambda ctx,"
+            " args: ... answering one of them",
+        )
+    _produced(contract)
+
+
+def _produced(contract: ToolContract) -> dict[str, str]:
+    """Each produced identifier field with the pattern that finds it in text."""
+    produces, output = contract.produces, contract.output_model
+    given = dict(produces) if isinstance(produces, Mapping) else dict.fromkeys(_words(produces), "")
+    unknown = sorted(set(given) - set(output.model_fields))
+    if unknown:
+        raise _fail(
+            contract.name, f"produces names {', '.join(unknown)}, which {output.__name__} lacks"
+        )
+    properties = output.model_json_schema().get("properties", {})
+    patterns = {}
+    for field_name, pattern in given.items():
+        pattern = pattern or properties.get(field_name, {}).get("pattern", "")
+        if not pattern:
+            raise _fail(
+                contract.name,
+                f"produces {field_name!r} has no pattern: give produces={{{field_name!r}: "
+                "r'...'} or a Field(pattern=...) on the output model",
+            )
+        patterns[field_name] = _ANCHORS.sub("", pattern)
+    return patterns

@@ -10,19 +10,21 @@ downstream, so its outcome is UNKNOWN and reconciled, never taken for a failure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.tools import BaseTool
 from pydantic import BaseModel
 
 from loopwright.tools.contract import (
+    Effect,
     OutcomeUnknown,
     ToolContext,
     ToolContract,
     ToolDefinitionError,
     ToolFault,
 )
-from loopwright.tools.define import read_tool, write_tool
+from loopwright.tools.define import function_contract
 from loopwright.tools.json_schema import schema_model
 
 
@@ -42,7 +44,7 @@ def _args_model(tool: BaseTool) -> type[BaseModel]:
 
 
 def _as_function(tool: BaseTool, *, write: bool) -> Any:
-    """A typed function calling `tool`, in the shape `read_tool`/`write_tool` take."""
+    """A typed function calling `tool`, in the shape a read's or a write's function has."""
     if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
         raise ToolDefinitionError(
             f"tool {tool.name}: it is async only (coroutine=, no func=), and loopwright calls"
@@ -72,13 +74,7 @@ def _as_function(tool: BaseTool, *, write: bool) -> Any:
     return function
 
 
-def langchain_read(tool: BaseTool, **declared: Any) -> ToolContract:
-    """A LangChain tool as a read (see `read_tool` for what may be declared)."""
-    declared.setdefault("name", tool.name)
-    return read_tool(_as_function(tool, write=False), **declared)
-
-
-def langchain_write(tool: BaseTool, **declared: Any) -> ToolContract:
-    """A LangChain tool as a write, with the write's declarations (see `write_tool`)."""
-    declared["name"] = declared.get("name") or tool.name
-    return write_tool(_as_function(tool, write=True), **declared)
+def langchain_contract(tool: BaseTool, effect: Effect, options: Mapping[str, Any]) -> ToolContract:
+    """A LangChain tool as a tool of `effect`, with its options (named as the tool, unless
+    `name=`)."""
+    return function_contract(_as_function(tool, write=effect is Effect.WRITE), effect, options)

@@ -1,250 +1,376 @@
-"""Tools of an MCP server as tool contracts: what the server says is shown, never trusted.
+"""An MCP server's tools, declared one by one like any tool: what the server says is shown,
+never trusted.
 
-An MCP server describes its tools (name, JSON schemas, annotations such as `readOnlyHint`), but a
-server is outside the trust boundary, and a hint that a tool only reads is its author's claim.
-So every MCP tool is a WRITE that needs approval, with guarantee "none" (an unknown outcome goes
-to a human), unless the operator, not the server, lists it as a read (`read_tools`). The hints
-are still shown to the approver, labelled as the server's claim.
+    desk = McpServer("desk", command=["python", "desk_server.py"])   # or url="https://.../mcp"
+    get_account = desk.read("get_account", args_model=AccountRef, description="Read an account.")
+    grant = desk.write("grant_quota", args_model=Grant, description="Grant CPUs.",
+                       intent=..., guarantee=Guarantee.QUERYABLE, reconcile=..., ...)
+    ops = Agent("ops", instructions=..., tools=[get_account, grant])
 
-Arguments are validated against the tool's own input schema (`jsonschema`, no coercion) and kept
-exactly as the model gave them; an argument the schema does not name is refused, as for every
-contract. A structured result is checked against the tool's output schema. A write's intent is
-the tool and its canonical arguments within the run: the same call proposed again maps to the
-first action, never a second effect. An MCP server knows nothing of the run's principal: what
-stands for authorisation is the operator's allow-list (reads) and a person's approval (writes).
+Each tool takes the options of any read or write (`ReadOptions`, `WriteOptions`) and becomes a
+`ToolContract`, checked as every contract is. What the team declares, not what the server
+claims, decides: a tool's annotations (`readOnlyHint`...) are its author's word and make nothing
+a read. Left out, the declarations take the safe defaults of an MCP write: guarantee NONE (an
+unknown outcome goes to a person), a person approves every call, the intent is the tool and its
+canonical arguments within the run (the same call proposed again is the first action, never a
+second effect), and a succeeded call is verified by the server's own answer (stated as such).
+Only the declared tools are offered: one the server adds later is not, until it is declared.
 
-The MCP client is async and the runtime's nodes are synchronous. `McpSession` owns one event
-loop in a background thread and one task that holds the client (and its stdio subprocess) open
-from start to `close`, since the transport must be entered and left by the same task; calls are
-submitted to that loop and awaited with a timeout.
+Defining the agent opens nothing. The session is opened with the agent's dependencies, once per
+process (`Agent.open_deps`, which every entry point enters), and opened again after it drops;
+when it opens, each declared tool is checked against the server's listing: one the server does
+not list, or whose arguments or answer no longer fit the declaration, or declared a read that
+the server says is not read-only, is refused in one line. A write's intent key travels in the
+call's `_meta` (`INTENT_KEY_META`), so a server can dedupe by it, as does the deadline of a
+write declared `resend=ResendAfterDeadline(...)` (`SEND_BY_META`), which the server must honour.
+A stdio server's stderr goes to a log file (`log=`, default `$LOOPWRIGHT_HOME/mcp/NAME.log`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import atexit
 import contextlib
+import os
+import re
 import threading
-from collections.abc import Callable, Collection, Coroutine
-from types import TracebackType
-from typing import Any, Self
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Unpack
 
-from mcp import Client, StdioServerParameters
-from mcp.types import CallToolResult, TextContent, Tool
-from pydantic import BaseModel
+from mcp import MCPError
+from mcp.types import (
+    CONNECTION_CLOSED,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    CallToolResult,
+    TextContent,
+    Tool,
+)
+from pydantic import BaseModel, Field
 
+from loopwright.checkpoints.database import loopwright_home
 from loopwright.graph.state import Action, digest
 from loopwright.tools.contract import (
+    DEFAULT_TIMEOUT_S,
+    TOOL_NAME,
     Effect,
-    Guarantee,
     OutcomeUnknown,
     ToolContext,
     ToolContract,
+    ToolDefinitionError,
     ToolFault,
     VerifyResult,
 )
-from loopwright.tools.define import TOOL_NAME
-from loopwright.tools.json_schema import schema_model
+from loopwright.tools.mcp_schemas import differences
+from loopwright.tools.mcp_session import (
+    CONNECT_TIMEOUT_S,
+    McpSession,
+    Stdio,
+    StreamableHttp,
+    Transport,
+)
+from loopwright.tools.options import ReadOptions, WriteOptions, known_options
 
-CONNECT_TIMEOUT_S = 30.0
-CLOSE_TIMEOUT_S = 10.0
-
-
-class McpSession:
-    """One MCP client session, usable from synchronous code; a context manager that closes it."""
-
-    def __init__(
-        self, server: StdioServerParameters, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
-    ):
-        self._server = server
-        self._connect_timeout_s = connect_timeout_s
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="mcp", daemon=True)
-        self._client: Client | None = None
-        self._stop: asyncio.Event | None = None
-        self._held: concurrent.futures.Future[None] | None = None
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        ready: concurrent.futures.Future[Client] = concurrent.futures.Future()
-        self._held = asyncio.run_coroutine_threadsafe(self._hold(ready), self._loop)
-        try:
-            self._client = ready.result(timeout=self._connect_timeout_s)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def _hold(self, ready: concurrent.futures.Future[Client]) -> None:
-        """Keep the client open, in this one task, until `close` sets the stop event."""
-        self._stop = asyncio.Event()
-        try:
-            async with Client(self._server) as client:
-                ready.set_result(client)
-                await self._stop.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            raise
-
-    def _call[T](self, work: Callable[[Client], Coroutine[Any, Any, T]], timeout_s: float) -> T:
-        if self._client is None:
-            raise RuntimeError("the MCP session is not open")
-        future = asyncio.run_coroutine_threadsafe(work(self._client), self._loop)
-        try:
-            return future.result(timeout=timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    @property
-    def server_name(self) -> str:
-        info = self._client.server_info if self._client is not None else None
-        return info.name if info is not None else self._server.command
-
-    def list_tools(self, timeout_s: float = CONNECT_TIMEOUT_S) -> list[Tool]:
-        async def every_page(client: Client) -> list[Tool]:
-            tools, cursor = [], None
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                tools += page.tools
-                if (cursor := page.next_cursor) is None:
-                    return tools
-
-        return self._call(every_page, timeout_s)
-
-    def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
-        return self._call(
-            lambda client: client.call_tool(name, arguments, read_timeout_seconds=timeout_s),
-            timeout_s + 1.0,
-        )
-
-    def close(self) -> None:
-        """Close the client (the server's stdin, then the process) and stop the loop. Idempotent."""
-        if self._held is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-            # A failure of the session was already raised by __enter__ or by the call it broke.
-            with contextlib.suppress(Exception, concurrent.futures.CancelledError):
-                self._held.result(timeout=CLOSE_TIMEOUT_S)
-        self._held = self._client = None
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=CLOSE_TIMEOUT_S)
-        if not self._loop.is_running():
-            self._loop.close()
+# Where a write's intent key and its send-by deadline travel in a call's `_meta`.
+INTENT_KEY_META = "loopwright/intent_key"
+SEND_BY_META = "loopwright/send_by"
+SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Protocol errors in which the server refused the request itself: no tool ran. Any other error
+# (the connection closed, no answer in time, the server's handler failed) leaves a write's
+# outcome unknown.
+REFUSED = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS})
 
 
-class McpContent(BaseModel):
-    """The result of a tool without an output schema: its content blocks, as the server sent."""
+class McpAnswer(BaseModel):
+    """An MCP tool's answer where no output contract is declared (`output_model=`): its
+    structured content, if the server gave one, and its content blocks as the server sent them."""
 
-    content: list[dict[str, Any]]
-
-
-def _hints(tool: Tool) -> str:
-    hints = tool.annotations
-    if hints is None:
-        return "none"
-    claims = [
-        ("read-only", hints.read_only_hint),
-        ("destructive", hints.destructive_hint),
-        ("idempotent", hints.idempotent_hint),
-        ("open-world", hints.open_world_hint),
-    ]
-    said = [name if value else f"not {name}" for name, value in claims if value is not None]
-    return ", ".join(said) or "none"
+    structured: dict[str, Any] | None = None
+    content: list[dict[str, Any]] = Field(default_factory=list)
 
 
 def _text(result: CallToolResult) -> str:
     return " ".join(b.text for b in result.content if isinstance(b, TextContent)) or "no detail"
 
 
-def _runner(
-    session: McpSession, tool: Tool, effect: Effect, structured: bool, timeout_s: float
-) -> Callable[[ToolContext[Any], Any, str | None], dict[str, Any]]:
-    """Call the tool. No answer (timeout, lost server, unreadable reply) is a transient fault
-    for a read and an unknown outcome for a write; an answer flagged as an error is definitive."""
-
-    def run(_ctx: ToolContext[Any], args: BaseModel, _key: str | None) -> dict[str, Any]:
-        try:
-            result = session.call_tool(tool.name, args.model_dump(mode="json"), timeout_s)
-        except Exception as exc:
-            if effect is Effect.WRITE:
-                raise OutcomeUnknown(f"MCP {tool.name}: no answer ({exc!r})") from exc
-            raise ToolFault("mcp_unavailable", f"{tool.name}: {exc!r}", transient=True) from exc
-        if result.is_error:
-            raise ToolFault("mcp_tool_error", f"{tool.name}: {_text(result)}")
-        if structured:
-            return result.structured_content
-        return {"content": [b.model_dump(mode="json", exclude_none=True) for b in result.content]}
-
-    return run
+def _answer(result: CallToolResult, declared: bool) -> dict[str, Any]:
+    """What a call answered: with an output contract declared, the structured content (checked
+    against it by the executor); else both parts, as `McpAnswer`."""
+    if declared:
+        return dict(result.structured_content or {})
+    blocks = [b.model_dump(mode="json", exclude_none=True) for b in result.content]
+    return {"structured": result.structured_content, "content": blocks}
 
 
-def mcp_contract(
-    session: McpSession, tool: Tool, *, read: bool, timeout_s: float = 10.0
-) -> ToolContract:
-    """The contract of one MCP tool; `read` comes from the operator, never from the server."""
-    if not TOOL_NAME.fullmatch(tool.name):  # other names are refused at startup
-        raise ValueError(f"MCP tool name {tool.name!r} is not a valid function name")
-    server = session.server_name
-    effect = Effect.READ if read else Effect.WRITE
-    output = tool.output_schema
-    output_model: type[BaseModel] = McpContent
-    if output is not None and output.get("type") == "object":
-        output_model = schema_model(f"{tool.name}_result", output, closed=False)
-    hints = _hints(tool)
+@dataclass(frozen=True)
+class McpCall:
+    """A contract's `run`: one tool of one server. A write sends its intent key (and the
+    deadline of a write re-sent after one) in the call's `_meta`."""
 
-    def summarize(args: BaseModel) -> str:
-        return (
-            f"{tool.name} on MCP server {server}: {args.model_dump_json()} "
-            f"(the server's own hints, not trusted: {hints})"
+    server: McpServer
+    tool: str
+    timeout_s: float
+    declared_output: bool
+
+    def __call__(self, ctx: ToolContext[Any], args: BaseModel, key: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {}
+        if key is not None:
+            meta[INTENT_KEY_META] = key
+        if ctx.send_by is not None:
+            meta[SEND_BY_META] = ctx.send_by.isoformat()
+        arguments = args.model_dump(mode="json")
+        result = self.server._send(
+            self.tool, arguments, ctx.timeout(self.timeout_s), meta=meta, write=key is not None
         )
+        return _answer(result, self.declared_output)
 
+
+def _acknowledged(server: str) -> Any:
     def acknowledged(_ctx: ToolContext[Any], action: Action) -> VerifyResult:
-        # No independent read exists for an arbitrary MCP write: its own successful answer,
-        # which met the output contract, is the only evidence. Stated, not hidden.
+        # No independent read is declared: the server's own successful answer, which met the
+        # output contract, is the only evidence. Stated, not hidden.
         return VerifyResult(True, {"mcp_server": server, "verified_by": "server acknowledgement"})
 
-    return ToolContract(
-        name=tool.name,
-        description=f"[MCP server {server}] {tool.description or tool.name}",
-        args_model=schema_model(f"{tool.name}_args", tool.input_schema, closed=True),
-        output_model=output_model,
-        effect=effect,
-        run=_runner(session, tool, effect, output_model is not McpContent, timeout_s),
-        needs_approval=lambda _ctx, _args: not read,
-        intent_key=(
-            None
-            if read
-            else lambda run_id, args: (
-                f"mcp:{run_id}:{tool.name}:{digest(args.model_dump(mode='json'))[:16]}"
+    return acknowledged
+
+
+def _default_intent(tool: str) -> Any:
+    def intent(run_id: str, args: BaseModel) -> str:
+        return f"mcp:{run_id}:{tool}:{digest(args.model_dump(mode='json'))[:16]}"
+
+    return intent
+
+
+class McpServer:
+    """An MCP server an agent's tools are declared on: a `command` started as a process (stdio)
+    or a `url` (streamable HTTP, sent `headers`). `env` and `cwd` are the stdio server's (its
+    environment is otherwise the MCP SDK's safe default: HOME, PATH and a few more), `log` the
+    file its stderr is appended to. Nothing is opened until the agent's dependencies are."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        command: Sequence[str] | None = None,
+        url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        headers: Mapping[str, str] | None = None,
+        log: str | Path | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        if not SERVER_NAME.fullmatch(name):
+            raise ToolDefinitionError(f"MCP server name {name!r}: letters, digits, _ . and -")
+        if (command is None) == (url is None) or (command is not None and not command):
+            raise ToolDefinitionError(
+                f"MCP server {name}: give it command=[...] (stdio) or url=... (streamable"
+                " HTTP), one of the two"
             )
-        ),
-        verify=None if read else acknowledged,
-        summarize=summarize,
-        guarantee=Guarantee.NONE,
-        timeout_s=timeout_s,
-    )
+        if url is not None and (env is not None or cwd is not None or log is not None):
+            raise ToolDefinitionError(
+                f"MCP server {name}: env, cwd and log are a stdio server's (command=[...])"
+            )
+        if command is not None and headers is not None:
+            raise ToolDefinitionError(f"MCP server {name}: headers are an HTTP server's (url=)")
+        self.name = name
+        self._command = list(command) if command is not None else None
+        self._url = url
+        self._env = dict(env) if env is not None else None
+        self._cwd = str(cwd) if cwd is not None else None
+        self._headers = dict(headers or {})
+        self._log = Path(log) if log is not None else None
+        self._connect_timeout_s = connect_timeout_s
+        self._lock = threading.RLock()
+        self._session: McpSession | None = None
+        self._listing: dict[str, Tool] = {}
+        # The contracts of the agents that have this server open, checked at every (re)open.
+        self._users: list[Sequence[ToolContract]] = []
+        self._closes_at_exit = False
 
+    def __repr__(self) -> str:
+        return f"McpServer({self.name!r}, {'url' if self._url else 'command'}=...)"
 
-def mcp_contracts(
-    session: McpSession, *, read_tools: Collection[str] = (), timeout_s: float = 10.0
-) -> list[ToolContract]:
-    """Contracts for every tool the server offers. `read_tools` is the operator's allow-list of
-    reads; a name the server does not offer is an error, so a typo cannot go unnoticed."""
-    tools = session.list_tools()
-    unknown = set(read_tools) - {t.name for t in tools}
-    if unknown:
-        raise ValueError(f"read_tools names tools the MCP server does not offer: {sorted(unknown)}")
-    return [
-        mcp_contract(session, tool, read=tool.name in read_tools, timeout_s=timeout_s)
-        for tool in tools
-    ]
+    # --- declarations --------------------------------------------------------------------------
+
+    def read(self, tool: str, /, **options: Unpack[ReadOptions]) -> ToolContract:
+        """Declare the server's tool `tool` a read of the agent, with a read's options:
+        `args_model` (its arguments, as a pydantic model) and `description` (what the model
+        reads of it: the team's words, not the server's) are required."""
+        return self._declare(tool, Effect.READ, options)
+
+    def write(self, tool: str, /, **options: Unpack[WriteOptions]) -> ToolContract:
+        """Declare the server's tool `tool` a write of the agent, with a write's options
+        (`args_model` and `description` required; see the module for the safe defaults)."""
+        return self._declare(tool, Effect.WRITE, options)
+
+    def _declare(self, tool: str, effect: Effect, options: Mapping[str, Any]) -> ToolContract:
+        if not isinstance(tool, str) or not TOOL_NAME.fullmatch(tool):
+            raise ToolDefinitionError(f"MCP tool name {tool!r} is not a valid function name")
+        declared = known_options(options, options.get("name") or tool)
+        name = declared.setdefault("name", tool)
+        for needed, why in (
+            ("args_model", "its arguments as a pydantic model, checked against the server's"),
+            ("description", "what the model reads of it, in your words; the server's is in its"),
+        ):
+            if needed not in declared:
+                raise ToolDefinitionError(
+                    f"tool {name}: give it {needed}=... ({why} listing when the session opens)"
+                )
+        output = declared.setdefault("output_model", McpAnswer)
+        run = McpCall(
+            self, tool, declared.get("timeout_s", DEFAULT_TIMEOUT_S), output is not McpAnswer
+        )
+        if effect is Effect.WRITE:
+            declared.setdefault("intent", _default_intent(tool))
+            if "reconcile" not in declared and "verify" not in declared:
+                declared["verify"] = _acknowledged(self.name)
+        return ToolContract(effect=effect, run=run, connection=self.connected, **declared)
+
+    # --- the process's session -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def connected(self, contracts: Sequence[ToolContract] = ()) -> Iterator[McpServer]:
+        """The server's session open in this process for as long as this is entered (entered
+        again, it is shared; closed when the last leaves), with `contracts` (an agent's tools
+        declared on it) checked against its listing now and at every reopen: a mismatch raises
+        `ToolDefinitionError`, in one line."""
+        mine = [c for c in contracts if isinstance(c.run, McpCall) and c.run.server is self]
+        with self._lock:
+            self._users.append(mine)
+            try:
+                self._open()
+                self._check(mine)
+            except BaseException:
+                self._leave(mine)
+                raise
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._leave(mine)
+
+    def _leave(self, contracts: Sequence[ToolContract]) -> None:
+        self._users.remove(contracts)
+        if not self._users:
+            self.close()
+
+    def close(self) -> None:
+        """Close the session (a stdio server's process ends with it). Idempotent."""
+        with self._lock:
+            session, self._session = self._session, None
+            if session is not None:
+                session.close()
+
+    def _open(self) -> McpSession:
+        """This process's session: the one open, else a new one, checked against what every
+        agent that has it open declared."""
+        with self._lock:
+            session = self._session
+            if session is not None and session.alive and session.pid == os.getpid():
+                return session
+            self.close()
+            session = McpSession(self._transport(), connect_timeout_s=self._connect_timeout_s)
+            session.open()
+            try:
+                self._listing = {t.name: t for t in session.list_tools(self._connect_timeout_s)}
+                for contracts in self._users:
+                    self._check(contracts)
+            except BaseException:
+                session.close()
+                raise
+            self._session = session
+            if not self._closes_at_exit:  # a session opened by a call outside `connected`
+                atexit.register(self.close)
+                self._closes_at_exit = True
+            return session
+
+    def _transport(self) -> Transport:
+        if self._url is not None:
+            return StreamableHttp(self._url, self._headers)
+        assert self._command is not None
+        log = self._log or loopwright_home() / "mcp" / f"{self.name}.log"
+        command, *args = self._command
+        return Stdio(command, tuple(args), self._env, self._cwd, log)
+
+    def _check(self, contracts: Sequence[ToolContract]) -> None:
+        problems = []
+        for contract in contracts:
+            assert isinstance(contract.run, McpCall)
+            listed = self._listing.get(contract.run.tool)
+            if listed is None:
+                problems.append(f"{contract.run.tool} is not listed by the server")
+                continue
+            found = differences(contract, listed, output_declared=contract.run.declared_output)
+            problems += [f"{contract.run.tool}: {p}" for p in found]
+        if problems:
+            raise ToolDefinitionError(f"MCP server {self.name}: {'; '.join(problems)}")
+
+    # --- calls -----------------------------------------------------------------------------------
+
+    def _send(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        *,
+        meta: Mapping[str, Any] | None = None,
+        write: bool = False,
+    ) -> CallToolResult:
+        """Call `tool` on this process's session. Not sent (the session cannot be opened, or
+        the tool is not listed): a `ToolFault`. Sent and no answer: for a write an unknown
+        outcome (`OutcomeUnknown`), else a transient fault; a session that dropped is opened
+        anew by the next call. An answer flagged as an error is a definitive `ToolFault`."""
+        try:
+            session = self._open()
+        except ToolDefinitionError as exc:  # reopened, it no longer fits the declarations
+            raise ToolFault("mcp_unavailable", str(exc)) from exc
+        except Exception as exc:
+            raise ToolFault(
+                "mcp_unavailable", f"MCP server {self.name}: {exc!r}", transient=True
+            ) from exc
+        if tool not in self._listing:
+            raise ToolFault("mcp_unavailable", f"MCP server {self.name} lists no tool {tool}")
+        try:
+            result = session.call_tool(tool, arguments, timeout_s, meta)
+        except MCPError as exc:
+            if exc.code in REFUSED:
+                raise ToolFault("mcp_refused", f"{tool}: {exc}") from exc
+            if exc.code == CONNECTION_CLOSED:
+                self._dropped(session)
+            raise self._no_answer(tool, exc, write) from exc
+        except TimeoutError as exc:
+            raise self._no_answer(tool, exc, write) from exc
+        except Exception as exc:  # the transport broke: the next call opens a new session
+            self._dropped(session)
+            raise self._no_answer(tool, exc, write) from exc
+        if result.is_error:
+            raise ToolFault("mcp_tool_error", f"{tool}: {_text(result)}")
+        return result
+
+    @staticmethod
+    def _no_answer(tool: str, exc: Exception, write: bool) -> Exception:
+        """What a call that got no answer it can trust is: for a write an unknown outcome,
+        else a transient fault."""
+        if write:
+            return OutcomeUnknown(f"MCP {tool}: no answer ({exc!r})")
+        return ToolFault("mcp_unavailable", f"{tool}: {exc!r}", transient=True)
+
+    def _dropped(self, session: McpSession) -> None:
+        """A call on `session` broke (not a timeout): the next call opens a new one."""
+        with self._lock:
+            if self._session is session:
+                self.close()
+
+    def call(
+        self, tool: str, arguments: Mapping[str, Any], *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Call a tool of this server from a tool's own functions (a reconcile or a pre-image
+        asking a read of the same server): its structured content, else its content blocks
+        (`{"content": [...]}`). Raises `ToolFault` as a read's call does."""
+        result = self._send(tool, dict(arguments), timeout_s)
+        if result.structured_content is not None:
+            return dict(result.structured_content)
+        return {"content": _answer(result, declared=False)["content"]}

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -123,6 +121,7 @@ def print_request(request: dict[str, Any], now: datetime | None, agent: Agent[An
     lines = [
         f"{flat(parsed.approval_id)}  run {flat(parsed.run_id)}  {flat(parsed.summary)}",
         f"  for {flat(parsed.requested_by)}: {flat(parsed.task)}" if parsed.task else "",
+        f"  why: {flat(parsed.why)}" if parsed.why else "",
         *(f"  {flat(fact.label)}: {flat(fact.value)}" for fact in parsed.facts),
         f"  {when}; digest {parsed.digest[:12]}"
         + ("; approving asks for a confirmation (--yes)" if parsed.confirm else ""),
@@ -164,9 +163,10 @@ def decide_command(
 ) -> None:
     """An approver of `tenant` decides a request of that tenant's runs (another tenant's are
     not theirs to see: the same answer as for no request at all): `Runner.decide`, or for a run
-    a server hosts, that server's inbox (which decides it the same way)."""
+    a server hosts, that server's inbox, once `decisions.prepare` has taken it (as it will)."""
     from loopwright.cli import hosting
     from loopwright.cli.ending import conclude
+    from loopwright.decisions import Asked, prepare
 
     hosting.checked_person(approver, "--as")
     hosted = hosting.agent_for(agent)
@@ -191,35 +191,23 @@ def decide_command(
         record = runner.leases.get(run_id)
         if record is not None and record.engine:
             # Resumed by the engine that hosts it, never behind its back: the engine's own run
-            # and thread records then end as the run does.
+            # and thread records then end as the run does. Refused here first, as there.
+            asked = Asked(approval_id=approval_id)
+            prepare(runner, run_id, approver, decision, asked=asked, comment=comment, changes=edits)
             decided_by_server(server, request, decision, comment, edits)
             outcome = runner.outcome(run_id)
         else:
-            with hosting.advancing(run_id, again), refused(approval_id, missing):
+            with hosting.advancing(run_id, again):
                 outcome = runner.decide(
                     run_id,
                     decision,
                     approver,
+                    approval_id=approval_id,
                     comment=comment,
                     changes=edits,
                     on_step=printer,
-                    approval_id=approval_id,
                 )
         conclude(runner, outcome, printer, as_json=as_json, again=again)
-
-
-@contextmanager
-def refused(approval_id: str, missing: str) -> Iterator[None]:
-    """A decision the runtime refuses before the run sees it, in one line: the request still
-    waits (or, decided meanwhile, is no longer pending)."""
-    from loopwright.runner import DecisionRefused, EditRefused, NoPendingApproval
-
-    try:
-        yield
-    except NoPendingApproval:
-        raise UsageError(missing) from None
-    except (DecisionRefused, EditRefused) as exc:
-        raise UsageError(f"{exc}; {approval_id} still waits for a decision") from None
 
 
 def decided_by_server(

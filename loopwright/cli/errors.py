@@ -57,15 +57,10 @@ def user_error(exc: Exception) -> str | None:
     )
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
+    from loopwright.decisions import DecisionNotTaken, DecisionRefused
     from loopwright.graph.text import InvalidText
     from loopwright.observability.tracing import TraceSettingsError
-    from loopwright.runner import (
-        DecisionNotTaken,
-        ModelChanged,
-        OtherAgentsRun,
-        RunExists,
-        UnknownRun,
-    )
+    from loopwright.runner import ModelChanged, OtherAgentsRun, RunExists, UnknownRun
     from loopwright.server.launch import ServerFailedToStart, ServingRefused
 
     refused = (
@@ -76,6 +71,7 @@ def user_error(exc: Exception) -> str | None:
         UnknownRun,
         OtherAgentsRun,
         ModelChanged,
+        DecisionRefused,
         DecisionNotTaken,
         RunExists,
         LeaseHeld,

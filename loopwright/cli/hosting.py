@@ -87,8 +87,10 @@ def session(
     model: str | None = None,
     *,
     deps: Callable[[], AbstractContextManager[Any]] | None = None,
+    model_change: bool = False,
 ) -> Iterator[Runner]:
-    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`)."""
+    """A runner of `agent` on the database, with the agent's dependencies open (or `deps`);
+    `model_change`: a run it resumes takes this command's model (see `Runner.model_for`)."""
     try:
         if model:
             agent.chat_model(model)  # a bad spec is the user's to fix, before anything opens
@@ -111,6 +113,7 @@ def session(
                 agent,
                 deps=opened,
                 model_spec=model or None,
+                model_change=model_change,
                 lease_wait_s=lease_ttl_s + 1,
             )
         )

@@ -160,15 +160,25 @@ def resume(
     db: DbOption = None,
     agent: AgentOption = None,
     model: ModelOption = None,
+    model_change: Annotated[
+        bool,
+        typer.Option(
+            "--model-change",
+            help="Go on with this command's model (--model, or the run's own with this"
+            " environment's settings) instead of the one the run recorded; the change is"
+            " recorded in the run.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Continue a run that stopped mid-way (a crash, or a parked reconciliation)."""
+    """Continue a run that stopped mid-way (a crash, or a parked reconciliation). It keeps
+    the model it recorded (endpoint, timeout, retries), unless --model-change."""
     from loopwright.cli import hosting
     from loopwright.cli.ending import conclude
 
     hosted = hosting.agent_for(agent)
     hosting.require_run(hosted, db, run_id)
-    with hosting.session(hosted, db, model) as runner:
+    with hosting.session(hosted, db, model, model_change=model_change) as runner:
         printer = hosting.step_printer(runner, as_json, run_id)
         again = hosting.repeat_options(agent, db)
         with hosting.advancing(run_id, again):

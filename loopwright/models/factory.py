@@ -44,3 +44,13 @@ def model_settings(model: BaseChatModel) -> dict[str, Any]:
     from loopwright.models.openai_chat import recorded_settings
 
     return recorded_settings(settings)
+
+
+def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How `current` settings differ from those a run `recorded`, one "name now (recorded
+    was)" each; empty when they are the same."""
+    return [
+        f"{name} {current.get(name)!r}, recorded {recorded.get(name)!r}"
+        for name in sorted(set(recorded) | set(current))
+        if recorded.get(name) != current.get(name)
+    ]

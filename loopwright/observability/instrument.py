@@ -75,7 +75,7 @@ def _args(args: Mapping[str, Any], sensitive: frozenset[str]) -> Attributes:
 
 def _sensitive(tools: ToolRegistry, name: str) -> frozenset[str]:
     contract = tools.get(name)
-    return contract.sensitive_fields if contract is not None else frozenset()
+    return frozenset(contract.sensitive) if contract is not None else frozenset()
 
 
 def _approval_digest(tools: ToolRegistry, tool: str, digest: str) -> Attributes:
@@ -246,7 +246,7 @@ def tool_span(
         "gen_ai.tool.call.id": call_id,
         "loopwright.tool.effect": contract.effect.value,
         "loopwright.tool.schema_hash": contract.schema_hash,
-        **_args(values, contract.sensitive_fields),
+        **_args(values, frozenset(contract.sensitive)),
     }
     if action is not None:
         attributes |= {

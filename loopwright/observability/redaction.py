@@ -1,6 +1,6 @@
 """What of a tool call's arguments may leave the database: digests, and redacted copies.
 
-Fields a tool contract marks sensitive (`ToolContract.sensitive_fields`, e.g. a card number) are
+Fields a tool contract marks sensitive (`ToolContract.sensitive`, e.g. a card number) are
 replaced by "[redacted]" wherever they appear, at any depth, in every copy made for people or
 for a trace backend. The digest exported in traces is taken over that redacted copy, not over
 the raw arguments: a card number has so few possible values that a digest of it could be

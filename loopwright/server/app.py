@@ -47,16 +47,21 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 from langgraph_sdk.client import LangGraphClient
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from loopwright.decisions import (
+    Asked,
+    DecisionNotTaken,
+    DecisionRefused,
+    check_taken,
+    prepare,
+)
 from loopwright.display import UNSHOWABLE
 from loopwright.graph.state import ApprovalRequest
-from loopwright.graph.text import validation_problems
-from loopwright.runner import EditRefused, Runner, UnknownRun
+from loopwright.runner import Runner, UnknownRun
 from loopwright.server.approvals import Waiting, pending_for, waiting_run
-from loopwright.server.decision_outcome import decision_result, taken_decision
+from loopwright.server.decision_outcome import decision_result
 from loopwright.server.edge import Edge, admitted
 from loopwright.server.edge.bodies import DecisionRequest
 from loopwright.server.identities import BEARER_REQUIRED
@@ -173,41 +178,37 @@ async def decide(request: Request) -> Response:
         user = _approver()
         # The edge validated it (`edge.bodies.DecisionRequest`); this is that request again.
         body = DecisionRequest.model_validate(await request.json())
-        run = await visible_run(user, body.thread_id)
-        req = run.requests.get(body.interrupt_id)
-        if req is None:
-            raise InboxError(409, "that approval is no longer pending")
-        if user.user_id in (run.user_id, req.requested_by):
-            raise InboxError(403, "an approver cannot decide about their own run")
-        _deliberate(req, body)
-        try:
-            decision = req.answer(body.decision, user.user_id, body.comment, body.changes)
-        except ValidationError as exc:
-            raise InboxError(422, f"bad decision: {validation_problems(exc)}") from None
-        except ValueError as exc:  # separation of duties; an edit of what may not change
-            raise InboxError(422, str(exc)) from None
-        res = await aresources()
-        if decision.args is not None:
-            # An edit the write could not be planned with is refused here, with the request
-            # still pending: sent to the run, it would end the action instead.
-            try:
-                await asyncio.to_thread(res.runner.check_edit, req, decision.args)
-            except EditRefused as exc:
-                raise InboxError(422, f"{exc}; the approval still waits") from None
+        await visible_run(user, body.thread_id)
+        runner = (await aresources()).runner
+        try:  # the one decision path (`loopwright.decisions`), as the runs API and the CLI
+            ready = await asyncio.to_thread(
+                prepare,
+                runner,
+                body.thread_id,
+                user.user_id,
+                body.decision,
+                asked=Asked(interrupt_id=body.interrupt_id),
+                comment=body.comment,
+                changes=body.changes,
+            )
+        except DecisionRefused as exc:
+            raise InboxError(exc.status, str(exc)) from None
+        _deliberate(ready.request, body)
         async with _server(request) as client:
             server_run = await client.runs.create(
                 body.thread_id,
                 ASSISTANT_ID,
-                command={"resume": {body.interrupt_id: decision.model_dump(mode="json")}},
+                command={"resume": ready.resume},
                 multitask_strategy="reject",
             )
             # What the run made of it, truthfully: a decision it did not take is a 409.
             await client.runs.join(body.thread_id, server_run["run_id"])
-        values = dict(await asyncio.to_thread(res.runner.state, body.thread_id))
-        taken = taken_decision(values, req.approval_id, user.user_id, body.decision)
-        if taken is not None:
-            raise InboxError(409, taken)
-        result = decision_result(values, req, body.decision, res.runner.tools)
+        try:
+            await asyncio.to_thread(check_taken, runner, body.thread_id, ready.answer)
+        except DecisionNotTaken as exc:
+            raise InboxError(409, str(exc)) from None
+        values = dict(await asyncio.to_thread(runner.state, body.thread_id))
+        result = decision_result(values, ready.request, body.decision, runner.tools)
         return JSONResponse(
             {"run_id": result["run_id"], "decision": body.decision, "result": result}
         )

@@ -39,11 +39,18 @@ def waiting_run(runner: Runner, record: RunRecord) -> Waiting:
     return Waiting(record.run_id, record.user_id, record.tenant, requests)
 
 
+# Why a request made before requests said why is waiting.
+UNRECORDED_WHY = "the tool's approval rule asked for one (this request predates recorded reasons)"
+
+
 def listing(
     thread_id: str, interrupt_id: str, req: ApprovalRequest, now: datetime
 ) -> dict[str, Any]:
+    """One request as the inbox shows it: in the runtime's words, whatever the agent's domain
+    (who requested it, what was asked, why a person must approve it, the checks it passed)."""
     return {
         **req.model_dump(mode="json"),
+        "why": req.why or UNRECORDED_WHY,
         "thread_id": thread_id,
         "interrupt_id": interrupt_id,
         # The database's clock, by which expiry is judged (not the browser's, nor this

@@ -1,8 +1,8 @@
 """What a decision in the inbox did, as the run recorded it, in words a person reads.
 
-The inbox waits for the run to take the decision, then reads the run's committed state back:
-whether the decision was recorded at all (`taken_decision`), and what the run then did with the
-action and where it stands (`decision_result`): sent and succeeded (with the identifiers the
+The inbox waits for the run to take the decision (`loopwright.decisions.check_taken` says
+whether it recorded it at all), then reads the run's committed state back: what the run then did
+with the action and where it stands (`decision_result`): sent and succeeded (with the identifiers the
 write produced), sent and refused by the business system, not sent (the rules refused it when
 checked again), a new request waiting (an edit), or the run's end. Nothing here knows a domain:
 the words come from the journal, the contract's `produces` and the run's stop reason.
@@ -17,22 +17,6 @@ from loopwright.tools.registry import ToolRegistry
 
 S = ActionStatus
 DONE = {"approve": "Approved", "reject": "Rejected", "edit": "Edited"}
-
-
-def taken_decision(
-    values: dict[str, Any], approval_id: str, approver: str, decision: str
-) -> str | None:
-    """None if the run recorded this decision; else why it did not take effect."""
-    for record in values.get("approvals") or []:
-        if record.get("approval_id") == approval_id:
-            if (record.get("approver"), record.get("decision")) == (approver, decision):
-                return None
-            return (
-                f"the decision did not take effect: {approval_id} was decided already "
-                f"({record.get('decision')} by {record.get('approver')})"
-            )
-    why = "; ".join(values.get("feedback") or []) or "the run did not take it"
-    return f"the decision did not take effect: {why}"
 
 
 def _error(action: dict[str, Any]) -> str:
@@ -82,8 +66,9 @@ def run_said(values: dict[str, Any]) -> str:
     """Where the run stands, in one sentence."""
     stop_reason = values.get("stop_reason")
     if stop_reason == "completed":
-        summary = (values.get("verification") or {}).get("summary", "")
-        return "The run completed" + (f", verified: {summary}" if summary else "") + "."
+        # The runtime's account (stop_detail), or, for a run of an earlier release, its summary.
+        account = values.get("stop_detail") or (values.get("verification") or {}).get("summary")
+        return "The run completed" + (f": {account}" if account else "") + "."
     if stop_reason:
         detail = values.get("stop_detail") or ""
         return f"The run ended: {stop_reason.replace('_', ' ')}" + (

@@ -2,11 +2,10 @@
 
 uvicorn parses requests with httptools where it is installed, which keeps a request's line and
 headers whole in memory however long they are (a 16 MB bearer token was read whole, then
-verified on the event loop, holding every other request up). `BoundedHttpTools` counts every
-byte that arrives before a request's headers are complete (what of its body came with them
-too) and answers 431, closing the connection, as soon as they pass `MAX_HEAD_BYTES`: nothing
-past the bound is parsed or kept. No request the edge takes comes near it (its largest body is
-32 KiB, its headers at most 16 KiB). The edge bounds what is
+verified on the event loop, holding every other request up). `BoundedHttpTools` counts the bytes
+of a request's head (up to the blank line that ends it) as they arrive and answers 431, closing
+the connection, as soon as they pass `MAX_HEAD_BYTES`: nothing past the bound is parsed or
+kept. No request the edge takes comes near it (its headers are at most 16 KiB). The edge bounds what is
 inside the head more tightly (`edge.http.MAX_HEADER_BYTES`, the token's own bound); this keeps
 a head that could never pass from being read at all.
 
@@ -40,13 +39,16 @@ class BoundedHttpTools(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._begin_head()
+
+    def _begin_head(self) -> None:
         self._head_bytes = 0
         self._in_head = True
+        self._tail = b""  # the last bytes of the head so far: its end may straddle two reads
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_bytes = 0
-        self._in_head = True
+        self._begin_head()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -54,7 +56,10 @@ class BoundedHttpTools(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
-            self._head_bytes += len(data)
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            self._tail = seen[-3:]
             if self._head_bytes > MAX_HEAD_BYTES:
                 self.transport.write(_TOO_LARGE)
                 self.transport.close()

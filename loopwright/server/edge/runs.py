@@ -31,13 +31,7 @@ from loopwright.graph.state import Phase, Principal
 from loopwright.runner import WAKE_VALUE
 from loopwright.server.admissions import Refusal
 from loopwright.server.edge import bodies
-from loopwright.server.edge.decisions import (
-    claimed,
-    decisions_in,
-    refuse_decisions,
-    signed,
-    waiting_requests,
-)
+from loopwright.server.edge.decisions import claimed, decisions_in, prepared
 from loopwright.server.edge.http import Refused
 from loopwright.server.edge.threads import (
     ThreadOwner,
@@ -107,21 +101,16 @@ async def _decide(ask: Ask) -> Admitted:
     user, run = ask.user, ask.owner.run
     if not ask.roles.grants("decide", user.roles):
         raise Refused(403, ask.roles.refusal("decide"))
-    if run is not None and run.user_id == user.user_id:
-        raise Refused(403, "an approver cannot decide about their own run")
-    res = await aresources()
-    if not await asyncio.to_thread(res.runner.is_approver, user.user_id):
-        raise Refused(403, f"{user.user_id} is not an approver of agent {res.agent.name}")
-    decisions = signed(decisions_in(ask.resume), user.user_id)
-    asked = await waiting_requests(ask.thread_id)
-    await refuse_decisions(asked, decisions)
+    decisions = await prepared(ask.thread_id, user.user_id, ask.resume)
     # The resumed run is its customer's, in flight on their account; not bounded by the
     # approver's: clearing an inbox faster than its runs end is no approver's fault, and the
     # runs it resumes were each admitted under their customer's bound when they began.
     customer = run.user_id if run is not None else user.user_id
-    async with claimed(asked, decisions):
+    async with claimed(decisions):
         await admit(User(customer, (), user.tenant), ask.thread_id, bounded=False)
-    return Admitted(ask.sent(customer), owner_filter(user, ask.roles))
+    resume = {k: v for ready in decisions for k, v in ready.resume.items()}
+    sent = ask.sent(customer)
+    return Admitted({**sent, "command": {"resume": resume}}, owner_filter(user, ask.roles))
 
 
 async def _start_or_continue(ask: Ask) -> Admitted:
