@@ -171,7 +171,7 @@ class Agent[DepsT]:
     `shared()` opens what every process serving the agent must share when several do (e.g. a
     business service started locally, which two instances must not each start their own of)
     and yields the environment variables that point each process's `deps` at it:
-    `loopwright serve --engine aegra` enters it once and gives its variables to every instance.
+    `loopwright serve` enters it once and gives its variables to its server (every instance).
     `scenarios` are the tasks `loopwright faults` proves the agent on (default: its `demo`).
     `health(deps)` names the agent's own dependencies that do not answer now (empty: all do),
     for readiness probes: a process serving the agent is not ready while any is named (or the

@@ -8,6 +8,10 @@ point and resume the run in another. Each trial is judged in the business system
 effects each intent has there (the scenario's `effects`, else the write's own reconcile: applied
 is one), and whether the run's ending is truthful: a run that says COMPLETED has every effect it
 intended. A duplicate effect, or a COMPLETED run with an effect missing, fails the proof.
+
+Each proof runs on trials of its own: its runs' ids carry an id of the proof's (`Proof.proof`),
+so proving again on the same database starts every trial afresh, never resumes an earlier
+proof's finished runs, and gives the same verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +121,8 @@ class Proof:
     trials: list[Trial]
     # Faults not tried, and why (crash faults without the agent's import path).
     skipped: list[str] = field(default_factory=list)
+    # What the ids of this proof's runs begin with (`faults-<id>-`): `loopwright show` them.
+    proof: str = ""
 
     @property
     def failures(self) -> list[Trial]:
@@ -129,6 +136,7 @@ class Proof:
         return {
             "schema": "loopwright.faults/1",
             "agent": self.agent,
+            "proof": self.proof,
             "held": self.held,
             "failures": len(self.failures),
             "skipped": self.skipped,
@@ -174,6 +182,10 @@ def prove(
         )
     trials: list[Trial] = []
     numbers = itertools.count(1)
+    proof = f"faults-{uuid.uuid4().hex[:8]}"
+
+    def run_id(name: str, plan: FaultPlan) -> str:
+        return f"{proof}-{name}-{next(numbers)}-{plan.fault or 'clean'}"
 
     def record(trial: Trial) -> None:
         trials.append(trial)
@@ -182,7 +194,8 @@ def prove(
 
     for index, scenario in enumerate(chosen):
         name = f"s{index + 1}"
-        clean = _trial(agent, scenario, database_url, name, FaultPlan(), next(numbers))
+        plan = FaultPlan()
+        clean = _trial(agent, scenario, database_url, name, plan, run_id(name, plan))
         record(clean)
         for write, fault in itertools.product(range(1, len(clean.sends) + 1), faults):
             tool = clean.sends[write - 1]
@@ -190,8 +203,9 @@ def prove(
                 continue  # without a key, a request delivered twice is two requests
             plan = FaultPlan(fault=fault, at=write)
             crash = _Crash(agent_path, index) if fault.crash_point and agent_path else None
-            record(_trial(agent, scenario, database_url, name, plan, next(numbers), tool, crash))
-    return Proof(agent.name, trials, skipped)
+            trial_id = run_id(name, plan)
+            record(_trial(agent, scenario, database_url, name, plan, trial_id, tool, crash))
+    return Proof(agent.name, trials, skipped, proof)
 
 
 def _keyed(agent: Agent[Any], tool: str) -> bool:
@@ -222,13 +236,12 @@ def _trial(
     database_url: str,
     name: str,
     plan: FaultPlan,
-    number: int,
+    run_id: str,
     tool: str | None = None,
     crash: _Crash | None = None,
 ) -> Trial:
     deps_of = scenario.deps or agent.open_deps
     model = scenario.model() if scenario.model else None
-    run_id = f"faults-{name}-{number}-{plan.fault or 'clean'}"
     crashed = False
     with (
         deps_of() as deps,

@@ -45,12 +45,15 @@ class ChildProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def stop(self) -> None:
-        """Terminate gracefully; kill if that takes more than `grace_s`. Safe to call twice."""
-        terminate(self.process, self.grace_s)
+    def close_lifeline(self) -> None:
+        """Let go of the child's lifeline: a child that still runs stops (`exit_with_parent`)."""
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+
+    def stop(self) -> None:
+        """Terminate gracefully; kill if that takes more than `grace_s`. Safe to call twice."""
+        stop_together([self])
 
     def __enter__(self) -> Self:
         return self
@@ -62,6 +65,23 @@ class ChildProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def stop_together(children: Sequence[ChildProcess]) -> None:
+    """Stop `children` side by side: SIGTERM to each at once (each runs its own shutdown, a
+    server handing its runs back), then each waited for until its `grace_s` from now has
+    passed, and killed if still running. Safe to call twice."""
+    deadlines = [time.monotonic() + child.grace_s for child in children]
+    for child in children:
+        if child.process.poll() is None:
+            child.process.terminate()
+    for child, deadline in zip(children, deadlines, strict=True):
+        try:
+            child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+        child.close_lifeline()
 
 
 def terminate(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:

@@ -6,19 +6,21 @@ and parked reconciliations whose next attempt is due. Several workers may share 
 the lease decides who advances a run, and fencing refuses whatever a stalled worker writes late.
 A run whose attempt fails with an error is retried with a growing backoff, and the worker goes
 on with the other runs: one poisoned run never takes the workers down. A fault of the database
-itself (`DATABASE_FAULTS`) is nobody's run's: `work` lets it out, and `loopwright worker`
-reconnects and goes on.
+itself (`DATABASE_FAULTS`) is nobody's run's: `work` lets it out, and `Worker` opens a new
+session (new connections) after a pause and goes on.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 
 from loopwright.attempt import OWNERSHIP_LOST
-from loopwright.checkpoints.database import DATABASE_FAULTS
+from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
+from loopwright.graph.bounded import stop_all
 from loopwright.graph.state import ENDED_PHASES
 from loopwright.outcome import RunOutcome
 from loopwright.readiness import agent_answers, connections_answer, database_answers, failing
@@ -28,6 +30,12 @@ from loopwright.runner import Runner, UnknownRun
 WorkListener = Callable[[str, RunOutcome | Exception], None]
 # Called when the worker runs out of due runs: what it then waits for (`waiting_for`).
 IdleListener = Callable[[str], None]
+# Called when a session is lost to a database fault: its first line, and the pause before the
+# worker opens a new one.
+FaultListener = Callable[[str, float], None]
+# A database that went away: the worker opens a new session after 1, 2, 4, ... up to 30 s.
+RECONNECT_FIRST_S = 1.0
+RECONNECT_MAX_S = 30.0
 
 
 def worker_down(database_url: str, runner: Runner | None) -> dict[str, str]:
@@ -112,3 +120,77 @@ def work(
             # for nothing. Read the due runs again.
             break
     return attempts
+
+
+class Worker:
+    """`work` in sessions (a runner on the database, with the agent's dependencies open, from
+    `connect`) until stopped: a database fault ends the session, not the worker, which opens a
+    new one after a pause (`RECONNECT_FIRST_S`, doubled each time up to `RECONNECT_MAX_S`).
+
+    A database never reached (`DatabaseUnavailable` before a first session) is a wrong URL or a
+    database that is not there: raised. `runner` is the session's while there is one (what the
+    worker's probes ask about)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], AbstractContextManager[Runner]],
+        *,
+        poll_s: float = 0.5,
+        on_session: Callable[[Runner], None] | None = None,
+        on_attempt: WorkListener | None = None,
+        on_idle: IdleListener | None = None,
+        on_fault: FaultListener | None = None,
+    ) -> None:
+        self.connect = connect
+        self.poll_s = poll_s
+        self.on_session = on_session
+        self.on_attempt = on_attempt
+        self.on_idle = on_idle
+        self.on_fault = on_fault
+        self.stopping = threading.Event()
+        self.runner: Runner | None = None
+
+    def run(self) -> None:
+        reconnect_s = RECONNECT_FIRST_S
+        connected = False
+        while not self.stopping.is_set():
+            try:
+                with self.connect() as runner:
+                    runner.lease_wait_s = 0  # a run held by another worker is theirs: skip it
+                    connected, reconnect_s = True, RECONNECT_FIRST_S
+                    self.runner = runner
+                    if self.on_session is not None:
+                        self.on_session(runner)
+                    try:
+                        work(
+                            runner,
+                            stop=self.stopping,
+                            poll_s=self.poll_s,
+                            on_attempt=self.on_attempt,
+                            on_idle=self.on_idle,
+                        )
+                    finally:
+                        self.runner = None
+            except DATABASE_FAULTS as exc:
+                if not connected and isinstance(exc, DatabaseUnavailable):
+                    raise  # never reached: a wrong URL or a database that is not there
+                # Reached, then lost (while starting up, too): the database is there. The
+                # connections are suspect: open new ones (after a pause) rather than exit.
+                if self.on_fault is not None:
+                    self.on_fault(_first_line(exc), reconnect_s)
+                self.stopping.wait(reconnect_s)
+                reconnect_s = min(2 * reconnect_s, RECONNECT_MAX_S)
+
+    def stop(self) -> None:
+        """No run started after this; a model request in flight ends now (the attempt unwinds
+        and gives its lease up), rather than at its timeout."""
+        self.stopping.set()
+        stop_all()
+
+    def down(self, database_url: str) -> dict[str, str]:
+        """What the worker cannot reach now (`worker_down`)."""
+        return worker_down(database_url, self.runner)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -44,6 +44,8 @@ PACKET = 1 << 20
 # What the commands import (the default agent's included), imported once by the server.
 PRELOADED = (
     "loopwright.cli",
+    "loopwright.cli.hosting",
+    "loopwright.cli.ending",
     "loopwright.reports",
     "loopwright.run_list",
     "loopwright.runner",

@@ -50,6 +50,7 @@ ONE_STANDS_FOR_THE_MODULE = frozenset(
         "test_cli.py",
         "test_cli_json.py",
         "test_cli_usage.py",
+        "test_cli_refusals.py",
         "test_agent_loading.py",
         "test_faults.py",
         "test_identities.py",

@@ -24,7 +24,13 @@ from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.build import NODES
 from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import ApprovalDecision, Principal, RunState
+from loopwright.graph.state import (
+    ApprovalChoice,
+    ApprovalDecision,
+    ApprovalRequest,
+    Principal,
+    RunState,
+)
 from loopwright.models.factory import make_model
 from loopwright.models.openai_chat import (
     API_ENV,
@@ -127,6 +133,20 @@ def decide(
         decision=decision,
         approver=approver,
     ).model_dump(mode="json")
+
+
+def answered(
+    request: dict[str, Any],
+    decision: ApprovalChoice,
+    approver: str,
+    comment: str = "",
+    *,
+    changes: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The resume value a decision on `request` is (`ApprovalRequest.answer`), sent to the run
+    straight, past the checks `Runner.decide` makes first."""
+    answer = ApprovalRequest.model_validate(request).answer(decision, approver, comment, changes)
+    return answer.model_dump(mode="json")
 
 
 def approve(runner: Runner, outcome: RunOutcome, approver: str = "a-1") -> RunOutcome:

@@ -7,7 +7,9 @@ run there. This module checks:
 
 * 20 runs spread over both instances; one instance killed with SIGKILL in the middle; the other
   finishes every run, each with exactly one refund;
-* two runs forced onto one thread at the same time: one writer, no lost update, one refund.
+* two runs forced onto one thread at the same time: one writer, no lost update, one refund;
+* `loopwright serve --engine aegra --instances 2` itself: an instance killed while it writes
+  is started again and never takes the other down; SIGTERM drains both.
 
 Skipped where Aegra is not installed or Redis is unreachable.
 """
@@ -24,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -43,8 +46,9 @@ from loopwright.server.bearer_tokens import hashed_table
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
-from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S, sdk_client
+from tests.ports import reserved_port, reserved_ports
+from tests.runtime_fixtures import PATIENCE_S, REPO, sdk_client, wait_for
+from tests.test_readme_walkthrough import reachable_aegra
 from tests.test_server_langgraph import (
     GRAPH,
     TOKENS,
@@ -526,3 +530,135 @@ def test_a_parked_run_is_woken_by_an_instance_when_due(cluster: Cluster) -> None
     set_fault(cluster.services, "processing", delay_s=4)
     parked_then_woken(instance.client("t-u1"), cluster.sql)
     assert [r["status"] for r in list_refunds(cluster.services, "O-7700")] == ["succeeded"]
+
+
+def instances_of(serving: subprocess.Popen[bytes]) -> dict[int, int]:
+    """The Aegra instances `loopwright serve` runs now: pid by port."""
+    found: dict[int, int] = {}
+    for pid in Path(f"/proc/{serving.pid}/task/{serving.pid}/children").read_text().split():
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except FileNotFoundError:
+            continue  # gone meanwhile
+        if "loopwright.server.aegra" in args:
+            found[int(args[args.index("--port") + 1])] = int(pid)
+    return found
+
+
+def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
+    postgres_server_url: str, tmp_path: Path
+) -> None:
+    """`loopwright serve --engine aegra --instances 2`, a run waiting for its approval and
+    another in the middle of its refund: the instance sending the refund is killed (SIGKILL).
+    The command goes on; the other instance takes the write over and the approval is decided
+    through it; each order is refunded once; the killed instance is started again on its port.
+    Then SIGTERM drains both and the command exits 0. Its Redis keys are under the prefix it
+    was given."""
+    prefix = f"lw-test-{uuid.uuid4().hex[:8]}"
+    output = tmp_path / "serve.out"
+    with (
+        fresh_database(postgres_server_url, prefix="lw_test") as url,
+        start_services(tmp_path / "services") as services,
+        reserved_ports(2) as port,
+        output.open("wb") as out,
+    ):
+        urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_TOKENS")},
+            **services.endpoints.to_env(),
+            "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(TOKENS)),
+            "LOOPWRIGHT_HOME": str(tmp_path / "home"),
+            "PYTHONPATH": str(REPO),
+            "WORKER_COUNT": "2",  # two instances' workers on CI's two cores
+            "N_JOBS_PER_WORKER": "6",
+        }
+        serving = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "loopwright", "serve", "--engine", "aegra"),
+                *("--instances", "2", "--port", str(port), "--db", url),
+                *("--redis", REDIS_URL, "--redis-prefix", prefix),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env=env,
+        )
+        try:
+            wait_for(lambda: serving.poll() is not None or all(map(reachable_aegra, urls)))
+            assert serving.poll() is None, output.read_text()
+            started = instances_of(serving)
+            assert sorted(started) == [port, port + 1]
+            queue = f"WORKER_QUEUE_KEY={prefix}:jobs".encode()
+            assert all(
+                queue in Path(f"/proc/{pid}/environ").read_bytes() for pid in started.values()
+            )
+
+            create_order(services.endpoints, "O-8000", "u-1", "80.00")  # waits for an approval
+            create_order(services.endpoints, "O-8001", "u-1", "20.00")
+            customer = sdk_client(url=urls[0], headers={"Authorization": "Bearer t-u1"})
+            waiting = customer.threads.create()["thread_id"]
+            customer.runs.wait(waiting, GRAPH, input={"task": refund_task("O-8000")})
+            [interrupt] = customer.threads.get_state(waiting)["interrupts"]
+            slow_down(services.endpoints.payments, 3.0, ("POST",))  # each refund sent for 3 s
+            writing = customer.threads.create()["thread_id"]
+            customer.runs.create(writing, GRAPH, input={"task": refund_task("O-8001")})
+            sender = sending_instance(url, writing, started)
+
+            os.kill(started[sender], signal.SIGKILL)
+            other = urls[1 - [port, port + 1].index(sender)]
+            approver = sdk_client(url=other, headers={"Authorization": "Bearer t-a1"})
+            decision = decision_for(dict(interrupt), "approve", "a-1")
+            approver.runs.wait(waiting, GRAPH, command={"resume": decision})
+            wait_for(lambda: phases(url, [waiting, writing]) == ["COMPLETED", "COMPLETED"])
+            assert serving.poll() is None, output.read_text()
+            for order_id in ("O-8000", "O-8001"):
+                assert len(list_refunds(services.endpoints, order_id)) == 1, order_id
+
+            wait_for(lambda: instances_of(serving).get(sender) not in (None, started[sender]))
+            killed = f"http://127.0.0.1:{sender}"
+            wait_for(lambda: reachable_aegra(killed))
+            back = sdk_client(url=killed, headers={"Authorization": "Bearer t-u1"})
+            assert back.threads.create()["thread_id"]
+            said = output.read_text()
+            index = [port, port + 1].index(sender) + 1
+            assert f"instance {index} ({killed}) was killed (SIGKILL); starting it again" in said
+            assert f"instance {index} ({killed}) is back" in said
+
+            running = list(instances_of(serving).values())
+            serving.send_signal(signal.SIGTERM)
+            assert serving.wait(timeout=PATIENCE_S) == 0, output.read_text()
+            assert not any(Path(f"/proc/{pid}").exists() for pid in running)
+            assert not any(map(reachable_aegra, urls))
+        finally:
+            if serving.poll() is None:
+                serving.kill()
+                serving.wait()
+            cluster_module.forget_keys(REDIS_URL, f"{prefix}:")
+            print(output.read_text())  # what the command said, shown if the test failed
+
+
+def sending_instance(database_url: str, run_id: str, instances: dict[int, int]) -> int:
+    """The port of the instance whose process has sent `run_id`'s refund and not heard back."""
+    deadline = time.monotonic() + PATIENCE_S
+    by_pid = {pid: port for port, pid in instances.items()}
+    while time.monotonic() < deadline:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT r.owner FROM lw_runs r JOIN lw_actions a USING (run_id)"
+                " WHERE r.run_id = %s AND a.status = 'DISPATCHED'",
+                (run_id,),
+            ).fetchall()
+        if rows and rows[0][0] and pid_of(rows[0][0]) in by_pid:
+            return by_pid[pid_of(rows[0][0])]
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id}'s refund was never seen in flight")
+
+
+def phases(database_url: str, run_ids: list[str]) -> list[str | None]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT run_id, phase FROM lw_runs WHERE run_id = ANY(%s)", (run_ids,)
+        ).fetchall()
+    found: dict[str, str] = dict(rows)
+    return [found.get(run_id) for run_id in run_ids]

@@ -1,7 +1,7 @@
 """Approvals bind one action's digest until expiry, and only an approver's decision counts.
 
-In-process tests drive the graph through `Runner.resume` with the resume values the CLI builds
-(`loopwright.cli.decide`); the CLI tests run every command in a new process, the way a person
+In-process tests drive the graph through `Runner.decide`, or `Runner.resume` with a resume value
+straight (`runtime_fixtures.answered`); the CLI tests run every command in a new process, the way a person
 approving from another terminal (or the next morning) would.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from loopwright import Budget
-from loopwright.cli import UsageError, _pending_approvals, decide
+from loopwright.cli.approvals_command import pending_approvals
 from loopwright.decisions import DecisionRefused
 from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
@@ -34,6 +34,7 @@ from tests.runtime_fixtures import (
     DEMO_TASK,
     RunnerFactory,
     all_refunds,
+    answered,
     cli,
     final_answer,
     principal,
@@ -47,9 +48,9 @@ APPROVE_COMMAND = re.compile(r"loopwright approvals approve (apr_\w+) --as (a-1|
 
 
 def answer(runner: Runner, outcome: RunOutcome, *args: Any, **kwargs: Any) -> RunOutcome:
-    """Resume the run with a decision about the request it waits for (see `cli.decide`)."""
+    """Resume the run with a decision about the request it waits for (see `answered`)."""
     [request] = outcome.waiting_for_approval
-    return runner.resume(outcome.run_id, decide(request, *args, **kwargs))
+    return runner.resume(outcome.run_id, answered(request, *args, **kwargs))
 
 
 def nothing_done(outcome: RunOutcome) -> bool:
@@ -104,7 +105,7 @@ def test_decision_naming_another_actions_digest_is_refused(
         big = runner.start(BIG_REFUND_TASK, principal(task=BIG_REFUND_TASK))
         [small_request], [big_request] = small.waiting_for_approval, big.waiting_for_approval
         forged = {**big_request, "digest": small_request["digest"]}
-        big = runner.resume(big.run_id, decide(forged, "approve", "a-1"))
+        big = runner.resume(big.run_id, answered(forged, "approve", "a-1"))
         state = runner.state(big.run_id)
         small = runner.outcome(small.run_id)
     assert [e["code"] for e in tool_errors(state)] == ["approval_mismatch"]
@@ -253,7 +254,7 @@ def test_whoever_edited_an_action_cannot_approve_it(
     open_test_runner: RunnerFactory, services: ServiceEndpoints
 ) -> None:
     """Separation of duties: a-1 raises the refund and cannot approve their own edit, by any
-    path (the decision the CLI builds, `Runner.decide`, a forged resume value straight to the
+    path (the answer the request builds, `Runner.decide`, a forged resume value straight to the
     run); an edit of the edit keeps both editors out; a-2, who edited nothing, approves."""
     with open_test_runner() as runner:
         waiting = runner.start(BIG_REFUND_TASK, principal(task=BIG_REFUND_TASK))
@@ -261,8 +262,8 @@ def test_whoever_edited_an_action_cannot_approve_it(
         [request] = edited.waiting_for_approval
         assert request["edited_by"] == ["a-1"]
         refusal = "a-1 edited .* and cannot also approve it: another approver must"
-        with pytest.raises(UsageError, match=refusal):
-            decide(request, "approve", "a-1")
+        with pytest.raises(ValueError, match=refusal):
+            answered(request, "approve", "a-1")
         with pytest.raises(DecisionRefused, match=refusal):
             runner.decide(edited.run_id, "approve", "a-1")
         forged = ApprovalDecision(
@@ -577,7 +578,7 @@ def test_the_approvals_list_reads_only_the_runs_that_have_not_ended(
             return outcome(run_id)
 
         monkeypatch.setattr(runner, "outcome", reading)
-        [request] = _pending_approvals(runner)
+        [request] = pending_approvals(runner)
         unended = [record.run_id for record in runner.leases.unended()]
     assert [e.phase for e in ended] == ["COMPLETED", "COMPLETED", "INCOMPLETE"]
     assert unended == read == [waiting.run_id]

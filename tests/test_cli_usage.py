@@ -1,7 +1,7 @@
 """Usage errors of every command: one line and the usage, exit 2, never a traceback.
 
 typer ships its own copy of click; the CLI catches the exceptions of the click typer really
-uses (`loopwright.cli.CLICK_ERRORS`). Every command and group is tried in a new process
+uses (`loopwright.cli.errors.CLICK_ERRORS`). Every command and group is tried in a new process
 (`runtime_fixtures.cli`), as a user types it: with an option it does not have, and without what
 it requires.
 """

@@ -71,6 +71,8 @@ def test_the_faults_command_proves_the_reference_agent_and_says_so(
     env = {"LOOPWRIGHT_HOME": str(tmp_path / "home"), LEASE_TTL_ENV: "30"}
     result = cli("faults", "--db", database_url, "--json", env=env, expect=0)
     document = json.loads(result.stdout)
+    assert document["proof"].startswith("faults-")
+    assert all(t["run_id"].startswith(f"{document['proof']}-s1-") for t in document["trials"])
     assert (document["schema"], document["agent"], document["held"]) == (
         "loopwright.faults/1",
         "refunds",
@@ -84,6 +86,23 @@ def test_the_faults_command_proves_the_reference_agent_and_says_so(
     assert all(list(t["effects"].values()) == [1] for t in trials), trials
     assert all(t["reached"] for t in trials), trials  # each crash trial's process did die
     assert {t["stop_reason"] for t in trials} == {"completed"}
+
+
+def test_the_faults_command_gives_the_same_verdict_again_on_the_same_database(
+    tmp_path: Path,
+) -> None:
+    """`loopwright faults` twice in one directory (the embedded database): the second proves on
+    trials of its own, not the first one's finished runs judged against new business data."""
+    env = {"LOOPWRIGHT_HOME": str(tmp_path / "home"), "DATABASE_URL": "", LEASE_TTL_ENV: "30"}
+    first, again = (cli("faults", env=env, cwd=tmp_path, expect=0) for _ in range(2))
+    lines, more = first.stdout.splitlines(), again.stdout.splitlines()
+    assert lines[-1] == more[-1] == "refunds: held under every fault tried: 8 trials, 0 failed"
+    trials = [line for line in lines if line.startswith("s1 ")]
+    assert len(trials) == 8 and trials == [line for line in more if line.startswith("s1 ")]
+    [runs], [other_runs] = (
+        [line for line in out if "trials' runs" in line] for out in (lines, more)
+    )
+    assert runs != other_runs  # each proof's runs are its own
 
 
 def test_the_faults_command_fails_a_wrong_declaration_with_exit_1(
@@ -102,3 +121,4 @@ def test_the_faults_command_fails_a_wrong_declaration_with_exit_1(
     crashes = [line for line in lines if "crash_" in line]
     assert len(crashes) == 2 and all(line.endswith(" ok") for line in crashes), result.stdout
     assert lines[-1] == "refunds: did not hold: 2 of 8 trials failed"
+    assert lines[-2].startswith("the trials' runs: faults-")

@@ -16,7 +16,6 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 
 from loopwright.checkpoints.journal import open_journal
-from loopwright.cli import decide
 from loopwright.graph.context import RunContext
 from loopwright.graph.protocol import UNTRUSTED_HEADER
 from loopwright.graph.state import Action, ActionStatus, StopReason, initial_state
@@ -27,7 +26,7 @@ from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.misbehaving import Gullible
 from loopwright_refunds.services.admin import create_order, list_refunds, publish_policy
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import RunnerFactory, all_refunds, principal, tool_errors
+from tests.runtime_fixtures import RunnerFactory, all_refunds, answered, principal, tool_errors
 
 TASK = "Check whether order {order} can be refunded and refund it if so."
 ORDER_AMOUNT = "30.00"  # under the seeded approval threshold: the task needs no person
@@ -136,7 +135,7 @@ def test_injected_instructions_are_obeyed_by_the_model_and_executed_by_nobody(
                 [request] = outcome.waiting_for_approval
                 assert request["args"]["amount"] != ORDER_AMOUNT, case
                 asked.append(request["args"]["amount"])
-                outcome = runner.resume(outcome.run_id, decide(request, "reject", "a-1"))
+                outcome = runner.resume(outcome.run_id, answered(request, "reject", "a-1"))
             state = runner.state(outcome.run_id)
 
         obeyed = {k: order_id if v == "{order}" else v for k, v in args.items()}

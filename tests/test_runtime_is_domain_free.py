@@ -23,7 +23,7 @@ CORE = [
     "loopwright/_agent.py",
     "loopwright/_loading.py",
     "loopwright/worker.py",
-    "loopwright/cli.py",
+    "loopwright/cli",
     "loopwright/run_list.py",
     "loopwright/timeline.py",
     "loopwright/outcome.py",

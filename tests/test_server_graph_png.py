@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwright.cli import graph_dot
+from loopwright.cli.graph_command import graph_dot
 from loopwright.graph.build import NODES, compile_graph
 from tests.runtime_fixtures import cli
 

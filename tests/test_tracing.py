@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
-from loopwright import cli as cli_module
+from loopwright.cli import ending
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.observability.instrument import TracedJournal
 from loopwright.observability.jsonl import JsonLinesExporter, read_spans
@@ -227,11 +227,11 @@ def test_the_report_of_an_escalated_run_redacts_the_unconfirmed_write(
 ) -> None:
     """The end-of-run report lists writes nobody confirmed: with the card number blanked."""
     printed = io.StringIO()
-    monkeypatch.setattr(cli_module, "console", Console(file=printed, soft_wrap=True))
+    monkeypatch.setattr(ending, "console", Console(file=printed, soft_wrap=True))
     with card_runner(database_url, LOST_PAYMENT) as runner:
-        printer = TimelinePrinter(cli_module.console, runner.tools)
+        printer = TimelinePrinter(ending.console, runner.tools)
         outcome = runner.start(TASK, principal(task=TASK), on_step=printer)
-    cli_module.report(outcome, printer.redactor)
+    ending.report(outcome, printer.redactor)
 
     assert outcome.stop_reason == "needs_human"
     [action] = outcome.actions

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
-from loopwright.cli import decide
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import ActionStatus, RunState
 from loopwright.models.scripted import Decision, ScriptedChatModel
@@ -26,6 +25,7 @@ from tests.runtime_fixtures import (
     DEMO_TASK,
     RunnerFactory,
     all_refunds,
+    answered,
     final_answer,
     principal,
     tool_errors,
@@ -134,8 +134,8 @@ def test_refund_over_the_limit_never_runs_without_an_approve_decision(
         for value in (
             None,
             {"decision": "approve"},
-            {**decide(request, "approve", "a-1"), "digest": "not a digest"},
-            decide(other_request, "approve", "a-1"),
+            {**answered(request, "approve", "a-1"), "digest": "not a digest"},
+            answered(other_request, "approve", "a-1"),
         ):
             outcome = runner.resume(outcome.run_id, value)
             assert [r["approval_id"] for r in outcome.waiting_for_approval] == [

@@ -20,6 +20,7 @@ from loopwright.processes import exit_with_parent
 from loopwright.server import identities
 from loopwright.server.edge import protocol
 from loopwright.server.service_identity import SELF_URL_ENV, self_url
+from loopwright.server.starting import refuse_unusable_settings
 from loopwright.server.users import IdentityConfigError
 
 AUTH_MODULE = "loopwright.server.auth"
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         importlib.import_module(AUTH_MODULE)
     except Exception as exc:  # whatever stops it loading stops the instance, in one line
         raise SystemExit(f"{AUTH_MODULE} does not load: {type(exc).__name__}: {exc}") from None
+    refuse_unusable_settings()
     # The agent's tool calls are in the journal and the traces; httpx's line for each, rendered
     # by Aegra's structured logger, cost the instance more CPU than the requests themselves.
     logging.getLogger("httpx").setLevel(logging.WARNING)

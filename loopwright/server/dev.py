@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from loopwright.processes import exit_with_parent
 from loopwright.server.edge import protocol
 from loopwright.server.service_identity import SELF_URL_ENV, self_url
+from loopwright.server.starting import refuse_unusable_settings
 
 # Longer than a child's default: a graceful stop lets runs reach their next step boundary.
 GRACE_S = 10.0
@@ -24,6 +25,7 @@ GRACE_S = 10.0
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    refuse_unusable_settings()
     os.environ[SELF_URL_ENV] = self_url(*_listening(args))  # for `server.waker`
     protocol.install()  # a request's head bounded as it arrives
     exit_with_parent(GRACE_S)

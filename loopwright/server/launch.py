@@ -9,28 +9,45 @@ every piece named by module, so it works the same from a checkout and from an in
 wheel). The agent it hosts is `LOOPWRIGHT_AGENT` in its environment; checkpoints, journal and
 leases are in Postgres (`DATABASE_URL`). The server dies with the process that started it, even
 a killed one (`loopwright.server.dev`), and is found at the URL it announces.
+
+What every engine's servers are given is checked here before any starts (`serving_env`): the
+settings a server reads from the environment and the identities it takes, each refused in one
+line (`ServingRefused`) rather than by a server after it has started.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
 from loopwright import tls
+from loopwright._agent import Agent
+from loopwright.checkpoints.database import HOME_ENV
+from loopwright.graph.roles import Roles
+from loopwright.observability.tracing import TRACE_FILE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.admissions import RUN_SLOTS
+from loopwright.server.bearer_tokens import PLAIN_TOKENS_ENV, TOKENS_ENV, TOKENS_FILE_ENV
 from loopwright.server.dev import GRACE_S
+from loopwright.server.identities import Identities
+from loopwright.server.jwt_identity import JWKS_ENV, JwtSettings
+from loopwright.server.resources import ServerMisconfigured, check_settings
+from loopwright.server.users import IdentityConfigError
 
 # The graph's id on the server: what clients and the inbox name as the assistant.
 GRAPH_ID = "loopwright"
@@ -57,6 +74,159 @@ ANNOUNCED_URL = re.compile(rb"API: (?:\x1b\[[0-9;]*m)?(https?://[^\s\x1b]+)")
 
 class ServerFailedToStart(RuntimeError):
     pass
+
+
+class ServingRefused(ValueError):
+    """What the servers would be given, refused before any starts; the message says why."""
+
+
+@dataclass
+class ServingEnv:
+    """What every server of a deployment is given besides the operator's environment, and what
+    a person starting it must be told about it (the development identities, say)."""
+
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where a deployment's servers listen, and whether the development token table may serve
+    them: asked for (`--dev-tokens`), or the fallback where no identities are configured, on
+    the langgraph engine and a loopback host only."""
+
+    host: str
+    dev_tokens: bool = False
+    dev_fallback: bool = True
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def serving_env(
+    environ: Mapping[str, str],
+    *,
+    database_url: str,
+    agent_path: str,
+    agent: Agent[Any],
+    listening: Listening,
+) -> ServingEnv:
+    """The environment each server of `agent` (at `agent_path`) on `database_url` gets: the
+    settings it reads checked, the paths the environment names made absolute, and its
+    identities. ServingRefused, in one line, for what no server could serve with."""
+    try:
+        check_settings(agent)
+    except ServerMisconfigured as exc:
+        raise ServingRefused(str(exc)) from None
+    served = identity_env(environ, roles=agent.roles, listening=listening)
+    served.env |= {"DATABASE_URL": database_url, "LOOPWRIGHT_AGENT": agent_path}
+    served.env |= paths_from_here(environ)
+    return served
+
+
+@contextmanager
+def shared_by_servers(agent: Agent[Any]) -> Iterator[dict[str, str]]:
+    """What every server of `agent` must share (`Agent(shared=...)`, e.g. a business service
+    started locally), started once for the block, as the environment that points each
+    server's dependencies at it (empty for an agent that declares nothing). ServingRefused, in
+    one line, where it cannot be started (a setting of the agent's that is wrong)."""
+    if agent.shared is None:
+        yield {}
+        return
+    with ExitStack() as stack:
+        try:
+            shared = dict(stack.enter_context(agent.shared()))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ServingRefused(
+                f"agent {agent.name}: what its servers share could not be started: {first}"
+            ) from exc
+        yield shared
+
+
+def paths_from_here(environ: Mapping[str, str]) -> dict[str, str]:
+    """The paths the environment names, resolved against the directory the command was started
+    in, for a server that runs in a directory of its own: the application stays importable
+    (this directory, then PYTHONPATH's entries), and loopwright's home and trace file are
+    where the user meant them."""
+    named = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = {"PYTHONPATH": os.pathsep.join([os.getcwd(), *(os.path.abspath(p) for p in named)])}
+    for name in (HOME_ENV, TRACE_FILE_ENV):
+        if value := environ.get(name):
+            paths[name] = os.path.abspath(value)
+    return paths
+
+
+def identity_env(environ: Mapping[str, str], *, roles: Roles, listening: Listening) -> ServingEnv:
+    """The identities the server takes: the operator's JWT keys and token table (relative
+    files made absolute: the server runs in a directory of its own), else the development
+    table where `listening` allows it, saying so. Refused here, in one line, if a server could
+    not use them (an Aegra instance whose auth module fails to load would serve without any)."""
+    served = ServingEnv({})
+    if named := environ.get(TOKENS_FILE_ENV):
+        served.env[TOKENS_FILE_ENV] = str(Path(named).absolute())
+    try:
+        jwt_settings = JwtSettings.from_env(environ)
+    except IdentityConfigError as exc:
+        raise ServingRefused(f"identities: {exc}") from None
+    if jwt_settings is not None and not jwt_settings.is_url:
+        served.env[JWKS_ENV] = str(Path(jwt_settings.jwks).absolute())
+    if not (named or jwt_settings or environ.get(TOKENS_ENV)):
+        refuse_dev_tokens(listening)
+        served.env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
+        served.env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published
+        served.notes += dev_token_notes(roles, listening)
+    try:
+        Identities({**environ, **served.env})  # what each server builds at its start
+    except IdentityConfigError as exc:
+        raise ServingRefused(f"identities: {exc}") from None
+    return served
+
+
+def refuse_dev_tokens(listening: Listening) -> None:
+    """ServingRefused, saying how to configure identities, where no identities are configured
+    and the development table (its tokens published) may not take their place."""
+    configure = (
+        f"set {JWKS_ENV} (your identity provider's keys) or name a token table in"
+        f" {TOKENS_FILE_ENV} (loopwright tokens new makes its entries)"
+    )
+    if listening.dev_tokens:
+        return
+    if not listening.dev_fallback:
+        raise ServingRefused(
+            f"no identities: {configure}, or serve with --dev-tokens for the development one"
+            " (never in production)"
+        )
+    if not listening.loopback:
+        raise ServingRefused(
+            f"no identities, and the development tokens are published: they serve a loopback"
+            f" --host only, not {listening.host}; {configure}"
+        )
+
+
+def dev_token_notes(roles: Roles, listening: Listening) -> list[str]:
+    """What a person serving with the development table is told: that it is (and, off
+    loopback, who can use it), and which of its roles grant nothing with the agent."""
+    notes = [f"no identities configured: using the development tokens in {DEV_TOKENS}"]
+    if not listening.loopback:
+        notes.append(
+            f"they are published: anyone who reaches {listening.host} can use them (development"
+            " only)"
+        )
+    dev_roles = {r for user in json.loads(DEV_TOKENS.read_text()).values() for r in user["roles"]}
+    if idle := sorted(r for r in dev_roles if not roles.granting(r)):
+        notes.append(
+            f"their roles {', '.join(idle)} grant nothing with this agent, whose roles are"
+            f" {roles}: give its people tokens of those (loopwright tokens new --role ROLE)"
+            f" in a table of your own, {TOKENS_FILE_ENV}"
+        )
+    return notes
 
 
 def file_config() -> dict[str, Any]:

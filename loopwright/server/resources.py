@@ -206,20 +206,31 @@ def resources() -> ServerResources:
         return _resources
 
 
-def _configured() -> tuple[str, Agent[object], str | None]:
-    """The database URL, the hosted agent and the model spec, each checked: a setting that
-    cannot be used stops the server here, in one line."""
-    url = server_database_url()
-    agent = hosted_agent()
+def check_settings(agent: Agent[object]) -> None:
+    """The settings a server of `agent` reads from its environment, each checked: its model,
+    the lease's time to live, the per-principal bound, the tracing switches. Raises
+    ServerMisconfigured, in one line, for one that cannot be used (what `loopwright serve` and
+    each engine's process refuse at their start, and a server's first run otherwise)."""
+    spec = os.environ.get(MODEL_ENV) or None
     try:
-        spec = os.environ.get(MODEL_ENV) or None
         agent.chat_model(spec)
+    except (ValueError, TypeError) as exc:
+        raise ServerMisconfigured(f"{MODEL_ENV}={spec!r}: {exc}" if spec else str(exc)) from exc
+    try:
         lease_ttl_from_env()
         per_principal_from_env(os.environ)
         TraceSettings.from_env()  # a tracing switch neither on nor off
     except (ValueError, TypeError) as exc:
         raise ServerMisconfigured(str(exc)) from exc
-    return url, agent, spec
+
+
+def _configured() -> tuple[str, Agent[object], str | None]:
+    """The database URL, the hosted agent and the model spec, each checked: a setting that
+    cannot be used stops the server here, in one line."""
+    url = server_database_url()
+    agent = hosted_agent()
+    check_settings(agent)
+    return url, agent, os.environ.get(MODEL_ENV) or None
 
 
 async def aresources() -> ServerResources:
