@@ -296,6 +296,14 @@ def _not_refundable(cents: int, why: str) -> ServiceError:
     )
 
 
+async def _before_commit(fault: Fault) -> None:
+    """What an armed fault does before a refund is stored: fail, or take its time."""
+    if fault.mode == "fail_before_commit":
+        raise ServiceError(500, "internal_error", "injected fault: failed before commit")
+    if fault.mode == "latency":
+        await asyncio.sleep(fault.delay_s)
+
+
 def create_app(db_path: Path, orders_url: str) -> FastAPI:
     """The payments app on `db_path`; `orders_url` is where it applies refunds to balances."""
     store = RefundsStore(db_path)
@@ -322,10 +330,7 @@ def create_app(db_path: Path, orders_url: str) -> FastAPI:
         if not idempotency_key:
             raise ServiceError(400, "missing_idempotency_key", "send an Idempotency-Key header")
         fault = faults.take()
-        if fault.mode == "fail_before_commit":
-            raise ServiceError(500, "internal_error", "injected fault: failed before commit")
-        if fault.mode == "latency":
-            await asyncio.sleep(fault.delay_s)
+        await _before_commit(fault)
         settle_after = fault.delay_s if fault.mode == "processing" else None
         refund, created = await payments.create(idempotency_key, request, settle_after)
         if not created:
