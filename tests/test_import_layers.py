@@ -41,7 +41,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imported(path: Path, known: Mapping[str, Path]) -> Iterator[str]:
+def imported(path: Path, known: dict[str, Path]) -> Iterator[str]:
     """The loopwright modules `path` imports (`from pkg import module` names the module)."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
