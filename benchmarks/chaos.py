@@ -53,7 +53,7 @@ from loopwright.checkpoints.scratch import (
     reachable,
     with_application_name,
 )
-from loopwright.graph.state import Action, ActionStatus, Principal
+from loopwright.core.state import Action, ActionStatus, Principal
 from loopwright.processes import terminate
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from loopwright_refunds.agent import agent as refunds

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.perf_setup import Bench, bench_environment
-from loopwright import tls
+from loopwright.core import tls
 from loopwright.server import cluster
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import GRAPH_ID, server_env, start_server

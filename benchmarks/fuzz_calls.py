@@ -39,9 +39,9 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 
 from loopwright.checkpoints.journal import open_journal
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import PendingCall, Principal
+from loopwright.core.state import PendingCall, Principal
 from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.nodes.context import RunContext
 from loopwright.nodes.model_step import _pending_calls
 from loopwright.nodes.validate import Refusal, check_call
 from loopwright.tools.contract import ToolContext

@@ -37,8 +37,8 @@ from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright.checkpoints.sql import Database
-from loopwright.graph.budget import Budget
-from loopwright.graph.state import Principal
+from loopwright.core.budget import Budget
+from loopwright.core.state import Principal
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.runner import Runner
 from loopwright.tools.contract import ToolContext, ToolContract

@@ -37,7 +37,7 @@ from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
-from loopwright import tls
+from loopwright.core import tls
 from loopwright.server import cluster
 from loopwright.server.admissions import PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table

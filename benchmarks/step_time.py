@@ -90,13 +90,13 @@ from benchmarks.perf_setup import (
 )
 from benchmarks.spread import Spread, Verdict
 from benchmarks.superstep_floor import Floor, measure_floor
-from loopwright import tls
 from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import LeaseStore, open_lease_store
 from loopwright.checkpoints.sql import open_database
+from loopwright.core import tls
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 from loopwright.runner import Runner
 

@@ -47,11 +47,11 @@ from benchmarks.perf_setup import (
     reading_model,
 )
 from benchmarks.step_time import Backend
-from loopwright import tls
 from loopwright.checkpoints.compact import Layout
 from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.frames import Row, packed, rebuild
 from loopwright.checkpoints.sql import open_database
+from loopwright.core import tls
 from loopwright.runner import Runner
 
 WINDOW = 100

@@ -56,7 +56,7 @@ from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.worker_time import Sampler, Window
 from loopwright.checkpoints.frames import stored_at
 from loopwright.checkpoints.scratch import with_application_name
-from loopwright.graph.state import Principal
+from loopwright.core.state import Principal
 from loopwright.runner import open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, task_scope

@@ -22,8 +22,8 @@ from typing import Any, cast
 
 from langgraph.runtime import Runtime
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import Principal, RunState, initial_state
+from loopwright.core.state import Principal, RunState, initial_state
+from loopwright.nodes.context import RunContext
 from loopwright.observability.instrument import Node, traced_node
 from loopwright.observability.jsonl import read_spans
 from loopwright.observability.tracing import TraceSettings, configure_tracing

@@ -81,7 +81,7 @@ from loopwright.checkpoints.frames import (
 from loopwright.checkpoints.leases import FenceRow, RunWatch, lock_fence_sql
 from loopwright.checkpoints.schema import LATEST, migrate
 from loopwright.checkpoints.sql import Database
-from loopwright.graph.crashpoints import armed, crash_point
+from loopwright.core.crashpoints import armed, crash_point
 
 
 class Layout(StrEnum):

@@ -41,7 +41,7 @@ COMMIT (one fsync) of the fence check and the stock statements, kept from commit
 own (`cursor`).
 
 The crash point inside the commit (`checkpoint:commit:before_commit:<node>`, see
-`graph.crashpoints`) is after every statement, before COMMIT: armed on Postgres, the same
+`core.crashpoints`) is after every statement, before COMMIT: armed on Postgres, the same
 statement runs in an explicit transaction and the process dies before its COMMIT.
 
 Channel versions are shorter than the stock savers' (`next_version`: 19 characters, not 52): a
@@ -98,7 +98,7 @@ from loopwright.checkpoints.leases import (
     lock_fence_sql,
 )
 from loopwright.checkpoints.sql import Database
-from loopwright.graph.crashpoints import armed, crash_point
+from loopwright.core.crashpoints import armed, crash_point
 from loopwright.observability.metrics import FENCE_REFUSALS, NODE_COMMIT_SECONDS
 
 # LangGraph names the durability a graph runs with in its config (CONFIG_KEY_DURABILITY), and

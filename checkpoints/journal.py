@@ -28,7 +28,7 @@ from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.leases import StaleWriter, refuse_if_superseded
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
-from loopwright.graph.state import TRANSITIONS, Action, ActionStatus
+from loopwright.core.state import TRANSITIONS, Action, ActionStatus
 from loopwright.observability.metrics import FENCE_REFUSALS, note_transition
 
 PLANNABLE_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.NEEDS_APPROVAL})

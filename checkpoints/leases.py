@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.schema import UNENDED_RUNS, migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
-from loopwright.graph.state import Phase
+from loopwright.core.state import Phase
 from loopwright.observability.metrics import FENCE_REFUSALS, LEASE_TAKEOVERS
 
 _LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock

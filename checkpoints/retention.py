@@ -31,7 +31,7 @@ from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.leases import lock_run
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, open_database
-from loopwright.graph.state import ENDED_PHASES, ActionStatus
+from loopwright.core.state import ENDED_PHASES, ActionStatus
 
 SETTLED = frozenset(
     {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.REJECTED, ActionStatus.CANCELLED}

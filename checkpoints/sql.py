@@ -41,7 +41,7 @@ from loopwright.checkpoints.database import (
     database_kind,
     sqlite_path,
 )
-from loopwright.graph.state import canonical_json
+from loopwright.core.state import canonical_json
 
 Row = dict[str, Any]
 

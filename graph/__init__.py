@@ -1,1 +1,1 @@
-"""graph."""
+"""The loop as a graph: its topology and routing over the nodes (`build`)."""

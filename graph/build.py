@@ -41,13 +41,13 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from loopwright.graph.agents import handoff_target
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import NODE_NAMES
-from loopwright.graph.state import CallVerdict, Phase, RunState, StopReason, changes
-from loopwright.graph.views import pending_of
+from loopwright.core.crashpoints import NODE_NAMES
+from loopwright.core.state import CallVerdict, Phase, RunState, StopReason, changes
+from loopwright.core.views import pending_of
+from loopwright.nodes.agents import handoff_target
 from loopwright.nodes.approval import approval
 from loopwright.nodes.compile_context import compile_context
+from loopwright.nodes.context import RunContext
 from loopwright.nodes.execute import execute
 from loopwright.nodes.guard import guard
 from loopwright.nodes.handoff import handoff
@@ -159,7 +159,7 @@ def routed(
 
 def loop_node(name: str, node: Node) -> Node:
     """`node` in its span, its update less the writes that would change nothing
-    (`graph.state.changes`): the span records what the step commits."""
+    (`core.state.changes`): the span records what the step commits."""
 
     def changes_only(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         return changes(state, node(state, runtime))

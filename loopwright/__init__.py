@@ -31,10 +31,10 @@ _HOMES = {
     "Agent": "loopwright._agent",
     "Demo": "loopwright._agent",
     "TaskRefused": "loopwright._agent",
-    "Roles": "loopwright.graph.roles",
-    "InvalidText": "loopwright.graph.text",
+    "Roles": "loopwright.core.roles",
+    "InvalidText": "loopwright.core.text",
     "load_agent": "loopwright._loading",
-    "AgentProfile": "loopwright.graph.agents",
+    "AgentProfile": "loopwright.nodes.agents",
     "ToolContext": "loopwright.tools.contract",
     "ToolContract": "loopwright.tools.contract",
     "Effect": "loopwright.tools.contract",
@@ -59,27 +59,27 @@ _HOMES = {
     "Programs": "loopwright.tools.program",
     "SandboxLimits": "loopwright.tools.sandbox",
     # What runs are made of
-    "Action": "loopwright.graph.state",
+    "Action": "loopwright.core.state",
     "ActionEvent": "loopwright.checkpoints.journal",
-    "ActionStatus": "loopwright.graph.state",
-    "Principal": "loopwright.graph.state",
-    "Phase": "loopwright.graph.state",
-    "StopReason": "loopwright.graph.state",
-    "RunState": "loopwright.graph.state",
-    "ApprovalDecision": "loopwright.graph.state",
-    "ApprovalRequest": "loopwright.graph.state",
-    "Evidence": "loopwright.graph.state",
-    "Fact": "loopwright.graph.state",
-    "Budget": "loopwright.graph.budget",
-    "Price": "loopwright.graph.budget",
-    "ToolEnvelope": "loopwright.graph.protocol",
-    "parse_tool_content": "loopwright.graph.protocol",
-    "Planner": "loopwright.graph.plan",
-    "PlannerDecision": "loopwright.graph.plan",
-    "PlanStep": "loopwright.graph.plan",
-    "StepStatus": "loopwright.graph.plan",
-    "crash_point": "loopwright.graph.crashpoints",
-    "CrashPoint": "loopwright.graph.crashpoints",
+    "ActionStatus": "loopwright.core.state",
+    "Principal": "loopwright.core.state",
+    "Phase": "loopwright.core.state",
+    "StopReason": "loopwright.core.state",
+    "RunState": "loopwright.core.state",
+    "ApprovalDecision": "loopwright.core.state",
+    "ApprovalRequest": "loopwright.core.state",
+    "Evidence": "loopwright.core.state",
+    "Fact": "loopwright.core.state",
+    "Budget": "loopwright.core.budget",
+    "Price": "loopwright.core.budget",
+    "ToolEnvelope": "loopwright.core.protocol",
+    "parse_tool_content": "loopwright.core.protocol",
+    "Planner": "loopwright.core.plan",
+    "PlannerDecision": "loopwright.core.plan",
+    "PlanStep": "loopwright.core.plan",
+    "StepStatus": "loopwright.core.plan",
+    "crash_point": "loopwright.core.crashpoints",
+    "CrashPoint": "loopwright.core.crashpoints",
     # Proving them under faults
     "Fault": "loopwright.tools.faults",
     "Scenario": "loopwright._agent",
@@ -183,14 +183,12 @@ if TYPE_CHECKING:
     from loopwright._loading import load_agent
     from loopwright.checkpoints.database import loopwright_home
     from loopwright.checkpoints.journal import ActionEvent
-    from loopwright.faults import prove
-    from loopwright.graph.agents import AgentProfile
-    from loopwright.graph.budget import Budget, Price
-    from loopwright.graph.crashpoints import CrashPoint, crash_point
-    from loopwright.graph.plan import Planner, PlannerDecision, PlanStep, StepStatus
-    from loopwright.graph.protocol import ToolEnvelope, parse_tool_content
-    from loopwright.graph.roles import Roles
-    from loopwright.graph.state import (
+    from loopwright.core.budget import Budget, Price
+    from loopwright.core.crashpoints import CrashPoint, crash_point
+    from loopwright.core.plan import Planner, PlannerDecision, PlanStep, StepStatus
+    from loopwright.core.protocol import ToolEnvelope, parse_tool_content
+    from loopwright.core.roles import Roles
+    from loopwright.core.state import (
         Action,
         ActionStatus,
         ApprovalDecision,
@@ -202,8 +200,10 @@ if TYPE_CHECKING:
         RunState,
         StopReason,
     )
-    from loopwright.graph.text import InvalidText
+    from loopwright.core.text import InvalidText
+    from loopwright.faults import prove
     from loopwright.models.scripted import Decision, ScriptedChatModel
+    from loopwright.nodes.agents import AgentProfile
     from loopwright.outcome import RunOutcome
     from loopwright.runner import Runner, open_runner
     from loopwright.tools.contract import (

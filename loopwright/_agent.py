@@ -32,11 +32,11 @@ from typing import Any, Unpack, overload
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
-from loopwright.graph.agents import AgentProfile, handoff_contract
-from loopwright.graph.budget import Budget
-from loopwright.graph.plan import Planner
-from loopwright.graph.roles import DEFAULT_ROLES, Roles
-from loopwright.graph.state import DEFAULT_TENANT, Action, Principal
+from loopwright.core.budget import Budget
+from loopwright.core.plan import Planner
+from loopwright.core.roles import DEFAULT_ROLES, Roles
+from loopwright.core.state import DEFAULT_TENANT, Action, Principal
+from loopwright.nodes.agents import AgentProfile, handoff_contract
 from loopwright.tools.contract import (
     Effect,
     ToolContext,

@@ -49,10 +49,10 @@ from loopwright.checkpoints.leases import (
     RunWatch,
     StaleWriter,
 )
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import Phase, StopReason
-from loopwright.graph.text import storable
-from loopwright.graph.views import stop
+from loopwright.core.state import Phase, StopReason
+from loopwright.core.text import storable
+from loopwright.core.views import stop
+from loopwright.nodes.context import RunContext
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import run_span
 

@@ -28,10 +28,10 @@ from pydantic import ValidationError
 
 from loopwright._agent import Agent
 from loopwright.checkpoints.leases import LeaseStore, RunRecord
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import ApprovalChoice, ApprovalDecision, ApprovalRequest, RunState
-from loopwright.graph.text import validation_problems
+from loopwright.core.state import ApprovalChoice, ApprovalDecision, ApprovalRequest, RunState
+from loopwright.core.text import validation_problems
 from loopwright.nodes.approval import editors_of
+from loopwright.nodes.context import RunContext
 from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import ToolFault
 from loopwright.tools.registry import ToolRegistry

@@ -30,10 +30,10 @@ from typing import Any
 from loopwright._agent import Agent, Scenario, TaskRefused
 from loopwright._loading import load_agent
 from loopwright.attempt import process_owner
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASHED
-from loopwright.graph.crashpoints import nth
-from loopwright.graph.state import Action, ActionStatus, Principal
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.crashpoints import EXIT_CODE as CRASHED
+from loopwright.core.crashpoints import nth
+from loopwright.core.state import Action, ActionStatus, Principal
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner, open_runner
 from loopwright.tools import faults as injected

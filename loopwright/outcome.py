@@ -20,8 +20,8 @@ from typing import Any
 
 from loopwright.checkpoints.journal import Action
 from loopwright.checkpoints.retention import Summary
-from loopwright.graph.state import UNRESOLVED_STATUSES, ActionStatus, Phase
-from loopwright.graph.views import latest_per_intent
+from loopwright.core.state import UNRESOLVED_STATUSES, ActionStatus, Phase
+from loopwright.core.views import latest_per_intent
 from loopwright.nodes.verify import NO_EFFECT, NO_EFFECT_NOTE, refusal_words, refused_by
 from loopwright.tools.registry import ToolRegistry
 

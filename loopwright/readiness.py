@@ -4,7 +4,7 @@ A process is ready when every dependency it works with answers: its database (a 
 answers a query, and so do the connections the process keeps), Redis where the engine queues
 runs in it, and the agent's own dependencies (`Agent(health=...)`: the business systems its
 tools call). Each check runs on a thread of its own, all at once, each bounded by
-`PROBE_BOUND_S` (`graph.bounded.call_by`): a dependency that hangs makes the process not ready
+`PROBE_BOUND_S` (`core.bounded.call_by`): a dependency that hangs makes the process not ready
 within the bound, it does not hang the probe. Liveness asks less: that the process answers.
 
 What a probe answers is a status word, nothing else (no versions, hosts or errors: a probe is
@@ -21,7 +21,7 @@ from typing import Any
 
 from loopwright._agent import Agent
 from loopwright.checkpoints.sql import Database, open_database
-from loopwright.graph.bounded import call_by
+from loopwright.core.bounded import call_by
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loopwright.graph.state import Action
+from loopwright.core.state import Action
 from loopwright.observability.redaction import redact
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
 from loopwright.timeline import Redactor

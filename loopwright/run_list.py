@@ -20,8 +20,8 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from loopwright.checkpoints.leases import RunRecord
+from loopwright.core.state import ENDED_PHASES, Action
 from loopwright.display import flat
-from loopwright.graph.state import ENDED_PHASES, Action
 from loopwright.runner import Runner, UnknownRun
 from loopwright.timeline import UNCONFIRMED, Redactor
 

@@ -51,11 +51,8 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.retention import summary_of
 from loopwright.checkpoints.sql import Database
-from loopwright.decisions import Asked, check_taken, prepare
-from loopwright.graph.budget import Budget
-from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import (
+from loopwright.core.budget import Budget
+from loopwright.core.state import (
     DEFAULT_TENANT,
     ApprovalChoice,
     Phase,
@@ -63,14 +60,17 @@ from loopwright.graph.state import (
     RunState,
     initial_state,
 )
-from loopwright.graph.text import (
+from loopwright.core.text import (
     MAX_TASK_CHARS,
     checked_run_id,
     checked_tenant,
     checked_text,
     named_run,
 )
+from loopwright.decisions import Asked, check_taken, prepare
+from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.models.factory import changed_settings, make_model, model_settings
+from loopwright.nodes.context import RunContext
 from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings

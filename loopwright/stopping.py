@@ -7,7 +7,7 @@ tool waiting on a slow service, while the run's lease, held by the dying process
 other process off the run until it expires.
 
 So on either signal: every bounded call in flight (the model request) is woken at once
-(`graph.bounded.stop_all`), and KeyboardInterrupt unwinds the command, which gives the lease up
+(`core.bounded.stop_all`), and KeyboardInterrupt unwinds the command, which gives the lease up
 and tells the user how the run goes on. If the process has not exited within `GRACE_S` (a node
 stuck in a call nobody can wake, which LangGraph's executor waits for), it gives up the leases
 it holds, tells the same, and exits with 130 without unwinding further.
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from loopwright.checkpoints.leases import give_up_kept_leases
-from loopwright.graph.bounded import stop_all
+from loopwright.core.bounded import stop_all
 
 # From the signal to the hard exit, when unwinding has not ended the process by then.
 GRACE_S = 1.0

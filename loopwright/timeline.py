@@ -22,10 +22,9 @@ from langchain_core.messages import AIMessage, ToolMessage
 from rich.console import Console
 
 from loopwright.checkpoints.journal import ActionEvent
-from loopwright.display import flat, inline
-from loopwright.graph.budget import Budget, Usage
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import (
+from loopwright.core.budget import Budget, Usage
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -34,6 +33,7 @@ from loopwright.graph.state import (
     PendingCall,
     Verification,
 )
+from loopwright.display import flat, inline
 from loopwright.nodes.verify import refusal_words
 from loopwright.observability.redaction import REDACTED, redact, redacted_digest
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of

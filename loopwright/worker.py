@@ -20,8 +20,8 @@ from datetime import datetime
 from loopwright.attempt import OWNERSHIP_LOST
 from loopwright.checkpoints.database import DATABASE_FAULTS, DatabaseUnavailable
 from loopwright.checkpoints.leases import LeaseHeld, RunRecord
-from loopwright.graph.bounded import stop_all
-from loopwright.graph.state import ENDED_PHASES
+from loopwright.core.bounded import stop_all
+from loopwright.core.state import ENDED_PHASES
 from loopwright.outcome import RunOutcome
 from loopwright.readiness import agent_answers, connections_answer, database_answers, failing
 from loopwright.runner import Runner, UnknownRun

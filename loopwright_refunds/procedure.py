@@ -1,7 +1,7 @@
 """The refund procedure as a scripted policy: what a well-behaved model would do, step by step.
 
 `RefundProcedure` rereads the whole conversation on every turn and derives the next step from
-what it observes (tool results parsed with `graph.protocol.parse_tool_content`), keeping no state
+what it observes (tool results parsed with `core.protocol.parse_tool_content`), keeping no state
 of its own. That makes its answers a pure function of the messages and the clock, so a run that
 crashed and resumed from a checkpoint makes exactly the decisions an uninterrupted run makes.
 

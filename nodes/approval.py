@@ -21,16 +21,16 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.state import (
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.state import (
     ApprovalDecision,
     ApprovalRecord,
     CallVerdict,
     Phase,
     RunState,
 )
-from loopwright.graph.views import pending_of, principal_of
+from loopwright.core.views import pending_of, principal_of
+from loopwright.nodes.context import RunContext
 
 
 def editors_of(state: RunState, action_id: str) -> tuple[str, ...]:

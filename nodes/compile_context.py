@@ -6,7 +6,7 @@ approval / unknown, never blurred). The runtime's rules come first and say that 
 later can change them.
 Tier 2, untrusted: tool results, already rendered in history as delimited data.
 
-The history shown is compacted to the budget's context size (`graph.compaction`): the task and
+The history shown is compacted to the budget's context size (`core.compaction`): the task and
 the newest whole exchanges, older ones summarised from facts with their evidence ids.
 
 The decision is stored small (the system text, the tools allowed now, where the history window
@@ -21,12 +21,10 @@ from typing import Any, cast
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langgraph.runtime import Runtime
 
-from loopwright.graph.agents import allowed_tools
-from loopwright.graph.compaction import choose_window
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.plan import describe_plan
-from loopwright.graph.state import (
+from loopwright.core.compaction import choose_window
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.plan import describe_plan
+from loopwright.core.state import (
     Action,
     ActionStatus,
     CallVerdict,
@@ -34,8 +32,10 @@ from loopwright.graph.state import (
     RunState,
     append_messages,
 )
-from loopwright.graph.views import actions_of, pending_of, principal_of, program_of_message
+from loopwright.core.views import actions_of, pending_of, principal_of, program_of_message
 from loopwright.nodes import skills
+from loopwright.nodes.agents import allowed_tools
+from loopwright.nodes.context import RunContext
 from loopwright.nodes.guard import gate
 
 RUNTIME_RULES = """\

@@ -29,10 +29,9 @@ from langchain_core.runnables.config import ContextThreadPoolExecutor
 from langgraph.runtime import Runtime
 from pydantic import ValidationError
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.protocol import ToolEnvelope
-from loopwright.graph.state import (
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.protocol import ToolEnvelope
+from loopwright.core.state import (
     Action,
     ActionStatus,
     CallVerdict,
@@ -42,7 +41,7 @@ from loopwright.graph.state import (
     RunState,
     StopReason,
 )
-from loopwright.graph.views import (
+from loopwright.core.views import (
     dump_actions,
     dump_pending,
     pending_of,
@@ -52,6 +51,7 @@ from loopwright.graph.views import (
     tool_result,
     usage_of,
 )
+from loopwright.nodes.context import RunContext
 from loopwright.nodes.validate import Refusal, check_call
 from loopwright.tools.contract import ToolContext, ToolContract, ToolFault
 from loopwright.tools.executor import (

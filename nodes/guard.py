@@ -21,9 +21,8 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.progress import check_progress, error_codes, last_step, step_signature
-from loopwright.graph.state import (
+from loopwright.core.progress import check_progress, error_codes, last_step, step_signature
+from loopwright.core.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -32,7 +31,7 @@ from loopwright.graph.state import (
     StopReason,
     Versions,
 )
-from loopwright.graph.views import (
+from loopwright.core.views import (
     actions_of,
     dump_actions,
     not_done,
@@ -42,6 +41,7 @@ from loopwright.graph.views import (
     usage_of,
     why_not,
 )
+from loopwright.nodes.context import RunContext
 from loopwright.tools.program import PROGRAM_TOOL
 from loopwright.tools.sandbox import sandbox_version
 

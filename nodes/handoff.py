@@ -11,11 +11,11 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
-from loopwright.graph.agents import PRIMARY, handoff_target
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.state import CallVerdict, Phase, RunState
-from loopwright.graph.views import pending_of
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.state import CallVerdict, Phase, RunState
+from loopwright.core.views import pending_of
+from loopwright.nodes.agents import PRIMARY, handoff_target
+from loopwright.nodes.context import RunContext
 
 
 def handoff(state: RunState, runtime: Runtime[RunContext]) -> dict[str, Any]:

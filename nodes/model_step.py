@@ -5,7 +5,7 @@ before validate starts, so a crash from here on never asks the model again for t
 Only complete, parsed calls become pending calls; unparsable ones are recorded as such and are
 answered with an error by validate, never executed.
 
-The request ends by the clock (`graph.bounded.call_by`): at the budget's bound for one request,
+The request ends by the clock (`core.bounded.call_by`): at the budget's bound for one request,
 what the run's deadline leaves, or the model's own `request_limit_s` if it declares one
 (`StrictChatOpenAI`: `LOOPWRIGHT_MODEL_TIMEOUT_S`), whichever comes first, whatever the model's
 server keeps sending; a process stopping (SIGINT, SIGTERM) ends it at once.
@@ -23,14 +23,14 @@ from typing import Any
 from langchain_core.messages import AIMessage
 from langgraph.runtime import Runtime
 
-from loopwright.graph.bounded import call_by
-from loopwright.graph.budget import REQUEST_BOUNDS
-from loopwright.graph.context import RunContext, model_name
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.plan import Planner
-from loopwright.graph.state import PendingCall, Phase, RunState, StopReason, digest
-from loopwright.graph.views import dump_pending, started_at, stop, usage_of
+from loopwright.core.bounded import call_by
+from loopwright.core.budget import REQUEST_BOUNDS
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.plan import Planner
+from loopwright.core.state import PendingCall, Phase, RunState, StopReason, digest
+from loopwright.core.views import dump_pending, started_at, stop, usage_of
 from loopwright.nodes.compile_context import render
+from loopwright.nodes.context import RunContext, model_name
 from loopwright.observability.instrument import model_span, note_model_reply
 from loopwright.observability.metrics import MODEL_REQUEST_SECONDS
 

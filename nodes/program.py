@@ -26,9 +26,8 @@ from datetime import datetime
 from langchain_core.messages import ToolMessage
 from pydantic import ValidationError
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.protocol import ToolEnvelope, parse_tool_content
-from loopwright.graph.state import (
+from loopwright.core.protocol import ToolEnvelope, parse_tool_content
+from loopwright.core.state import (
     Action,
     CallVerdict,
     Fact,
@@ -37,7 +36,8 @@ from loopwright.graph.state import (
     canonical_json,
     digest,
 )
-from loopwright.graph.views import tool_result
+from loopwright.core.views import tool_result
+from loopwright.nodes.context import RunContext
 from loopwright.tools import sandbox
 from loopwright.tools.program import (
     PROGRAM_TOOL,

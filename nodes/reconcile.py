@@ -28,9 +28,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from pydantic import ValidationError
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.state import (
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -40,7 +39,8 @@ from loopwright.graph.state import (
     RunState,
     utcnow,
 )
-from loopwright.graph.views import dump_actions, dump_pending, pending_of, tool_result
+from loopwright.core.views import dump_actions, dump_pending, pending_of, tool_result
+from loopwright.nodes.context import RunContext
 from loopwright.tools.contract import (
     Guarantee,
     ReconcileStatus,

@@ -15,10 +15,10 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from pydantic import ValidationError
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.protocol import ToolEnvelope
-from loopwright.graph.state import CallVerdict, PendingCall, RunState, Versions
-from loopwright.graph.views import tool_result
+from loopwright.core.protocol import ToolEnvelope
+from loopwright.core.state import CallVerdict, PendingCall, RunState, Versions
+from loopwright.core.views import tool_result
+from loopwright.nodes.context import RunContext
 from loopwright.tools.skills import SKILL_TOOL, LoadedSkill, LoadSkillArgs, SkillContract
 
 

@@ -37,10 +37,9 @@ from langgraph.runtime import Runtime
 from pydantic import BaseModel, ValidationError
 
 from loopwright.checkpoints.journal import IntentConflict
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.protocol import ToolEnvelope
-from loopwright.graph.state import (
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.protocol import ToolEnvelope
+from loopwright.core.state import (
     Action,
     ActionStatus,
     ApprovalRecord,
@@ -54,7 +53,7 @@ from loopwright.graph.state import (
     RunState,
     digest,
 )
-from loopwright.graph.views import (
+from loopwright.core.views import (
     dump_actions,
     dump_pending,
     evidence_of,
@@ -63,6 +62,7 @@ from loopwright.graph.views import (
     tool_result,
 )
 from loopwright.nodes import program, skills
+from loopwright.nodes.context import RunContext
 from loopwright.tools.contract import Effect, ToolContext, ToolContract, ToolFault
 
 # An unknown tool's name is echoed back to the model this long at most (names can be huge).

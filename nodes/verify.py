@@ -53,10 +53,9 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.runtime import Runtime
 from pydantic import ValidationError
 
-from loopwright.graph.context import RunContext
-from loopwright.graph.crashpoints import crash_point
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import (
+from loopwright.core.crashpoints import crash_point
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -65,8 +64,8 @@ from loopwright.graph.state import (
     StopReason,
     Verification,
 )
-from loopwright.graph.text import storable, validation_problems
-from loopwright.graph.views import (
+from loopwright.core.text import storable, validation_problems
+from loopwright.core.views import (
     FORM_REFUSALS,
     evidence_of,
     latest_per_intent,
@@ -76,6 +75,7 @@ from loopwright.graph.views import (
     stop,
     why_not,
 )
+from loopwright.nodes.context import RunContext
 from loopwright.tools.contract import Effect, ToolContext, ToolContract
 
 # An identifier quoted back in a problem is cut to this length (a model can invent huge ones).

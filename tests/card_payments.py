@@ -28,7 +28,7 @@ from loopwright import (
     VerifyResult,
     open_runner,
 )
-from loopwright.graph.state import digest
+from loopwright.core.state import digest
 from loopwright.tools.contract import ToolArgs
 
 CARD = "4111111111111111"

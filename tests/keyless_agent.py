@@ -19,8 +19,8 @@ from loopwright import (
     Scenario,
     ScriptedChatModel,
     ToolContext,
-    tls,
 )
+from loopwright.core import tls
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.store_credit import STORE_CREDIT
 

@@ -49,7 +49,7 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 
-from loopwright.graph.state import digest
+from loopwright.core.state import digest
 from loopwright.models.scripted import Decision, Policy
 from loopwright_refunds.procedure import RefundProcedure, Transcript
 from tests.stub_server import serve_app

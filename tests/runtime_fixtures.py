@@ -18,19 +18,20 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import PregelTask
 from langgraph_sdk.client import SyncLangGraphClient
 
-from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract, tls
+from loopwright import Agent, AgentProfile, Budget, Planner, ToolContract
 from loopwright.attempt import process_owner
 from loopwright.checkpoints.leases import open_lease_store
-from loopwright.graph.build import NODES
-from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import (
+from loopwright.core import tls
+from loopwright.core.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import (
     ApprovalChoice,
     ApprovalDecision,
     ApprovalRequest,
     Principal,
     RunState,
 )
+from loopwright.graph.build import NODES
 from loopwright.models.factory import make_model
 from loopwright.models.openai_chat import (
     API_ENV,

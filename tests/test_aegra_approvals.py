@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright import tls
+from loopwright.core import tls
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.runtime_fixtures import PATIENCE_S, cli

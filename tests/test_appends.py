@@ -9,8 +9,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from loopwright.graph import state
-from loopwright.graph.state import append_evidence, append_messages
+from loopwright.core import state
+from loopwright.core.state import append_evidence, append_messages
 
 
 class CountingKey:

@@ -19,8 +19,8 @@ import pytest
 
 from loopwright import Budget
 from loopwright.cli.approvals_command import pending_approvals
+from loopwright.core.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.decisions import DecisionRefused
-from loopwright.graph.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
@@ -172,8 +172,8 @@ def test_expiry_is_judged_on_the_databases_clock_not_the_approvers(
     with open_test_runner() as runner:
         waiting = runner.start(DEMO_TASK, principal())
         ahead = datetime.now(UTC) + timedelta(hours=25)
-        monkeypatch.setattr("loopwright.graph.state.utcnow", lambda: ahead)
-        monkeypatch.setattr("loopwright.graph.context.utcnow", lambda: ahead)
+        monkeypatch.setattr("loopwright.core.state.utcnow", lambda: ahead)
+        monkeypatch.setattr("loopwright.nodes.context.utcnow", lambda: ahead)
         outcome = answer(runner, waiting, "approve", "a-1")
     assert outcome.stop_reason == "completed", outcome.stop_detail
     assert [r["amount"] for r in all_refunds(services)] == ["100.00"]

@@ -46,8 +46,8 @@ import httpx
 import psycopg
 import pytest
 
-from loopwright import tls
-from loopwright.graph.state import ENDED_PHASES, Phase
+from loopwright.core import tls
+from loopwright.core.state import ENDED_PHASES, Phase
 from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from tests import test_server_langgraph

@@ -1,4 +1,4 @@
-"""A bounded call ends by the clock (`graph.bounded.call_by`), and the model client's request
+"""A bounded call ends by the clock (`core.bounded.call_by`), and the model client's request
 it abandoned ends too: no thread is left reading a stream that never stops."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import pytest
 from langchain_core.messages import HumanMessage
 
-from loopwright.graph.bounded import CallOutlasted, call_by, current_call
+from loopwright.core.bounded import CallOutlasted, call_by, current_call
 from tests.openai_server import HOLDS, Hold, ModelFactory, OpenAIStub
 from tests.runtime_fixtures import wait_for
 

@@ -12,7 +12,7 @@ from langchain_core.messages import BaseMessage
 from benchmarks.perf_setup import thread_bytes
 from benchmarks.storage import time_reads
 from loopwright.checkpoints.sql import open_database
-from loopwright.graph.budget import Budget
+from loopwright.core.budget import Budget
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes import model_step
 from loopwright.nodes.compile_context import render

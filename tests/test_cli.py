@@ -14,8 +14,8 @@ from langchain_core.messages import AIMessage
 
 from loopwright.checkpoints.database import redact
 from loopwright.checkpoints.leases import open_lease_store
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.graph.build import NODES
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import LEASE_TTL_ENV
 from loopwright_refunds.services.admin import list_refunds, slow_down

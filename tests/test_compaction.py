@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 
-from loopwright.graph.budget import Budget
-from loopwright.graph.compaction import estimate_tokens
+from loopwright.core.budget import Budget
+from loopwright.core.compaction import estimate_tokens
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from tests.runtime_fixtures import RunnerFactory, decide, principal
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
-from loopwright.graph.crashpoints import POINTS, UNREACHED_EXIT_CODE, CrashPoint
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.core.crashpoints import POINTS, UNREACHED_EXIT_CODE, CrashPoint
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright_refunds.services.admin import list_refunds

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from loopwright.graph.state import ApprovalRequest
+from loopwright.core.state import ApprovalRequest
 from loopwright.server.decision_outcome import action_said, decision_result, run_said
 from loopwright_refunds.agent import agent
 

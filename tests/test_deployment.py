@@ -30,9 +30,9 @@ import pytest
 import typer
 import yaml
 
-from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
 from loopwright.cli import app
+from loopwright.core import tls
 from loopwright.processes import START_TIMEOUT_S
 from loopwright.server import cluster as cluster_module
 from loopwright_refunds.services.admin import list_refunds

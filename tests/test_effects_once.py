@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loopwright.graph.state import ActionStatus, digest
+from loopwright.core.state import ActionStatus, digest
 from loopwright.outcome import RunOutcome
 from loopwright.runner import LEASE_TTL_ENV, Runner
 from loopwright.tools.contract import ToolContext

@@ -13,7 +13,7 @@ import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright import Action, Decision
-from loopwright.graph.state import ActionStatus, digest
+from loopwright.core.state import ActionStatus, digest
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes.verify import NO_EFFECT_NOTE
 from loopwright.outcome import EndingKind, RunOutcome, ending_of

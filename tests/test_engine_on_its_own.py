@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright import tls
+from loopwright.core import tls
 from loopwright.server.engine import EngineMisconfigured, refuse_thread_ttl
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from tests.runtime_fixtures import PATIENCE_S, wait_for

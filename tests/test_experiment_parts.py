@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from loopwright.graph.crashpoints import POINTS
+from loopwright.core.crashpoints import POINTS
 from loopwright_refunds.experiments.__main__ import parser
 from loopwright_refunds.experiments.matrix import BASELINE_CRASH_POINTS, full_matrix, select
 from loopwright_refunds.experiments.metrics import chain_success, measure, percentile, slices

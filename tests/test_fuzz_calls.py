@@ -24,7 +24,7 @@ from benchmarks.fuzz_calls import (
     fuzzed_calls,
     runs_without_approval,
 )
-from loopwright.graph.state import ActionStatus, StopReason
+from loopwright.core.state import ActionStatus, StopReason
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright_refunds.misbehaving import OneShot
 from loopwright_refunds.services.endpoints import ServiceEndpoints

@@ -18,17 +18,22 @@ current release's folder is written with `LOOPWRIGHT_WRITE_GOLDEN=1 pytest tests
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import ormsgpack
 import pytest
+from langchain_core.messages import AIMessage
+from langgraph.checkpoint.serde.event_hooks import SerdeEvent, register_serde_event_listener
+from langgraph.checkpoint.serde.jsonplus import EXT_CONSTRUCTOR_SINGLE_ARG, JsonPlusSerializer
 
 import loopwright
 from loopwright import open_runner
@@ -188,3 +193,68 @@ def test_a_tool_gone_since_the_decision_refuses_it_and_its_unknown_write_goes_to
     [escalated] = unknown.actions
     assert escalated.status == "ESCALATED"
     assert [r["amount"] for r in list_refunds(services, "O-43")] == ["30.00"]
+
+
+def importable(module: str, name: str) -> bool:
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
+
+
+def unimportable_types_read(read: Callable[[], object]) -> tuple[set[tuple[str, str]], object]:
+    """The types of their own (not LangGraph's safe ones) that the values `read` decodes name,
+    those of them that do not import today, and what `read` returned. LangGraph's serializer
+    stores a model, an enum or a dataclass by its module and class, and reads a name that no
+    longer imports back as raw data, without an error: a module moved without its old path
+    would change a saved run quietly."""
+    named: set[tuple[str, str]] = set()
+
+    def heard(event: SerdeEvent) -> None:
+        named.add((event["module"], event["name"]))
+
+    stop = register_serde_event_listener(heard)
+    try:
+        result = read()
+    finally:
+        stop()
+    return {(module, name) for module, name in named if not importable(module, name)}, result
+
+
+def test_every_type_a_release_stored_in_its_checkpoints_imports_today(
+    golden: tuple[str, ServiceEndpoints],
+) -> None:
+    """Every checkpoint and pending write of the release's runs is read through the runtime's
+    saver (its whole history, both layouts), and every type the values name imports."""
+    url, services = golden
+
+    def history() -> list[Any]:
+        with connect(services) as deps, open_runner(url, golden_agent, deps=deps) as runner:
+            return [
+                snapshot
+                for run_id in ("golden-approval", "golden-unknown", "golden-parked")
+                for snapshot in runner.graph.get_state_history(runner.config(run_id))
+            ]
+
+    missing, snapshots = unimportable_types_read(history)
+    assert missing == set()
+    assert isinstance(snapshots, list) and len(snapshots) > 10
+    # The values were decoded, not handed back raw: the model's decisions are messages again.
+    assert any(
+        isinstance(message, AIMessage) and message.tool_calls
+        for snapshot in snapshots
+        for message in snapshot.values.get("history", [])
+    )
+
+
+def test_a_stored_type_whose_module_moved_is_found() -> None:
+    """The check above can fail: a value naming a class by a module path that is gone (here a
+    stop reason, as if stored by a release whose state types lived in `graph/`) is read back
+    raw by LangGraph, and named by the check."""
+    moved = ormsgpack.packb(("loopwright.graph.state", "StopReason", "completed"))
+    stored = ormsgpack.packb(ormsgpack.Ext(EXT_CONSTRUCTOR_SINGLE_ARG, moved))
+    missing, value = unimportable_types_read(
+        lambda: JsonPlusSerializer().loads_typed(("msgpack", stored))
+    )
+    assert value == "completed"  # raw, not a StopReason: nothing else would have told
+    assert missing == {("loopwright.graph.state", "StopReason")}

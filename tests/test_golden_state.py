@@ -17,11 +17,11 @@ import pytest
 from langchain_core.messages import AIMessage, message_to_dict, messages_from_dict
 
 from loopwright.checkpoints.journal import open_journal
+from loopwright.core.state import STATE_SCHEMA_VERSION, Action, CallVerdict, RunState, Versions
+from loopwright.core.views import actions_of, pending_of, principal_of, usage_of
 from loopwright.graph.build import after_guard, after_validate
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import STATE_SCHEMA_VERSION, Action, CallVerdict, RunState, Versions
-from loopwright.graph.views import actions_of, pending_of, principal_of, usage_of
 from loopwright.nodes.compile_context import system_text
+from loopwright.nodes.context import RunContext
 from loopwright_refunds.agent import agent as refunds
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, principal
 

@@ -11,10 +11,10 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from rich.console import Console
 
-from loopwright.graph.agents import AgentProfile
-from loopwright.graph.budget import Budget, Price
-from loopwright.graph.state import StopReason
+from loopwright.core.budget import Budget, Price
+from loopwright.core.state import StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.nodes.agents import AgentProfile
 from loopwright.timeline import render_run
 from loopwright_refunds.procedure import RefundProcedure
 from loopwright_refunds.services.admin import list_refunds

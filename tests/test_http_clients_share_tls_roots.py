@@ -4,7 +4,7 @@ httpx loads the certificate roots into a new TLS context for every client, `http
 transport included, even for a plain-HTTP URL: 10-50 ms of CPU each time. A readiness poll, a
 check of the payments service per trial, a request per approval decision paid it again; in
 the test suite it was two thirds of the fuzz test's CPU. So every client is made with
-`verify=` one kept context (`loopwright.tls.context()`; the reference agent's own,
+`verify=` one kept context (`loopwright.core.tls.context()`; the reference agent's own,
 `services.endpoints.tls_context()`) or with a transport that carries one, and langgraph_sdk's
 `get_client` / `get_sync_client`, which make their own transport, are not used.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from loopwright import tls
+from loopwright.core import tls
 from tests.runtime_fixtures import REPO
 
 LINKED = ("graph", "nodes", "tools", "checkpoints")

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from loopwright.graph.plan import PlannerDecision, PlanStep
-from loopwright.graph.state import RunState, StopReason
+from loopwright.core.plan import PlannerDecision, PlanStep
+from loopwright.core.state import RunState, StopReason
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.workflow import RefundWorkflow

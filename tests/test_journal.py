@@ -22,7 +22,7 @@ from loopwright.checkpoints.journal import (
 )
 from loopwright.checkpoints.leases import StaleWriter, lock_run, open_lease_store
 from loopwright.checkpoints.sql import open_database
-from loopwright.graph.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus, digest
+from loopwright.core.state import TRANSITIONS, UNRESOLVED_STATUSES, Action, ActionStatus, digest
 from tests.runtime_fixtures import PATIENCE_S
 
 S = ActionStatus

@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 
-from loopwright import ResendAfterDeadline, Runner, RunOutcome, tls
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright import ResendAfterDeadline, Runner, RunOutcome
+from loopwright.core import tls
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints

@@ -34,7 +34,7 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.schema import UNENDED_RUNS
 from loopwright.checkpoints.sql import open_database
-from loopwright.graph.state import ENDED_PHASES
+from loopwright.core.state import ENDED_PHASES
 
 RUN = "run-1"
 CONFIG: RunnableConfig = {"configurable": {"thread_id": RUN}}

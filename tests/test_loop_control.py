@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
-from loopwright.graph.budget import Budget
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import ActionStatus, StopReason
+from loopwright.core.budget import Budget
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import ActionStatus, StopReason
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.nodes import validate as validate_node
 from loopwright.outcome import RunOutcome

@@ -36,9 +36,9 @@ from loopwright import (
     ToolContext,
     ToolDefinitionError,
     ToolFault,
-    tls,
 )
-from loopwright.graph.state import ActionStatus, Principal
+from loopwright.core import tls
+from loopwright.core.state import ActionStatus, Principal
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import LEASE_TTL_ENV, open_runner

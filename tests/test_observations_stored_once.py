@@ -10,9 +10,9 @@ from typing import Any, cast
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 
-from loopwright.graph.protocol import ToolEnvelope, render_tool_content
-from loopwright.graph.state import Evidence, RunState, digest
-from loopwright.graph.views import EvidenceLost, evidence_of, stored_evidence
+from loopwright.core.protocol import ToolEnvelope, render_tool_content
+from loopwright.core.state import Evidence, RunState, digest
+from loopwright.core.views import EvidenceLost, evidence_of, stored_evidence
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal

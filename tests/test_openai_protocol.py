@@ -18,9 +18,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
-from loopwright.graph.budget import Budget, Price
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import RunState
+from loopwright.core.budget import Budget, Price
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import RunState
 from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints

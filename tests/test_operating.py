@@ -31,8 +31,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database, with_application_name, with_database
+from loopwright.core import tls
 from loopwright.observability.stored_state import exposition
 from loopwright.runner import LEASE_TTL_ENV, open_runner
 from loopwright.server import cluster as cluster_module

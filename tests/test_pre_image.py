@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from loopwright import tls
-from loopwright.graph.state import ActionStatus
+from loopwright.core import tls
+from loopwright.core.state import ActionStatus
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import Guarantee, ToolContract

@@ -18,8 +18,8 @@ from langchain_core.messages import ToolMessage
 from rich.console import Console
 
 from loopwright import Decision, Programs, ScriptedChatModel, ToolDefinitionError
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.views import program_of_message
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.views import program_of_message
 from loopwright.nodes.compile_context import render
 from loopwright.observability.jsonl import read_spans
 from loopwright.observability.tracing import TraceSettings, configure_tracing, flush_traces

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import ToolMessage
 
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.views import program_of_message
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.views import program_of_message
 from loopwright.runner import LEASE_TTL_ENV
 from loopwright.tools.faults import Fault
 from loopwright_refunds.services.admin import list_refunds

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright import tls
 from loopwright.checkpoints.scratch import fresh_database
+from loopwright.core import tls
 from loopwright.reports import EXIT_CODES
 from loopwright.server import cluster
 from loopwright.server.bearer_tokens import hashed_table

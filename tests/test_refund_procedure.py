@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from loopwright.graph.protocol import ToolEnvelope, render_tool_content
+from loopwright.core.protocol import ToolEnvelope, render_tool_content
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright_refunds.procedure import RefundProcedure
 

@@ -11,8 +11,8 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
 
 from loopwright.checkpoints.leases import Lease
+from loopwright.core.state import ActionStatus, ApprovalDecision
 from loopwright.graph.build import NODES, compile_graph
-from loopwright.graph.state import ActionStatus, ApprovalDecision
 from loopwright.runner import RunExists, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect

@@ -17,7 +17,7 @@ from loopwright.checkpoints.leases import RunPruned, open_lease_store
 from loopwright.checkpoints.retention import summary_of
 from loopwright.checkpoints.schema import LATEST, MIGRATIONS, migrate, schema_version
 from loopwright.checkpoints.sql import Database, open_database
-from loopwright.graph.state import Action, ActionStatus, digest
+from loopwright.core.state import Action, ActionStatus, digest
 
 
 def test_a_fresh_database_is_migrated_to_the_latest_version_once(empty_database_url: str) -> None:

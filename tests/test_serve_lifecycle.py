@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loopwright import tls
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASH_EXIT
+from loopwright.core import tls
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.processes import ChildProcess
 from loopwright.server.launch import DEV_TOKENS, LOG_FILE, cannot_listen, server_env, start_server
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV

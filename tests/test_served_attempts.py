@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright import tls
 from loopwright.attempt import MAX_FAILURES
+from loopwright.core import tls
 from tests import buggy_agent
 from tests.runtime_fixtures import PATIENCE_S
 from tests.test_aegra_scaleout import deployment, redis_reachable

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright import tls
+from loopwright.core import tls
 from loopwright_refunds.services.admin import create_order, list_refunds
 from tests.ports import reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, cli

@@ -14,8 +14,8 @@ from typing import Any, cast
 import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
 
-from loopwright.graph.roles import DEFAULT_ROLES, Roles
-from loopwright.graph.state import Principal, initial_state
+from loopwright.core.roles import DEFAULT_ROLES, Roles
+from loopwright.core.state import Principal, initial_state
 from loopwright.server.bearer_tokens import TokenTableError, token_table
 from loopwright.server.edge.decisions import decisions_in
 from loopwright.server.graph import _cancel_and_settle, _settled, is_user_cancel

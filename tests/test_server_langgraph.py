@@ -29,9 +29,9 @@ import psycopg
 import pytest
 from langgraph_sdk.client import SyncLangGraphClient
 
-from loopwright import tls
 from loopwright.checkpoints.retention import retain
 from loopwright.checkpoints.scratch import fresh_database
+from loopwright.core import tls
 from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright import tls
+from loopwright.core import tls
 from loopwright_refunds.services.admin import list_refunds, publish_policy, set_fault, update_order
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import RunningServices, start_services

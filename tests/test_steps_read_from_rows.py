@@ -23,8 +23,8 @@ from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.frames import KEY_EVERY
 from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
-from loopwright.graph.budget import Budget
-from loopwright.graph.state import StopReason
+from loopwright.core.budget import Budget
+from loopwright.core.state import StopReason
 from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner

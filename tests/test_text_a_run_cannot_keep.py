@@ -21,8 +21,8 @@ from langgraph.checkpoint.base import ChannelVersions, empty_checkpoint
 
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.retention import retain, summary_of
-from loopwright.graph.state import Principal
-from loopwright.graph.text import MAX_TASK_CHARS, InvalidText
+from loopwright.core.state import Principal
+from loopwright.core.text import MAX_TASK_CHARS, InvalidText
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.tools.contract import Effect, ToolContext, ToolContract
 from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, principal

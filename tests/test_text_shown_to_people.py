@@ -21,9 +21,9 @@ import pytest
 from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright.checkpoints.leases import open_lease_store
+from loopwright.core.state import Principal
+from loopwright.core.text import MAX_RUN_ID_CHARS, InvalidText
 from loopwright.display import SafeConsole, flat, inline, printable
-from loopwright.graph.state import Principal
-from loopwright.graph.text import MAX_RUN_ID_CHARS, InvalidText
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.timeline import Redactor, render_run
 from loopwright.tools.registry import ToolRegistry

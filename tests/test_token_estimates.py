@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from loopwright.graph import compaction
-from loopwright.graph.compaction import choose_window, estimate_tokens
+from loopwright.core import compaction
+from loopwright.core.compaction import choose_window, estimate_tokens
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rich.console import Console
 
 from loopwright.cli import ending
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.observability.instrument import TracedJournal
 from loopwright.observability.jsonl import JsonLinesExporter, read_spans
 from loopwright.observability.redaction import REDACTED, redacted_digest

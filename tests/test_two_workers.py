@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loopwright import tls
 from loopwright.checkpoints.leases import LeaseHeld
-from loopwright.graph.state import ActionStatus
+from loopwright.core import tls
+from loopwright.core.state import ActionStatus
 from loopwright.runner import LEASE_TTL_ENV
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints

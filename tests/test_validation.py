@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
-from loopwright.graph.budget import Budget
-from loopwright.graph.state import ActionStatus, RunState
+from loopwright.core.budget import Budget
+from loopwright.core.state import ActionStatus, RunState
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner

@@ -35,7 +35,7 @@ from typing import Any
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict
 
-from loopwright.graph.state import Action, Evidence, Principal, digest, utcnow
+from loopwright.core.state import Action, Evidence, Principal, digest, utcnow
 from loopwright.tools.json_schema import JsonSchemaModel
 
 MIN_TIMEOUT_S = 0.05

@@ -22,9 +22,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from loopwright.checkpoints.journal import ActionJournal
-from loopwright.graph.crashpoints import CrashPoint, crash_point
-from loopwright.graph.protocol import ToolEnvelope
-from loopwright.graph.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
+from loopwright.core.crashpoints import CrashPoint, crash_point
+from loopwright.core.protocol import ToolEnvelope
+from loopwright.core.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
 from loopwright.observability.instrument import tool_span
 from loopwright.observability.tracing import record_error
 from loopwright.tools import faults

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from loopwright.graph.crashpoints import CrashPoint
+from loopwright.core.crashpoints import CrashPoint
 from loopwright.tools.contract import OutcomeUnknown, ToolFault
 
 LATE_ANSWER_S = 0.2

@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
-from loopwright.graph.state import Action, Evidence
+from loopwright.core.state import Action, Evidence
 from loopwright.tools.contract import (
     ApprovalRule,
     Guarantee,

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from loopwright.graph.state import digest
+from loopwright.core.state import digest
 from loopwright.tools.contract import (
     Effect,
     ToolArgs,

@@ -23,7 +23,7 @@ from loopwright.display import flat
 
 if TYPE_CHECKING:
     from loopwright._agent import Agent
-    from loopwright.graph.state import ApprovalChoice
+    from loopwright.core.state import ApprovalChoice
     from loopwright.runner import Runner
 
 TOKEN_ENV = "LOOPWRIGHT_TOKEN"
@@ -110,7 +110,7 @@ def approvals_list(
 def print_request(request: dict[str, Any], now: datetime | None, agent: Agent[Any]) -> None:
     """One pending approval as a person decides from it: what, for whom and why, the facts the
     agent declares, until when (on the database's clock, as expiry is judged)."""
-    from loopwright.graph.state import ApprovalRequest
+    from loopwright.core.state import ApprovalRequest
     from loopwright.timeline import Redactor
 
     parsed = ApprovalRequest.model_validate(request)
@@ -221,7 +221,7 @@ def decided_by_server(
     is in LOOPWRIGHT_TOKEN, and wait for the run it resumes (the server answers then)."""
     import httpx
 
-    from loopwright import tls
+    from loopwright.core import tls
 
     run_id, approval_id = request["run_id"], request["approval_id"]
     if not server:

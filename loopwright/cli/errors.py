@@ -57,8 +57,8 @@ def user_error(exc: Exception) -> str | None:
     )
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
+    from loopwright.core.text import InvalidText
     from loopwright.decisions import DecisionNotTaken, DecisionRefused
-    from loopwright.graph.text import InvalidText
     from loopwright.observability.tracing import TraceSettingsError
     from loopwright.runner import ModelChanged, OtherAgentsRun, RunExists, UnknownRun
     from loopwright.server.launch import ServerFailedToStart, ServingRefused

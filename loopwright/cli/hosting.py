@@ -27,9 +27,9 @@ from loopwright.checkpoints.database import (
 from loopwright.checkpoints.leases import LeaseHeld
 from loopwright.cli.errors import DepsUnavailable, UsageError
 from loopwright.cli.output import console, errors
+from loopwright.core.state import DEFAULT_TENANT, Principal
+from loopwright.core.text import checked_tenant, validation_problems
 from loopwright.display import flat
-from loopwright.graph.state import DEFAULT_TENANT, Principal
-from loopwright.graph.text import checked_tenant, validation_problems
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, UnknownRun, lease_ttl_from_env, open_runner
 from loopwright.server.service_identity import SERVICE_USER_ID

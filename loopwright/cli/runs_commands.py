@@ -137,7 +137,7 @@ def run(
     """Start a run of TASK for USER (of TENANT)."""
     from loopwright.cli import hosting
     from loopwright.cli.ending import conclude
-    from loopwright.graph.text import checked_run_id
+    from loopwright.core.text import checked_run_id
     from loopwright.runner import checked_start, new_run_id
 
     run_id = new_run_id() if run_id is None else checked_run_id(run_id)

@@ -1,6 +1,6 @@
 """An httpx transport that ends each request by its call's bound, whatever the server sends.
 
-The runtime waits for a model request at most until its bound (`graph.bounded.call_by`) and
+The runtime waits for a model request at most until its bound (`core.bounded.call_by`) and
 then goes on without it. This transport makes the abandoned request itself end too, so that a
 long-lived worker does not keep a thread reading a stream that never stops:
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from loopwright.graph.bounded import BoundedCall, current_call
+from loopwright.core.bounded import BoundedCall, current_call
 
 
 class BoundedTransport(httpx.HTTPTransport):

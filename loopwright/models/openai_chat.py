@@ -22,7 +22,7 @@ Every request ends by the clock: the model step waits for it at most until its b
 budget's, what the run's deadline leaves, and `timeout_s`, this model's `request_limit_s`: the
 total of one request, retries included), and the client's transport (`bounded_http`) makes the
 request itself end there, whatever bytes keep coming. `max_tokens` is sent from what the run's
-budget leaves (`graph.budget.REQUEST_BOUNDS`; Chat Completions: `max_completion_tokens` to
+budget leaves (`core.budget.REQUEST_BOUNDS`; Chat Completions: `max_completion_tokens` to
 OpenAI itself, `max_tokens` to a custom base URL, the name llama.cpp, vLLM and Ollama document;
 Responses: `max_output_tokens`).
 """
@@ -40,8 +40,8 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from loopwright import tls
-from loopwright.graph.budget import REQUEST_BOUNDS
+from loopwright.core import tls
+from loopwright.core.budget import REQUEST_BOUNDS
 from loopwright.models.bounded_http import BoundedTransport
 
 API_ENV = "LOOPWRIGHT_OPENAI_API"

@@ -34,7 +34,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import PrivateAttr
 
-from loopwright.graph.state import canonical_json, digest
+from loopwright.core.state import canonical_json, digest
 from loopwright.tools.program import PROGRAM_TOOL
 from loopwright.tools.skills import SKILL_TOOL
 

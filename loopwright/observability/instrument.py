@@ -33,8 +33,7 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
 
 from loopwright.checkpoints.journal import ActionJournal, JournalWrapper
-from loopwright.graph.context import model_name
-from loopwright.graph.state import (
+from loopwright.core.state import (
     UNRESOLVED_STATUSES,
     Action,
     ActionStatus,
@@ -43,6 +42,7 @@ from loopwright.graph.state import (
     canonical_json,
     digest,
 )
+from loopwright.nodes.context import model_name
 from loopwright.observability.redaction import redact, redacted_digest
 from loopwright.observability.tracing import active_tracer, capture_raw_args, span
 from loopwright.outcome import RunOutcome
@@ -50,7 +50,7 @@ from loopwright.tools.contract import ToolContract
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwright.graph.context import RunContext
+    from loopwright.nodes.context import RunContext
 
 
 class Node(Protocol):

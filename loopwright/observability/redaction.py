@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from loopwright.graph.state import digest
+from loopwright.core.state import digest
 
 REDACTED = "[redacted]"
 

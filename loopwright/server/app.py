@@ -50,6 +50,7 @@ from langgraph_sdk.client import LangGraphClient
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from loopwright.core.state import ApprovalRequest
 from loopwright.decisions import (
     Asked,
     DecisionNotTaken,
@@ -58,7 +59,6 @@ from loopwright.decisions import (
     prepare,
 )
 from loopwright.display import UNSHOWABLE
-from loopwright.graph.state import ApprovalRequest
 from loopwright.runner import Runner, UnknownRun
 from loopwright.server.approvals import Waiting, pending_for, waiting_run
 from loopwright.server.decision_outcome import decision_result

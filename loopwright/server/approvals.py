@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.graph.state import ApprovalRequest, Phase
+from loopwright.core.state import ApprovalRequest, Phase
 from loopwright.runner import Runner, UnknownRun
 from loopwright.server.users import User
 

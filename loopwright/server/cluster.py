@@ -38,8 +38,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from loopwright import tls
 from loopwright._agent import Agent
+from loopwright.core import tls
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn, stop_together
 from loopwright.server.aegra import GRACE_S
 from loopwright.server.launch import (

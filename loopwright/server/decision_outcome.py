@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopwright.graph.state import ActionStatus, ApprovalRequest
+from loopwright.core.state import ActionStatus, ApprovalRequest
 from loopwright.tools.registry import ToolRegistry
 
 S = ActionStatus

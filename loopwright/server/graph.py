@@ -59,10 +59,10 @@ from loopwright.checkpoints.database import pooled
 from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.factory import fenced_saver
 from loopwright.checkpoints.leases import SERVER_ENGINE, Lease
+from loopwright.core.state import Phase, Principal, RunState
+from loopwright.core.text import InvalidText
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
-from loopwright.graph.context import RunContext
-from loopwright.graph.state import Phase, Principal, RunState
-from loopwright.graph.text import InvalidText
+from loopwright.nodes.context import RunContext
 from loopwright.observability.metrics import note_run_end
 from loopwright.runner import VERSION_METADATA_KEY, OtherAgentsRun, UnknownRun, writer_version
 from loopwright.server.inputs import (

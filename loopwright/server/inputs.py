@@ -31,9 +31,9 @@ from typing import Any, TypeGuard
 from langgraph.types import Command, StateSnapshot
 
 from loopwright._agent import Agent
-from loopwright.graph.roles import Roles
-from loopwright.graph.state import Principal, RunState, initial_state
-from loopwright.graph.text import MAX_TASK_CHARS, InvalidText, checked_text
+from loopwright.core.roles import Roles
+from loopwright.core.state import Principal, RunState, initial_state
+from loopwright.core.text import MAX_TASK_CHARS, InvalidText, checked_text
 
 NEW_RUN_TAKES = 'a new run takes {"task": "<what to do>"}'
 

@@ -27,7 +27,7 @@ from typing import Protocol
 import httpx
 from jwt import PyJWK, PyJWTError
 
-from loopwright import tls
+from loopwright.core import tls
 from loopwright.server.watched_file import WatchedFile
 
 log = logging.getLogger(__name__)

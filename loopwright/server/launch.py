@@ -35,10 +35,10 @@ from typing import IO, Any
 
 import httpx
 
-from loopwright import tls
 from loopwright._agent import Agent
 from loopwright.checkpoints.database import HOME_ENV
-from loopwright.graph.roles import Roles
+from loopwright.core import tls
+from loopwright.core.roles import Roles
 from loopwright.observability.tracing import TRACE_FILE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.admissions import RUN_SLOTS

@@ -27,7 +27,7 @@ import os
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from loopwright.graph.bounded import call_by
+from loopwright.core.bounded import call_by
 from loopwright.observability.stored_state import scrape
 from loopwright.readiness import (
     LIVE,

@@ -39,7 +39,7 @@ from loopwright._loading import AgentNotFound, load_agent
 from loopwright.checkpoints.database import DatabaseKind, database_kind, postgres_pool, redact
 from loopwright.checkpoints.leases import LeaseStore
 from loopwright.checkpoints.sql import Database, open_database
-from loopwright.graph.roles import Roles
+from loopwright.core.roles import Roles
 from loopwright.observability.tracing import TraceSettings
 from loopwright.runner import Runner, lease_ttl_from_env, open_runner
 from loopwright.server.admissions import (

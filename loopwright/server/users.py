@@ -3,7 +3,7 @@
 Both ways a server learns identities (`server.bearer_tokens`, `server.jwt_identity`) end in a
 `User`, checked by the same rules: an id and tenant are short words (they are stamped on
 threads, stored with every run and shown to approvers), roles are words. What a role grants is
-the hosted agent's to say (`Agent.roles`, `graph.roles`): the checks are given it, so this module
+the hosted agent's to say (`Agent.roles`, `core.roles`): the checks are given it, so this module
 knows no agent's role name (only the server's own, below) and imports no agent.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loopwright.graph.text import validation_problems
+from loopwright.core.text import validation_problems
 
 # The role and user id of a served process's own identity (`server.service_identity`): no token
 # table or identity provider may grant the one or name the other.

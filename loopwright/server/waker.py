@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
-from loopwright import tls
 from loopwright.checkpoints.leases import RunRecord
+from loopwright.core import tls
 from loopwright.runner import WAKE_VALUE
 from loopwright.server.launch import GRAPH_ID
 from loopwright.server.resources import aresources

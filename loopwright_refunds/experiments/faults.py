@@ -12,7 +12,7 @@
 | stale_version | the order's version moves (no material change) before the write | stale plans |
 | approval_expiry | the approver answers after the approval expired | approvals are bounded in time |
 
-The crash points are loopwright's (`graph.crashpoints`); the baselines place the ones that have
+The crash points are loopwright's (`core.crashpoints`); the baselines place the ones that have
 a meaning for them at the same moments of their own code (see `experiments.systems`).
 
 The payment faults act on the next write request to the payment service, a refund or a store

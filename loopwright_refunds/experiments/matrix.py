@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from loopwright.graph.crashpoints import POINTS
+from loopwright.core.crashpoints import POINTS
 from loopwright_refunds.experiments.faults import PAYMENT_FAULTS, Fault, FaultKind
 from loopwright_refunds.experiments.scenarios import KEYLESS, SCENARIOS
 from loopwright_refunds.experiments.systems import SYSTEMS

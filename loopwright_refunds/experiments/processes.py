@@ -14,8 +14,8 @@ import sys
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.graph.crashpoints import EXIT_CODE as CRASHED
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.crashpoints import EXIT_CODE as CRASHED
 from loopwright_refunds.experiments.model import experiment_model
 from loopwright_refunds.experiments.systems import Deployment, Job, make_system
 

@@ -36,7 +36,7 @@ from itertools import count
 
 import httpx
 
-from loopwright.graph.state import utcnow
+from loopwright.core.state import utcnow
 from loopwright_refunds.experiments.actor import ConcurrentChange
 from loopwright_refunds.services.admin import create_order, publish_policy
 from loopwright_refunds.services.endpoints import ServiceEndpoints, tls_context

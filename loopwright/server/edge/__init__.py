@@ -34,8 +34,8 @@ from urllib.parse import parse_qsl
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loopwright.graph.roles import Capability
-from loopwright.graph.text import validation_problems
+from loopwright.core.roles import Capability
+from loopwright.core.text import validation_problems
 from loopwright.server.edge import bodies
 from loopwright.server.edge.http import (
     MAX_HEADER_BYTES,

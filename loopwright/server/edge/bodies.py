@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from loopwright.graph.text import unstorable_in
+from loopwright.core.text import unstorable_in
 from loopwright.server.inputs import RunRefused, new_run_task
 
 # What a client may have copied into every checkpoint of its run (metadata: LangGraph copies

@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from loopwright.checkpoints.decision_claims import DecisionClaims
+from loopwright.core.state import ApprovalDecision
+from loopwright.core.text import validation_problems
 from loopwright.decisions import Asked, DecisionRefused, Prepared, prepare
-from loopwright.graph.state import ApprovalDecision
-from loopwright.graph.text import validation_problems
 from loopwright.server.edge.http import Refused
 from loopwright.server.resources import aresources
 

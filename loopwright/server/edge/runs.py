@@ -26,8 +26,8 @@ from typing import Any
 from loopwright._agent import TaskRefused
 from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.leases import SERVER_ENGINE
-from loopwright.graph.roles import Roles
-from loopwright.graph.state import Phase, Principal
+from loopwright.core.roles import Roles
+from loopwright.core.state import Phase, Principal
 from loopwright.runner import WAKE_VALUE
 from loopwright.server.admissions import Refusal
 from loopwright.server.edge import bodies

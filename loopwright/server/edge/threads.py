@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.graph.roles import Roles
+from loopwright.core.roles import Roles
 from loopwright.server.edge.http import Refused
 from loopwright.server.engine import TENANT_KEY, USER_KEY
 from loopwright.server.resources import aresources

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from langchain_core.tools import BaseTool, tool
 
-from loopwright.graph.crashpoints import crash_point
+from loopwright.core.crashpoints import crash_point
 from loopwright_refunds.agent import READ_TIMEOUT_S, agent
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.store_credit import CREDIT_TIMEOUT_S

@@ -30,17 +30,17 @@ from langchain_core.runnables import RunnableConfig
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.journal import ActionEvent, open_journal
 from loopwright.checkpoints.leases import LeaseHeld, open_lease_store
-from loopwright.graph.budget import Budget
-from loopwright.graph.build import compile_graph
-from loopwright.graph.context import RunContext
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import (
+from loopwright.core.budget import Budget
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import (
     TERMINAL_STATUSES,
     ActionStatus,
     ApprovalDecision,
     Principal,
     utcnow,
 )
+from loopwright.graph.build import compile_graph
+from loopwright.nodes.context import RunContext
 from loopwright.runner import Runner, RunOutcome, UnknownRun
 from loopwright.tools.contract import ResendAfterDeadline
 from loopwright_refunds.agent import agent as refunds

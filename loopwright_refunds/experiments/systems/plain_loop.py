@@ -17,7 +17,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
 
-from loopwright.graph.crashpoints import crash_point
+from loopwright.core.crashpoints import crash_point
 from loopwright_refunds.experiments.systems import MAX_MODEL_CALLS, Deployment, Job, Trace
 from loopwright_refunds.experiments.systems.http_tools import (
     RefundHttp,

@@ -30,7 +30,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
-from loopwright.graph.crashpoints import crash_point
+from loopwright.core.crashpoints import crash_point
 from loopwright_refunds.experiments.systems import MAX_MODEL_CALLS, Deployment, Job, Trace
 from loopwright_refunds.experiments.systems.http_tools import (
     RefundHttp,

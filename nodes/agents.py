@@ -16,7 +16,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
 
-from loopwright.graph.plan import Planner
+from loopwright.core.plan import Planner
 from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 
 HANDOFF_PREFIX = "handoff_to_"

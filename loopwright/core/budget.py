@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loopwright.graph.state import StopReason
+from loopwright.core.state import StopReason
 
 
 class Price(BaseModel):

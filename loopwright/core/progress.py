@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from pydantic import BaseModel
 
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import canonical_json, digest
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import canonical_json, digest
 
 NUDGE_AFTER = 3
 WINDOW = 8

@@ -36,7 +36,7 @@ from langchain_core.messages import AnyMessage
 from langgraph.channels import DeltaChannel
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from loopwright.graph.roles import DEFAULT_ROLES
+from loopwright.core.roles import DEFAULT_ROLES
 
 STATE_SCHEMA_VERSION = 1
 
@@ -183,7 +183,7 @@ class Evidence(BaseModel):
     """An observation from a tool: kept raw, cited by id, never confused with a plan.
 
     The run state holds it without its content, which the history's answer to the same call
-    holds already: `graph.views.stored_evidence` and `evidence_of`, which gives it back checked
+    holds already: `core.views.stored_evidence` and `evidence_of`, which gives it back checked
     against `content_hash`."""
 
     evidence_id: str

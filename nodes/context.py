@@ -19,11 +19,11 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import Runnable
 
 from loopwright.checkpoints.journal import ActionJournal
-from loopwright.graph.agents import PRIMARY, AgentProfile
-from loopwright.graph.budget import Budget
-from loopwright.graph.plan import Planner
-from loopwright.graph.state import Action, Principal, RunState, utcnow
-from loopwright.graph.views import principal_of, started_at
+from loopwright.core.budget import Budget
+from loopwright.core.plan import Planner
+from loopwright.core.state import Action, Principal, RunState, utcnow
+from loopwright.core.views import principal_of, started_at
+from loopwright.nodes.agents import PRIMARY, AgentProfile
 from loopwright.tools.contract import ToolContext, ToolContract
 from loopwright.tools.registry import ToolRegistry
 

@@ -1,6 +1,6 @@
 """Typed reads of the plain-data run state, and the small updates every node builds.
 
-Channels hold JSON-native values (see `graph.state`); nodes go through these helpers so that the
+Channels hold JSON-native values (see `core.state`); nodes go through these helpers so that the
 parsing and the shape of common updates live in one place.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from loopwright.graph.budget import Usage
-from loopwright.graph.protocol import ToolEnvelope, parse_tool_content, render_tool_content
-from loopwright.graph.state import (
+from loopwright.core.budget import Usage
+from loopwright.core.protocol import ToolEnvelope, parse_tool_content, render_tool_content
+from loopwright.core.state import (
     NOT_DONE_STATUSES,
     Action,
     Evidence,

@@ -16,8 +16,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from loopwright.graph.protocol import parse_tool_content
-from loopwright.graph.state import canonical_json
+from loopwright.core.protocol import parse_tool_content
+from loopwright.core.state import canonical_json
 
 # The characters of an AI message's tool calls, by the message's id: (how many calls, chars).
 # Spelling every call's arguments is what an estimate costs, and each step estimates the whole

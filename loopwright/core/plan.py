@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from loopwright.graph.state import RunState
+from loopwright.core.state import RunState
 
 StepStatus = Literal["todo", "done", "failed", "skipped"]
 """The status of a plan step."""
