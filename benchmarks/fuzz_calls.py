@@ -40,10 +40,10 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from loopwright.checkpoints.journal import open_journal
 from loopwright.core.state import PendingCall, Principal
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.nodes.context import RunContext
 from loopwright.nodes.model_step import _pending_calls
 from loopwright.nodes.validate import Refusal, check_call
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.tools.contract import ToolContext
 from loopwright_refunds.agent import DEFAULT_APPROVAL_THRESHOLD, connect, task_scope
 from loopwright_refunds.agent import agent as refunds

@@ -39,8 +39,8 @@ from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright.checkpoints.sql import Database
 from loopwright.core.budget import Budget
 from loopwright.core.state import Principal
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.runner import Runner
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright.tools.contract import ToolContext, ToolContract
 from loopwright_refunds.agent import Order, RefundServices, connect, fetch_order, task_scope
 from loopwright_refunds.agent import agent as refunds

@@ -83,15 +83,15 @@ _HOMES = {
     # Proving them under faults
     "Fault": "loopwright.tools.faults",
     "Scenario": "loopwright._agent",
-    "prove": "loopwright.faults",
+    "prove": "loopwright.testing.faults",
     # Running them
     "Runner": "loopwright.runner",
     "RunOutcome": "loopwright.outcome",
     "open_runner": "loopwright.runner",
     "loopwright_home": "loopwright.checkpoints.database",
     # Models for tests and demos
-    "ScriptedChatModel": "loopwright.models.scripted",
-    "Decision": "loopwright.models.scripted",
+    "ScriptedChatModel": "loopwright.testing.scripted",
+    "Decision": "loopwright.testing.scripted",
 }
 __all__ = [
     "Action",
@@ -201,11 +201,11 @@ if TYPE_CHECKING:
         StopReason,
     )
     from loopwright.core.text import InvalidText
-    from loopwright.faults import prove
-    from loopwright.models.scripted import Decision, ScriptedChatModel
     from loopwright.nodes.agents import AgentProfile
     from loopwright.outcome import RunOutcome
     from loopwright.runner import Runner, open_runner
+    from loopwright.testing.faults import prove
+    from loopwright.testing.scripted import Decision, ScriptedChatModel
     from loopwright.tools.contract import (
         Effect,
         Guarantee,

@@ -50,7 +50,7 @@ from langchain_core.messages import (
 )
 
 from loopwright.core.state import digest
-from loopwright.models.scripted import Decision, Policy
+from loopwright.testing.scripted import Decision, Policy
 from loopwright_refunds.procedure import RefundProcedure, Transcript
 from tests.stub_server import serve_app
 

@@ -21,10 +21,10 @@ from loopwright import Budget
 from loopwright.cli.approvals_command import pending_approvals
 from loopwright.core.state import ActionStatus, ApprovalChoice, ApprovalDecision, ApprovalRequest
 from loopwright.decisions import DecisionRefused
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner, open_runner
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.misbehaving import AsksForMore

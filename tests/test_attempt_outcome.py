@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.services.admin import set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, decide, principal

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from loopwright.models.scripted import ScriptedChatModel
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal
 

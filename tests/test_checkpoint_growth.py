@@ -13,10 +13,10 @@ from benchmarks.perf_setup import thread_bytes
 from benchmarks.storage import time_reads
 from loopwright.checkpoints.sql import open_database
 from loopwright.core.budget import Budget
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes import model_step
 from loopwright.nodes.compile_context import render
 from loopwright.runner import Runner
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal
 

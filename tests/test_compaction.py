@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolM
 
 from loopwright.core.budget import Budget
 from loopwright.core.compaction import estimate_tokens
-from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from tests.runtime_fixtures import RunnerFactory, decide, principal
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

@@ -14,11 +14,11 @@ from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright import Action, Decision
 from loopwright.core.state import ActionStatus, digest
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes.verify import NO_EFFECT_NOTE
 from loopwright.outcome import EndingKind, RunOutcome, ending_of
 from loopwright.reports import exit_code, run_document
 from loopwright.runner import Runner
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright.timeline import MODEL_ANSWER, Redactor, ending_lines
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import refund_claims

@@ -25,7 +25,7 @@ from benchmarks.fuzz_calls import (
     runs_without_approval,
 )
 from loopwright.core.state import ActionStatus, StopReason
-from loopwright.models.scripted import ScriptedChatModel
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.misbehaving import OneShot
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import RunnerFactory, all_refunds, principal

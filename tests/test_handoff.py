@@ -13,8 +13,8 @@ from rich.console import Console
 
 from loopwright.core.budget import Budget, Price
 from loopwright.core.state import StopReason
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.nodes.agents import AgentProfile
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.timeline import render_run
 from loopwright_refunds.procedure import RefundProcedure
 from loopwright_refunds.services.admin import list_refunds

@@ -19,9 +19,9 @@ from loopwright.checkpoints.journal import open_journal
 from loopwright.core.protocol import UNTRUSTED_HEADER
 from loopwright.core.state import Action, ActionStatus, StopReason, initial_state
 from loopwright.core.views import dump_actions
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.nodes.compile_context import RUNTIME_RULES, system_text
 from loopwright.nodes.context import RunContext
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.misbehaving import Gullible
 from loopwright_refunds.services.admin import create_order, list_refunds, publish_policy

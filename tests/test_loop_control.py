@@ -19,10 +19,10 @@ from loopwright.checkpoints.leases import open_lease_store
 from loopwright.core.budget import Budget
 from loopwright.core.protocol import parse_tool_content
 from loopwright.core.state import ActionStatus, StopReason
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.nodes import validate as validate_node
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner, open_runner
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 from loopwright.tools.http import read_json
 from loopwright_refunds.agent import RefundServices, connect

@@ -39,9 +39,9 @@ from loopwright import (
 )
 from loopwright.core import tls
 from loopwright.core.state import ActionStatus, Principal
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import LEASE_TTL_ENV, open_runner
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.tools.mcp import INTENT_KEY_META
 from tests.mcp_agent import (
     SERVER,

@@ -13,7 +13,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from loopwright.core.protocol import ToolEnvelope, render_tool_content
 from loopwright.core.state import Evidence, RunState, digest
 from loopwright.core.views import EvidenceLost, evidence_of, stored_evidence
-from loopwright.models.scripted import ScriptedChatModel
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.long_task import KeepsReading
 from tests.runtime_fixtures import RunnerFactory, principal
 

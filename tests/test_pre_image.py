@@ -13,8 +13,8 @@ from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright.core import tls
 from loopwright.core.state import ActionStatus
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.tools.contract import Guarantee, ToolContract
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.services.admin import set_fault

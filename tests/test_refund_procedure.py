@@ -10,7 +10,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from loopwright.core.protocol import ToolEnvelope, render_tool_content
-from loopwright.models.scripted import ScriptedChatModel
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.procedure import RefundProcedure
 
 NOW = datetime(2025, 6, 15, 12, 0, tzinfo=UTC)

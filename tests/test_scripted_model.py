@@ -22,7 +22,7 @@ from langgraph.graph import START, StateGraph
 from pydantic import SecretStr
 
 from loopwright.models.factory import make_model
-from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.procedure import RefundProcedure
 

@@ -25,9 +25,9 @@ from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.core.budget import Budget
 from loopwright.core.state import StopReason
-from loopwright.models.scripted import ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner
+from loopwright.testing.scripted import ScriptedChatModel
 from loopwright_refunds.agent import connect
 from loopwright_refunds.long_task import KeepsReading
 from loopwright_refunds.services.admin import set_fault

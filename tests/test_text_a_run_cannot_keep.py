@@ -23,7 +23,7 @@ from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.retention import retain, summary_of
 from loopwright.core.state import Principal
 from loopwright.core.text import MAX_TASK_CHARS, InvalidText
-from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.tools.contract import Effect, ToolContext, ToolContract
 from tests.runtime_fixtures import PATIENCE_S, REPO, RunnerFactory, principal
 from tests.test_worker_failures import NoArgs, Nothing

@@ -24,7 +24,7 @@ from loopwright.checkpoints.leases import open_lease_store
 from loopwright.core.state import Principal
 from loopwright.core.text import MAX_RUN_ID_CHARS, InvalidText
 from loopwright.display import SafeConsole, flat, inline, printable
-from loopwright.models.scripted import Decision, ScriptedChatModel
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.timeline import Redactor, render_run
 from loopwright.tools.registry import ToolRegistry
 from loopwright_refunds.services.endpoints import ServiceEndpoints

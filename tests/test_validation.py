@@ -15,9 +15,9 @@ from langchain_core.messages import AIMessage
 
 from loopwright.core.budget import Budget
 from loopwright.core.state import ActionStatus, RunState
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.runner import Runner
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright_refunds.agent import agent as refunds_agent
 from loopwright_refunds.misbehaving import Duplicating, OneShot
 from loopwright_refunds.services.endpoints import ServiceEndpoints

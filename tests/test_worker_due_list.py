@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.worker import work
 from tests.runtime_fixtures import RunnerFactory, principal
 

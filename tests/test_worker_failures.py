@@ -18,10 +18,10 @@ from rich.console import Console
 
 from loopwright.checkpoints.leases import failure_backoff_s
 from loopwright.checkpoints.scratch import with_application_name
-from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.run_list import render_runs, run_lines
 from loopwright.runner import Runner, open_runner
+from loopwright.testing.scripted import Decision, ScriptedChatModel
 from loopwright.timeline import render_run
 from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContract
 from loopwright.worker import work

@@ -1,6 +1,6 @@
 """Faults injected by the runtime around a write's send, whatever transport the tool uses.
 
-`loopwright faults` (`loopwright.faults`) proves an agent under them: with a plan installed, the
+`loopwright faults` (`loopwright.testing.faults`) proves an agent under them: with a plan installed, the
 executor's k-th send in this process meets the fault instead of a clean exchange. Every fault is
 one a network or a downstream really produces, and each leaves the runtime what it would have:
 
@@ -37,7 +37,7 @@ LATE_ANSWER_S = 0.2
 
 
 class Fault(StrEnum):
-    """A fault injected around one write's send (see `loopwright.faults`)."""
+    """A fault injected around one write's send (see `loopwright.testing.faults`)."""
 
     REQUEST_LOST = "request_lost"
     ANSWER_LOST = "answer_lost"

@@ -1,5 +1,5 @@
 """`loopwright faults`: prove the agent under every fault injected around its writes' sends
-(`loopwright.faults`), a line per trial and a verdict; exit 1 if it did not hold."""
+(`loopwright.testing.faults`), a line per trial and a verdict; exit 1 if it did not hold."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from loopwright.cli.options import AgentOption, DbOption, JsonOption
 from loopwright.cli.output import console, print_json
 
 if TYPE_CHECKING:
-    from loopwright.faults import Trial
+    from loopwright.testing.faults import Trial
 
 app = typer.Typer()
 
@@ -42,7 +42,7 @@ def faults(
     missing, or never met its fault."""
     from loopwright.checkpoints.database import resolve_database_url
     from loopwright.cli import hosting
-    from loopwright.faults import prove, scenarios_of
+    from loopwright.testing.faults import prove, scenarios_of
 
     hosted = hosting.agent_for(agent)
     path = hosting.configured_agent_path(agent) or hosting.DEFAULT_AGENT

@@ -1,1 +1,2 @@
-"""Chat models for the runtime: the deterministic scripted one, and OpenAI-compatible ones."""
+"""Chat models for the runtime: OpenAI-compatible ones, each request bounded by the clock (the
+scripted one is `loopwright.testing.scripted`)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from loopwright.models.scripted import Decision, Policy
+from loopwright.testing.scripted import Decision, Policy
 from loopwright_refunds.services.admin import update_order
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 

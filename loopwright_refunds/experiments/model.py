@@ -22,7 +22,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from loopwright.models.scripted import Policy, ScriptedChatModel
+from loopwright.testing.scripted import Policy, ScriptedChatModel
 from loopwright_refunds.experiments.actor import ActsBeforeWrite, ConcurrentChange
 from loopwright_refunds.experiments.policy import ExperimentPolicy
 from loopwright_refunds.services.endpoints import ServiceEndpoints

@@ -41,7 +41,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from loopwright.models.scripted import Decision
+from loopwright.testing.scripted import Decision
 from loopwright_refunds.misbehaving import Gullible
 from loopwright_refunds.procedure import ORDER_ID, Observation, Transcript
 

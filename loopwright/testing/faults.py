@@ -305,7 +305,7 @@ def _first_process(
         "run_id": run_id,
     }
     with subprocess.Popen(
-        [sys.executable, "-c", "import sys; from loopwright.faults import child; child()"],
+        [sys.executable, "-c", "import sys; from loopwright.testing.faults import child; child()"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
