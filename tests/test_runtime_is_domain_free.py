@@ -1,8 +1,9 @@
 """The runtime knows no domain: the reference agent's words never appear in its core.
 
-graph/, nodes/, tools/, checkpoints/ and the runner, the CLI and the server host any team's
-agent; what a refund is, is the reference agent's business (`loopwright_refunds`). Docstring
-examples included: they teach the next engineer what the core is about.
+loopwright/core/, graph/, nodes/, tools/, checkpoints/ and the runner, the CLI and the server
+host any team's agent; what a refund is, is the reference agent's business
+(`loopwright_refunds`). Docstring examples included: they teach the next engineer what the core
+is about.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ CORE = [
     "nodes",
     "tools",
     "checkpoints",
+    "loopwright/core",
     "loopwright/runner.py",
     "loopwright/_agent.py",
     "loopwright/_loading.py",
