@@ -27,6 +27,6 @@ EXPOSE 2031
 HEALTHCHECK --interval=5s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:2031/ready', timeout=2)"]
 # SIGTERM stops the instance gracefully: each run in flight stops at its next step boundary and
-# is handed back to the queue for another instance (README, "Upgrading").
+# is handed back to the queue for another instance (docs/operating.md, "Upgrading").
 STOPSIGNAL SIGTERM
 CMD ["loopwright", "serve", "--engine", "aegra", "--instances", "1", "--host", "0.0.0.0", "--port", "2031"]

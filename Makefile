@@ -45,7 +45,7 @@ test: $(DEV)
 test-quick: $(DEV)
 	$(PY) -m pytest $(XDIST) -m quick $(ARGS)
 
-# The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
+# The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox (docs/serving.md).
 serve: $(RUNTIME)
 	$(VENV)/bin/loopwright serve $(ARGS)
 

@@ -1,7 +1,7 @@
-"""The deployable unit: the Dockerfile and compose.yaml the README starts with one command.
+"""The deployable unit: the Dockerfile and compose.yaml docs/serving.md starts with one command.
 
 No container runtime runs here, so the suite checks the compose file's structure itself (every
-service the README names, each instance's command as `loopwright serve --engine aegra` parses
+service the page names, each instance's command as `loopwright serve --engine aegra` parses
 it, its environment pointing at the services compose starts, healthchecks on the readiness
 route, start order), and then runs the same processes directly: the business services and two
 instances, with the commands and environment compose gives them, against the local Postgres
@@ -38,7 +38,7 @@ from loopwright.server import cluster as cluster_module
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests import test_aegra_scaleout
+from tests import docs_pages, test_aegra_scaleout
 from tests.ports import reserved_port
 from tests.runtime_fixtures import REPO, sdk_client
 from tests.test_aegra_scaleout import REDIS_URL
@@ -48,6 +48,7 @@ COMPOSE = REPO / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 INSTANCE = re.compile(r"loopwright-(\d+)")
 READY = "/ready"  # Aegra's readiness route, unauthenticated
+PAGE, DEPLOYING = "docs/serving.md", "Deploying: one command"
 
 
 def compose() -> dict[str, Any]:
@@ -81,20 +82,21 @@ def healthcheck_url(spec: Mapping[str, Any]) -> str:
     return url
 
 
-def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
+def documented_commands() -> list[str]:
+    """The command lines of docs/serving.md's "Deploying" section."""
     return [
-        line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in block.splitlines()
+        line for block in docs_pages.blocks(PAGE, "sh", DEPLOYING) for line in block.splitlines()
     ]
 
 
-def test_the_compose_file_starts_what_the_readme_says() -> None:
+def test_the_compose_file_starts_what_the_page_says() -> None:
     services = compose()["services"]
     assert {"postgres", "redis", "business"} <= set(services)
     serving = instances(services)
     assert len(serving) >= 2, "a deployment of several instances"
-    assert any(c.split("#")[0].strip() == "docker compose up --build" for c in readme_commands())
-    readme = (REPO / "README.md").read_text()
+    commands = [c.split("#")[0].strip() for c in documented_commands()]
+    assert "docker compose up --build" in commands
+    page = docs_pages.section(PAGE, DEPLOYING)
     postgres = services["postgres"]["environment"]
     business = options(services["business"]["command"])
     assert services["business"]["command"][:3] == ["python", "-m", "loopwright_refunds.services"]
@@ -114,7 +116,7 @@ def test_the_compose_file_starts_what_the_readme_says() -> None:
         assert healthcheck_url(spec) == f"http://127.0.0.1:{port}{READY}"
         [published] = spec["ports"]
         host_port, container_port = published.split(":")
-        assert int(container_port) == port and f"http://127.0.0.1:{host_port}" in readme, name
+        assert int(container_port) == port and f"http://127.0.0.1:{host_port}" in page, name
         env = spec["environment"]
         database = urlsplit(env["DATABASE_URL"])
         assert (database.hostname, database.username, database.password) == (
