@@ -1,5 +1,6 @@
-# loopwright serving an agent on Aegra instances (the reference agent unless LOOPWRIGHT_AGENT names
-# another installed in the image). compose.yaml starts a deployment of it: `docker compose up`.
+# loopwright serving an agent on Aegra instances (the reference agent, installed beside the
+# runtime, unless LOOPWRIGHT_AGENT names another installed in the image). compose.yaml starts a
+# deployment of it: `docker compose up`.
 FROM python:3.13-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -8,12 +9,13 @@ COPY nodes nodes
 COPY tools tools
 COPY checkpoints checkpoints
 COPY loopwright loopwright
-COPY loopwright_refunds loopwright_refunds
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+COPY refunds refunds
+# Two distributions: the runtime, and the reference agent the deployment serves.
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . ./refunds
 
 FROM python:3.13-slim
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir "$(ls /wheels/loopwright-*.whl)[aegra]" \
+RUN pip install --no-cache-dir "$(ls /wheels/loopwright-*.whl)[aegra]" /wheels/loopwright_refunds-*.whl \
     && rm -rf /wheels \
     && useradd --create-home --uid 10001 loopwright
 USER loopwright

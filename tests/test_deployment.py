@@ -31,10 +31,10 @@ import typer
 import yaml
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.cli import app
 from loopwright.processes import START_TIMEOUT_S
 from loopwright.server import cluster as cluster_module
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.endpoints import ServiceEndpoints

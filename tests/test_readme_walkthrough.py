@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
 from loopwright.server import cluster
 from loopwright.server.bearer_tokens import hashed_table
+from loopwright_refunds.scratch import fresh_database
 from tests import docs_pages
 from tests.ports import reserved_port, reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
