@@ -21,7 +21,7 @@ RUN pip install --no-cache-dir "$(ls /wheels/loopwright-*.whl)[aegra]" /wheels/l
 USER loopwright
 WORKDIR /home/loopwright
 # Owned by the user, so that a volume mounted there (compose.yaml's) is the user's too.
-RUN mkdir -p services .loopwright
+RUN mkdir -p services identities .loopwright
 ENV PYTHONUNBUFFERED=1 \
     LOOPWRIGHT_HOME=/home/loopwright/.loopwright
 EXPOSE 2031
