@@ -71,13 +71,19 @@ def redis_reachable() -> bool:
         return False
 
 
-pytestmark = [
-    pytest.mark.postgres,
+# What a test that starts Aegra needs: the engine installed and a Redis to queue runs in
+# (`pytest.param("aegra", marks=AEGRA)` where a test runs on both engines).
+AEGRA = [
     pytest.mark.skipif(
         importlib.util.find_spec("aegra_api") is None,
         reason="aegra-api is not installed (pip install -e '.[dev]')",
     ),
     pytest.mark.skipif(not redis_reachable(), reason=f"no Redis at {REDIS[0]}:{REDIS[1]}"),
+]
+
+pytestmark = [
+    pytest.mark.postgres,
+    *AEGRA,
 ]
 
 
