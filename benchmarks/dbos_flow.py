@@ -34,8 +34,8 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 
 from benchmarks.perf_setup import TASK, bare_tools, reading_model
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.core import tls
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 NOT_INSTALLED = "DBOS Transact is not installed (a dev dependency: pip install -e '.[dev]')"

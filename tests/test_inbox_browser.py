@@ -29,10 +29,10 @@ from typing import Any
 import httpx
 import pytest
 
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.core import tls
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port

@@ -31,11 +31,11 @@ import pytest
 from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.checkpoints.retention import retain
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.core import tls
 from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
