@@ -6,8 +6,10 @@ what was decided, what was sent, what the business system did, and how the run e
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -42,6 +44,8 @@ from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_ru
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal, release_crashed
 
 RUN_ID = "run-traced"
+HOST = socket.gethostname()
+WRITER_MARK = "── "
 
 
 @pytest.fixture
@@ -105,6 +109,62 @@ def story(spans: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
     return sorted(steps, key=lambda step: step["at"])
 
 
+def attempts_of(
+    spans: list[dict[str, Any]], run_id: str, *, died: set[int] | frozenset[int] = frozenset()
+) -> dict[int, list[dict[str, Any]]]:
+    """The `run` spans of a run's trace by the process that made them, after checking the
+    trace's shape: every span names its process (`service.instance.id` HOST:PID); every run
+    span is a root naming its owner; every other span is under a run span of its own process,
+    but for the processes in `died`, whose run span died with them: their spans' chain ends at
+    a node span whose parent never reached the file, and each left some."""
+    trace_id = f"{run_trace_id(run_id):032x}"
+    mine = [s for s in spans if s["trace_id"] == trace_id]
+    by_id = {s["span_id"]: s for s in mine}
+    runs: dict[int, list[dict[str, Any]]] = {}
+    left_by_the_dead: set[int] = set()
+    for item in mine:
+        pid = item["resource"]["process.pid"]
+        assert item["resource"]["service.instance.id"] == f"{HOST}:{pid}", item
+        top = item
+        while top["parent_span_id"] in by_id:
+            top = by_id[top["parent_span_id"]]
+            assert top["resource"]["process.pid"] == pid, (item, top)
+        if pid in died:
+            assert top["name"].startswith("node ") and top["parent_span_id"], top
+            left_by_the_dead.add(pid)
+        else:
+            assert top["name"] == "run" and top["parent_span_id"] is None, top
+            assert top["attributes"]["loopwright.owner"].startswith(f"{HOST}:{pid}:"), top
+        if item["name"] == "run":
+            runs.setdefault(pid, []).append(item)
+    assert left_by_the_dead == set(died), "a killed process left no span of what it did"
+    return {pid: sorted(found, key=lambda s: s["start"]) for pid, found in runs.items()}
+
+
+def owner_of(spans: list[dict[str, Any]], pid: int) -> str:
+    """The lease owner process `pid`'s attempts named (a runner's is one per process)."""
+    [owner] = {
+        s["attributes"]["loopwright.owner"]
+        for s in spans
+        if s["name"] == "run" and s["resource"]["process.pid"] == pid
+    }
+    return str(owner)
+
+
+def writers(shown: str, *expected: str) -> list[str]:
+    """The lines of a timeline that head each writer's steps, each checked against its
+    pattern in `expected` (fnmatch: `*` for what a test cannot know, a dead process's nonce)."""
+    heads = [
+        line.removeprefix(WRITER_MARK)
+        for line in shown.splitlines()
+        if line.startswith(WRITER_MARK)
+    ]
+    assert len(heads) == len(expected) and all(
+        fnmatch.fnmatchcase(head, pattern) for head, pattern in zip(heads, expected, strict=True)
+    ), heads
+    return heads
+
+
 def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_history(
     database_url: str,
     services: ServiceEndpoints,
@@ -148,14 +208,17 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     resumed = cli("resume", RUN_ID, *db, env=env, expect=0)
     assert "COMPLETED" in resumed.stdout, resumed.stdout
 
-    steps = story(list(read_spans(trace)), RUN_ID)
+    spans = list(read_spans(trace))
+    steps = story(spans, RUN_ID)
     [decision] = [s for s in steps if s.get("tool") == "submit_refund"]
     planned = next(s for s in steps if s.get("call_id") == decision["call_id"] and "action_id" in s)
     action_id, intent_key = planned["action_id"], planned["intent_key"]
     business = [s["what"] for s in steps if s.get("action_id") == action_id or "actions" in s]
-    # The approval in the killed process (APPROVED) is not in the trace; the journal has it.
+    # The approval made in the killed process is in the trace too: its node's spans reached
+    # the file as the node ended, before the process died.
     assert business == [
         "NEEDS_APPROVAL",
+        "APPROVED",
         "DISPATCHED",
         "UNKNOWN",
         "RECONCILING",
@@ -164,12 +227,23 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     ]
     by_what = {s["what"]: s for s in steps if s.get("action_id") == action_id}
     assert {s["intent_key"] for s in by_what.values()} == {intent_key}
+    assert by_what["APPROVED"]["span"] == "node validate"  # validated again after approval
     assert by_what["DISPATCHED"]["span"] == "execute_tool submit_refund"
     assert by_what["SUCCEEDED"]["span"] == "node reconcile"
     assert steps[-1]["actions"] == [action_id]
-    # Decided in one process, sent and reconciled in another: one trace, one action.
-    assert decision["pid"] == planned["pid"] != by_what["DISPATCHED"]["pid"]
+    # Decided in one process, approved in a second (killed), sent and reconciled in a third:
+    # one trace, one action, each process's spans under its own attempt's run span.
+    started, approved, resumed = (
+        decision["pid"],
+        by_what["APPROVED"]["pid"],
+        by_what["DISPATCHED"]["pid"],
+    )
+    assert planned["pid"] == started and len({started, approved, resumed}) == 3
     assert steps.index(decision) < steps.index(by_what["DISPATCHED"])
+    attempts = attempts_of(spans, RUN_ID, died={approved})
+    assert sorted(attempts) == sorted([started, resumed])
+    assert [a["attributes"]["loopwright.advance"] for a in attempts[started]] == ["start"]
+    assert [a["attributes"]["loopwright.advance"] for a in attempts[resumed]] == ["resume"]
     [refund] = list_refunds(services, "O-42")
     assert refund["idempotency_key"] == intent_key
 
@@ -188,6 +262,15 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     fences = [int(line.split("fence ")[1].split()[0]) for line in histories[action_id]]
     assert fences[1] < fences[2]  # approved by the killed process, sent by the resuming one
     assert "approved by a-1" in shown and "COMPLETED: completed" in shown
+    # Each step names the process that wrote it; the resuming process took the run over.
+    owners = {pid: owner_of(spans, pid) for pid in (started, resumed)}
+    assert owners[started].startswith(f"{HOST}:{started}:")
+    writers(
+        shown,
+        f"by {owners[started]} (fence 1)",
+        f"by {HOST}:{approved}:* (fence 2), with the answer the run waited for",
+        f"taken over by {owners[resumed]} (fence 3), from {HOST}:{approved}:* (fence 2)",
+    )
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["digest-only", "raw-capture"])
