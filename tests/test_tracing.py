@@ -6,6 +6,7 @@ what was decided, what was sent, what the business system did, and how the run e
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import io
 import json
@@ -35,13 +36,24 @@ from loopwright.observability.tracing import (
     run_trace_id,
     span,
 )
+from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import Runner
 from loopwright.timeline import TimelinePrinter, render_run
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal, release_crashed
+from tests.openai_server import MODEL, ModelFactory, OpenAIStub
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    PATIENCE_S,
+    RunnerFactory,
+    approve,
+    cli,
+    principal,
+    release_crashed,
+    wait_for,
+)
 
 RUN_ID = "run-traced"
 HOST = socket.gethostname()
@@ -363,37 +375,146 @@ def test_concurrent_exports_append_whole_lines(tmp_path: Path) -> None:
     assert all(s["attributes"]["pad"] == "x" * 20_000 for s in spans)
 
 
-def test_otlp_export_when_an_endpoint_is_configured(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    received: list[bytes] = []
+class Collector:
+    """An OTLP/HTTP collector on loopback: what it was sent, request by request."""
 
-    class Collector(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            if self.path == "/v1/traces":
-                received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(200)
-            self.end_headers()
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        received = self.received
 
-        def log_message(self, *_args: Any) -> None:
-            pass
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                if self.path == "/v1/traces":
+                    received.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.end_headers()
 
-    server = HTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def spans(self) -> list[Any]:
+        return [
+            exported
+            for body in list(self.received)
+            for r in ExportTraceServiceRequest.FromString(body).resource_spans
+            for scope in r.scope_spans
+            for exported in scope.spans
+        ]
+
+    def names(self) -> set[str]:
+        return {exported.name for exported in self.spans()}
+
+
+@pytest.fixture
+def otlp_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Collector]:
+    """This process tracing to a collector of the test's own (and a file), as an operator
+    configures it: through the environment; back to the environment's tracing afterwards."""
+    collector = Collector()
+    threading.Thread(target=collector.server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
     monkeypatch.setenv("LOOPWRIGHT_TRACE_FILE", str(tmp_path / "traces.jsonl"))
     configure_tracing(TraceSettings.from_env())
     try:
-        with span("run", run_id="run-otlp"):
-            pass
-        flush_traces()
+        yield collector
     finally:
         monkeypatch.undo()
         configure_tracing(TraceSettings.from_env())
-        server.shutdown()
-    [body] = received
-    request = ExportTraceServiceRequest.FromString(body)
-    [exported] = [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+        collector.server.shutdown()
+
+
+def test_otlp_export_when_an_endpoint_is_configured(otlp_to: Collector, tmp_path: Path) -> None:
+    with span("run", run_id="run-otlp"):
+        pass
+    flush_traces()
+    [exported] = otlp_to.spans()
     assert exported.name == "run"
     assert exported.trace_id == run_trace_id("run-otlp").to_bytes(16, "big")
     assert [s["name"] for s in read_spans(tmp_path / "traces.jsonl")] == ["run"]
+
+
+def test_otlp_spans_are_sent_as_each_node_ends(
+    otlp_to: Collector, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run held in its write's send: the collector already has every node before it (a
+    process dying now would have sent what it did), and not the send, its node or the run.
+    The batch's own schedule is put off for the test: nothing is sent but at a node's end."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", str(3_600_000))
+    configure_tracing(TraceSettings.from_env())
+    release = threading.Event()
+
+    def charge_when_released(ctx: Any, args: Any, key: str | None) -> Any:
+        release.wait(PATIENCE_S)
+        return PAY_WITH_CARD.run(ctx, args, key)
+
+    held = dataclasses.replace(PAY_WITH_CARD, run=charge_when_released)
+    with card_runner(sqlite_url, held) as runner:
+        outcomes: list[RunOutcome] = []
+        running = threading.Thread(
+            target=lambda: outcomes.append(runner.start(TASK, principal(task=TASK)))
+        )
+        running.start()
+        try:
+            wait_for(lambda: "node validate" in otlp_to.names())
+            sent = otlp_to.names()
+            assert {
+                "node compile_context",
+                "node model_step",
+                "chat scripted",
+                "node validate",
+            } <= sent
+            assert not sent & {"execute_tool pay_with_card", "node execute", "run"}
+        finally:
+            release.set()
+            running.join()
+    [outcome] = outcomes
+    assert outcome.stop_reason == "completed"
+    flush_traces()
+    assert {"execute_tool pay_with_card", "node execute", "node verify", "run"} <= otlp_to.names()
+    assert not any(CARD.encode() in body for body in otlp_to.received)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_model_spans_carry_the_genai_attributes_trace_viewers_read(
+    api: str,
+    openai_stub: OpenAIStub,
+    openai_model: ModelFactory,
+    open_test_runner: RunnerFactory,
+    trace_to: Callable[..., Path],
+) -> None:
+    """Each model request is a CLIENT span named and attributed as OpenTelemetry's GenAI
+    conventions say (operation, provider, requested and answering model, token usage as the
+    endpoint counted it), under its node; no message content is in the trace."""
+    trace = trace_to()
+    with open_test_runner(model=openai_model(api)) as runner:
+        outcome = approve(runner, runner.start(DEMO_TASK, principal()))
+    assert outcome.stop_reason == "completed", outcome.stop_detail
+    flush_traces()
+    spans = [
+        s for s in read_spans(trace) if s["trace_id"] == f"{run_trace_id(outcome.run_id):032x}"
+    ]
+    by_id = {s["span_id"]: s for s in spans}
+    chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
+    assert [
+        (
+            s["attributes"]["gen_ai.usage.input_tokens"],
+            s["attributes"]["gen_ai.usage.output_tokens"],
+        )
+        for s in chats
+    ] == openai_stub.usages
+    for chat in chats:
+        attributes = chat["attributes"]
+        assert chat["name"] == f"chat {MODEL}" and chat["kind"] == "CLIENT"
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.provider.name"] == attributes["gen_ai.system"] == "openai"
+        assert attributes["gen_ai.request.model"] == attributes["gen_ai.response.model"] == MODEL
+        assert attributes["gen_ai.response.id"]
+        assert by_id[chat["parent_span_id"]]["name"] == "node model_step"
+    if api == "chat":
+        finish = [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats]
+        assert finish == [["tool_calls"]] * (len(chats) - 1) + [["stop"]]
+    text = trace.read_text()
+    assert DEMO_TASK not in text and '"gen_ai.input.messages"' not in text
