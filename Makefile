@@ -3,9 +3,10 @@
 
 VENV := .venv
 PY := $(VENV)/bin/python
-# The demo needs loopwright's runtime dependencies only; tests, linters and the type checker
-# add the dev extras. Each stamp is remade when pyproject.toml changes.
-RUNTIME := $(VENV)/.installed-runtime
+# The demo needs the runtime and the reference agent, two distributions of this repository
+# (pyproject.toml, refunds/pyproject.toml), installed editable; tests, linters and the type
+# checker add the dev extras. Each stamp is remade when either pyproject.toml changes.
+DEMO := $(VENV)/.installed-demo
 DEV := $(VENV)/.installed-dev
 PIP := PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --disable-pip-version-check
 
@@ -15,18 +16,18 @@ $(PY):
 	@echo "make: creating $(VENV) with $$(scripts/find-python)"
 	@"$$(scripts/find-python)" -m venv $(VENV)
 
-$(RUNTIME): pyproject.toml | $(PY)
-	@echo "make: installing loopwright and its runtime dependencies into $(VENV) (the first time: a minute or two)"
-	@$(PIP) -e .
+$(DEMO): pyproject.toml refunds/pyproject.toml | $(PY)
+	@echo "make: installing loopwright and its reference agent into $(VENV) (the first time: a minute or two)"
+	@$(PIP) -e . -e ./refunds
 	@touch $@
 	@echo "make: installed"
 
-$(DEV): $(RUNTIME)
+$(DEV): $(DEMO)
 	@echo "make: installing the test, lint and type-check tools into $(VENV)"
 	@$(PIP) -e '.[dev]'
 	@touch $@
 
-demo: $(RUNTIME)
+demo: $(DEMO)
 	$(VENV)/bin/loopwright demo --yes $(ARGS)
 
 # Four test processes on CI's two cores: many tests wait on processes, HTTP and databases, not
@@ -45,8 +46,8 @@ test: $(DEV)
 test-quick: $(DEV)
 	$(PY) -m pytest $(XDIST) -m quick $(ARGS)
 
-# The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox; see README.
-serve: $(RUNTIME)
+# The LangGraph server on Postgres (DATABASE_URL), offline, with the approval inbox (docs/serving.md).
+serve: $(DEMO)
 	$(VENV)/bin/loopwright serve $(ARGS)
 
 lint: $(DEV)

@@ -46,19 +46,19 @@ from typing import Any
 
 from loopwright.checkpoints.database import DatabaseKind, database_kind
 from loopwright.checkpoints.leases import RunRecord
-from loopwright.checkpoints.scratch import (
-    LOCAL_SERVER,
-    embedded_server,
-    fresh_database,
-    reachable,
-    with_application_name,
-)
 from loopwright.graph.state import Action, ActionStatus, Principal
 from loopwright.processes import terminate
 from loopwright.runner import LEASE_TTL_ENV, Runner, open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, task_scope
 from loopwright_refunds.experiments.progress import Progress
+from loopwright_refunds.scratch import (
+    LOCAL_SERVER,
+    embedded_server,
+    fresh_database,
+    reachable,
+    with_application_name,
+)
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services

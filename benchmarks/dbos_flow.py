@@ -35,7 +35,7 @@ from langchain_core.tools import BaseTool
 
 from benchmarks.perf_setup import TASK, bare_tools, reading_model
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 NOT_INSTALLED = "DBOS Transact is not installed (a dev dependency: pip install -e '.[dev]')"

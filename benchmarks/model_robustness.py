@@ -36,11 +36,11 @@ from typing import Any
 from langchain_core.messages import BaseMessage, ToolMessage
 
 from loopwright import Budget, Decision, Principal, RunOutcome, open_runner
-from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright.models.openai_chat import API_ENV, REASONING_ENV, STREAM_ENV
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, refund_claims, task_scope
 from loopwright_refunds.experiments.progress import Progress
+from loopwright_refunds.scratch import fresh_database, server_url
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services

@@ -35,7 +35,6 @@ from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
-from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright.checkpoints.sql import Database
 from loopwright.graph.budget import Budget
 from loopwright.graph.state import Principal
@@ -46,6 +45,7 @@ from loopwright_refunds.agent import Order, RefundServices, connect, fetch_order
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.experiments.services import start_services
 from loopwright_refunds.long_task import KeepsReading
+from loopwright_refunds.scratch import fresh_database, server_url
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 TASK = "Read orders O-42, O-43 and O-44 in turn, again and again."

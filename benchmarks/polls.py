@@ -21,7 +21,7 @@ from pathlib import Path
 from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.leases import LeaseStore, open_lease_store
 from loopwright.checkpoints.schema import UNENDED_RUNS
-from loopwright.checkpoints.scratch import fresh_database, server_url
+from loopwright_refunds.scratch import fresh_database, server_url
 
 POLLS = 30
 _ENDED_RUN = (

@@ -55,11 +55,11 @@ import psycopg
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.worker_time import Sampler, Window
 from loopwright.checkpoints.frames import stored_at
-from loopwright.checkpoints.scratch import with_application_name
 from loopwright.graph.state import Principal
 from loopwright.runner import open_runner
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect, task_scope
+from loopwright_refunds.scratch import with_application_name
 from loopwright_refunds.services.admin import create_order, list_refunds
 
 TASK = "Check whether order {order_id} can be refunded and refund it if so."

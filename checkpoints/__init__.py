@@ -9,6 +9,6 @@
   (and those of LangGraph's own layout, for the server's runs).
 * `compact`: the runtime's checkpointer, a row per checkpoint (`frames`: the row format;
   `delta_history`: a DeltaChannel's history read from the rows).
-* `schema`, `retention`, `scratch`: loopwright's tables and their migrations, the job that
-  prunes finished runs, throwaway databases for tests and benchmarks.
+* `schema`, `retention`: loopwright's tables and their migrations, and the job that prunes
+  finished runs.
 """

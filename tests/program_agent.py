@@ -14,7 +14,7 @@ from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import fresh_services
 
 REPO = Path(__file__).resolve().parent.parent
-SKILL_PROGRAM = "loopwright_refunds/skills/refund-eligible-orders/refund_eligible.py"
+SKILL_PROGRAM = "refunds/loopwright_refunds/skills/refund-eligible-orders/refund_eligible.py"
 
 TASK = "Refund orders O-42 and O-43 in full."
 # The reference agent's own skill program: refunds each delivered order of `orders` in full, a

@@ -39,10 +39,10 @@ import pytest
 from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright.attempt import CLAIM_POLL_S
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server import cluster as cluster_module
 from loopwright.server.admissions import PER_PRINCIPAL, PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -71,13 +71,19 @@ def redis_reachable() -> bool:
         return False
 
 
-pytestmark = [
-    pytest.mark.postgres,
+# What a test that starts Aegra needs: the engine installed and a Redis to queue runs in
+# (`pytest.param("aegra", marks=AEGRA)` where a test runs on both engines).
+AEGRA = [
     pytest.mark.skipif(
         importlib.util.find_spec("aegra_api") is None,
         reason="aegra-api is not installed (pip install -e '.[dev]')",
     ),
     pytest.mark.skipif(not redis_reachable(), reason=f"no Redis at {REDIS[0]}:{REDIS[1]}"),
+]
+
+pytestmark = [
+    pytest.mark.postgres,
+    *AEGRA,
 ]
 
 

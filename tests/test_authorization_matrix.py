@@ -30,7 +30,6 @@ go out together (a thread busy with another probe's run is asked again).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import json
 import re
@@ -52,7 +51,7 @@ from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from tests import test_server_langgraph
 from tests.runtime_fixtures import PATIENCE_S, wait_for
-from tests.test_aegra_scaleout import deployment, openapi_document, redis_reachable
+from tests.test_aegra_scaleout import AEGRA, deployment, openapi_document
 from tests.test_server_langgraph import GRAPH, Served, decision_for, start_run, values_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -492,14 +491,6 @@ class Target:
     @property
     def classification(self) -> dict[Route, Rule]:
         return CLASSIFICATIONS[self.engine]
-
-
-AEGRA = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("aegra_api") is None, reason="aegra-api is not installed"
-    ),
-    pytest.mark.skipif(not redis_reachable(), reason="no Redis at 127.0.0.1:6379"),
-]
 
 
 @pytest.fixture(scope="module", params=["langgraph", pytest.param("aegra", marks=AEGRA)])

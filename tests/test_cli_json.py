@@ -1,4 +1,4 @@
-"""`--json` and exit codes: what scripts read from each command, as the README documents.
+"""`--json` and exit codes: what scripts read from each command, as docs/cli.md documents.
 
 Every command runs in a new process, as a script would run it. stdout must be one JSON
 document and nothing else (no timeline, no prompt), the exit code must say where the run
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import claiming_agent as claiming
+from tests import docs_pages
 from tests.card_payments import CARD
 from tests.card_payments import TASK as CARD_TASK
 from tests.runtime_fixtures import DEMO_TASK, PATIENCE_S, REPO, cli
@@ -173,14 +173,7 @@ def test_a_sensitive_value_is_in_no_document(sqlite_url: str, tmp_path: Path) ->
     assert history["task"] == "Pay 10.00 for order O-42 with card [redacted]."
 
 
-def readme_block(marker: str) -> str:
-    """The README's sh code block that contains `marker`."""
-    blocks = re.findall(r"```sh\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
-    [block] = [b for b in blocks if marker in b]
-    return str(block)
-
-
-def test_the_readme_script_approves_what_waits_and_reads_completed(
+def test_the_cli_page_script_approves_what_waits_and_reads_completed(
     services: ServiceEndpoints, tmp_path: Path
 ) -> None:
     """As a user pastes it: in a directory of their own, on the embedded default database."""
@@ -194,7 +187,7 @@ def test_the_readme_script_approves_what_waits_and_reads_completed(
     }
     env.pop("DATABASE_URL", None)
     result = subprocess.run(
-        ["bash", "-c", readme_block("--json > run.json")],
+        ["bash", "-c", docs_pages.block_with("docs/cli.md", "sh", "--json > run.json")],
         cwd=tmp_path,
         env=env,
         capture_output=True,

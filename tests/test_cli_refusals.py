@@ -1,7 +1,7 @@
 """What the command line refuses in one line (exit 2), before anything starts or is written.
 
 The servers' own identity named as a person; two tokens given to `tokens hash`; the published
-development tokens on an address others reach; and settings a server would take and could not
+development tokens (or any plain ones) on an address others reach, however they come; and settings a server would take and could not
 use (a model spec, the agent's own service settings) on either engine, whether started by
 `loopwright serve` or as the engine's process itself.
 """
@@ -93,6 +93,51 @@ def test_serve_never_falls_back_to_the_published_tokens_off_loopback(tmp_path: P
         f"development tokens are published: they serve a loopback --host only, not {host}" in line
     )
     assert "LOOPWRIGHT_JWKS" in line and "LOOPWRIGHT_TOKENS_FILE" in line
+    assert not home.exists()
+
+
+DEV_TABLE = json.loads((REPO / "loopwright/server/dev-tokens.json").read_text())
+PUBLISHED_WAYS = {
+    # The flag, with no identities or with the operator's own.
+    "--dev-tokens": (["--dev-tokens"], NO_IDENTITIES, "--dev-tokens: the development tokens"),
+    "--dev-tokens beside a table": (["--dev-tokens"], IDENTITIES, "--dev-tokens:"),
+    # Plain tokens allowed, in a table of the operator's own.
+    "plain tokens": (
+        [],
+        {
+            **NO_IDENTITIES,
+            "LOOPWRIGHT_DEV_TOKENS": "1",
+            "LOOPWRIGHT_TOKENS": json.dumps({"t-u1-" + "x" * 16: {"user_id": "u-1"}}),
+        },
+        "LOOPWRIGHT_DEV_TOKENS=1 takes plain tokens",
+    ),
+    # The published tokens, stored hashed as production tables are.
+    "a table with a published token": (
+        [],
+        {**NO_IDENTITIES, "LOOPWRIGHT_TOKENS": json.dumps(hashed_table(DEV_TABLE))},
+        "the token table takes the published development token dev-",
+    ),
+}
+
+
+@pytest.mark.parametrize("engine", ["langgraph", "aegra"])
+@pytest.mark.parametrize("way", list(PUBLISHED_WAYS))
+def test_serve_refuses_the_published_tokens_off_loopback_however_they_come(
+    way: str, engine: str, tmp_path: Path
+) -> None:
+    """Whichever way the development tokens (or plain ones) would be taken, a server listening
+    where others reach it refuses to start, in one line saying how to configure identities."""
+    flags, env, said = PUBLISHED_WAYS[way]
+    home, host = tmp_path / "home", "0.0.0.0"
+    with reserved_port(host) as port:
+        refused = cli(
+            *("serve", "--engine", engine, "--host", host, "--port", str(port), *flags),
+            *("--db", NOWHERE, "--instances", "1"),
+            env={"LOOPWRIGHT_HOME": str(home), **env},
+        )
+    line = one_line(refused)
+    assert said in line and f"loopback --host only, not {host}" in line, line
+    assert "LOOPWRIGHT_JWKS" in line and "LOOPWRIGHT_TOKENS_FILE" in line, line
     assert not home.exists()
 
 

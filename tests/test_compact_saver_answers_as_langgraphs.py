@@ -32,7 +32,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.factory import open_checkpointer
-from loopwright.checkpoints.scratch import fresh_database
+from loopwright_refunds.scratch import fresh_database
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]  # hypothesis's data.draw
 CHANNELS = ["a", "b", "messages", "branch:to:x"]

@@ -1,7 +1,7 @@
-"""The deployable unit: the Dockerfile and compose.yaml the README starts with one command.
+"""The deployable unit: the Dockerfile and compose.yaml docs/serving.md starts with one command.
 
 No container runtime runs here, so the suite checks the compose file's structure itself (every
-service the README names, each instance's command as `loopwright serve --engine aegra` parses
+service the page names, each instance's command as `loopwright serve --engine aegra` parses
 it, its environment pointing at the services compose starts, healthchecks on the readiness
 route, start order), and then runs the same processes directly: the business services and two
 instances, with the commands and environment compose gives them, against the local Postgres
@@ -31,16 +31,16 @@ import typer
 import yaml
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.cli import app
 from loopwright.processes import START_TIMEOUT_S
 from loopwright.server import cluster as cluster_module
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests import test_aegra_scaleout
+from tests import docs_pages, test_aegra_scaleout
 from tests.ports import reserved_port
-from tests.runtime_fixtures import REPO, sdk_client
+from tests.runtime_fixtures import PATIENCE_S, REPO, sdk_client
 from tests.test_aegra_scaleout import REDIS_URL
 from tests.test_server_langgraph import GRAPH, decision_for, values_of
 
@@ -48,6 +48,7 @@ COMPOSE = REPO / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 INSTANCE = re.compile(r"loopwright-(\d+)")
 READY = "/ready"  # Aegra's readiness route, unauthenticated
+PAGE, DEPLOYING = "docs/serving.md", "Deploying: one command"
 
 
 def compose() -> dict[str, Any]:
@@ -81,20 +82,21 @@ def healthcheck_url(spec: Mapping[str, Any]) -> str:
     return url
 
 
-def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
+def documented_commands() -> list[str]:
+    """The command lines of docs/serving.md's "Deploying" section."""
     return [
-        line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in block.splitlines()
+        line for block in docs_pages.blocks(PAGE, "sh", DEPLOYING) for line in block.splitlines()
     ]
 
 
-def test_the_compose_file_starts_what_the_readme_says() -> None:
+def test_the_compose_file_starts_what_the_page_says() -> None:
     services = compose()["services"]
     assert {"postgres", "redis", "business"} <= set(services)
     serving = instances(services)
     assert len(serving) >= 2, "a deployment of several instances"
-    assert any(c.split("#")[0].strip() == "docker compose up --build" for c in readme_commands())
-    readme = (REPO / "README.md").read_text()
+    commands = [c.split("#")[0].strip() for c in documented_commands()]
+    assert "docker compose up --build" in commands
+    page = docs_pages.section(PAGE, DEPLOYING)
     postgres = services["postgres"]["environment"]
     business = options(services["business"]["command"])
     assert services["business"]["command"][:3] == ["python", "-m", "loopwright_refunds.services"]
@@ -114,7 +116,7 @@ def test_the_compose_file_starts_what_the_readme_says() -> None:
         assert healthcheck_url(spec) == f"http://127.0.0.1:{port}{READY}"
         [published] = spec["ports"]
         host_port, container_port = published.split(":")
-        assert int(container_port) == port and f"http://127.0.0.1:{host_port}" in readme, name
+        assert int(container_port) == port and f"http://127.0.0.1:{host_port}" in page, name
         env = spec["environment"]
         database = urlsplit(env["DATABASE_URL"])
         assert (database.hostname, database.username, database.password) == (
@@ -128,17 +130,46 @@ def test_the_compose_file_starts_what_the_readme_says() -> None:
         for service, port_of in business_ports.items():
             url = urlsplit(getattr(endpoints, service))
             assert (url.hostname, str(url.port)) == ("business", port_of), service
-        assert served["dev_tokens"] or "LOOPWRIGHT_TOKENS_FILE" in env
         assert spec["build"] == "." and spec["stop_grace_period"]
     # The first instance waits for what it needs, the others for the first (its migrations).
     first, *others = sorted(serving, key=lambda name: int(INSTANCE.fullmatch(name)[1]))  # type: ignore[index]
     assert serving[first]["depends_on"] == {
-        name: {"condition": "service_healthy"} for name in ("postgres", "redis", "business")
+        **{name: {"condition": "service_healthy"} for name in ("postgres", "redis", "business")},
+        "identities": {"condition": "service_completed_successfully"},
     }
     for name in others:
         assert serving[name]["depends_on"] == {first: {"condition": "service_healthy"}}
     for name in ("postgres", "redis", "business"):
         assert services[name]["healthcheck"]["test"][0] == "CMD"
+
+
+def mounts(spec: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """A service's volumes: the volume's name -> (where it is mounted, its mode)."""
+    found = {}
+    for volume in spec.get("volumes", []):
+        name, where, *mode = volume.split(":")
+        found[name] = (where, mode[0] if mode else "rw")
+    return found
+
+
+def identities_script() -> tuple[str, str]:
+    """The identities service's program, and the folder of the volume it writes the table to."""
+    spec = compose()["services"]["identities"]
+    [(folder, mode)] = [m for name, m in mounts(spec).items() if name == "identities"]
+    assert mode == "rw" and spec["command"][:2] == ["python", "-c"]
+    return spec["command"][2], folder
+
+
+def test_the_instances_serve_the_deployments_own_identities_never_the_published_ones() -> None:
+    """They listen on every address of their containers: no --dev-tokens anywhere, and each
+    instance reads the table the identities service writes, from a volume it cannot write."""
+    assert "--dev-tokens" not in COMPOSE.read_text() + DOCKERFILE.read_text()
+    script, folder = identities_script()
+    assert f'"{folder}/tokens.json"' in script and "loopwright" in script
+    for name, spec in instances(compose()["services"]).items():
+        assert not serve_options(spec["command"])["dev_tokens"], name
+        assert mounts(spec)["identities"] == (folder, "ro"), name
+        assert spec["environment"]["LOOPWRIGHT_TOKENS_FILE"] == f"{folder}/tokens.json", name
 
 
 def test_the_image_runs_as_a_user_and_checks_readiness() -> None:
@@ -155,9 +186,9 @@ def test_the_image_runs_as_a_user_and_checks_readiness() -> None:
     command = json.loads(cmd.removeprefix("CMD "))
     served = serve_options(command)
     assert (served["engine"], served["port"]) == ("aegra", 2031) and "EXPOSE 2031" in lines
-    # The instances compose starts are the image's command, with the development tokens.
+    # The instances compose starts are the image's command.
     for spec in instances(compose()["services"]).values():
-        assert spec["command"] == [*command, "--dev-tokens"]
+        assert spec["command"] == command
 
 
 @contextmanager
@@ -229,6 +260,7 @@ def test_the_processes_compose_starts_serve_a_run(postgres_server_url: str, tmp_
         stack.enter_context(started(python, base_env(), tmp_path / "business-proc", health))
         given = json.loads(next(iter(instances(services).values()))["environment"][SERVICES_ENV])
         endpoints = {k: local(v, business_ports, "business") for k, v in given.items()}
+        tokens, folder = make_identities(tmp_path / "identities")
         running = []
         for name, spec in sorted(instances(services).items()):
             port = stack.enter_context(reserved_port())
@@ -240,6 +272,10 @@ def test_the_processes_compose_starts_serve_a_run(postgres_server_url: str, tmp_
                 "DATABASE_URL": url,  # compose's database, on the local server
                 cluster_module.REDIS_ENV: REDIS_URL,
                 SERVICES_ENV: json.dumps(endpoints),
+                # The identities volume, as the identities service left it.
+                "LOOPWRIGHT_TOKENS_FILE": spec["environment"]["LOOPWRIGHT_TOKENS_FILE"].replace(
+                    folder, str(tmp_path / "identities")
+                ),
             }
             home = tmp_path / name  # a container's own filesystem
             ready = healthcheck_url(spec).replace(
@@ -249,8 +285,14 @@ def test_the_processes_compose_starts_serve_a_run(postgres_server_url: str, tmp_
             stack.enter_context(started(command, {**base_env(), **env}, home, ready))
             running.append(f"http://127.0.0.1:{port}")
 
-        customer = sdk_client(url=running[-1], headers={"Authorization": "Bearer dev-u1"})
-        approver = sdk_client(url=running[0], headers={"Authorization": "Bearer dev-a1"})
+        customer = sdk_client(url=running[-1], headers={"Authorization": f"Bearer {tokens['u-1']}"})
+        approver = sdk_client(url=running[0], headers={"Authorization": f"Bearer {tokens['a-1']}"})
+        for published in ("dev-u1", "dev-a1"):  # the development tokens are nobody's here
+            with pytest.raises(httpx.HTTPStatusError) as refused:
+                sdk_client(
+                    url=running[0], headers={"Authorization": f"Bearer {published}"}
+                ).threads.create()
+            assert refused.value.response.status_code == 401
         thread_id = customer.threads.create()["thread_id"]
         task = "Check whether order O-42 can be refunded and refund it if so."
         customer.runs.wait(thread_id, GRAPH, input={"task": task})
@@ -261,6 +303,37 @@ def test_the_processes_compose_starts_serve_a_run(postgres_server_url: str, tmp_
         assert state["stop_reason"] == "completed" and state["verification"]["verified"]
         refunds = list_refunds(ServiceEndpoints.model_validate(endpoints), "O-42")
         assert len(refunds) == 1
+
+
+def make_identities(volume: Path) -> tuple[dict[str, str], str]:
+    """The identities service's program, run as its container would, on `volume` for its
+    volume: the tokens it printed by user, and the folder it stands for. Run again, as on a
+    later start, it keeps the table and prints no token."""
+    script, folder = identities_script()
+    volume.mkdir()
+    env = {**base_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def run() -> list[str]:
+        ran = subprocess.run(
+            [sys.executable, "-c", script.replace(folder, str(volume))],
+            env=env,
+            cwd=volume.parent,
+            capture_output=True,
+            text=True,
+            timeout=PATIENCE_S,
+        )
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout.splitlines()
+
+    *printed, summary = run()
+    said = [re.fullmatch(r"(\S+) \(\w+\): (\S+)", line) for line in printed]  # user (role): token
+    tokens = {found[1]: found[2] for found in said if found}
+    assert len(tokens) == len(printed), printed
+    assert summary.endswith(f"{len(tokens)} users") and {"u-1", "a-1"} <= set(tokens)
+    table = (volume / "tokens.json").read_text()
+    assert not any(token in table for token in tokens.values())  # hashed, every one
+    assert run() == [summary] and (volume / "tokens.json").read_text() == table
+    return tokens, folder
 
 
 def base_env() -> dict[str, str]:

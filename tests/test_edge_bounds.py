@@ -6,13 +6,11 @@ takes is the benchmark's to print, with its ratio to idle: `python -m benchmarks
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from benchmarks import edge_load
 from benchmarks.perf_setup import bench_environment
-from tests.test_aegra_scaleout import REDIS_URL, redis_reachable
+from tests.test_aegra_scaleout import AEGRA, REDIS_URL
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -21,15 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
     "engine",
     [
         "langgraph",
-        pytest.param(
-            "aegra",
-            marks=[
-                pytest.mark.skipif(
-                    importlib.util.find_spec("aegra_api") is None, reason="no aegra-api"
-                ),
-                pytest.mark.skipif(not redis_reachable(), reason="no Redis at 127.0.0.1:6379"),
-            ],
-        ),
+        pytest.param("aegra", marks=AEGRA),
     ],
 )
 def test_a_flood_of_huge_tokens_and_bodies_is_refused_before_any_work(

@@ -10,7 +10,6 @@ by Aegra's sweeper.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -29,26 +28,17 @@ import pytest
 from loopwright import tls
 from loopwright.server.engine import EngineMisconfigured, refuse_thread_ttl
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
+from tests.engines import ENGINES, served_on
 from tests.runtime_fixtures import PATIENCE_S, wait_for
-from tests.test_aegra_scaleout import deployment, redis_reachable
 from tests.test_server_langgraph import (
     GRAPH,
-    TOKENS,
     Served,
     decision_for,
-    serving,
     start_run,
     values_of,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
-
-AEGRA = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("aegra_api") is None, reason="aegra-api is not installed"
-    ),
-    pytest.mark.skipif(not redis_reachable(), reason="no Redis at 127.0.0.1:6379"),
-]
 
 
 @dataclass(frozen=True)
@@ -88,20 +78,15 @@ class Engine:
         )
 
 
-@pytest.fixture(scope="module", params=["langgraph", pytest.param("aegra", marks=AEGRA)])
+@pytest.fixture(scope="module", params=ENGINES)
 def engine(
     request: pytest.FixtureRequest,
     postgres_server_url: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Engine]:
     workdir = tmp_path_factory.mktemp(request.param)
-    if request.param == "langgraph":
-        with serving(postgres_server_url, workdir, TOKENS) as served:
-            yield Engine("langgraph", served)
-        return
-    with deployment(postgres_server_url, workdir) as cluster:
-        instance = cluster.start("aegra")
-        yield Engine("aegra", Served(instance.url, cluster.database_url, cluster.services))
+    with served_on(request.param, postgres_server_url, workdir) as served:
+        yield Engine(request.param, served)
 
 
 def waiting_run(engine: Engine, order: str) -> tuple[str, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """`python -m loopwright_refunds.experiments` as a user or a script runs it: bad input is one
 line and exit 2 before anything starts; `--json` is one `loopwright.experiment/1` document with
-the fields the README lists; the plots label their axes, count their trials and show their zeros.
+the fields docs/experiments.md lists; the plots label their axes, count their trials and show their zeros.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from loopwright_refunds.experiments.report import (
 )
 from loopwright_refunds.experiments.scenarios import SKIPS_POLICY
 from loopwright_refunds.experiments.trials import TrialResult
+from tests import docs_pages
 from tests.runtime_fixtures import DURATION, PATIENCE_S, REPO
-from tests.test_cli_json import readme_block
 from tests.test_experiment_parts import trial
 
 PROG = (sys.executable, "-m", "loopwright_refunds.experiments")
@@ -130,9 +130,9 @@ def test_the_json_document_has_the_headline_per_system_and_a_row_per_scenario(
     assert all(list(r) == ["scenario", "system", *SCENARIO_FIELDS] for r in document["scenarios"])
 
 
-def test_the_readme_lists_every_field_of_the_json_document() -> None:
-    readme = (REPO / "README.md").read_text()
-    [row] = [line for line in readme.splitlines() if line.startswith(f"| `{SCHEMA}`")]
+def test_the_experiments_page_lists_every_field_of_the_json_document() -> None:
+    page = docs_pages.text("docs/experiments.md")
+    [row] = [line for line in page.splitlines() if line.startswith(f"| `{SCHEMA}`")]
     for name in ("trials", "repetitions", "results", "report", "systems", "scenarios"):
         assert f"`{name}`" in row, name
     for name in (*HEADLINE_FIELDS, *SCENARIO_FIELDS, "outcomes"):
@@ -162,10 +162,10 @@ def test_the_bar_plots_label_axes_count_trials_and_show_their_zeros() -> None:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_the_readme_reads_the_json_document_while_progress_goes_to_stderr_in_lines(
+def test_the_experiments_page_reads_the_json_document_while_progress_goes_to_stderr_in_lines(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
-    """The README's `--json` pipe, as a user pastes it in a directory of their own: stdout must
+    """docs/experiments.md's `--json` pipe, as a user pastes it in a directory of their own: stdout must
     be the one document `json.load` reads, and piped progress whole lines on stderr."""
     env = {
         **os.environ,
@@ -174,7 +174,13 @@ def test_the_readme_reads_the_json_document_while_progress_goes_to_stderr_in_lin
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     result = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", readme_block("--system loopwright --json")],
+        [
+            "bash",
+            "-o",
+            "pipefail",
+            "-c",
+            docs_pages.block_with("docs/experiments.md", "sh", "--system loopwright --json"),
+        ],
         cwd=tmp_path,
         env=env,
         stdin=subprocess.DEVNULL,

@@ -27,7 +27,7 @@ from tests.runtime_fixtures import REPO
 
 LINKED = ("graph", "nodes", "tools", "checkpoints")
 # graph/, nodes/, tools/ and checkpoints/ are linked into loopwright/, which rglob does not follow.
-SOURCES = ("loopwright", *LINKED, "loopwright_refunds", "benchmarks", "tests")
+SOURCES = ("loopwright", *LINKED, "refunds", "benchmarks", "tests")
 SKIPPED = (REPO / "tests" / "outside_app",)
 REQUESTS = {"get", "post", "put", "patch", "delete", "head", "options", "request", "stream"}
 CLIENTS = {"Client", "AsyncClient"}

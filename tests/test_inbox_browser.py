@@ -30,9 +30,9 @@ import httpx
 import pytest
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault
 from loopwright_refunds.services.launcher import start_services
 from tests.ports import reserved_port

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.reports import EXIT_CODES
 from loopwright.runner import LEASE_TTL_ENV, open_runner
 from loopwright.tools.mcp import INTENT_KEY_META
+from tests import docs_pages
 from tests.mcp_agent import (
     SERVER,
     STATE_ENV,
@@ -53,7 +53,7 @@ from tests.mcp_agent import (
     stdio_desk,
 )
 from tests.ports import reserved_port
-from tests.runtime_fixtures import PATIENCE_S, REPO, approve, cli, tool_errors, wait_for
+from tests.runtime_fixtures import PATIENCE_S, approve, cli, tool_errors, wait_for
 
 
 def calls(state: Path, tool: str | None = None) -> list[dict[str, Any]]:
@@ -382,26 +382,25 @@ def test_a_session_that_drops_is_opened_again(
     assert len(calls(state, "started")) == 2
 
 
-def test_the_readme_mcp_section_runs(
+def test_the_declarations_page_mcp_section_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's MCP section as a user follows it: the server's file written where the
-    agent's code runs, then the agent's code, in a module of its own."""
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("## Tools of an MCP server\n")
-    section = readme[start : readme.index("\n## ", start + 1)]
-    server, *code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    """docs/declarations.md's "Tools of an MCP server" as a user follows it: the server's file
+    written where the agent's code runs, then the agent's code, in a module of its own."""
+    page, title = "docs/declarations.md", "Tools of an MCP server"
+    server, *code = docs_pages.blocks(page, "python", title)
     assert server.startswith("# it_desk.py") and code
     (tmp_path / "it_desk.py").write_text(server)
     monkeypatch.chdir(tmp_path)
-    module = types.ModuleType("readme_mcp")
+    module = types.ModuleType("docs_mcp")
     monkeypatch.setitem(sys.modules, module.__name__, module)
     for block in code:
-        exec(compile(block, "README.md", "exec"), module.__dict__)
+        exec(compile(block, page, "exec"), module.__dict__)
     assert capsys.readouterr().out.splitlines() == ["completed {'account': 'a-1', 'grants': 1}"]
     [grant] = (tmp_path / "grants.jsonl").read_text().splitlines()
     assert json.loads(grant) == {"account": "a-1", "cpus": 4}
-    assert "completed {'account': 'a-1', 'grants': 1}" in section  # what it says it prints
+    # What it says it prints.
+    assert "completed {'account': 'a-1', 'grants': 1}" in docs_pages.section(page, title)
 
 
 # --- `loopwright faults` over both transports --------------------------------------------------

@@ -1,6 +1,7 @@
 """loopwright installed from its wheel, hosting an application that is not the refund agent.
 
-The wheel is built from this checkout and installed, not editable, into a fresh virtualenv. The
+The runtime's wheel is built from this checkout and installed alone (not the reference agent's
+distribution: the application needs nothing of it), not editable, into a fresh virtualenv. The
 application (tests/outside_app, copied to a temp directory) has its own `tools` package,
 `models.py` and `graph.py` -- the names loopwright used to install at the top level -- and
 defines a booking desk against the public API only: a read, a write to a system without
@@ -34,10 +35,10 @@ import httpx
 import pytest
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.processes import ChildProcess
 from loopwright.reports import EXIT_CODES
 from loopwright.server.bearer_tokens import hashed_table
+from loopwright_refunds.scratch import fresh_database
 from tests.ports import reserved_port
 from tests.runtime_fixtures import PATIENCE_S, REPO, sdk_client, wait_for
 from tests.test_inbox_browser import CHROMIUM, inbox_page
@@ -45,8 +46,8 @@ from tests.test_inbox_browser import CHROMIUM, inbox_page
 pytestmark = pytest.mark.slow
 
 APP = Path(__file__).with_name("outside_app")
-# Only these may land in site-packages (and the distribution's metadata).
-TOP_LEVEL = {"loopwright", "loopwright_refunds"}
+# Only this may land in site-packages (and the distribution's metadata).
+TOP_LEVEL = {"loopwright"}
 TOKENS = {
     "t-guest": {"user_id": "g-1", "roles": ["customer"]},
     "t-boss": {"user_id": "boss", "roles": ["approver"]},
@@ -85,7 +86,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """A fresh virtualenv with the wheel and its dependencies (from the package index)."""
+    """A fresh virtualenv with the runtime's wheel and its dependencies (from the package
+    index), and nothing else."""
     venv = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=PATIENCE_S)
     python = venv / "bin" / "python"
@@ -184,9 +186,46 @@ def test_the_wheel_installs_one_namespace(wheel: Path, installed: Installed) -> 
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == TOP_LEVEL
     assert "loopwright/server/inbox.html" in names  # what a non-editable install serves
     assert "loopwright/server/dev.py" in names  # what `serve` starts `langgraph dev` through
+    assert not [n for n in names if "scratch" in n]  # the tests' throwaway databases stay out
     assert {p.name for p in installed.site_packages.iterdir()}.isdisjoint(
         {"graph", "nodes", "tools", "checkpoints", "models", "services", "server"}
     )
+
+
+def test_the_runtime_installs_without_the_reference_agent_or_plots(installed: Installed) -> None:
+    """`pip install loopwright` brings what runs and serves an agent; the reference agent and
+    matplotlib (only its plots draw) come with `loopwright-refunds`."""
+    found = subprocess.run(
+        [
+            str(installed.python),
+            "-c",
+            "import importlib.util as u;"
+            " print([m for m in ('loopwright_refunds', 'matplotlib', 'numpy') if u.find_spec(m)])",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert found.stdout.strip() == "[]", found.stdout
+
+
+def test_the_demo_without_the_reference_agent_says_how_to_get_it(
+    installed: Installed, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPWRIGHT_AGENT")}
+    demo = subprocess.run(
+        [str(installed.loopwright), "demo", "--yes"],
+        cwd=tmp_path,  # no pyproject.toml naming an agent
+        env={**env, "LOOPWRIGHT_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=PATIENCE_S,
+    )
+    assert demo.returncode == 2, demo.stdout + demo.stderr
+    [line] = demo.stderr.strip().splitlines()
+    assert "the reference agent" in line and "pip install loopwright-refunds" in line, line
+    assert not (tmp_path / "home").exists()  # nothing started, nothing written
 
 
 def test_an_application_with_its_own_tools_models_and_graph_runs_from_its_directory(
@@ -279,12 +318,12 @@ def test_a_run_of_this_agent_is_refused_by_another_agent(
     assert "WAITING_APPROVAL" in started.stdout, started.stdout + started.stderr
     [run_line] = [line for line in started.stdout.splitlines() if line.startswith("run ")]
     run_id = run_line.split()[1]
-    other = "loopwright_refunds.agent:agent"
+    other = "desk.agent:lookout"  # the application's other agent
     for command in (
         ("resume", run_id),
         ("cancel", run_id),
         ("show", run_id),
-        ("approvals", "approve", approval_id(started.stdout), "--as", "a-1"),
+        ("approvals", "approve", approval_id(started.stdout), "--as", "boss"),
     ):
         refused = outside(installed, app, desk, *command, "--agent", other)
         assert refused.returncode == 2, (command, refused.stdout, refused.stderr)

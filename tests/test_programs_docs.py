@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import docs_pages
 from tests.runtime_fixtures import PATIENCE_S, REPO
 
 PAGE = (REPO / "docs" / "programs.md").read_text()
+SECTION = "An example"
 
 
 def test_the_programs_page_example_runs_and_prints_what_the_page_says(tmp_path: Path) -> None:
-    [example] = re.findall(r"```python\n(.*?)```", PAGE, re.DOTALL)
+    [example] = docs_pages.blocks("docs/programs.md", "python", SECTION)
     [printed] = re.findall(r"It prints:\n\n```\n(.*?)```", PAGE, re.DOTALL)
     script = tmp_path / "desk.py"
     script.write_text(example)

@@ -2,7 +2,8 @@
 
 `docs/api.md` lists every name in `loopwright.__all__` with its one-line docstring; this test
 regenerates it and fails if the page is out of date (`LOOPWRIGHT_WRITE_DOCS=1` rewrites it).
-The README's "Write your own agent" code blocks run here, in order, so they cannot rot.
+The README's first agent, and the pages' examples of proving a keyless write and of naming
+roles, run here as written, so they cannot rot.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from loopwright import (
     ToolDefinitionError,
     write_tool,
 )
+from tests import docs_pages
 from tests.runtime_fixtures import REPO
 
 API_PAGE = REPO / "docs" / "api.md"
-README = REPO / "README.md"
 # Names whose objects cannot carry a docstring (type aliases).
 ALIAS_DOCS = {"StepStatus": "The status of a plan step: todo, done, failed or skipped."}
 
@@ -520,22 +521,22 @@ def test_langchain_tools_become_contracts() -> None:
         written.run(ctx, written.args_model.model_validate({"to": "a", "text": "b"}), "k")
 
 
-# --- the README's own example ------------------------------------------------------------
+# --- the examples of the README and the pages it leads to ---------------------------------
 
 
-def readme_section(title: str) -> list[str]:
-    text = README.read_text()
-    start = text.index(f"## {title}\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start : end if end != -1 else None]
-    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+def run_blocks(code: list[str], name: str, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`code` run in order in a module of its own, as an application's is."""
+    module = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    for block in code:
+        exec(compile(block, page, "exec"), module.__dict__)
 
 
-def test_the_readme_write_your_own_agent_section_runs(
+def test_the_readme_first_agent_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    blocks = readme_section("Write your own agent")
-    assert len(blocks) >= 2
+    blocks = docs_pages.blocks("README.md", "python", "Your first agent")
+    assert len(blocks) == 2
     code = [
         line
         for line in blocks[0].splitlines()
@@ -543,24 +544,39 @@ def test_the_readme_write_your_own_agent_section_runs(
     ]
     assert len(code) <= 32, len(code)  # the common case stays short
     monkeypatch.chdir(tmp_path)
-    module = types.ModuleType("readme_example")  # a module of its own, as an application's is
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), module.__dict__)
-    # What the examples print: the run's ending and its effect, then one line per trial.
-    printed = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"completed \{'restart:[\w.:-]+:web': 'web'\}", printed[0]), printed
-    trials = [line.split(" ", 2) for line in printed[1:]]
+    run_blocks(blocks, "readme_example", "README.md", monkeypatch)
+    # What it prints: the run's ending and its effect.
+    [printed] = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"completed \{'restart:[\w.:-]+:web': 'web'\}", printed), printed
+
+
+def test_the_faults_page_proves_its_keyless_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page, title = "docs/faults.md", "In an application's own tests: `prove`"
+    [block] = docs_pages.blocks(page, "python", title)
+    monkeypatch.chdir(tmp_path)
+    run_blocks([block], "faults_example", page, monkeypatch)
+    # One line per trial: the clean run, then each network fault (crash trials need a path).
+    trials = [line.split(" ", 2) for line in capsys.readouterr().out.splitlines()]
     assert [fault for fault, _, _ in trials] == [
         "clean",
         "request_lost",
         "answer_lost",
         "answer_late",
         "delivered_late",
-    ], printed
+    ], trials
     for _, ending, effects in trials:
-        assert ending == "completed", printed
-        assert re.fullmatch(r"\{'credit:[\w.:-]+:web': 1\}", effects), printed
+        assert ending == "completed", trials
+        assert re.fullmatch(r"\{'credit:[\w.:-]+:web': 1\}", effects), trials
+
+
+def test_the_identities_page_roles_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    page, title = "docs/identities.md", "Roles: who may do what"
+    [block] = docs_pages.blocks(page, "python", title)
+    run_blocks([block], "roles_example", page, monkeypatch)
+    desk = sys.modules["roles_example"].desk
+    assert desk.roles.grants("operate", ["sre"]) and not desk.roles.grants("decide", ["sre"])
 
 
 @pytest.mark.parametrize("name", ["desk\n", "Desk", "desk desk", ""])

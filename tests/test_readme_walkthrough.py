@@ -1,9 +1,11 @@
-"""The README top to bottom, as a user follows it in a fresh clone after `make demo`.
+"""The README's walkthroughs, on the pages it leads to, as a user follows them in a fresh clone
+after `make demo`.
 
 In a directory of its own, on the embedded default (SQLite, the reference services the commands
-start themselves): the demo, then each shell walkthrough in the README's order, then
-`loopwright serve` on Postgres with the SDK example run against it. Each walkthrough uses an
-order of its own, so one never finds its order already refunded by another.
+start themselves): the demo, then each shell walkthrough (docs/cli.md's `--json` script,
+docs/faults.md's crash), then `loopwright serve` on Postgres with docs/serving.md's SDK example
+run against it, and its production recipe. Each walkthrough uses an order of its own, so one
+never finds its order already refunded by another, whatever order they are read in.
 """
 
 from __future__ import annotations
@@ -23,31 +25,34 @@ import httpx
 import pytest
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.reports import EXIT_CODES
 from loopwright.server import cluster
 from loopwright.server.bearer_tokens import hashed_table
+from loopwright_refunds.scratch import fresh_database
+from tests import docs_pages
 from tests.ports import reserved_port, reserved_ports
 from tests.runtime_fixtures import PATIENCE_S, REPO, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-README = (REPO / "README.md").read_text()
-# The shell walkthroughs, by a line each contains, in the README's order.
-WALKTHROUGHS = ("--json > run.json", "LOOPWRIGHT_CRASH_AT=executor:after_send")
+# The shell walkthroughs, by their page and a line each contains, in the order the test runs them.
+WALKTHROUGHS = (
+    ("docs/cli.md", "--json > run.json"),
+    ("docs/faults.md", "LOOPWRIGHT_CRASH_AT=executor:after_send"),
+)
+SERVING = "docs/serving.md"
+DEMO_ORDER = "O-42"
+ORDER = re.compile(r"\bO-\d+\b")
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
-
-
-def walkthrough(marker: str) -> str:
-    [block] = [b for b in blocks("sh") if marker in b]
-    return block
+def walkthrough(page: str, marker: str) -> str:
+    return docs_pages.block_with(page, "sh", marker)
 
 
 def sdk_example() -> str:
-    [block] = [b for b in blocks("python") if "get_sync_client" in b]
+    """docs/serving.md's SDK example, under "Start the server (offline)"."""
+    [block] = docs_pages.blocks(SERVING, "python", "Start the server (offline)")
+    assert "get_sync_client" in block
     return block
 
 
@@ -107,19 +112,24 @@ def reachable(base: str) -> bool:
         return False
 
 
-def test_the_walkthroughs_run_in_order_after_the_demo(
-    tmp_path: Path, user_env: dict[str, str]
-) -> None:
-    positions = [README.index(marker) for marker in WALKTHROUGHS]
-    assert positions == sorted(positions), "the test follows the README's order"
+def test_each_walkthrough_works_on_an_order_of_its_own() -> None:
+    """What lets a user follow them in any order after the demo: no two touch one order."""
+    orders = [
+        set(ORDER.findall(code))
+        for code in (*(walkthrough(*w) for w in WALKTHROUGHS), sdk_example())
+    ]
+    assert all(len(named) == 1 for named in orders), orders
+    assert len(set.union(*orders) | {DEMO_ORDER}) == len(orders) + 1, orders
 
+
+def test_the_walkthroughs_run_after_the_demo(tmp_path: Path, user_env: dict[str, str]) -> None:
     demo = sh("loopwright demo --yes", tmp_path, user_env)
     assert demo.returncode == EXIT_CODES["completed"], demo.stdout + demo.stderr
 
-    scripted = sh(walkthrough(WALKTHROUGHS[0]), tmp_path, user_env)
+    scripted = sh(walkthrough(*WALKTHROUGHS[0]), tmp_path, user_env)
     assert scripted.stdout.strip().splitlines()[-1] == "completed", scripted.stderr
 
-    crashed = sh(walkthrough(WALKTHROUGHS[1]), tmp_path, user_env)
+    crashed = sh(walkthrough(*WALKTHROUGHS[1]), tmp_path, user_env)
     assert crashed.returncode == EXIT_CODES["completed"], crashed.stdout + crashed.stderr
     shown = sh("loopwright show crash-1 --json", tmp_path, user_env)
     history = json.loads(shown.stdout)
@@ -138,7 +148,7 @@ def test_the_sdk_example_against_loopwright_serve(
     base, _ = served
     namespace: dict[str, Any] = {}
     exec(
-        compile(sdk_example().replace("http://127.0.0.1:2024", base), "README.md", "exec"),
+        compile(sdk_example().replace("http://127.0.0.1:2024", base), SERVING, "exec"),
         namespace,
     )
     final = namespace["ann"].threads.get_state(namespace["thread"]["thread_id"])["values"]
@@ -151,8 +161,7 @@ def test_the_sdk_example_against_loopwright_serve(
 
 
 def production_recipe() -> str:
-    [block] = [b for b in blocks("sh") if "--engine aegra" in b]
-    return block
+    return docs_pages.block_with(SERVING, "sh", "--engine aegra")
 
 
 def redis_url() -> str | None:
@@ -167,7 +176,7 @@ def redis_url() -> str | None:
 def test_the_production_recipe_serves_approvals_across_its_instances(
     postgres_server_url: str, tmp_path: Path, user_env: dict[str, str]
 ) -> None:
-    """The README's production recipe as written (its `pip install` aside: installed already),
+    """docs/serving.md's production recipe as written (its `pip install` aside: installed already),
     on a database of its own: the SDK example's customer on one instance, its approver on the
     other; then the deployment stops with its command, instances and all."""
     redis = redis_url()
@@ -205,7 +214,7 @@ def test_the_production_recipe_serves_approvals_across_its_instances(
             example = sdk_example().replace("http://127.0.0.1:2024", first, 1)
             namespace: dict[str, Any] = {}
             exec(
-                compile(example.replace("http://127.0.0.1:2024", second), "README.md", "exec"),
+                compile(example.replace("http://127.0.0.1:2024", second), SERVING, "exec"),
                 namespace,
             )
             final = namespace["ann"].threads.get_state(namespace["thread"]["thread_id"])["values"]

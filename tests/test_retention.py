@@ -8,7 +8,6 @@ changes nothing; a pruned run cannot be started over.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,15 @@ from loopwright.checkpoints.retention import checkpoint_bytes, retain
 from loopwright.checkpoints.sql import open_database
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import DEMO_TASK, REPO, RunnerFactory, approve, cli, principal
+from tests import docs_pages
+from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, cli, principal
 
 WAITING_TASK = "Check whether order O-47 can be refunded and refund it if so."
 
 
-def readme_commands() -> list[list[str]]:
-    """The retention commands of the README's Retention section, as argument lists."""
-    readme = (REPO / "README.md").read_text()
-    [block] = re.findall(r"### Retention\n.*?```sh\n(.*?)```", readme, re.DOTALL)
+def documented_commands() -> list[list[str]]:
+    """The retention commands of docs/operating.md's Retention section, as argument lists."""
+    [block] = docs_pages.blocks("docs/operating.md", "sh", "Retention")
     lines = [shlex.split(line, comments=True) for line in block.splitlines()]
     assert lines and all(line[:2] == ["loopwright", "retention"] for line in lines), lines
     return [line[1:] for line in lines]
@@ -110,7 +109,7 @@ def test_retention_keeps_the_journal_and_a_summary_and_never_touches_a_waiting_r
     assert resumed.returncode == EXIT_CODES["usage"]
     assert resumed.stderr.strip().count("\n") == 0 and "pruned" in resumed.stderr
 
-    for line in readme_commands():  # the README's, on this database: nothing 90 days old
+    for line in documented_commands():  # the page's, on this database: nothing 90 days old
         result = cli(*line, "--db", database_url, env=env, expect=0)
         assert "0 runs" in result.stdout or json.loads(result.stdout)["pruned"] == []
     report = cli("retention", "--older-than", "0", "--db", database_url, "--json", env=env)

@@ -33,9 +33,10 @@ CORE = [
 ]
 DOMAIN_WORDS = re.compile(r"refund|\border(s|ed|ing)?\b|\bpolic(y|ies)\b|payment", re.IGNORECASE)
 # What may name the domain anyway: SQL's ORDER BY, and the import path of the reference agent,
-# which the CLI and the server host when none is named.
+# which the CLI and the server host when none is named (and its distribution's name, which the
+# CLI gives where it is not installed).
 ALLOWED = re.compile(
-    r"\bORDER BY\b|loopwright_refunds\.agent:agent|`loopwright_refunds`"
+    r"\bORDER BY\b|loopwright_refunds\.agent:agent|`loopwright_refunds`|\bloopwright-refunds\b"
     r"|\b(Content-Security|Referrer)-Policy\b"  # HTTP headers' names
 )
 
@@ -72,7 +73,7 @@ def test_the_check_finds_a_domain_word(tmp_path: Path) -> None:
     assert domain_words(sample) == ['sample.py:1: """Refund the order."""']
 
 
-@pytest.mark.parametrize("folder", ["loopwright_refunds"])
+@pytest.mark.parametrize("folder", ["refunds/loopwright_refunds"])
 def test_the_reference_agent_uses_the_public_api_only(folder: str) -> None:
     """The refund agent is a tenant like any other: it imports `loopwright` (the curated
     namespace), never its internals. The exceptions: the experiment's harness, which measures

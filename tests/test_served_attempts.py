@@ -4,7 +4,6 @@ failures as a CLI run's, and a decision's claim lasts no longer than the attempt
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +15,12 @@ import pytest
 from loopwright import tls
 from loopwright.attempt import MAX_FAILURES
 from tests import buggy_agent
+from tests.engines import ENGINES, served_on
 from tests.runtime_fixtures import PATIENCE_S
-from tests.test_aegra_scaleout import deployment, redis_reachable
 from tests.test_server_langgraph import (
     GRAPH,
-    TOKENS,
     Served,
     decision_for,
-    serving,
     start_run,
     values_of,
 )
@@ -32,12 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 REPO = Path(__file__).resolve().parent.parent
 BUGGY = {"LOOPWRIGHT_AGENT": "tests.buggy_agent:agent", "PYTHONPATH": str(REPO)}
-AEGRA = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("aegra_api") is None, reason="aegra-api is not installed"
-    ),
-    pytest.mark.skipif(not redis_reachable(), reason="no Redis at 127.0.0.1:6379"),
-]
 
 
 @dataclass(frozen=True)
@@ -49,35 +40,18 @@ class Engines:
     reference: Served
 
 
-@pytest.fixture(scope="module", params=["langgraph", pytest.param("aegra", marks=AEGRA)])
+@pytest.fixture(scope="module", params=ENGINES)
 def engines(
     request: pytest.FixtureRequest,
     postgres_server_url: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Engines]:
     workdir = tmp_path_factory.mktemp(request.param)
-    if request.param == "langgraph":
-        with (
-            serving(postgres_server_url, workdir / "buggy", TOKENS, **BUGGY) as buggy,
-            serving(postgres_server_url, workdir / "reference", TOKENS) as reference,
-        ):
-            yield Engines("langgraph", buggy, reference)
-        return
     with (
-        deployment(postgres_server_url, workdir / "buggy") as buggy_cluster,
-        deployment(postgres_server_url, workdir / "reference") as reference_cluster,
+        served_on(request.param, postgres_server_url, workdir / "buggy", **BUGGY) as buggy,
+        served_on(request.param, postgres_server_url, workdir / "reference") as reference,
     ):
-        buggy_instance = buggy_cluster.start_with("aegra", **BUGGY)
-        reference_instance = reference_cluster.start("aegra")
-        yield Engines(
-            "aegra",
-            Served(buggy_instance.url, buggy_cluster.database_url, buggy_cluster.services),
-            Served(
-                reference_instance.url,
-                reference_cluster.database_url,
-                reference_cluster.services,
-            ),
-        )
+        yield Engines(request.param, buggy, reference)
 
 
 def continue_run(served: Served, thread_id: str, body: dict[str, Any]) -> httpx.Response:

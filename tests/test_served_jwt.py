@@ -19,8 +19,8 @@ import pytest
 from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright import tls
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import socket
 import threading
 import time
 import uuid
@@ -31,10 +32,10 @@ from langgraph_sdk.client import SyncLangGraphClient
 
 from loopwright import tls
 from loopwright.checkpoints.retention import retain
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.server.admissions import PER_PRINCIPAL
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -1162,3 +1163,33 @@ def test_no_ordering_of_one_customers_requests_holds_up_anyone_else(served: Serv
     for thread in (busy, *(thread for thread, _ in customer.started)):
         if served.sql("SELECT 1 FROM lw_runs WHERE run_id = %s", thread):  # it got to start
             wait_for_end(ann, thread)
+
+
+def test_the_inbox_reaches_its_server_at_no_address_a_request_names(served: Served) -> None:
+    """A decision whose request names another host (`Host`, `X-Forwarded-Host`) and scheme
+    (`X-Forwarded-Proto: https`, as a TLS-terminating proxy sends): the inbox calls its own
+    server in process, so nothing connects to the named address (it once received the decision
+    with the approver's token), and the decision is taken (https once made it a 500)."""
+    create_order(served.services, "O-2301", "u-1", "80.00")
+    task = "Check whether order O-2301 can be refunded and refund it if so."
+    thread_id, waiting = start_run(served.client("t-u1"), task)
+    [interrupt] = waiting["interrupts"]
+    with socket.create_server(("127.0.0.1", 0)) as capture:
+        capture.settimeout(0)
+        named = f"127.0.0.1:{capture.getsockname()[1]}"
+        decided = httpx.post(
+            f"{served.url}/inbox/api/decisions",
+            headers={
+                "Authorization": "Bearer t-a1",
+                "Host": named,
+                "X-Forwarded-Host": named,
+                "X-Forwarded-Proto": "https",
+            },
+            json={"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": "approve"},
+            timeout=PATIENCE_S,
+            verify=tls.context(),
+        )
+        with pytest.raises(BlockingIOError):
+            capture.accept()  # nobody called the address the request named
+    assert decided.status_code == 200, decided.text
+    assert decided.json()["result"]["stop_reason"] == "completed"

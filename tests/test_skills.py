@@ -20,7 +20,7 @@ from loopwright_refunds.services.admin import list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import REPO, RunnerFactory, decide, principal
 
-SKILLS = REPO / "loopwright_refunds" / "skills"
+SKILLS = REPO / "refunds" / "loopwright_refunds" / "skills"
 SKILL = "refund-eligible-orders"
 TASK = "Refund each eligible order of mine: O-42, O-43 and O-45."
 

@@ -17,7 +17,6 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from loopwright.checkpoints.leases import failure_backoff_s
-from loopwright.checkpoints.scratch import with_application_name
 from loopwright.models.scripted import Decision, ScriptedChatModel
 from loopwright.outcome import RunOutcome
 from loopwright.run_list import render_runs, run_lines
@@ -27,6 +26,7 @@ from loopwright.tools.contract import Effect, ToolArgs, ToolContext, ToolContrac
 from loopwright.worker import work
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
+from loopwright_refunds.scratch import with_application_name
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.runtime_fixtures import PATIENCE_S, RunnerFactory, principal, start_cli, wait_for
 

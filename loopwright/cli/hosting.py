@@ -7,6 +7,7 @@ runtime (LangGraph, the database drivers), which a command's help must not wait 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tomllib
 from collections.abc import Callable, Iterator
@@ -37,8 +38,14 @@ from loopwright.stopping import stopping_at_once
 from loopwright.timeline import TimelinePrinter
 from loopwright.tools.contract import ToolDefinitionError
 
-# The agent a command hosts when none is named: the reference agent (the demo's).
+# The agent a command hosts when none is named: the reference agent (the demo's), which is a
+# distribution of its own: a runtime installed alone has no default agent.
 DEFAULT_AGENT = "loopwright_refunds.agent:agent"
+REFERENCE_AGENT_MISSING = (
+    f"the reference agent ({DEFAULT_AGENT}, hosted where no agent is named) is not installed:"
+    " pip install loopwright-refunds (from a checkout: make demo), or name your agent with"
+    " --agent module:attribute"
+)
 AGENT_ENV = "LOOPWRIGHT_AGENT"
 
 
@@ -72,6 +79,8 @@ def configured_agent_path(given: str | None) -> str | None:
 def agent_for(given: str | None) -> Agent[Any]:
     """The agent a command hosts (see `configured_agent_path`; default: the reference one)."""
     path = configured_agent_path(given) or DEFAULT_AGENT
+    if path == DEFAULT_AGENT and importlib.util.find_spec(DEFAULT_AGENT.split(".")[0]) is None:
+        raise UsageError(REFERENCE_AGENT_MISSING)
     try:
         agent = load_agent(path)
         agent.check()

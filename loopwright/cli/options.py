@@ -48,7 +48,7 @@ JsonOption = Annotated[
     bool,
     typer.Option(
         "--json",
-        help="Print one JSON document (its schema named in it; see the README) instead of text.",
+        help="Print one JSON document (its schema named in it; listed in docs/cli.md) instead of text.",
     ),
 ]
 RunIdArgument = Annotated[

@@ -74,9 +74,9 @@ def serve(
         typer.Option(
             "--dev-tokens",
             help="Serve with the development token table (dev-u1, dev-a1, ...: plain tokens,"
-            " published) where no identities are configured: langgraph falls back to it on a"
-            " loopback --host only, aegra only with this flag. Otherwise set LOOPWRIGHT_JWKS"
-            " (JWTs) or LOOPWRIGHT_TOKENS_FILE (hashed tokens).",
+            " published) where no identities are configured, on a loopback --host only (refused"
+            " on any other): langgraph falls back to it there, aegra only with this flag."
+            " Otherwise set LOOPWRIGHT_JWKS (JWTs) or LOOPWRIGHT_TOKENS_FILE (hashed tokens).",
         ),
     ] = False,
 ) -> None:

@@ -12,8 +12,8 @@ deployment an operator can plan on:
   started once here: e.g. the reference agent's business services);
 * the engine's and loopwright's timings are one set (`HANDOVER_SETTINGS`), chosen so that a
   killed instance's runs are continued by another within `KILLED_HANDOVER_S` and a SIGTERM'd
-  instance's within `STOPPED_HANDOVER_S` (each overridable from the environment; the README
-  states the bound and the arithmetic);
+  instance's within `STOPPED_HANDOVER_S` (each overridable from the environment;
+  docs/serving.md states the bound and the arithmetic);
 * the first instance starts alone (it migrates Aegra's tables), the others after it answers;
 * an instance that dies is started again (`Cluster`) and never takes the others down; a
   SIGTERM to the deployment drains every instance at once.

@@ -42,7 +42,12 @@ from loopwright.graph.roles import Roles
 from loopwright.observability.tracing import TRACE_FILE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.admissions import RUN_SLOTS
-from loopwright.server.bearer_tokens import PLAIN_TOKENS_ENV, TOKENS_ENV, TOKENS_FILE_ENV
+from loopwright.server.bearer_tokens import (
+    PLAIN_TOKENS_ENV,
+    TOKENS_ENV,
+    TOKENS_FILE_ENV,
+    plain_tokens_allowed,
+)
 from loopwright.server.dev import GRACE_S
 from loopwright.server.identities import Identities
 from loopwright.server.jwt_identity import JWKS_ENV, JwtSettings
@@ -168,7 +173,10 @@ def identity_env(environ: Mapping[str, str], *, roles: Roles, listening: Listeni
     """The identities the server takes: the operator's JWT keys and token table (relative
     files made absolute: the server runs in a directory of its own), else the development
     table where `listening` allows it, saying so. Refused here, in one line, if a server could
-    not use them (an Aegra instance whose auth module fails to load would serve without any)."""
+    not use them (an Aegra instance whose auth module fails to load would serve without any),
+    or if they would let the published development tokens in on an address others reach."""
+    if listening.dev_tokens and not listening.loopback:
+        raise ServingRefused(f"--dev-tokens: {published_off_loopback(listening)}")
     served = ServingEnv({})
     if named := environ.get(TOKENS_FILE_ENV):
         served.env[TOKENS_FILE_ENV] = str(Path(named).absolute())
@@ -184,30 +192,58 @@ def identity_env(environ: Mapping[str, str], *, roles: Roles, listening: Listeni
         served.env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published
         served.notes += dev_token_notes(roles, listening)
     try:
-        Identities({**environ, **served.env})  # what each server builds at its start
+        identities = Identities({**environ, **served.env})  # what each server builds at its start
     except IdentityConfigError as exc:
         raise ServingRefused(f"identities: {exc}") from None
+    if not listening.loopback:
+        refuse_published_tokens(environ, identities, listening)
     return served
+
+
+# How to give a server identities of its own, as each refusal to serve without them says.
+CONFIGURE_IDENTITIES = (
+    f"set {JWKS_ENV} (your identity provider's keys) or name a token table in"
+    f" {TOKENS_FILE_ENV} (loopwright tokens new makes its entries)"
+)
+
+
+def published_off_loopback(listening: Listening) -> str:
+    return (
+        "the development tokens are published: they serve a loopback --host only, not"
+        f" {listening.host}; {CONFIGURE_IDENTITIES}"
+    )
 
 
 def refuse_dev_tokens(listening: Listening) -> None:
     """ServingRefused, saying how to configure identities, where no identities are configured
     and the development table (its tokens published) may not take their place."""
-    configure = (
-        f"set {JWKS_ENV} (your identity provider's keys) or name a token table in"
-        f" {TOKENS_FILE_ENV} (loopwright tokens new makes its entries)"
-    )
     if listening.dev_tokens:
         return
     if not listening.dev_fallback:
         raise ServingRefused(
-            f"no identities: {configure}, or serve with --dev-tokens for the development one"
-            " (never in production)"
+            f"no identities: {CONFIGURE_IDENTITIES}, or serve with --dev-tokens for the"
+            " development one (never in production)"
         )
     if not listening.loopback:
+        raise ServingRefused(f"no identities, and {published_off_loopback(listening)}")
+
+
+def refuse_published_tokens(
+    environ: Mapping[str, str], identities: Identities, listening: Listening
+) -> None:
+    """ServingRefused where identities configured for an address others reach would take a
+    development token anyway: plain tokens allowed, or a table that holds one of the published
+    ones (plain, or hashed as production tables are)."""
+    if plain_tokens_allowed(environ):
         raise ServingRefused(
-            f"no identities, and the development tokens are published: they serve a loopback"
-            f" --host only, not {listening.host}; {configure}"
+            f"{PLAIN_TOKENS_ENV}=1 takes plain tokens, for development only: they serve a"
+            f" loopback --host only, not {listening.host}; {CONFIGURE_IDENTITIES}"
+        )
+    published = json.loads(DEV_TOKENS.read_text())
+    if taken := [token for token in published if identities.table.user_for(token) is not None]:
+        raise ServingRefused(
+            f"the token table takes the published development token {taken[0]}, which serves a"
+            f" loopback --host only, not {listening.host}: remove its entry ({CONFIGURE_IDENTITIES})"
         )
 
 

@@ -121,12 +121,15 @@ def _flat(query: dict[str, object]) -> Iterable[tuple[str, str]]:
 
 
 async def answer(send: Send, status: int, detail: str) -> None:
-    """A one-line JSON answer (`{"detail": ...}`), as both engines give theirs."""
+    """A one-line JSON answer (`{"detail": ...}`), as both engines give theirs, closing the
+    connection: a refused request's body may not have been read, and a server keeping the
+    connection would read it all to find the next request (300 MB drained per refusal)."""
     payload = json.dumps({"detail": detail}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(payload)),
         (b"cache-control", b"no-store"),
+        (b"connection", b"close"),
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

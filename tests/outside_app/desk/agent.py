@@ -146,3 +146,6 @@ def effects(ctx: ToolContext[Desk], action: Action, before: dict[str, Any] | Non
 agent = agent.replace(
     scenarios=[Scenario("Book slot 9 for g-1.", "g-1", approver="boss", effects=effects)]
 )
+
+# The application's second agent: the desk's runs are not its to advance, nor its runs the desk's.
+lookout = agent.replace(name="lookout")

@@ -1,4 +1,5 @@
-"""Throwaway Postgres databases, for the tests, the benchmarks and the experiments.
+"""Throwaway Postgres databases, for the experiments, and for this repository's tests and
+benchmarks: with the reference agent, since the runtime itself has no use for them.
 
 Each gets a uniquely named database of its own, dropped afterwards (even with connections still
 open), so runs never see each other's rows and a server is left as it was found. The server is

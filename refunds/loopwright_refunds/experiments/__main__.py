@@ -138,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help=(
             "Print one JSON document (schema loopwright.experiment/1: the headline per system "
-            "and the per-scenario table; see the README) instead of the report's summary."
+            "and the per-scenario table; see docs/experiments.md) instead of the report's summary."
         ),
     )
     return options

@@ -71,7 +71,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def headline(measured: list[Slice]) -> list[str]:
-    """One row per system over every trial: the table the README quotes."""
+    """One row per system over every trial: the table docs/experiments.md quotes."""
     header = [
         "system",
         "trials",

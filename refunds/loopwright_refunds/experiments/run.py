@@ -20,7 +20,6 @@ from langgraph.checkpoint.postgres import PostgresSaver
 
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.journal import open_journal
-from loopwright.checkpoints.scratch import fresh_database, server_url
 from loopwright_refunds.experiments.matrix import Cell, full_matrix, select
 from loopwright_refunds.experiments.metrics import systems_of
 from loopwright_refunds.experiments.progress import Progress
@@ -28,6 +27,7 @@ from loopwright_refunds.experiments.scenarios import OrderIds
 from loopwright_refunds.experiments.services import start_services
 from loopwright_refunds.experiments.systems import Deployment
 from loopwright_refunds.experiments.trials import TrialResult, run_trial
+from loopwright_refunds.scratch import fresh_database, server_url
 
 
 @dataclass(frozen=True)
