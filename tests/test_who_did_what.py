@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,13 +33,13 @@ import pytest
 from loopwright import tls
 from loopwright.attempt import process_owner
 from loopwright.checkpoints.leases import open_lease_store
-from loopwright.checkpoints.scratch import fresh_database
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.observability.jsonl import read_spans
 from loopwright.observability.tracing import run_trace_id
 from loopwright.processes import ChildProcess
 from loopwright.server import cluster as cluster_module
 from loopwright.server.bearer_tokens import hashed_table
+from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from loopwright_refunds.services.launcher import start_services
@@ -55,10 +55,10 @@ from tests.runtime_fixtures import (
     wait_for,
 )
 from tests.test_aegra_scaleout import (
+    AEGRA,
     REDIS_URL,
     instances_of,
     phases,
-    redis_reachable,
     refund_task,
     sending_instance,
 )
@@ -145,6 +145,13 @@ def test_a_killed_worker_leaves_its_spans_and_show_names_each_process_that_took_
     )
 
 
+def on_aegra[F: Callable[..., object]](test: F) -> F:
+    """`test`, skipped where Aegra cannot run (`test_aegra_scaleout.AEGRA`)."""
+    for mark in AEGRA:
+        test = mark(test)
+    return test
+
+
 def no_home_env(**extra: str) -> dict[str, str]:
     """A command's environment with no LOOPWRIGHT_HOME: the default one, in its directory."""
     return {k: v for k, v in clean_env(**extra).items() if k != "LOOPWRIGHT_HOME"}
@@ -225,7 +232,7 @@ def test_a_langgraph_served_run_is_one_run_span_per_attempt_in_the_command_s_hom
     )
 
 
-@pytest.mark.skipif(not redis_reachable(), reason="no Redis at 127.0.0.1:6379")
+@on_aegra
 def test_an_aegra_instance_killed_mid_write_leaves_its_spans_named_by_instance(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
@@ -234,7 +241,6 @@ def test_an_aegra_instance_killed_mid_write_leaves_its_spans_named_by_instance(
     instances traced to the command's one file, each span naming its instance (aegra-N) and
     process; the killed one left the spans of the nodes it finished; `show` names the two
     instances and marks the takeover."""
-    pytest.importorskip("aegra_api")
     prefix = f"lw-test-{uuid.uuid4().hex[:8]}"
     with (
         fresh_database(postgres_server_url, prefix="lw_test") as database_url,
