@@ -26,11 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
-from loopwright import tls
 from loopwright.attempt import process_owner
 from loopwright.checkpoints.leases import open_lease_store
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
@@ -62,8 +60,8 @@ from tests.test_aegra_scaleout import (
     refund_task,
     sending_instance,
 )
-from tests.test_readme_walkthrough import reachable_aegra
-from tests.test_serve_lifecycle import children, clean_env
+from tests.test_readme_walkthrough import reachable, reachable_aegra
+from tests.test_serve_lifecycle import clean_env, dev_server
 from tests.test_server_langgraph import GRAPH, TOKENS, decision_for
 from tests.test_tracing import HOST, attempts_of, owner_of, writers
 
@@ -157,13 +155,6 @@ def no_home_env(**extra: str) -> dict[str, str]:
     return {k: v for k, v in clean_env(**extra).items() if k != "LOOPWRIGHT_HOME"}
 
 
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ok", timeout=1, verify=tls.context()).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 @contextmanager
 def serving(
     command: list[str], cwd: Path, env: dict[str, str]
@@ -200,13 +191,9 @@ def test_a_langgraph_served_run_is_one_run_span_per_attempt_in_the_command_s_hom
     with reserved_port() as port:
         url = f"http://127.0.0.1:{port}"
         with serving(["serve", "--port", str(port)], tmp_path, env) as served:
-            wait_for(lambda: answers(url) or served.poll() is not None)
+            wait_for(lambda: reachable(url) or served.poll() is not None)
             assert served.poll() is None
-            [server] = [
-                pid
-                for pid in children(served.pid)
-                if b"loopwright.server.dev" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            ]
+            server = dev_server(served.pid)
             customer = sdk_client(url=url, headers={"Authorization": "Bearer dev-u1"})
             thread = customer.threads.create()["thread_id"]
             customer.runs.wait(thread, GRAPH, input={"task": DEMO_TASK})
