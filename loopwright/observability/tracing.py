@@ -162,9 +162,9 @@ def process_resource() -> Resource:
 
 
 class _SentAsNodesEnd(SpanProcessor):
-    """Batches spans for an exporter over the network, and has the batch sent (by a thread of
-    its own, so that a node never waits for a collector) each time a node or run span ends:
-    a process killed a moment later has sent all it did up to its last node."""
+    """Batches spans for an exporter over the network, and has the batch sent each time a node
+    or run span ends, by a thread of its own (a node never waits for a collector): what a
+    process did reaches the collector node by node, not only as its run span ends."""
 
     def __init__(self, exporter: SpanExporter) -> None:
         self.batch = BatchSpanProcessor(exporter)
