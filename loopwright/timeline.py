@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, ToolMessage
@@ -508,21 +509,41 @@ def who(writer: Writer) -> str:
     return f"[bold]{inline(writer.owner)}[/]{f' ({fence[2:]})' if fence else ''}"
 
 
-def writer_line(before: Writer | None, step: Step) -> str | None:
-    """The line that heads the steps of a writer, None within them: the first writer; one
-    that went on with an answer the run waited for (an approval, a parked reconciliation's
-    retry), from another process or none; or one that took a run over that its last writer
-    left mid-way (a crash, a lost lease, an instance handing its runs back)."""
+class Handover(StrEnum):
+    """How a step's writer came to write it, against the writer of the step before."""
+
+    FIRST = "first"  # the run's first writer
+    ANSWERED = "answered"  # went on with the answer the run waited for (approval, parked retry)
+    TAKEN_OVER = "taken_over"  # went on where the last writer stopped mid-way
+    AGAIN = "again"  # the same owner, under a new fence: it claimed the run again
+
+
+def handover(before: Writer | None, step: Step) -> Handover | None:
+    """How `step`'s writer took the run, None where it wrote the step before too (or is not
+    named): a writer that went on where the last one stopped mid-way took it over (a crash, a
+    lost lease, an instance handing its runs back); one whose first step is a node that had
+    waited went on with the answer it waited for."""
     writer = step.writer
-    if writer is None or (
-        before is not None and (writer.owner, writer.fence) == (before.owner, before.fence)
-    ):
+    if writer is None or (before and (writer.owner, writer.fence) == (before.owner, before.fence)):
         return None
     if before is None:
-        return f"[dim]──[/] by {who(writer)}"
+        return Handover.FIRST
     if step.answered:
+        return Handover.ANSWERED
+    return Handover.AGAIN if writer.owner == before.owner else Handover.TAKEN_OVER
+
+
+def writer_line(before: Writer | None, step: Step) -> str | None:
+    """The line that heads the steps of a writer (see `handover`), None within them."""
+    how, writer = handover(before, step), step.writer
+    if how is None or writer is None:
+        return None
+    if how is Handover.FIRST:
+        return f"[dim]──[/] by {who(writer)}"
+    if how is Handover.ANSWERED:
         return f"[dim]──[/] by {who(writer)}, with the answer the run waited for"
-    again = "taken up again" if writer.owner == before.owner else "[bold yellow]taken over[/]"
+    assert before is not None
+    again = "taken up again" if how is Handover.AGAIN else "[bold yellow]taken over[/]"
     return f"[dim]──[/] {again} by {who(writer)}, from {who(before)}"
 
 

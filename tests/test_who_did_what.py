@@ -141,6 +141,19 @@ def test_a_killed_worker_leaves_its_spans_and_show_names_each_process_that_took_
         f"taken over by {dead_worker} (fence 2), from {first} (fence 1)",
         f"taken over by {owner_of(spans, resumed.pid)} (fence 3), from {dead_worker} (fence 2)",
     )
+    history = json.loads(cli("show", run_id, *db, "--json", env=env, expect=0).stdout)
+    steps, named = history["steps"], history["writers"]
+    assert [(w["how"], w["fence"], w["advance"]) for w in named] == [
+        ("first", 1, "start"),
+        ("taken_over", 2, "resume"),
+        ("taken_over", 3, "resume"),
+    ]
+    assert [w["owner"].split(":")[1] for w in named] == [
+        str(pid) for pid in (started.pid, worker.pid, resumed.pid)
+    ]
+    # Each from the step after the last its writer before wrote: the worker from validate on.
+    assert named[0]["step"] == 1 and steps[named[1]["step"] - 1] == "validate"
+    assert named[1]["step"] < named[2]["step"] <= len(steps)
 
 
 def on_aegra[F: Callable[..., object]](test: F) -> F:
