@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
+from loopwright.attempt import Writer
 from loopwright.cli import ending
 from loopwright.graph.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.observability.instrument import TracedJournal
@@ -38,8 +39,8 @@ from loopwright.observability.tracing import (
 )
 from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
-from loopwright.runner import Runner
-from loopwright.timeline import TimelinePrinter, render_run
+from loopwright.runner import Runner, Step
+from loopwright.timeline import Handover, TimelinePrinter, handover, render_run, writer_line
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
@@ -518,3 +519,32 @@ def test_model_spans_carry_the_genai_attributes_trace_viewers_read(
         assert finish == [["tool_calls"]] * (len(chats) - 1) + [["stop"]]
     text = trace.read_text()
     assert DEMO_TASK not in text and '"gen_ai.input.messages"' not in text
+
+
+def test_show_heads_each_writer_s_steps_by_how_it_took_the_run() -> None:
+    """The four ways a step's writer can follow the one before: none before it; after the
+    answer a node waited for; mid-way, another owner; mid-way, the same owner claiming the run
+    again (a worker retrying its own failed attempt); and no line within a writer's steps."""
+    first = Writer("h:1:a", 1, "start", "aegra-1")
+    other = Writer("h:2:b", 2, "resume")
+    again = Writer("h:2:b", 3, "resume")
+    cases = [
+        (None, Step("validate", {}, first), Handover.FIRST, "── by aegra-1 (h:1:a, fence 1)"),
+        (first, Step("validate", {}, first), None, None),
+        (first, Step("approval", {}, other, answered=True), Handover.ANSWERED, None),
+        (first, Step("validate", {}, other), Handover.TAKEN_OVER, None),
+        (other, Step("guard", {}, again), Handover.AGAIN, None),
+        (first, Step("guard", {}, None), None, None),  # written before writers were named
+    ]
+    for before, step, how, line in cases:
+        assert handover(before, step) is how
+        said = writer_line(before, step)
+        assert (said is None) == (how is None)
+        if line is not None:
+            assert said is not None and Console().render_str(said).plain == line
+    taken = writer_line(first, Step("validate", {}, other))
+    assert taken is not None
+    assert Console().render_str(taken).plain == (
+        "── taken over by h:2:b (fence 2), from aegra-1 (h:1:a, fence 1)"
+    )
+    assert Writer.of(first.metadata()) == first and Writer.of({"step": 3}) is None
