@@ -18,16 +18,19 @@ fences its writes or decides what a failed attempt means. So:
   process or engine made the attempts;
 * the lease is given up as the attempt ends, however it ends;
 * every attempt is one `run` span (the root of its node, model and tool spans) naming the
-  process that made it.
+  process that made it;
+* every checkpoint an attempt commits names its writer in its metadata (`Writer`): the lease's
+  owner and fence, what the attempt was given, the process's instance name where a deployment
+  gave one, and the agent version that decided it. `loopwright show` reads who did each step
+  from there, and where a run changed hands.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -36,6 +39,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
 
 from loopwright.checkpoints.database import DATABASE_FAULTS
 from loopwright.checkpoints.fenced import Fence, FencedSaver
@@ -54,7 +58,7 @@ from loopwright.core.text import storable
 from loopwright.core.views import stop
 from loopwright.nodes.context import RunContext
 from loopwright.observability.metrics import note_run_end
-from loopwright.observability.tracing import run_span
+from loopwright.observability.tracing import instance_name, process_instance, run_span
 
 # What an attempt ends with when another process took the run over while it worked.
 OWNERSHIP_LOST = (StaleWriter, StaleTransition, LeaseLost)
@@ -74,7 +78,61 @@ def worker_name() -> str:
 
 def process_owner(pid: int) -> str:
     """What the owner names of every lease process `pid` of this host holds begin with."""
-    return f"{socket.gethostname()}:{pid}:"
+    return f"{process_instance(pid)}:"
+
+
+# Checkpoint metadata naming who wrote a step (`Writer`).
+WRITER_METADATA_KEY = "lw_writer"
+FENCE_METADATA_KEY = "lw_fence"
+ADVANCE_METADATA_KEY = "lw_advance"
+INSTANCE_METADATA_KEY = "lw_instance"
+# The agent version whose process wrote a step: which version decided each step of a run that
+# changed hands during an upgrade.
+VERSION_METADATA_KEY = "lw_version"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who committed a checkpoint, as its metadata says: the attempt's `owner` (host:pid:nonce)
+    and `fence`, what it was given (`advance`: start, answer or resume), the name of the
+    process's instance in its deployment (`instance`, e.g. aegra-2) and the agent `version`."""
+
+    owner: str
+    fence: int | None = None
+    advance: str | None = None
+    instance: str | None = None
+    version: str | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        """The checkpoint metadata that names this writer."""
+        stamp = {
+            WRITER_METADATA_KEY: self.owner,
+            FENCE_METADATA_KEY: self.fence,
+            ADVANCE_METADATA_KEY: self.advance,
+            INSTANCE_METADATA_KEY: self.instance,
+            VERSION_METADATA_KEY: self.version,
+        }
+        return {key: value for key, value in stamp.items() if value is not None}
+
+    @classmethod
+    def of(cls, metadata: Mapping[str, Any] | None) -> Writer | None:
+        """The writer a checkpoint's metadata names (None: written before writers were named)."""
+        metadata = metadata or {}
+        owner = metadata.get(WRITER_METADATA_KEY)
+        if not owner:
+            return None
+        fence = metadata.get(FENCE_METADATA_KEY)
+        return cls(
+            str(owner),
+            fence if isinstance(fence, int) else None,
+            _text(metadata.get(ADVANCE_METADATA_KEY)),
+            _text(metadata.get(INSTANCE_METADATA_KEY)),
+            _text(metadata.get(VERSION_METADATA_KEY)),
+        )
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -109,7 +167,7 @@ def claim(leases: LeaseStore, run_id: str, how: Claim) -> Lease:
 @dataclass
 class Turn:
     """An attempt as its maker works it: the lease, the clock and cancel flag the lease keeps,
-    the graph fenced to the lease, and the attempt's `run` span."""
+    the graph fenced to the lease, the attempt's `run` span, and who it is as a writer."""
 
     leases: LeaseStore
     lease: Lease
@@ -117,11 +175,19 @@ class Turn:
     graph: Pregel[Any, Any, Any, Any]
     span: Span
     keeper: LeaseKeeper
+    writer: Writer
     recorded: bool = field(default=False, init=False)
 
     @property
     def run_id(self) -> str:
         return self.lease.run_id
+
+    def config(self, base: RunnableConfig) -> RunnableConfig:
+        """`base` (the config the graph is streamed or updated with) naming this attempt as
+        the writer of every checkpoint it commits, over whatever `base`'s metadata says (a
+        served run's carries its client's)."""
+        metadata = {**(base.get("metadata") or {}), **self.writer.metadata()}
+        return {**base, "metadata": metadata}
 
     def context(self, base: RunContext) -> RunContext:
         """`base` (the run's context) on this attempt's fence, clock and cancel flag."""
@@ -141,6 +207,7 @@ class Turn:
         self.keeper.stop()
         self.leases.record(self.lease, phase, next_attempt_at, release=True, agent_version=version)
         self.recorded = True
+        self.span.set_attribute("loopwright.phase", phase)
 
 
 @contextmanager
@@ -162,13 +229,18 @@ def attempt(
     nothing about the run either (a client's refused input)."""
     lease = lease or claim(leases, run_id, how)
     watch = RunWatch(lease)
+    writer = Writer(how.owner, lease.fence, kind, instance_name(), how.version)
     fenced = graph.copy(update={"checkpointer": saver.fenced(Fence.of(lease), watch)})
-    attributes = {"loopwright.advance": kind, "loopwright.owner": how.owner}
+    attributes: dict[str, AttributeValue] = {
+        "loopwright.advance": kind,
+        "loopwright.owner": how.owner,
+        "loopwright.fence": lease.fence,
+    }
     with (
         run_span(run_id, attributes) as span,
         LeaseKeeper(leases, lease, on_renew=watch.renewed) as keeper,
     ):
-        turn = Turn(leases, lease, watch, fenced, span, keeper)
+        turn = Turn(leases, lease, watch, fenced, span, keeper, writer)
         try:
             yield turn
         except (*NOT_THE_RUNS_FAULT, *not_the_runs):
@@ -192,7 +264,7 @@ def give_up(turn: Turn, attempts: int, error: str) -> None:
     run did, and any write it could not confirm is reported as such."""
     detail = f"{attempts} attempts in a row ended in an error; the last: {error}"
     ended = stop(StopReason.NEEDS_HUMAN, detail)
-    config: RunnableConfig = {"configurable": {"thread_id": turn.run_id}}
+    config = turn.config({"configurable": {"thread_id": turn.run_id}})
     turn.graph.update_state(config, ended, as_node="guard")
     turn.record(Phase.INCOMPLETE.value)
     note_run_end({}, ended)

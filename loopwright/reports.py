@@ -3,7 +3,7 @@
 | schema | printed by | what it holds |
 | --- | --- | --- |
 | `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: its ending (below), phase, stop reason, verification, what waits, every action |
-| `loopwright.run-history/1` | show | `loopwright.run/1` and each action's status history |
+| `loopwright.run-history/1` | show | `loopwright.run/1`, each action's status history, and who wrote the steps (`writers`) |
 | `loopwright.runs/1` | runs | the runs listed (every one with an unconfirmed write, then the newest up to --limit): agent and version, phase, stop reason, unconfirmed writes, failures; `more`: how many the limit left out |
 | `loopwright.approvals/1` | approvals list | the approvals waiting |
 | `loopwright.retention/1` | retention | the runs pruned (or, with --dry-run, that would be), those kept and why, checkpoint bytes before and after |
@@ -32,20 +32,22 @@ with, by the ending's kind (`EXIT_CODES`):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from loopwright.core.state import Action
 from loopwright.observability.redaction import redact
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
-from loopwright.timeline import Redactor
+from loopwright.timeline import Redactor, handover
 
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from loopwright.attempt import Writer
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
     from loopwright.run_list import RunList
-    from loopwright.runner import Runner
+    from loopwright.runner import Runner, Step
     from loopwright.tools.registry import ToolRegistry
 
 # How a command that advanced or read one run exits, by how the run ended (the table above).
@@ -152,11 +154,26 @@ def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
         state = runner.state(outcome.run_id)
         document["task"] = state["task"]
         document["user"] = (state.get("principal") or {}).get("user_id")
-        document["steps"] = [node for node, _ in runner.steps(outcome.run_id)]
+        steps = runner.written_steps(outcome.run_id)
+        document["steps"] = [step.node for step in steps]
+        document["writers"] = _writers(steps)
     events = runner.history(outcome.run_id)
     for action in document["actions"]:
         action["history"] = [_event(e) for e in events[action["action_id"]]]
     return _redactor(runner.tools, outcome.actions).scrub(document)
+
+
+def _writers(steps: list[Step]) -> list[dict[str, Any]]:
+    """Who wrote the steps, as `show` heads them: each writer from its first step on (`step`,
+    1 for the first), how it took the run (`timeline.Handover`), and what its checkpoints
+    name it by."""
+    found: list[dict[str, Any]] = []
+    before: Writer | None = None
+    for number, step in enumerate(steps, start=1):
+        if step.writer is not None and (how := handover(before, step)) is not None:
+            found.append({"step": number, "how": how.value, **dataclasses.asdict(step.writer)})
+        before = step.writer or before
+    return found
 
 
 def runs_document(listed: RunList, tools: ToolRegistry) -> dict[str, Any]:

@@ -28,11 +28,21 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import get_checkpoint_id
 from langgraph.pregel.debug import tasks_w_writes
 from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 
 from loopwright._agent import Agent
-from loopwright.attempt import MAX_FAILURES, Claim, Turn, attempt, claim, worker_name
+from loopwright.attempt import (
+    MAX_FAILURES,
+    VERSION_METADATA_KEY,
+    Claim,
+    Turn,
+    Writer,
+    attempt,
+    claim,
+    worker_name,
+)
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import FencedSaver, Superstep
 from loopwright.checkpoints.journal import (
@@ -82,9 +92,6 @@ StepUpdates = dict[str, dict[str, Any] | None]
 # Where LangGraph's streamed state carries the interrupts of its superstep (documented, as in
 # `invoke`'s result).
 INTERRUPTS_KEY = "__interrupt__"
-# Checkpoint metadata naming the agent version whose process wrote a step: which version
-# decided each step of a run that changed hands during an upgrade.
-VERSION_METADATA_KEY = "lw_version"
 # What a run parked in a reconciliation is resumed with to look again (the value means nothing).
 WAKE_VALUE = {"kind": "retry"}
 # How LangGraph names a node's task in its path (`task_path_str` of (PULL, node)).
@@ -96,6 +103,18 @@ def is_step(node: str, *, in_subgraph: bool) -> bool:
     steps are, one by one; its node in the graph only hands its final state back. Keys of
     LangGraph's own (__start__, __interrupt__, __metadata__) are no node's step."""
     return not node.startswith("__") and (in_subgraph or node != SPECIALIST_NODE)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A committed node step of a run: the node, its update, who wrote it (None: a checkpoint
+    written before writers were named), and whether the node had waited for an answer (an
+    approval, a parked reconciliation) before it finished."""
+
+    node: str
+    update: dict[str, Any]
+    writer: Writer | None = None
+    answered: bool = False
 
 
 @dataclass(frozen=True)
@@ -626,7 +645,7 @@ class Runner:
         for only where someone listens to the steps."""
         stream = turn.graph.stream(
             payload,
-            {**self.config(turn.run_id), "metadata": {VERSION_METADATA_KEY: self.agent.version}},
+            turn.config(self.config(turn.run_id)),  # each checkpoint names its writer
             context=context,
             durability=RUN_DURABILITY,
             stream_mode=["values", "updates"] if on_step else ["values"],
@@ -660,26 +679,53 @@ class Runner:
         return [run.run_id for run in self.leases.runs()]
 
     def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every committed node step of a run, oldest first: each node's name and update."""
+        return [(step.node, step.update) for step in self.written_steps(run_id, writers=False)]
+
+    def written_steps(self, run_id: str, *, writers: bool = True) -> list[Step]:
         """Every committed node step of a run, oldest first, read back from the checkpoints
         as `_stream` reports them live (a specialist's one by one): each finished task and its
         writes to the state, as LangGraph's history shows them (`tasks_w_writes`), read in
         one pass where the saver can (`supersteps`: the history would rebuild every
-        checkpoint's values, and has a subgraph's in a history of its own)."""
+        checkpoint's values, and has a subgraph's in a history of its own); and, with
+        `writers`, who wrote it, as the checkpoint its commit saved names them
+        (`attempt.Writer`: a second read of the thread's checkpoints)."""
         supersteps = self.saver.supersteps(run_id)
         if supersteps is not None:
-            tasks = [(s.checkpoint_ns, task) for s in supersteps for task in self._tasks(s)]
+            written = self._writers(run_id) if writers else {}
+            tasks = [
+                (s.checkpoint_ns, written.get((s.checkpoint_ns, s.checkpoint_id)), task)
+                for s in supersteps
+                for task in self._tasks(s)
+            ]
         elif history := list(self.graph.get_state_history(self.config(run_id))):
-            # A forked or older thread: the graph's own steps (not a subgraph's).
-            tasks = [("", task) for snapshot in reversed(history) for task in snapshot.tasks]
+            # A forked or older thread: the graph's own steps (not a subgraph's), each written
+            # by the process that saved the checkpoint after it.
+            chain = history[::-1]
+            after = [Writer.of(s.metadata) for s in chain[1:]] + [None]
+            tasks = [
+                ("", writer, task)
+                for snapshot, writer in zip(chain, after, strict=True)
+                for task in snapshot.tasks
+            ]
         elif summary_of(self.leases.db, run_id) is not None:
             raise RunPruned(run_id)  # its steps went with its checkpoints
         else:
             raise UnknownRun(run_id)
         return [
-            (task.name, task.result or {})
-            for ns, task in tasks
+            Step(task.name, task.result or {}, writer, answered=bool(task.interrupts))
+            for ns, writer, task in tasks
             if is_step(task.name, in_subgraph=bool(ns)) and task.result is not None
         ]
+
+    def _writers(self, run_id: str) -> dict[tuple[str, str], Writer | None]:
+        """Who committed the superstep run from each checkpoint of the run's thread (by its
+        namespace and id): the writer the checkpoint saved after it names."""
+        return {
+            (str(saved.config["configurable"]["checkpoint_ns"]), parent): Writer.of(saved.metadata)
+            for saved in self.saver.list({"configurable": {"thread_id": run_id}})
+            if saved.parent_config and (parent := get_checkpoint_id(saved.parent_config))
+        }
 
     def _tasks(self, superstep: Superstep) -> tuple[PregelTask, ...]:
         """The tasks of nodes that wrote in a superstep, as a snapshot of its checkpoint shows

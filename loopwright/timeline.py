@@ -2,9 +2,10 @@
 
 `TimelinePrinter` prints a line per committed node step as a run advances: what was decided,
 checked, approved, done and found. `render_run` (`loopwright show`) reads a whole run back from
-the database alone, finished or interrupted: its committed steps, then each action once with
-its full status history from the journal (times and fences), then where the run stands and the
-budget it used.
+the database alone, finished or interrupted: where the run stands and the budget it used, its
+committed steps, each group of them headed by the process (and instance) that wrote them, as
+their checkpoints name it, a takeover marked as such, then each action once with its full
+status history from the journal (times and fences).
 
 Arguments are always shown with the fields a tool contract marks sensitive replaced by
 "[redacted]" (raw trace capture does not change that: a timeline gets pasted into tickets), and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, ToolMessage
@@ -41,7 +43,8 @@ from loopwright.tools.program import ProgramRun
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwright.runner import Runner
+    from loopwright.attempt import Writer
+    from loopwright.runner import Runner, Step
 
 # Shorter sensitive values are not blanked in free text: they would blank ordinary words.
 MIN_SECRET_CHARS = 4
@@ -451,12 +454,12 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     if outcome.pruned is not None:
         render_pruned_run(runner, outcome, console)
         return
-    steps = runner.steps(run_id)
+    steps = runner.written_steps(run_id)
     state = runner.state(run_id)
     printer = TimelinePrinter(console, runner.tools)
     redactor = printer.redactor
-    for _, update in steps:  # learn every sensitive value first: the task may repeat one
-        _learn_step(update, redactor)
+    for step in steps:  # learn every sensitive value first: the task may repeat one
+        _learn_step(step.update, redactor)
     _learn_actions(redactor, outcome.actions)
 
     def say(line: str) -> None:
@@ -484,13 +487,64 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
         f"budget used: {_budget_line(Usage.model_validate(state.get('usage') or {}), runner.budget)}"
     )
     say("\n[bold]steps[/]")
-    for node, update in steps:
-        printer(node, update)
+    before: Writer | None = None
+    for step in steps:
+        if (header := writer_line(before, step)) is not None:
+            say(header)
+        before = step.writer or before
+        printer(step.node, step.update)
     if outcome.actions:
         say("\n[bold]actions[/]")
     for action in outcome.actions:
         for line in _describe_action(action, runner.journal.events(action.action_id), redactor):
             say(line)
+
+
+def who(writer: Writer) -> str:
+    """A step's writer as people read it: the instance its deployment named (aegra-2), the
+    lease's owner (host:pid:nonce) and fence."""
+    fence = f", fence {writer.fence}" if writer.fence is not None else ""
+    if writer.instance:
+        return f"[bold]{inline(writer.instance)}[/] ({inline(writer.owner)}{fence})"
+    return f"[bold]{inline(writer.owner)}[/]{f' ({fence[2:]})' if fence else ''}"
+
+
+class Handover(StrEnum):
+    """How a step's writer came to write it, against the writer of the step before."""
+
+    FIRST = "first"  # the run's first writer
+    ANSWERED = "answered"  # went on with the answer the run waited for (approval, parked retry)
+    TAKEN_OVER = "taken_over"  # went on where the last writer stopped mid-way
+    AGAIN = "again"  # the same owner, under a new fence: it claimed the run again
+
+
+def handover(before: Writer | None, step: Step) -> Handover | None:
+    """How `step`'s writer took the run, None where it wrote the step before too (or is not
+    named): a writer that went on where the last one stopped mid-way took it over (a crash, a
+    lost lease, an instance handing its runs back); one whose first step is a node that had
+    waited went on with the answer it waited for."""
+    writer = step.writer
+    if writer is None or (before and (writer.owner, writer.fence) == (before.owner, before.fence)):
+        return None
+    if before is None:
+        return Handover.FIRST
+    if step.answered:
+        return Handover.ANSWERED
+    return Handover.AGAIN if writer.owner == before.owner else Handover.TAKEN_OVER
+
+
+def writer_line(before: Writer | None, step: Step) -> str | None:
+    """The line that heads the steps of a writer (see `handover`), None within them."""
+    how, writer = handover(before, step), step.writer
+    if how is None or writer is None:
+        return None
+    if how is Handover.FIRST:
+        return f"[dim]──[/] by {who(writer)}"
+    if how is Handover.ANSWERED:
+        return f"[dim]──[/] by {who(writer)}, with the answer the run waited for"
+    assert before is not None
+    again = "taken up again" if how is Handover.AGAIN else "[bold yellow]taken over[/]"
+    return f"[dim]──[/] {again} by {who(writer)}, from {who(before)}"
 
 
 def _interrupt_line(request: dict[str, Any]) -> list[str]:

@@ -63,6 +63,16 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def dev_server(pid: int) -> int:
+    """The LangGraph server `loopwright serve` (process `pid`) runs."""
+    [server] = [
+        child
+        for child in children(pid)
+        if b"loopwright.server.dev" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
+    return server
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without services, tokens or a database of its own: the command under
     test starts the services itself, on its LOOPWRIGHT_HOME."""
@@ -224,11 +234,7 @@ def test_serve_killed_leaves_no_server_no_service_and_a_free_port(
             wait_for(lambda: _answers(url) or serving.poll() is not None)
             assert serving.poll() is None, output.read_text()
             # What the agent's servers share (its business services), then the server.
-            [server] = [
-                pid
-                for pid in children(serving.pid)
-                if b"loopwright.server.dev" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            ]
+            server = dev_server(serving.pid)
             client = sdk_client(url=url, headers={"Authorization": "Bearer dev-u1"})
             thread = client.threads.create()["thread_id"]
             client.runs.wait(thread, "loopwright", input={"task": DEMO_TASK})

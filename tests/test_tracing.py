@@ -6,8 +6,11 @@ what was decided, what was sent, what the business system did, and how the run e
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import io
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -21,6 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
+from loopwright.attempt import Writer
 from loopwright.cli import ending
 from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.observability.instrument import TracedJournal
@@ -33,15 +37,28 @@ from loopwright.observability.tracing import (
     run_trace_id,
     span,
 )
+from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
-from loopwright.runner import Runner
-from loopwright.timeline import TimelinePrinter, render_run
+from loopwright.runner import Runner, Step
+from loopwright.timeline import Handover, TimelinePrinter, handover, render_run, writer_line
 from loopwright_refunds.services.admin import list_refunds, set_fault
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests.card_payments import CARD, LOST_PAYMENT, PAY_WITH_CARD, TASK, card_runner
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, cli, principal, release_crashed
+from tests.openai_server import MODEL, ModelFactory, OpenAIStub
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    PATIENCE_S,
+    RunnerFactory,
+    approve,
+    cli,
+    principal,
+    release_crashed,
+    wait_for,
+)
 
 RUN_ID = "run-traced"
+HOST = socket.gethostname()
+WRITER_MARK = "── "
 
 
 @pytest.fixture
@@ -105,6 +122,62 @@ def story(spans: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
     return sorted(steps, key=lambda step: step["at"])
 
 
+def attempts_of(
+    spans: list[dict[str, Any]], run_id: str, *, died: set[int] | frozenset[int] = frozenset()
+) -> dict[int, list[dict[str, Any]]]:
+    """The `run` spans of a run's trace by the process that made them, after checking the
+    trace's shape: every span names its process (`service.instance.id` HOST:PID); every run
+    span is a root naming its owner; every other span is under a run span of its own process,
+    but for the processes in `died`, whose run span died with them: their spans' chain ends at
+    a node span whose parent never reached the file, and each left some."""
+    trace_id = f"{run_trace_id(run_id):032x}"
+    mine = [s for s in spans if s["trace_id"] == trace_id]
+    by_id = {s["span_id"]: s for s in mine}
+    runs: dict[int, list[dict[str, Any]]] = {}
+    left_by_the_dead: set[int] = set()
+    for item in mine:
+        pid = item["resource"]["process.pid"]
+        assert item["resource"]["service.instance.id"] == f"{HOST}:{pid}", item
+        top = item
+        while top["parent_span_id"] in by_id:
+            top = by_id[top["parent_span_id"]]
+            assert top["resource"]["process.pid"] == pid, (item, top)
+        if pid in died:
+            assert top["name"].startswith("node ") and top["parent_span_id"], top
+            left_by_the_dead.add(pid)
+        else:
+            assert top["name"] == "run" and top["parent_span_id"] is None, top
+            assert top["attributes"]["loopwright.owner"].startswith(f"{HOST}:{pid}:"), top
+        if item["name"] == "run":
+            runs.setdefault(pid, []).append(item)
+    assert left_by_the_dead == set(died), "a killed process left no span of what it did"
+    return {pid: sorted(found, key=lambda s: s["start"]) for pid, found in runs.items()}
+
+
+def owner_of(spans: list[dict[str, Any]], pid: int) -> str:
+    """The lease owner process `pid`'s attempts named (a runner's is one per process)."""
+    [owner] = {
+        s["attributes"]["loopwright.owner"]
+        for s in spans
+        if s["name"] == "run" and s["resource"]["process.pid"] == pid
+    }
+    return str(owner)
+
+
+def writers(shown: str, *expected: str) -> list[str]:
+    """The lines of a timeline that head each writer's steps, each checked against its
+    pattern in `expected` (fnmatch: `*` for what a test cannot know, a dead process's nonce)."""
+    heads = [
+        line.removeprefix(WRITER_MARK)
+        for line in shown.splitlines()
+        if line.startswith(WRITER_MARK)
+    ]
+    assert len(heads) == len(expected) and all(
+        fnmatch.fnmatchcase(head, pattern) for head, pattern in zip(heads, expected, strict=True)
+    ), heads
+    return heads
+
+
 def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_history(
     database_url: str,
     services: ServiceEndpoints,
@@ -148,14 +221,17 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     resumed = cli("resume", RUN_ID, *db, env=env, expect=0)
     assert "COMPLETED" in resumed.stdout, resumed.stdout
 
-    steps = story(list(read_spans(trace)), RUN_ID)
+    spans = list(read_spans(trace))
+    steps = story(spans, RUN_ID)
     [decision] = [s for s in steps if s.get("tool") == "submit_refund"]
     planned = next(s for s in steps if s.get("call_id") == decision["call_id"] and "action_id" in s)
     action_id, intent_key = planned["action_id"], planned["intent_key"]
     business = [s["what"] for s in steps if s.get("action_id") == action_id or "actions" in s]
-    # The approval in the killed process (APPROVED) is not in the trace; the journal has it.
+    # The approval made in the killed process is in the trace too: its node's spans reached
+    # the file as the node ended, before the process died.
     assert business == [
         "NEEDS_APPROVAL",
+        "APPROVED",
         "DISPATCHED",
         "UNKNOWN",
         "RECONCILING",
@@ -164,12 +240,23 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     ]
     by_what = {s["what"]: s for s in steps if s.get("action_id") == action_id}
     assert {s["intent_key"] for s in by_what.values()} == {intent_key}
+    assert by_what["APPROVED"]["span"] == "node validate"  # validated again after approval
     assert by_what["DISPATCHED"]["span"] == "execute_tool submit_refund"
     assert by_what["SUCCEEDED"]["span"] == "node reconcile"
     assert steps[-1]["actions"] == [action_id]
-    # Decided in one process, sent and reconciled in another: one trace, one action.
-    assert decision["pid"] == planned["pid"] != by_what["DISPATCHED"]["pid"]
+    # Decided in one process, approved in a second (killed), sent and reconciled in a third:
+    # one trace, one action, each process's spans under its own attempt's run span.
+    started, approved, resumed = (
+        decision["pid"],
+        by_what["APPROVED"]["pid"],
+        by_what["DISPATCHED"]["pid"],
+    )
+    assert planned["pid"] == started and len({started, approved, resumed}) == 3
     assert steps.index(decision) < steps.index(by_what["DISPATCHED"])
+    attempts = attempts_of(spans, RUN_ID, died={approved})
+    assert sorted(attempts) == sorted([started, resumed])
+    assert [a["attributes"]["loopwright.advance"] for a in attempts[started]] == ["start"]
+    assert [a["attributes"]["loopwright.advance"] for a in attempts[resumed]] == ["resume"]
     [refund] = list_refunds(services, "O-42")
     assert refund["idempotency_key"] == intent_key
 
@@ -188,6 +275,15 @@ def test_crashed_then_resumed_run_is_one_trace_and_shows_one_action_with_its_his
     fences = [int(line.split("fence ")[1].split()[0]) for line in histories[action_id]]
     assert fences[1] < fences[2]  # approved by the killed process, sent by the resuming one
     assert "approved by a-1" in shown and "COMPLETED: completed" in shown
+    # Each step names the process that wrote it; the resuming process took the run over.
+    owners = {pid: owner_of(spans, pid) for pid in (started, resumed)}
+    assert owners[started].startswith(f"{HOST}:{started}:")
+    writers(
+        shown,
+        f"by {owners[started]} (fence 1)",
+        f"by {HOST}:{approved}:* (fence 2), with the answer the run waited for",
+        f"taken over by {owners[resumed]} (fence 3), from {HOST}:{approved}:* (fence 2)",
+    )
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["digest-only", "raw-capture"])
@@ -280,37 +376,175 @@ def test_concurrent_exports_append_whole_lines(tmp_path: Path) -> None:
     assert all(s["attributes"]["pad"] == "x" * 20_000 for s in spans)
 
 
-def test_otlp_export_when_an_endpoint_is_configured(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    received: list[bytes] = []
+class Collector:
+    """An OTLP/HTTP collector on loopback: what it was sent, request by request."""
 
-    class Collector(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            if self.path == "/v1/traces":
-                received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(200)
-            self.end_headers()
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        received = self.received
 
-        def log_message(self, *_args: Any) -> None:
-            pass
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                if self.path == "/v1/traces":
+                    received.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.end_headers()
 
-    server = HTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def spans(self) -> list[Any]:
+        return [
+            exported
+            for body in list(self.received)
+            for r in ExportTraceServiceRequest.FromString(body).resource_spans
+            for scope in r.scope_spans
+            for exported in scope.spans
+        ]
+
+    def names(self) -> set[str]:
+        return {exported.name for exported in self.spans()}
+
+
+@pytest.fixture
+def otlp_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Collector]:
+    """This process tracing to a collector of the test's own (and a file), as an operator
+    configures it: through the environment; back to the environment's tracing afterwards."""
+    collector = Collector()
+    threading.Thread(target=collector.server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
     monkeypatch.setenv("LOOPWRIGHT_TRACE_FILE", str(tmp_path / "traces.jsonl"))
     configure_tracing(TraceSettings.from_env())
     try:
-        with span("run", run_id="run-otlp"):
-            pass
-        flush_traces()
+        yield collector
     finally:
         monkeypatch.undo()
         configure_tracing(TraceSettings.from_env())
-        server.shutdown()
-    [body] = received
-    request = ExportTraceServiceRequest.FromString(body)
-    [exported] = [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+        collector.server.shutdown()
+
+
+def test_otlp_export_when_an_endpoint_is_configured(otlp_to: Collector, tmp_path: Path) -> None:
+    with span("run", run_id="run-otlp"):
+        pass
+    flush_traces()
+    [exported] = otlp_to.spans()
     assert exported.name == "run"
     assert exported.trace_id == run_trace_id("run-otlp").to_bytes(16, "big")
     assert [s["name"] for s in read_spans(tmp_path / "traces.jsonl")] == ["run"]
+
+
+def test_otlp_spans_are_sent_as_each_node_ends(
+    otlp_to: Collector, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run held in its write's send: the collector already has every node before it (a
+    process dying now would have sent what it did), and not the send, its node or the run.
+    The batch's own schedule is put off for the test: nothing is sent but at a node's end."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", str(3_600_000))
+    configure_tracing(TraceSettings.from_env())
+    release = threading.Event()
+
+    def charge_when_released(ctx: Any, args: Any, key: str | None) -> Any:
+        release.wait(PATIENCE_S)
+        return PAY_WITH_CARD.run(ctx, args, key)
+
+    held = dataclasses.replace(PAY_WITH_CARD, run=charge_when_released)
+    with card_runner(sqlite_url, held) as runner:
+        outcomes: list[RunOutcome] = []
+        running = threading.Thread(
+            target=lambda: outcomes.append(runner.start(TASK, principal(task=TASK)))
+        )
+        running.start()
+        try:
+            wait_for(lambda: "node validate" in otlp_to.names())
+            sent = otlp_to.names()
+            assert {
+                "node compile_context",
+                "node model_step",
+                "chat scripted",
+                "node validate",
+            } <= sent
+            assert not sent & {"execute_tool pay_with_card", "node execute", "run"}
+        finally:
+            release.set()
+            running.join()
+    [outcome] = outcomes
+    assert outcome.stop_reason == "completed"
+    flush_traces()
+    assert {"execute_tool pay_with_card", "node execute", "node verify", "run"} <= otlp_to.names()
+    assert not any(CARD.encode() in body for body in otlp_to.received)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_model_spans_carry_the_genai_attributes_trace_viewers_read(
+    api: str,
+    openai_stub: OpenAIStub,
+    openai_model: ModelFactory,
+    open_test_runner: RunnerFactory,
+    trace_to: Callable[..., Path],
+) -> None:
+    """Each model request is a CLIENT span named and attributed as OpenTelemetry's GenAI
+    conventions say (operation, provider, requested and answering model, token usage as the
+    endpoint counted it), under its node; no message content is in the trace."""
+    trace = trace_to()
+    with open_test_runner(model=openai_model(api)) as runner:
+        outcome = approve(runner, runner.start(DEMO_TASK, principal()))
+    assert outcome.stop_reason == "completed", outcome.stop_detail
+    flush_traces()
+    spans = [
+        s for s in read_spans(trace) if s["trace_id"] == f"{run_trace_id(outcome.run_id):032x}"
+    ]
+    by_id = {s["span_id"]: s for s in spans}
+    chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
+    assert [
+        (
+            s["attributes"]["gen_ai.usage.input_tokens"],
+            s["attributes"]["gen_ai.usage.output_tokens"],
+        )
+        for s in chats
+    ] == openai_stub.usages
+    for chat in chats:
+        attributes = chat["attributes"]
+        assert chat["name"] == f"chat {MODEL}" and chat["kind"] == "CLIENT"
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.provider.name"] == attributes["gen_ai.system"] == "openai"
+        assert attributes["gen_ai.request.model"] == attributes["gen_ai.response.model"] == MODEL
+        assert attributes["gen_ai.response.id"]
+        assert by_id[chat["parent_span_id"]]["name"] == "node model_step"
+    if api == "chat":
+        finish = [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats]
+        assert finish == [["tool_calls"]] * (len(chats) - 1) + [["stop"]]
+    text = trace.read_text()
+    assert DEMO_TASK not in text and '"gen_ai.input.messages"' not in text
+
+
+def test_show_heads_each_writer_s_steps_by_how_it_took_the_run() -> None:
+    """The four ways a step's writer can follow the one before: none before it; after the
+    answer a node waited for; mid-way, another owner; mid-way, the same owner claiming the run
+    again (a worker retrying its own failed attempt); and no line within a writer's steps."""
+    first = Writer("h:1:a", 1, "start", "aegra-1")
+    other = Writer("h:2:b", 2, "resume")
+    again = Writer("h:2:b", 3, "resume")
+    cases = [
+        (None, Step("validate", {}, first), Handover.FIRST, "── by aegra-1 (h:1:a, fence 1)"),
+        (first, Step("validate", {}, first), None, None),
+        (first, Step("approval", {}, other, answered=True), Handover.ANSWERED, None),
+        (first, Step("validate", {}, other), Handover.TAKEN_OVER, None),
+        (other, Step("guard", {}, again), Handover.AGAIN, None),
+        (first, Step("guard", {}, None), None, None),  # written before writers were named
+    ]
+    for before, step, how, line in cases:
+        assert handover(before, step) is how
+        said = writer_line(before, step)
+        assert (said is None) == (how is None)
+        if line is not None:
+            assert said is not None and Console().render_str(said).plain == line
+    taken = writer_line(first, Step("validate", {}, other))
+    assert taken is not None
+    assert Console().render_str(taken).plain == (
+        "── taken over by h:2:b (fence 2), from aegra-1 (h:1:a, fence 1)"
+    )
+    assert Writer.of(first.metadata()) == first and Writer.of({"step": 3}) is None

@@ -5,8 +5,11 @@ what happened in the business system, and why it stopped, without the model's te
   decision (tool, call id, argument digest), validation verdicts, approvals (who, which digest,
   when), evidence ids, budget usage, the verification, the stop reason; an interrupt (approval,
   parked reconciliation) as an event.
-* `model_span` / `note_model_reply`: a `chat MODEL` span around the model call: model id,
-  prompt version, tokens, latency (the span's duration), error class.
+* `model_span` / `note_model_reply`: a `chat MODEL` span around the model call, with the
+  OpenTelemetry GenAI attributes trace viewers read (operation, provider, requested and
+  answering model, token usage, finish reasons, the request's temperature and token limit where
+  the model says them), the prompt version, latency (the span's duration) and error class. No
+  message content: the prompt holds what tools returned, arguments marked sensitive included.
 * `tool_span`: an `execute_tool NAME` span per tool call: schema hash, argument digest (the
   arguments themselves only with raw capture, sensitive fields always redacted), and for writes
   the action id, intent key and attempt.
@@ -28,7 +31,7 @@ from langchain_core.messages import AIMessage
 from langgraph.errors import GraphInterrupt
 from langgraph.runtime import Runtime
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Span
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
 
@@ -44,7 +47,12 @@ from loopwright.core.state import (
 )
 from loopwright.nodes.context import model_name
 from loopwright.observability.redaction import redact, redacted_digest
-from loopwright.observability.tracing import active_tracer, capture_raw_args, span
+from loopwright.observability.tracing import (
+    NODE_SPAN_PREFIX,
+    active_tracer,
+    capture_raw_args,
+    span,
+)
 from loopwright.outcome import RunOutcome
 from loopwright.tools.contract import ToolContract
 from loopwright.tools.registry import ToolRegistry
@@ -95,7 +103,9 @@ def traced_node(name: str, node: Node) -> Node:
         if active_tracer() is None:
             return node(state, runtime)
         attributes: Attributes = {"loopwright.node": name, "loopwright.step": state.get("step", 0)}
-        with span(f"node {name}", run_id=state.get("run_id"), attributes=attributes) as opened:
+        with span(
+            f"{NODE_SPAN_PREFIX}{name}", run_id=state.get("run_id"), attributes=attributes
+        ) as opened:
             try:
                 update = node(state, runtime)
             except GraphInterrupt as interrupted:
@@ -232,15 +242,43 @@ def _note_verdict(opened: Span, call: PendingCall, tools: ToolRegistry) -> None:
 
 
 def model_span(model: BaseChatModel, prompt_version: str) -> AbstractContextManager[Span]:
+    if active_tracer() is None:
+        return nullcontext(INVALID_SPAN)
     model_id = model_name(model)
     return span(
         f"chat {model_id}",
+        kind=SpanKind.CLIENT,
         attributes={
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": model_id,
+            **_request_params(model),
             "loopwright.prompt_version": prompt_version,
         },
     )
+
+
+# What LangChain says of a model's requests (`_get_ls_params`, the hook its own tracing reads),
+# as the GenAI conventions name it.
+_REQUEST_PARAMS = {
+    "ls_temperature": "gen_ai.request.temperature",
+    "ls_max_tokens": "gen_ai.request.max_tokens",
+}
+
+
+def _request_params(model: BaseChatModel) -> Attributes:
+    """The model's provider (under the conventions' current name and the one older viewers
+    read), and the temperature and token limit it asks with, where it says them."""
+    try:
+        params: Mapping[str, Any] = model._get_ls_params()
+    except Exception:  # a model of the user's own that cannot say: the span goes without
+        return {}
+    attributes: Attributes = {}
+    if provider := params.get("ls_provider"):
+        attributes["gen_ai.provider.name"] = attributes["gen_ai.system"] = str(provider)
+    for key, name in _REQUEST_PARAMS.items():
+        if isinstance(value := params.get(key), int | float) and not isinstance(value, bool):
+            attributes[name] = value
+    return attributes
 
 
 def note_model_reply(opened: Span, reply: object) -> None:
@@ -250,8 +288,13 @@ def note_model_reply(opened: Span, reply: object) -> None:
     if reply.usage_metadata:
         attributes["gen_ai.usage.input_tokens"] = reply.usage_metadata["input_tokens"]
         attributes["gen_ai.usage.output_tokens"] = reply.usage_metadata["output_tokens"]
-    if model_name := reply.response_metadata.get("model_name"):
-        attributes["gen_ai.response.model"] = str(model_name)
+    metadata = reply.response_metadata
+    if answered_by := metadata.get("model_name") or metadata.get("model"):
+        attributes["gen_ai.response.model"] = str(answered_by)
+    if reply.id:
+        attributes["gen_ai.response.id"] = reply.id
+    if finish := metadata.get("finish_reason"):
+        attributes["gen_ai.response.finish_reasons"] = [str(finish)]
     opened.set_attributes(attributes)
 
 

@@ -40,6 +40,7 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
         "trace_id": f"{context.trace_id:032x}",
         "span_id": f"{context.span_id:016x}",
         "parent_span_id": f"{span.parent.span_id:016x}" if span.parent else None,
+        "kind": span.kind.name,
         "start": _time(start),
         "end": _time(end),
         "start_unix_nano": start,

@@ -7,9 +7,18 @@ Configuration (read at the first span, or set with `configure_tracing`):
   LOOPWRIGHT_TRACE_RAW_ARGS=1       record tool arguments, sensitive fields still redacted
   OTEL_EXPORTER_OTLP_ENDPOINT=URL   also export over OTLP (http/protobuf; the `otlp` extra)
 
-Spans are exported by a `BatchSpanProcessor`, off the hot path, and flushed when a run span ends
-(`run_span`) and at process exit. A process killed mid-run loses the spans it had not flushed;
-the journal and the checkpoints, not the trace, are the record of what happened.
+Each span reaches the file as it ends (one append of a line), so a process killed mid-run (kill
+-9 included) leaves the spans of every node, model call and tool call it finished; only the spans
+still open (its `run` span, the node it was in) die with it. Over OTLP, spans are batched and the
+batch is sent as each node or run span ends, from a thread of its own (a slow collector never
+holds a node up), and once more, waited for, as a run span ends (`run_span`) and at exit.
+The journal and the checkpoints, not the trace, are the record of what happened.
+
+Every span names the process that made it in its resource (what OpenTelemetry backends group
+by): `service.instance.id` is `HOST:PID`, as the owner names of the leases it holds begin
+(`loopwright.attempt.process_owner`), with `host.name`, `process.pid`, and the name a deployment
+gives the process (`LOOPWRIGHT_INSTANCE`, e.g. `aegra-2` under `serve --engine aegra`) as
+`loopwright.instance`. `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` override them.
 
 Every root span of a run gets a trace id derived from the run id, so that all processes that
 advance one run (start, approve, resume after a crash) add to one trace. The provider is this
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -30,11 +40,13 @@ from pathlib import Path
 
 from langgraph.errors import GraphBubbleUp
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
 from loopwright.checkpoints.database import loopwright_home
@@ -44,6 +56,10 @@ TRACE_ENV = "LOOPWRIGHT_TRACE"
 TRACE_FILE_ENV = "LOOPWRIGHT_TRACE_FILE"
 RAW_ARGS_ENV = "LOOPWRIGHT_TRACE_RAW_ARGS"
 OTLP_ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# The name a deployment gives one of its processes (`serve --engine aegra`: aegra-1, aegra-2...).
+INSTANCE_ENV = "LOOPWRIGHT_INSTANCE"
+RUN_SPAN = "run"
+NODE_SPAN_PREFIX = "node "
 DEFAULT_TRACE_FILE = "traces.jsonl"
 _NO = frozenset({"0", "off", "false", "no"})
 _YES = frozenset({"1", "on", "true", "yes"})
@@ -122,23 +138,79 @@ def _otlp_exporter() -> SpanExporter | None:
     return OTLPSpanExporter()  # endpoint, headers and timeout from the OTEL_* environment
 
 
+def process_instance(pid: int | None = None) -> str:
+    """`HOST:PID` of process `pid` of this host (this process by default)."""
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
+
+
+def instance_name() -> str | None:
+    """The name this process's deployment gave it (`LOOPWRIGHT_INSTANCE`), if any."""
+    return os.environ.get(INSTANCE_ENV) or None
+
+
+def process_resource() -> Resource:
+    """Who this process is, as every span it exports says (see the module docstring)."""
+    attributes: dict[str, AttributeValue] = {
+        "service.name": "loopwright",
+        "service.instance.id": process_instance(),
+        "host.name": socket.gethostname(),
+        "process.pid": os.getpid(),
+    }
+    if name := instance_name():
+        attributes["loopwright.instance"] = name
+    return Resource.create(attributes).merge(OTELResourceDetector().detect())
+
+
+class _SentAsNodesEnd(SpanProcessor):
+    """Batches spans for an exporter over the network, and has the batch sent each time a node
+    or run span ends, by a thread of its own (a node never waits for a collector): what a
+    process did reaches the collector node by node, not only as its run span ends."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.batch = BatchSpanProcessor(exporter)
+        self._due = threading.Event()
+        self._stopping = False
+        self._sender = threading.Thread(
+            target=self._send_when_due, name="loopwright-trace-sender", daemon=True
+        )
+        self._sender.start()
+
+    def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+        self.batch.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.batch.on_end(span)
+        if span.name == RUN_SPAN or span.name.startswith(NODE_SPAN_PREFIX):
+            self._due.set()
+
+    def _send_when_due(self) -> None:
+        while True:
+            self._due.wait()
+            if self._stopping:
+                return
+            self._due.clear()
+            self.batch.force_flush()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.batch.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._due.set()
+        self._sender.join()
+        self.batch.shutdown()
+
+
 def _start(settings: TraceSettings) -> _Tracing:
     if not settings.enabled:
         return _Tracing(settings)
-    resource = Resource.create(
-        {
-            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "loopwright",
-            "process.pid": os.getpid(),
-        }
-    )
-    provider = TracerProvider(resource=resource, id_generator=_RunTraceIds())
-    exporters: list[SpanExporter] = [
-        JsonLinesExporter(settings.file or loopwright_home() / DEFAULT_TRACE_FILE)
-    ]
+    provider = TracerProvider(resource=process_resource(), id_generator=_RunTraceIds())
+    # Each span appended as it ends: a line costs one write(2), far less than the commit that
+    # ends every node.
+    file = JsonLinesExporter(settings.file or loopwright_home() / DEFAULT_TRACE_FILE)
+    provider.add_span_processor(SimpleSpanProcessor(file))
     if settings.otlp and (otlp := _otlp_exporter()) is not None:
-        exporters.append(otlp)
-    for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(_SentAsNodesEnd(otlp))
     return _Tracing(settings, provider, provider.get_tracer("loopwright"))
 
 
@@ -186,6 +258,7 @@ def span(
     *,
     run_id: str | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
 ) -> Iterator[Span]:
     """A span, current while the block runs; a non-recording one when tracing is off.
 
@@ -198,7 +271,7 @@ def span(
         return
     token = _ROOT_RUN.set(run_id)
     try:
-        opened = tracer.start_span(name, attributes=attributes)
+        opened = tracer.start_span(name, kind=kind, attributes=attributes)
     finally:
         _ROOT_RUN.reset(token)
     if run_id is not None:
@@ -220,7 +293,7 @@ def span(
 def run_span(run_id: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
     """The span of one process advancing a run; its spans are flushed when it ends."""
     try:
-        with span("run", run_id=run_id, attributes=attributes) as opened:
+        with span(RUN_SPAN, run_id=run_id, attributes=attributes) as opened:
             yield opened
     finally:
         flush_traces()

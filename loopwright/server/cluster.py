@@ -40,6 +40,7 @@ import httpx
 
 from loopwright._agent import Agent
 from loopwright.core import tls
+from loopwright.observability.tracing import INSTANCE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn, stop_together
 from loopwright.server.aegra import GRACE_S
 from loopwright.server.launch import (
@@ -78,7 +79,7 @@ STOPPED_HANDOVER_S = 2.0
 REDIS_ENV = "REDIS_URL"
 REDIS_PREFIX_ENV = "LOOPWRIGHT_REDIS_PREFIX"
 PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-INSTANCE_LOG = "aegra-{index}.log"
+INSTANCE_NAME = "aegra-{index}"
 # An instance that exits is started again after 1 s, then 2, 4, ... up to 30 s while it keeps
 # exiting within a minute of its start; one that ran longer starts at 1 s again.
 RESTART_FIRST_S = 1.0
@@ -164,13 +165,15 @@ def start_instance(
 ) -> Instance:
     """Start instance `index` and wait until it answers; its output goes to its log. What runs
     is `python -m PROGRAM --host H --port P`: loopwright's instance, or (a benchmark's
-    baseline) uvicorn serving Aegra's own app."""
-    log = workdir / INSTANCE_LOG.format(index=index)
+    baseline) uvicorn serving Aegra's own app. It is named `aegra-INDEX` (its log's name) on
+    its spans and on the steps it writes."""
+    name = INSTANCE_NAME.format(index=index)
+    log = workdir / f"{name}.log"
     with log.open("ab") as sink:
         process, lifeline = spawn(
             [sys.executable, "-m", *program, "--host", host, "--port", str(port)],
             cwd=workdir,
-            env=dict(env),
+            env={**env, INSTANCE_ENV: name},
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -64,7 +64,7 @@ from loopwright.core.text import InvalidText
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.nodes.context import RunContext
 from loopwright.observability.metrics import note_run_end
-from loopwright.runner import VERSION_METADATA_KEY, OtherAgentsRun, UnknownRun, writer_version
+from loopwright.runner import OtherAgentsRun, UnknownRun, writer_version
 from loopwright.server.inputs import (
     Continue,
     NewRun,
@@ -86,8 +86,6 @@ CANCEL_SETTLE_S = 60.0
 # How long a run handed back (a shutdown) may take to reach its next step boundary and give up
 # its lease: a node always finishes (a write in flight is settled), so this is one step's time.
 PAUSE_SETTLE_S = 30.0
-# Checkpoint metadata naming the process that wrote a step (where a run went, after a takeover).
-WRITER_METADATA_KEY = "lw_writer"
 INPUT_SCHEMA: dict[str, Any] = {
     "title": "LoopwrightRun",
     "type": "object",
@@ -272,7 +270,8 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 not_the_runs=(RunRefused,),
             ) as turn,
         ):
-            run_config = _with_writer(config, owner, res.agent.version)
+            # Each checkpoint names its writer, whatever the client's metadata says.
+            run_config = turn.config({**config, "recursion_limit": 10_000})
             before = turn.graph.get_state(run_config)
             payload = payload_for(request, before, run_id, principal, turn.watch.now())
             context = turn.context(served_context(res, run_id, request, principal))
@@ -348,17 +347,6 @@ def _run_config(config: RunnableConfig | None) -> RunnableConfig:
         raise PermissionError("a run continues from its own latest checkpoint, not a chosen one")
     configurable.pop(CONFIG_KEY_CHECKPOINTER, None)
     return {**(config or {}), "configurable": configurable}
-
-
-def _with_writer(config: RunnableConfig, owner: str, version: str) -> RunnableConfig:
-    """`config` stamping every checkpoint this attempt writes with the process that wrote it
-    and the agent version that decided it."""
-    metadata = {
-        **(config.get("metadata") or {}),
-        WRITER_METADATA_KEY: owner,
-        VERSION_METADATA_KEY: version,
-    }
-    return {**config, "metadata": metadata, "recursion_limit": 10_000}
 
 
 def _server_run_id(config: RunnableConfig) -> str | None:

@@ -36,7 +36,7 @@ from typing import IO, Any
 import httpx
 
 from loopwright._agent import Agent
-from loopwright.checkpoints.database import HOME_ENV
+from loopwright.checkpoints.database import DEFAULT_HOME, HOME_ENV
 from loopwright.core import tls
 from loopwright.core.roles import Roles
 from loopwright.observability.tracing import TRACE_FILE_ENV
@@ -158,13 +158,14 @@ def shared_by_servers(agent: Agent[Any]) -> Iterator[dict[str, str]]:
 def paths_from_here(environ: Mapping[str, str]) -> dict[str, str]:
     """The paths the environment names, resolved against the directory the command was started
     in, for a server that runs in a directory of its own: the application stays importable
-    (this directory, then PYTHONPATH's entries), and loopwright's home and trace file are
-    where the user meant them."""
+    (this directory, then PYTHONPATH's entries), and loopwright's home (named, or the default
+    one here) and trace file are where the user meant them: the server's files (its trace
+    file too) in the command's home, not in a home of the server's own under its directory."""
     named = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     paths = {"PYTHONPATH": os.pathsep.join([os.getcwd(), *(os.path.abspath(p) for p in named)])}
-    for name in (HOME_ENV, TRACE_FILE_ENV):
-        if value := environ.get(name):
-            paths[name] = os.path.abspath(value)
+    paths[HOME_ENV] = os.path.abspath(environ.get(HOME_ENV) or DEFAULT_HOME)
+    if value := environ.get(TRACE_FILE_ENV):
+        paths[TRACE_FILE_ENV] = os.path.abspath(value)
     return paths
 
 
