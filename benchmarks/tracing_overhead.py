@@ -23,8 +23,8 @@ from typing import Any, cast
 from langgraph.runtime import Runtime
 
 from loopwright.core.state import Principal, RunState, initial_state
+from loopwright.graph.node_spans import Node, traced_node
 from loopwright.nodes.context import RunContext
-from loopwright.observability.instrument import Node, traced_node
 from loopwright.observability.jsonl import read_spans
 from loopwright.observability.tracing import TraceSettings, configure_tracing
 from loopwright.runner import Runner, open_runner

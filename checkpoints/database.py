@@ -29,10 +29,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from loopwright.core.home import loopwright_home
+
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
-DEFAULT_HOME = "./.loopwright"
-HOME_ENV = "LOOPWRIGHT_HOME"
 DEFAULT_SQLITE_FILE = "loopwright.sqlite3"
 CONNECT_TIMEOUT_S = 5
 # How long a run waits for a pooled connection (all in use, or the database unreachable).
@@ -48,10 +48,6 @@ class DatabaseKind(StrEnum):
 
 class DatabaseUrlError(ValueError):
     """The URL names no database loopwright can use."""
-
-
-class HomeUnusable(RuntimeError):
-    """LOOPWRIGHT_HOME (or ./.loopwright) is not, and cannot become, a directory."""
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -82,21 +78,6 @@ def resolve_database_url(explicit: str | None = None, *, create: bool = True) ->
     url = explicit or os.environ.get("DATABASE_URL") or _default_sqlite_url(create)
     database_kind(url)
     return url
-
-
-def loopwright_home(*, create: bool = True) -> Path:
-    """Where loopwright keeps local files: LOOPWRIGHT_HOME, else ./.loopwright (created here,
-    unless not `create`)."""
-    home = Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).resolve()
-    if create:
-        try:
-            home.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            named = f"{HOME_ENV}={home}" if os.environ.get(HOME_ENV) else str(home)
-            raise HomeUnusable(
-                f"{named} cannot be the directory of loopwright's files: {exc.strerror or exc}"
-            ) from None
-    return home
 
 
 def _default_sqlite_url(create: bool = True) -> str:

@@ -20,7 +20,7 @@ checkpoints of earlier releases whose next node is guard, and is the node a run'
 as when its attempts keep failing (`attempt.give_up`). Every INCOMPLETE end passes through the
 gate; the only COMPLETED end is verify's.
 
-Each node runs inside a span of its own (`observability.instrument.traced_node`); with tracing
+Each node runs inside a span of its own (`graph.node_spans.traced_node`); with tracing
 off the wrapper only calls the node. A node's writes that would change nothing (a count still
 0, no new journal entries) are left out of its update (`loop_node`): each would cost a row in
 the node's commit. A node that branches returns its route with its update
@@ -44,6 +44,7 @@ from langgraph.types import Command
 from loopwright.core.crashpoints import NODE_NAMES
 from loopwright.core.state import CallVerdict, Phase, RunState, StopReason, changes
 from loopwright.core.views import pending_of
+from loopwright.graph.node_spans import Node, traced_node
 from loopwright.nodes.agents import handoff_target
 from loopwright.nodes.approval import approval
 from loopwright.nodes.compile_context import compile_context
@@ -55,7 +56,6 @@ from loopwright.nodes.model_step import model_step
 from loopwright.nodes.reconcile import reconcile
 from loopwright.nodes.validate import validate
 from loopwright.nodes.verify import verify
-from loopwright.observability.instrument import Node, traced_node
 
 RUN_DURABILITY: Literal["sync"] = "sync"
 NODES = NODE_NAMES  # the loop's nodes

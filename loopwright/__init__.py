@@ -88,7 +88,7 @@ _HOMES = {
     "Runner": "loopwright.runner",
     "RunOutcome": "loopwright.outcome",
     "open_runner": "loopwright.runner",
-    "loopwright_home": "loopwright.checkpoints.database",
+    "loopwright_home": "loopwright.core.home",
     # Models for tests and demos
     "ScriptedChatModel": "loopwright.testing.scripted",
     "Decision": "loopwright.testing.scripted",
@@ -181,10 +181,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from loopwright._agent import Agent, Demo, Scenario, TaskRefused
     from loopwright._loading import load_agent
-    from loopwright.checkpoints.database import loopwright_home
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.core.budget import Budget, Price
     from loopwright.core.crashpoints import CrashPoint, crash_point
+    from loopwright.core.home import loopwright_home
     from loopwright.core.plan import Planner, PlannerDecision, PlanStep, StepStatus
     from loopwright.core.protocol import ToolEnvelope, parse_tool_content
     from loopwright.core.roles import Roles

@@ -81,10 +81,10 @@ from loopwright.decisions import Asked, check_taken, prepare
 from loopwright.graph.build import RUN_DURABILITY, SPECIALIST_NODE, compile_graph
 from loopwright.models.factory import changed_settings, make_model, model_settings
 from loopwright.nodes.context import RunContext
-from loopwright.observability.instrument import note_run, traced_journal
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import TraceSettings
 from loopwright.outcome import RunOutcome
+from loopwright.run_spans import note_run, traced_journal
 
 # Called with (node name, that node's update) after each committed step, e.g. to print a timeline.
 StepListener = Callable[[str, dict[str, Any]], None]

@@ -31,7 +31,7 @@ from loopwright.core.state import PendingCall, Phase, RunState, StopReason, dige
 from loopwright.core.views import dump_pending, started_at, stop, usage_of
 from loopwright.nodes.compile_context import render
 from loopwright.nodes.context import RunContext, model_name
-from loopwright.observability.instrument import model_span, note_model_reply
+from loopwright.nodes.model_spans import model_span, note_model_reply
 from loopwright.observability.metrics import MODEL_REQUEST_SECONDS
 
 

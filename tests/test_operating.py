@@ -32,11 +32,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
 from loopwright.core import tls
-from loopwright.observability.stored_state import exposition
 from loopwright.runner import LEASE_TTL_ENV, open_runner
 from loopwright.server import cluster as cluster_module
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import server_env, start_server
+from loopwright.stored_state import exposition
 from loopwright_refunds.agent import MODEL_NAME, agent, connect
 from loopwright_refunds.scratch import fresh_database, with_application_name, with_database
 from loopwright_refunds.services.admin import create_order, set_fault

@@ -27,7 +27,6 @@ from rich.console import Console
 from loopwright.attempt import Writer
 from loopwright.cli import ending
 from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
-from loopwright.observability.instrument import TracedJournal
 from loopwright.observability.jsonl import JsonLinesExporter, read_spans
 from loopwright.observability.redaction import REDACTED, redacted_digest
 from loopwright.observability.tracing import (
@@ -39,6 +38,7 @@ from loopwright.observability.tracing import (
 )
 from loopwright.outcome import RunOutcome
 from loopwright.reports import EXIT_CODES
+from loopwright.run_spans import TracedJournal
 from loopwright.runner import Runner, Step
 from loopwright.timeline import Handover, TimelinePrinter, handover, render_run, writer_line
 from loopwright_refunds.services.admin import list_refunds, set_fault

@@ -25,10 +25,10 @@ from loopwright.checkpoints.journal import ActionJournal
 from loopwright.core.crashpoints import CrashPoint, crash_point
 from loopwright.core.protocol import ToolEnvelope
 from loopwright.core.state import Action, ActionStatus, Evidence, canonical_json, digest, utcnow
-from loopwright.observability.instrument import tool_span
 from loopwright.observability.tracing import record_error
 from loopwright.tools import faults
 from loopwright.tools.contract import OutcomeUnknown, ToolContext, ToolContract, ToolFault
+from loopwright.tools.tool_spans import tool_span
 
 BACKOFF_BASE_S = 0.05
 

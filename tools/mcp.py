@@ -51,7 +51,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel, Field
 
-from loopwright.checkpoints.database import loopwright_home
+from loopwright.core.home import loopwright_home
 from loopwright.core.state import Action, digest
 from loopwright.tools.contract import (
     DEFAULT_TIMEOUT_S,

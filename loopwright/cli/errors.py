@@ -53,10 +53,10 @@ def user_error(exc: Exception) -> str | None:
         DATABASE_FAULTS,
         DatabaseUnavailable,
         DatabaseUrlError,
-        HomeUnusable,
     )
     from loopwright.checkpoints.journal import StaleTransition
     from loopwright.checkpoints.leases import LeaseHeld, LeaseLost, RunPruned, StaleWriter
+    from loopwright.core.home import HomeUnusable
     from loopwright.core.text import InvalidText
     from loopwright.decisions import DecisionNotTaken, DecisionRefused
     from loopwright.observability.tracing import TraceSettingsError

@@ -121,7 +121,7 @@ def serve(
 
 def _serve_langgraph(hosted: Agent[Any], extra: dict[str, str], *, host: str, port: int) -> None:
     """`langgraph dev`: what the agent's servers share, started first, then the server."""
-    from loopwright.checkpoints.database import loopwright_home
+    from loopwright.core.home import loopwright_home
     from loopwright.server.launch import server_env, shared_by_servers, start_server
 
     with (
@@ -155,7 +155,7 @@ def _serve_aegra(
 ) -> None:
     """`--engine aegra`: what the agent's instances share, started once, then the instances,
     kept running until SIGTERM (or Ctrl-C) drains them all."""
-    from loopwright.checkpoints.database import loopwright_home
+    from loopwright.core.home import loopwright_home
     from loopwright.server import cluster
 
     redis_url = cluster.checked_redis_url(redis, os.environ)

@@ -114,8 +114,8 @@ def _probe_port(
     listen on is refused in one line, before the worker starts."""
     if port is None:
         return None
-    from loopwright.observability.stored_state import scrape
     from loopwright.probe_port import ProbePort
+    from loopwright.stored_state import scrape
 
     try:
         return ProbePort(

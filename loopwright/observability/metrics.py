@@ -4,7 +4,7 @@ Counters and histograms of events, per process (Prometheus adds the processes up
 by stop reason, writes whose outcome became unknown, escalated to a person or reconciled (by
 what the business system said), lease takeovers, writes refused by a fence, node commit and
 model request latency. What describes stored state (runs by phase, approvals waiting) is read
-from the database at scrape time instead (`observability.stored_state`), so that every
+from the database at scrape time instead (`loopwright.stored_state`), so that every
 instance reports the same truth.
 
 The instruments live in a registry of loopwright's own (`REGISTRY`), not prometheus_client's

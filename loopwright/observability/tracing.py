@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
-from loopwright.checkpoints.database import loopwright_home
+from loopwright.core.home import loopwright_home
 from loopwright.observability.jsonl import JsonLinesExporter
 
 TRACE_ENV = "LOOPWRIGHT_TRACE"

@@ -36,8 +36,8 @@ from typing import IO, Any
 import httpx
 
 from loopwright._agent import Agent
-from loopwright.checkpoints.database import DEFAULT_HOME, HOME_ENV
 from loopwright.core import tls
+from loopwright.core.home import DEFAULT_HOME, HOME_ENV
 from loopwright.core.roles import Roles
 from loopwright.observability.tracing import TRACE_FILE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn

@@ -7,7 +7,7 @@
   (`Agent(health=...)`) answer within the probe's bound, else 503 `{"status": "not ready"}`.
   Unauthenticated, as probes are, so they say nothing else; why is in the server's log.
 * `GET /loopwright/metrics`: loopwright's Prometheus metrics (`observability.metrics`,
-  `observability.stored_state`), for a token of a role the agent's `Roles.operate` names only
+  `loopwright.stored_state`), for a token of a role the agent's `Roles.operate` names only
   (401 without a token, 403 for any other role): they count every tenant's runs. LangGraph's
   server keeps `/metrics` (its own process metrics, served to anyone), hence a path of
   loopwright's own on both engines.
@@ -28,7 +28,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from loopwright.core.bounded import call_by
-from loopwright.observability.stored_state import scrape
 from loopwright.readiness import (
     LIVE,
     NOT_READY,
@@ -45,6 +44,7 @@ from loopwright.server.cluster import REDIS_ENV, redis_unreachable
 from loopwright.server.edge import admitted
 from loopwright.server.identities import BEARER_REQUIRED
 from loopwright.server.resources import resources, server_database_url
+from loopwright.stored_state import scrape
 
 METRICS_PATH = "/loopwright/metrics"
 # Aegra's setting that it queues runs in Redis (`server.cluster` sets it on every instance).
