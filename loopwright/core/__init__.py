@@ -5,5 +5,5 @@
   the tool envelope, plans, progress signatures, history compaction).
 * `roles`: who may do what; `text`: text a store keeps as given.
 * `crashpoints`: the named crash windows a test arms; `bounded`: calls that end by the clock;
-  `tls`: which certificates outbound HTTPS trusts.
+  `tls`: which certificates outbound HTTPS trusts; `home`: where loopwright keeps local files.
 """
