@@ -141,28 +141,38 @@ class CommitTimer:
 
 @contextmanager
 def timed_commits(saver: BaseCheckpointSaver[Any]) -> Iterator[CommitTimer]:
-    """Wrap the saver's writes on this instance only."""
+    """Time the writes of `saver` and of every copy made of it while the block runs: a run
+    writes through a copy fenced to its attempt's lease (`FencedSaver.fenced`), so the methods
+    are wrapped on the saver's class (its instances alone: a subclass or a parent keeps its
+    own), not on the instance, whose attributes a copy would carry unfenced."""
     timer = CommitTimer()
-    put, put_writes = saver.put, saver.put_writes
+    cls = type(saver)
+    originals = {name: cls.__dict__.get(name) for name in ("put", "put_writes")}
 
-    def timed(write: Callable[..., Any], counts: bool) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            timer.calls.append((write.__name__, args))
+    def timed(name: str, counts: bool) -> Callable[..., Any]:
+        write = getattr(cls, name)
+
+        def call(self: BaseCheckpointSaver[Any], *args: Any) -> Any:
+            timer.calls.append((name, args))
             started = time.perf_counter()
             try:
-                return write(*args)
+                return write(self, *args)
             finally:
                 timer.seconds += time.perf_counter() - started
                 timer.puts += counts
 
         return call
 
-    saver.put = timed(put, True)  # type: ignore[method-assign]
-    saver.put_writes = timed(put_writes, False)  # type: ignore[method-assign]
+    cls.put = timed("put", True)  # type: ignore[method-assign]
+    cls.put_writes = timed("put_writes", False)  # type: ignore[method-assign]
     try:
         yield timer
     finally:
-        del saver.put, saver.put_writes
+        for name, original in originals.items():
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
 
 
 @dataclass(frozen=True)
