@@ -18,12 +18,16 @@ from pathlib import Path
 import psycopg
 import pytest
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 
 from benchmarks import dbos_flow, step_time
 from benchmarks.db_work import DbWork, wal_position
 from benchmarks.spread import MEDIAN_CONFIDENCE, Spread, Verdict
 from benchmarks.superstep_floor import Floor, chain
+from loopwright.checkpoints.factory import open_checkpointer
+from loopwright.checkpoints.fenced import Fence, FencedSaver
+from loopwright.checkpoints.leases import StaleWriter, open_lease_store
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 
 
@@ -148,3 +152,23 @@ def test_the_profile_leaves_out_a_thread_waiting_for_another_or_sleeping() -> No
     assert "SimpleQueue" not in shown, shown
     assert "time.sleep" not in shown, shown
     assert "answer_later" in shown, shown
+
+
+def test_the_timed_runs_write_through_the_attempts_fenced_saver(sqlite_url: str) -> None:
+    # A run writes through a copy of the runner's saver fenced to its attempt's lease: the
+    # timer must see those writes, and must not carry an unfenced write into the copy.
+    run_id = "timed-run"
+    with open_lease_store(sqlite_url) as leases, open_checkpointer(sqlite_url) as saver:
+        leases.register(run_id, task="t", user_id="u-1")
+        lease = leases.claim(run_id, "bench", ttl_s=60)
+        stale = saver.fenced(Fence(run_id=run_id, owner="bench", fence=lease.fence + 1))
+        config: RunnableConfig = {"configurable": {"thread_id": run_id, "checkpoint_ns": ""}}
+        with step_time.timed_commits(saver) as timer:
+            with pytest.raises(StaleWriter):
+                stale.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+            saver.fenced(Fence.of(lease)).put(
+                config, empty_checkpoint(), {"source": "input", "step": -1}, {}
+            )
+        assert [name for name, _ in timer.calls] == ["put", "put"]
+        assert timer.puts == 2
+        assert type(saver).put is FencedSaver.put  # unwrapped after the block
