@@ -52,8 +52,13 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 FORMAT = 1
 COMPRESSED = 2
-# Deflate's fastest level: rows are about 1 KB, and a node commit waits for its row.
+# Deflate's fastest level, in 72 KB of state (a 16 KB window, small hash tables): rows are about
+# 1 KB and a node commit waits for its row, and zlib's default 256 KB cost more to set up than
+# such a row takes to deflate (a 1 KB row: 7 us against 33, the same bytes; a 12 KB keyframe 1%
+# more bytes). A row deflated with any window inflates with the default one.
 COMPRESS_LEVEL = 1
+COMPRESS_WBITS = 14
+COMPRESS_MEM_LEVEL = 4
 # A keyframe at least every this many rows of a chain: a reader rebuilds a checkpoint from its
 # keyframe on, so this bounds a read (rows are about 1 KB), and a keyframe is the whole state
 # (about 3 KB for the reference agent), so it costs each row 1/KEY_EVERY of that.
@@ -255,7 +260,8 @@ def packed(body: bytes, checkpoint_id: str = "") -> bytes:
 
 def _stored_body(packed_body: bytes) -> bytes:
     """The body a row stores: the msgpack deflated if that is shorter, else as it is."""
-    deflated = zlib.compress(packed_body, COMPRESS_LEVEL)
+    deflater = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, COMPRESS_WBITS, COMPRESS_MEM_LEVEL)
+    deflated = deflater.compress(packed_body) + deflater.flush()
     if len(deflated) < len(packed_body):
         return bytes((COMPRESSED,)) + deflated
     return bytes((FORMAT,)) + packed_body

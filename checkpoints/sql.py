@@ -22,6 +22,7 @@ the executor relies on, e.g., DISPATCHED being durable before it sends a request
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -63,6 +64,15 @@ _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
         "after_seconds": "now_plus(%s)",
     },
 }
+
+
+@functools.lru_cache(maxsize=1024)
+def _spelled(kind: DatabaseKind, sql: str) -> str:
+    """`sql` in `kind`'s dialect: its fragments filled in, its placeholders SQLite's there. The
+    statements are the code's own, a few hundred at most, and a node commit's fence check spells
+    its statement at every commit."""
+    text = sql.format(**_FRAGMENTS[kind])
+    return text.replace("%s", "?") if kind is DatabaseKind.SQLITE else text
 
 
 def _sqlite_timestamp(moment: datetime) -> str:
@@ -107,8 +117,7 @@ class Database:
         return isinstance(self.conn, psycopg.Connection) and (self.conn.closed or self.conn.broken)
 
     def spell(self, sql: str) -> str:
-        text = sql.format(**_FRAGMENTS[self.kind])
-        return text.replace("%s", "?") if self.kind is DatabaseKind.SQLITE else text
+        return _spelled(self.kind, sql)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
