@@ -3,27 +3,21 @@
 `open_checkpointer` is what the CLI and the workers use: a sync saver that can be fenced to a
 run's lease (see `checkpoints.fenced`), writing new threads in the compact layout
 (`checkpoints.compact`) and threads begun in LangGraph's own layout in that one. The stock
-tables are set up too, for those. `open_async_checkpointer` is for the LangGraph server,
-which drives graphs with `ainvoke`; it is the stock async saver, unfenced: the server keeps one
-writer per run itself, and the runtime's own workers go through the sync saver.
+tables are set up too, for those. The LangGraph server's saver is `server.checkpointer`'s.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, closing, contextmanager
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
-from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from loopwright.checkpoints.compact import CompactSaver, Layout
 from loopwright.checkpoints.database import (
     DatabaseKind,
-    aconnect_postgres,
     connect_postgres,
     connect_sqlite,
     database_kind,
@@ -65,17 +59,3 @@ def fenced_saver(
         else FencedSqliteSaver(conn, fence=fence)
     )
     return CompactSaver(legacy, conn, fence=fence, new_threads=new_threads)
-
-
-@asynccontextmanager
-async def open_async_checkpointer(url: str) -> AsyncIterator[BaseCheckpointSaver[str]]:
-    """A set-up async saver on its own connection to the database at `url`."""
-    if database_kind(url) is DatabaseKind.POSTGRES:
-        async with await aconnect_postgres(url) as conn:
-            saver = AsyncPostgresSaver(conn)
-            await saver.setup()
-            yield saver
-    else:
-        async with AsyncSqliteSaver.from_conn_string(sqlite_path(url)) as asaver:
-            await asaver.setup()
-            yield asaver

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from loopwright.checkpoints.database import (
     database_kind,
     resolve_database_url,
 )
-from loopwright.checkpoints.factory import open_async_checkpointer, open_checkpointer
+from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence
 from loopwright.checkpoints.journal import open_journal
 from loopwright.checkpoints.leases import open_lease_store
@@ -144,16 +143,3 @@ def test_delta_channel_state_survives_a_reopen(database_url: str) -> None:
     with open_checkpointer(database_url) as reopened:
         notes = noting_graph(reopened).get_state(CONFIG).values["notes"]
     assert notes == ["task", "note 1", "note 2", "again", "note 4", "note 5"]
-
-
-def test_async_checkpointer_keeps_delta_channel_state(database_url: str) -> None:
-    async def run() -> list[str]:
-        async with open_async_checkpointer(database_url) as saver:
-            graph = noting_graph(saver)
-            await graph.ainvoke({"notes": ["task"]}, CONFIG)
-        async with open_async_checkpointer(database_url) as reopened:
-            state = await noting_graph(reopened).aget_state(CONFIG)
-        notes: list[str] = state.values["notes"]
-        return notes
-
-    assert asyncio.run(run()) == ["task", "note 1", "note 2"]

@@ -1,13 +1,14 @@
 """The runtime knows no domain: the reference agent's words never appear in its core.
 
-loopwright/core/, graph/, nodes/, tools/, checkpoints/ and the runner, the CLI and the server
-host any team's agent; what a refund is, is the reference agent's business
+The package (loopwright/core/, graph/, nodes/, tools/, checkpoints/, the runner, the attempt,
+the decisions, the CLI and the server) hosts any team's agent; what a refund is, is the reference agent's business
 (`loopwright_refunds`). Docstring examples included: they teach the next engineer what the core
 is about.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,24 +16,11 @@ import pytest
 
 from tests.runtime_fixtures import REPO
 
-CORE = [
-    "graph",
-    "nodes",
-    "tools",
-    "checkpoints",
-    "loopwright/core",
-    "loopwright/runner.py",
-    "loopwright/_agent.py",
-    "loopwright/_loading.py",
-    "loopwright/worker.py",
-    "loopwright/cli",
-    "loopwright/run_list.py",
-    "loopwright/timeline.py",
-    "loopwright/outcome.py",
-    "loopwright/reports.py",
-    "loopwright/display.py",
-    "loopwright/server",
-]
+# The whole runtime: every module of the package (its top-level folders are subpackages of it),
+# but the testing kit, whose scripted model is driven by a `policy` (the word's general sense:
+# its public field) and stands in for anyone's model.
+PACKAGE = REPO / "loopwright"
+NOT_CORE = [PACKAGE / "testing"]
 DOMAIN_WORDS = re.compile(r"refund|\border(s|ed|ing)?\b|\bpolic(y|ies)\b|payment", re.IGNORECASE)
 # What may name the domain anyway: SQL's ORDER BY, and the import path of the reference agent,
 # which the CLI and the server host when none is named (and its distribution's name, which the
@@ -44,12 +32,15 @@ ALLOWED = re.compile(
 
 
 def core_files() -> list[Path]:
-    files: list[Path] = []
-    for entry in CORE:
-        path = REPO / entry
-        files += (
-            sorted(path.rglob("*.py")) + sorted(path.rglob("*.html")) if path.is_dir() else [path]
-        )
+    """Every module and page of the package, through the symlinks that make the design card's
+    top-level folders its subpackages."""
+    files = sorted(
+        path
+        for folder, _dirs, names in os.walk(PACKAGE, followlinks=True)
+        for path in (Path(folder) / name for name in names)
+        if path.suffix in (".py", ".html") and not any(path.is_relative_to(n) for n in NOT_CORE)
+    )
+    assert any(f.is_relative_to(PACKAGE / "checkpoints") for f in files), "symlinks followed"
     return files
 
 

@@ -77,7 +77,7 @@ class JsonLinesExporter(SpanExporter):
 
 
 def read_spans(path: Path) -> Iterator[dict[str, Any]]:
-    """The spans in a JSON-lines trace file, in the order they were written."""
+    """The spans in a JSON-lines trace file, in the sequence they were written."""
     with path.open(encoding="utf-8") as lines:
         for line in lines:
             if line.strip():
