@@ -963,6 +963,7 @@ def _dbos_lines(floor: Floor | None, length: Length) -> list[str]:
         return [f"  DBOS Transact not timed: {versus}"]
     commits = LOOPWRIGHT_NODES_PER_STEP * length.commit_ms.median
     supersteps = floor.cost_ms(LOOPWRIGHT_NODES_PER_STEP) if floor is not None else 0.0
+    hand_offs = LOOPWRIGHT_NODES_PER_STEP * floor.hand_offs_ms if floor is not None else 0.0
     ours, theirs = versus.loopwright_above.median, versus.dbos_above.median
     return [
         f"  DBOS Transact {versus.version} (its minimal durable workflow, each decision and "
@@ -974,7 +975,8 @@ def _dbos_lines(floor: Floor | None, length: Length) -> list[str]:
         f"{theirs / dbos_flow.STEPS_PER_TOOL_STEP:.2f} ms each)",
         f"  loopwright's {ours:.1f} ms: its {LOOPWRIGHT_NODES_PER_STEP} node commits "
         f"{commits:.1f} ms, LangGraph's own work on its {LOOPWRIGHT_NODES_PER_STEP} supersteps "
-        f"at least {supersteps:.1f} ms, the rest {ours - commits - supersteps:.1f} ms (its "
+        f"at least {supersteps:.1f} ms ({hand_offs:.1f} of it handing their saves to its "
+        f"thread pool and waiting), the rest {ours - commits - supersteps:.1f} ms (its "
         f"nodes' own work, and LangGraph's on a real state beyond a no-op chain's)",
     ]
 

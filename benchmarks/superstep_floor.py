@@ -6,8 +6,11 @@ of `benchmarks.step_time`'s ratio that only fewer supersteps could take away.
 A chain of no-op nodes over a one-key state runs in this process, without a checkpointer and
 with LangGraph's in-memory saver at durability "sync" (as both agents of `benchmarks.step_time`
 run, there with a database): the time per superstep, over interleaved rounds. With a
-checkpointer a superstep also hands its writes and its checkpoint to LangGraph's thread pool and waits for the
-checkpoint, whatever the saver does with them.
+checkpointer a superstep also hands its writes and its checkpoint to LangGraph's thread pool and
+waits for the checkpoint, whatever the saver does with them. What those hand-offs cost is timed
+too: the chain with a saver that stores nothing, its saves handed to the pool as LangGraph
+ships, and run in place on the loop's thread (`saves_in_place`, for this measurement only: the
+runtime runs LangGraph as it ships).
 
 `benchmarks.step_time` prints what the supersteps loopwright has more than the bare agent cost
 at this rate: the part of its ratio that no work of the runtime's own could take away, short of
@@ -17,9 +20,11 @@ fewer supersteps.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -28,6 +33,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.pregel._executor import BackgroundExecutor
 
 from benchmarks.spread import Spread
 
@@ -59,6 +65,46 @@ def chain(checkpointer: BaseCheckpointSaver[Any] | None, nodes: int = CHAIN_NODE
     return builder.compile(checkpointer=checkpointer)
 
 
+class StoresNothing(InMemorySaver):
+    """A saver whose writes cost nothing: what is left of a checkpointed superstep is
+    LangGraph's own work."""
+
+    def put(self, config: RunnableConfig, checkpoint: Any, *_: Any) -> RunnableConfig:
+        return {
+            **config,
+            "configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]},
+        }
+
+    def put_writes(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+@contextmanager
+def saves_in_place() -> Iterator[None]:
+    """While the block runs, what LangGraph hands its thread pool (a superstep's writes and its
+    checkpoint) runs on the loop's thread instead, a future already done: the chain's supersteps
+    without the hand-offs and the wait. A measurement, never how the runtime runs LangGraph."""
+    handed = BackgroundExecutor.submit
+
+    def in_place(
+        _executor: BackgroundExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        for flag in ("__name__", "__cancel_on_exit__", "__reraise_on_exit__", "__next_tick__"):
+            kwargs.pop(flag, None)
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed over as the pool would
+            done.set_exception(exc)
+        return done
+
+    BackgroundExecutor.submit = in_place  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        BackgroundExecutor.submit = handed  # type: ignore[method-assign]
+
+
 def superstep_ms(graph: Chain) -> float:
     """One run of `graph` (a fresh thread), in ms per superstep: one a node, `__start__`'s
     included, the run's setup shared out among them."""
@@ -72,10 +118,18 @@ def superstep_ms(graph: Chain) -> float:
 
 @dataclass(frozen=True)
 class Floor:
-    """LangGraph's own time per superstep: with no checkpointer, and with its in-memory saver."""
+    """LangGraph's own time per superstep: with no checkpointer, with its in-memory saver, and
+    with a saver that stores nothing, its saves handed to the thread pool and run in place."""
 
     bare_graph_ms: Spread
     checkpointed_ms: Spread
+    handed_off_ms: Spread
+    in_place_ms: Spread
+
+    @property
+    def hand_offs_ms(self) -> float:
+        """What handing a superstep's saves to the thread pool and waiting costs, at the least."""
+        return self.handed_off_ms.median - self.in_place_ms.median
 
     def cost_ms(self, supersteps: float) -> float:
         """What LangGraph's own work on this many supersteps costs at the least: a real graph's
@@ -86,20 +140,36 @@ class Floor:
         return (
             f"LangGraph's own cost a superstep (a chain of {CHAIN_NODES} no-op nodes, in this "
             f"process): {self.checkpointed_ms.show(' ms')} with its in-memory saver and "
-            f"durability sync; {self.bare_graph_ms.show(' ms')} with no checkpointer"
+            f"durability sync; {self.bare_graph_ms.show(' ms')} with no checkpointer; "
+            f"of it, handing a superstep's saves to its thread pool and waiting for them "
+            f"{self.hand_offs_ms:.2f} ms (a saver that stores nothing: "
+            f"{self.handed_off_ms.show(' ms')} as LangGraph ships, "
+            f"{self.in_place_ms.show(' ms')} with its saves run in place)"
         )
 
 
 def measure_floor(rounds: int = ROUNDS) -> Floor:
-    """Both graphs, interleaved, after a warm-up run of each."""
-    graphs = {"bare": chain(None), "checkpointed": chain(InMemorySaver())}
+    """Every graph, interleaved, after a warm-up run of each."""
+    graphs = {
+        "bare": chain(None),
+        "checkpointed": chain(InMemorySaver()),
+        "handed off": chain(StoresNothing()),
+        "in place": chain(StoresNothing()),
+    }
     times: dict[str, list[float]] = {name: [] for name in graphs}
-    for graph in graphs.values():
-        superstep_ms(graph)
+
+    def timed(name: str) -> float:
+        if name != "in place":
+            return superstep_ms(graphs[name])
+        with saves_in_place():
+            return superstep_ms(graphs[name])
+
+    for name in graphs:
+        timed(name)
     for _ in range(rounds):
-        for name, graph in graphs.items():
-            times[name].append(superstep_ms(graph))
-    return Floor(Spread(tuple(times["bare"])), Spread(tuple(times["checkpointed"])))
+        for name in graphs:
+            times[name].append(timed(name))
+    return Floor(*(Spread(tuple(times[name])) for name in graphs))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

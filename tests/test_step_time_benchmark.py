@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,7 +25,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from benchmarks import dbos_flow, step_time
 from benchmarks.db_work import DbWork, wal_position
 from benchmarks.spread import MEDIAN_CONFIDENCE, Spread, Verdict
-from benchmarks.superstep_floor import Floor, chain
+from benchmarks.superstep_floor import Floor, StoresNothing, chain, saves_in_place
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import StaleWriter, open_lease_store
@@ -68,8 +69,31 @@ def test_the_floor_chain_is_one_superstep_a_node() -> None:
 
 def test_the_floor_costs_each_superstep_the_checkpointed_chains_median_not_its_mean() -> None:
     one_slow_round = Spread((0.5, 1.3, 0.6))
-    floor = Floor(bare_graph_ms=Spread((0.3,)), checkpointed_ms=one_slow_round)
+    floor = Floor(
+        bare_graph_ms=Spread((0.3,)),
+        checkpointed_ms=one_slow_round,
+        handed_off_ms=Spread((0.5, 0.55, 0.9)),
+        in_place_ms=Spread((0.2, 0.25, 0.3)),
+    )
     assert math.isclose(floor.cost_ms(2.2), 2.2 * 0.6)
+    assert math.isclose(floor.hand_offs_ms, 0.55 - 0.25)
+
+
+def test_the_hand_offs_are_timed_with_the_saves_run_in_place_and_only_then() -> None:
+    threads: list[int] = []
+
+    class Noting(StoresNothing):
+        def put(self, config: RunnableConfig, checkpoint: Any, *rest: Any) -> RunnableConfig:
+            threads.append(threading.get_ident())
+            return super().put(config, checkpoint, *rest)
+
+    graph = chain(Noting(), nodes=3)
+    with saves_in_place():
+        assert graph.invoke({"n": 0}, {"configurable": {"thread_id": "here"}}) == {"n": 3}
+    assert set(threads) == {threading.get_ident()}
+    threads.clear()
+    graph.invoke({"n": 0}, {"configurable": {"thread_id": "pool"}}, durability="sync")
+    assert threads and threading.get_ident() not in threads
 
 
 def test_database_work_is_a_difference_and_a_median_field_by_field_wal_included() -> None:
