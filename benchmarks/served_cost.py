@@ -12,7 +12,11 @@ On one fresh database and the reference services, the same work twice, in this p
    (`server.cluster`); N more such runs created through its API (a thread, then a run, each)
    by a client sending them all at once, the client's wall time for that; the instance's CPU
    from before the first request until every run is COMPLETED, per run (its API work
-   included: that is what serving costs).
+   included: that is what serving costs);
+3. **floors**: what a plain Aegra instance (no auth, no loopwright) spends on as many runs of a
+   graph that does nothing (`benchmarks.engine_floor`): one node, and a chain of as many
+   supersteps as the worker's runs took (their checkpoints counted). The engine's cost less the
+   second floor is loopwright's own share of a served run, set against the worker's whole run.
 
 Every order must end with exactly one refund. The machine's load is printed alongside.
 """
@@ -37,6 +41,7 @@ from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
+from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.core import tls
 from loopwright.server import cluster
 from loopwright.server.admissions import PER_PRINCIPAL_ENV
@@ -47,12 +52,15 @@ from loopwright_refunds.services.admin import create_order, list_refunds
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
 AMOUNT = "20.00"
 RUNS = 40
-CPU_GOAL = 1.3  # the engine's CPU per run against the worker's
+CPU_GOAL = (
+    1.3  # the engine's CPU per run, less its floor of as many supersteps, against the worker's
+)
 SUBMIT_GOAL_S = 1.0  # client time to create RUNS runs through the API
 TOKEN = "bench-u1"
 TOKENS = json.dumps(hashed_table({TOKEN: {"user_id": "u-1", "roles": ["customer"]}}))
 AUTHORIZATION = {"Authorization": f"Bearer {TOKEN}"}
 FLOOR_GRAPH = "floor"
+CHAIN_GRAPH = "chain"
 
 
 def _wait_completed(url: str, run_ids: list[str], timeout: float = 600) -> None:
@@ -63,8 +71,25 @@ def _wait_completed(url: str, run_ids: list[str], timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
-def worker_cpu_per_run(bench: Bench, orders: list[str]) -> float:
-    """CPU seconds of one `loopwright worker` per run, from the release to the last end."""
+def checkpoints_per_run(database_url: str, run_ids: list[str]) -> int:
+    """The median number of checkpoints the runs wrote: their supersteps, the input's
+    included."""
+    with open_checkpointer(database_url) as saver:
+        counts = sorted(
+            len(list(saver.list({"configurable": {"thread_id": run_id}}))) for run_id in run_ids
+        )
+    return counts[len(counts) // 2]
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    cpu_s: float  # one worker's CPU seconds per run
+    checkpoints: int  # a run's checkpoints (the median)
+
+
+def worker_cpu_per_run(bench: Bench, orders: list[str]) -> WorkerCost:
+    """CPU seconds of one `loopwright worker` per run, from the release to the last end, and
+    how many checkpoints a run wrote."""
     run_ids = _submit(bench, orders)
     _hold(bench.database_url, run_ids, held=True)
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-") as tmp:
@@ -83,7 +108,7 @@ def worker_cpu_per_run(bench: Bench, orders: list[str]) -> float:
         finally:
             process.terminate()
             process.wait(timeout=30)
-    return used / len(run_ids)
+    return WorkerCost(used / len(run_ids), checkpoints_per_run(bench.database_url, run_ids))
 
 
 async def _create_runs(
@@ -136,15 +161,21 @@ def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> EngineCost:
     return cost
 
 
-def engine_floor(bench: Bench, runs: int, redis_url: str) -> EngineCost:
-    """What a plain Aegra instance spends on a run of `benchmarks.engine_floor`'s graph."""
+def engine_floor(bench: Bench, runs: int, redis_url: str, *, nodes: int = 1) -> EngineCost:
+    """What a plain Aegra instance spends on a run of `benchmarks.engine_floor`'s graphs: one
+    node, or a chain of `nodes`."""
+    graph_id, name = (FLOOR_GRAPH, "graph") if nodes == 1 else (CHAIN_GRAPH, "chain")
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-floor-") as tmp:
         workdir = Path(tmp)
         config = workdir / "aegra.json"
         graph = Path(engine_floor_graph.__file__)
-        config.write_text(json.dumps({"graphs": {FLOOR_GRAPH: f"{graph}:graph"}}))
+        config.write_text(json.dumps({"graphs": {graph_id: f"{graph}:{name}"}}))
         env = cluster.instance_env(
-            os.environ, database_url=bench.database_url, redis_url=redis_url, config=config
+            os.environ,
+            database_url=bench.database_url,
+            redis_url=redis_url,
+            config=config,
+            extra={engine_floor_graph.NODES_ENV: str(nodes)},
         )
         plain = ("uvicorn", "aegra_api.main:app")
         with cluster.start_instance(
@@ -152,7 +183,7 @@ def engine_floor(bench: Bench, runs: int, redis_url: str) -> EngineCost:
         ) as one:
             cost = _measured(
                 one,
-                lambda: asyncio.run(_create_runs(one.url, FLOOR_GRAPH, ["-"] * runs, {})),
+                lambda: asyncio.run(_create_runs(one.url, graph_id, ["-"] * runs, {})),
                 lambda created: _wait_engine_runs(bench.database_url, [r for _, r in created]),
             )
     cluster.forget_keys(redis_url, cluster.deployment_prefix(bench.database_url))
@@ -219,17 +250,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         worker = worker_cpu_per_run(bench, worker_orders)
         engine = engine_cost(bench, engine_orders, args.redis)
         floor = engine_floor(bench, args.runs, args.redis)
+        # As many supersteps as a worker's run: its checkpoints less the input's, a node each.
+        chain = engine_floor(bench, args.runs, args.redis, nodes=worker.checkpoints - 2)
         load_after = os.getloadavg()[0]
         for order_id in (*worker_orders, *engine_orders):
             refunds = len(list_refunds(bench.endpoints, order_id))
             assert refunds == 1, f"{order_id}: {refunds} refunds"
-    ratio = engine.cpu_s / worker
+    _report(args.runs, worker, engine, floor, chain)
+    print(f"  machine load (1 min): {load_before:.2f} before, {load_after:.2f} after")
+
+
+def _report(
+    runs: int, worker: WorkerCost, engine: EngineCost, floor: EngineCost, chain: EngineCost
+) -> None:
+    own = engine.cpu_s - chain.cpu_s
+    ratio = own / worker.cpu_s
     submitted_s = engine.submitted_s
-    print(f"{args.runs} auto-approved refund runs each way, one refund per order")
-    print(f"  loopwright worker   CPU {worker * 1000:6.1f} ms per run")
+    print(f"{runs} auto-approved refund runs each way, one refund per order")
     print(
-        f"  Aegra instance      CPU {engine.cpu_s * 1000:6.1f} ms per run  ({ratio:.2f}x the"
-        f" worker's; goal <= {CPU_GOAL}x: {'met' if ratio <= CPU_GOAL else 'MISSED'})"
+        f"  loopwright worker   CPU {worker.cpu_s * 1000:6.1f} ms per run"
+        f"  ({worker.checkpoints} checkpoints a run)"
+    )
+    print(
+        f"  Aegra instance      CPU {engine.cpu_s * 1000:6.1f} ms per run  "
+        f"({engine.cpu_s / worker.cpu_s:.2f}x the worker's)"
     )
     print(
         f"    its event loop    CPU {engine.loop_cpu_s * 1000:6.1f} ms per run  (Aegra's API, queue,"
@@ -237,14 +281,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(
         f"  Aegra's own floor   CPU {floor.cpu_s * 1000:6.1f} ms per run  (a one-node graph, no"
-        f" auth: {floor.cpu_s / worker:.2f}x the worker's whole run, of the {CPU_GOAL}x the goal"
-        f" allows for everything; its {args.runs} runs created in {floor.submitted_s:.2f} s)"
+        f" auth: {floor.cpu_s / worker.cpu_s:.2f}x the worker's whole run; its {runs} runs"
+        f" created in {floor.submitted_s:.2f} s)"
     )
     print(
-        f"  {args.runs} runs created through the API: {submitted_s:.2f} s of client time"
+        f"  Aegra's own floor   CPU {chain.cpu_s * 1000:6.1f} ms per run  (a chain of"
+        f" {worker.checkpoints - 1} supersteps that do nothing, as many as the worker's run:"
+        f" {chain.cpu_s / worker.cpu_s:.2f}x the worker's whole run)"
+    )
+    print(
+        f"  loopwright's share  CPU {own * 1000:6.1f} ms per run  (the instance's less that"
+        f" floor: {ratio:.2f}x the worker's; goal <= {CPU_GOAL}x:"
+        f" {'met' if ratio <= CPU_GOAL else 'MISSED'})"
+    )
+    print(
+        f"  {runs} runs created through the API: {submitted_s:.2f} s of client time"
         f" (goal <= {SUBMIT_GOAL_S} s: {'met' if submitted_s <= SUBMIT_GOAL_S else 'MISSED'})"
     )
-    print(f"  machine load (1 min): {load_before:.2f} before, {load_after:.2f} after")
 
 
 if __name__ == "__main__":

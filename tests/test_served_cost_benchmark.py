@@ -1,6 +1,7 @@
 """`benchmarks.served_cost` runs and prints its figures (the figures themselves are the
 benchmark's): the same runs on a worker and on an Aegra instance, one refund per order, and
-Aegra's own floor (a one-node graph on a plain instance)."""
+Aegra's own floors (a one-node graph, and a chain of as many supersteps as the worker's runs, on a
+plain instance), and loopwright's share: the instance's cost less the second."""
 
 from __future__ import annotations
 
@@ -23,4 +24,12 @@ def test_the_served_cost_benchmark_prints_both_sides(
     assert re.search(r"Aegra instance\s+CPU\s+[\d.]+ ms per run\s+\([\d.]+x the worker's", out)
     assert re.search(r"its event loop\s+CPU\s+[\d.]+ ms per run", out), out
     assert re.search(r"Aegra's own floor\s+CPU\s+[\d.]+ ms per run\s+\(a one-node graph", out)
+    worker = re.search(r"loopwright worker\s+CPU\s+[\d.]+ ms per run\s+\((\d+) checkpoints", out)
+    assert worker is not None and int(worker[1]) > 5, out  # a refund's supersteps, counted
+    chain = re.search(r"Aegra's own floor\s+CPU\s+([\d.]+) ms per run\s+\(a chain of (\d+)", out)
+    assert chain is not None and int(chain[2]) == int(worker[1]) - 1, out
+    share = re.search(r"loopwright's share\s+CPU\s+(-?[\d.]+) ms per run", out)
+    engine = re.search(r"Aegra instance\s+CPU\s+([\d.]+) ms", out)
+    assert share is not None and engine is not None, out
+    assert abs(float(share[1]) - (float(engine[1]) - float(chain[1]))) < 0.15, out
     assert re.search(r"3 runs created through the API: [\d.]+ s of client time", out), out
