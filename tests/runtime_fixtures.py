@@ -201,12 +201,20 @@ def on_backend(backend: str, *values: object) -> Any:
     return pytest.param(*values, backend, marks=marks)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = PATIENCE_S) -> None:
-    """Poll `predicate` until it holds; fail the test if it has not within `timeout` seconds."""
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float = PATIENCE_S,
+    *,
+    said: Callable[[], str] | None = None,
+) -> None:
+    """Poll `predicate` until it holds; fail the test if it has not within `timeout` seconds,
+    with what `said` tells of where things stand then."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(
+                "condition not met in time" + (f"; {said()}" if said is not None else "")
+            )
         time.sleep(0.05)
 
 

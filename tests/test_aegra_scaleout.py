@@ -616,7 +616,10 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
             approver = sdk_client(url=other, headers={"Authorization": "Bearer t-a1"})
             decision = decision_for(dict(interrupt), "approve", "a-1")
             approver.runs.wait(waiting, GRAPH, command={"resume": decision})
-            wait_for(lambda: phases(url, [waiting, writing]) == ["COMPLETED", "COMPLETED"])
+            wait_for(
+                lambda: phases(url, [waiting, writing]) == ["COMPLETED", "COMPLETED"],
+                said=lambda: records(url, [waiting, writing]),
+            )
             assert serving.poll() is None, output.read_text()
             for order_id in ("O-8000", "O-8001"):
                 assert len(list_refunds(services.endpoints, order_id)) == 1, order_id
@@ -642,6 +645,8 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
                 serving.wait()
             cluster_module.forget_keys(REDIS_URL, f"{prefix}:")
             print(output.read_text())  # what the command said, shown if the test failed
+            for log in sorted((tmp_path / "home" / "aegra").glob("aegra-*.log")):
+                print(log.name, *log.read_text().splitlines()[-60:], sep="\n")
 
 
 def sending_instance(database_url: str, run_id: str, instances: dict[int, int]) -> int:
@@ -659,6 +664,23 @@ def sending_instance(database_url: str, run_id: str, instances: dict[int, int]) 
             return by_pid[pid_of(rows[0][0])]
         time.sleep(0.05)
     raise AssertionError(f"run {run_id}'s refund was never seen in flight")
+
+
+def records(database_url: str, threads: list[str]) -> str:
+    """Where the runs on `threads` stand by the engine's records and by loopwright's: what a
+    test that waited for them in vain says."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        engine = conn.execute(
+            "SELECT thread_id, run_id, status, error_message, execution_params->>'_retry_count'"
+            " FROM runs WHERE thread_id::text = ANY(%s) ORDER BY created_at",
+            (threads,),
+        ).fetchall()
+        ours = conn.execute(
+            "SELECT run_id, phase, owner, fence, failures, last_error, lease_expires_at > now()"
+            " FROM lw_runs WHERE run_id = ANY(%s)",
+            (threads,),
+        ).fetchall()
+    return f"the engine's runs {engine}; loopwright's {ours}"
 
 
 def phases(database_url: str, run_ids: list[str]) -> list[str | None]:
