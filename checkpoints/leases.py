@@ -393,17 +393,25 @@ class LeaseStore:
         )
         return [RunRecord.model_validate(row) for row in rows]
 
-    def wake(self, agent: str, hold_s: float) -> list[RunRecord]:
-        """The runs a server's engine hosts that are parked in a reconciliation and due now,
-        each taken for waking by this caller alone: its next attempt is put off by `hold_s`
-        in the same statement, so another instance asking at once gets none of them, and a run
-        whose wake-up never started is due again after `hold_s`."""
+    def wake(self, agent: str, hold_s: float, stranded_after_s: float) -> list[RunRecord]:
+        """The runs a server's engine hosts that it must be asked to continue, each taken for
+        waking by this caller alone: its next attempt is put off by `hold_s` in the same
+        statement, so another instance asking at once gets none of them, and a run whose
+        wake-up never started is due again after `hold_s`. They are the runs parked in a
+        reconciliation and due now, and the runs the engine stopped advancing: neither ended nor
+        waiting for a person, no attempt holding them, nothing written for `stranded_after_s`
+        (their engine run was given up by the engine, or died with its process, and none
+        followed it)."""
         rows = self.db.write(
             "UPDATE lw_runs SET next_attempt_at = {after_seconds}"
-            f" WHERE {UNENDED_RUNS} AND phase = 'RECONCILING' AND engine = %s AND agent = %s"
-            " AND next_attempt_at <= now() AND (owner IS NULL OR lease_expires_at <= now())"
+            f" WHERE {UNENDED_RUNS} AND engine = %s AND agent = %s"
+            " AND (owner IS NULL OR lease_expires_at <= now())"
+            " AND ((phase = 'RECONCILING' AND next_attempt_at <= now())"
+            " OR (phase NOT IN ('RECONCILING', 'WAITING_APPROVAL')"
+            " AND (next_attempt_at IS NULL OR next_attempt_at <= now())"
+            " AND updated_at <= {before_seconds}))"
             " RETURNING " + _RUN_COLUMNS,
-            (hold_s, SERVER_ENGINE, agent),
+            (hold_s, SERVER_ENGINE, agent, stranded_after_s),
         )
         return [RunRecord.model_validate(row) for row in rows]
 

@@ -10,6 +10,7 @@ fragments where the two dialects differ; `Database.spell` turns it into the back
                                which a business system may return and JSONB cannot hold
     {blob}                     bytes: BYTEA / BLOB
     {after_seconds}            "now + %s seconds", for lease expiry
+    {before_seconds}           "now - %s seconds", for what has been quiet that long
 
 `now()` is the database clock in Postgres (the start of the transaction). SQLite has no such
 function, so `Database` registers one on the connection that reads the Python clock and returns
@@ -54,6 +55,7 @@ _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
         "timestamp": "TIMESTAMPTZ",
         "blob": "BYTEA",
         "after_seconds": "now() + make_interval(secs => %s)",
+        "before_seconds": "now() - make_interval(secs => %s)",
     },
     DatabaseKind.SQLITE: {
         "for_update": "",
@@ -62,6 +64,7 @@ _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
         "timestamp": "TEXT",
         "blob": "BLOB",
         "after_seconds": "now_plus(%s)",
+        "before_seconds": "now_plus(-%s)",
     },
 }
 

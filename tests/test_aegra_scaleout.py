@@ -42,6 +42,7 @@ from loopwright.attempt import CLAIM_POLL_S
 from loopwright.server import cluster as cluster_module
 from loopwright.server.admissions import PER_PRINCIPAL, PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
+from loopwright.server.waker import STRANDED_AFTER_ENV
 from loopwright_refunds.scratch import fresh_database
 from loopwright_refunds.services.admin import create_order, list_refunds, set_fault, slow_down
 from loopwright_refunds.services.endpoints import ServiceEndpoints
@@ -536,6 +537,42 @@ def test_a_parked_run_is_woken_by_an_instance_when_due(cluster: Cluster) -> None
     set_fault(cluster.services, "processing", delay_s=4)
     parked_then_woken(instance.client("t-u1"), cluster.sql)
     assert [r["status"] for r in list_refunds(cluster.services, "O-7700")] == ["succeeded"]
+
+
+def test_a_run_its_engine_gives_up_is_woken_and_ends_once(cluster: Cluster) -> None:
+    """Aegra marks a run failed once its worker lease was lost more than `BG_JOB_MAX_RETRIES`
+    times, and starts it no more, though loopwright's run has not ended. Here the engine gives
+    up at the first loss: the instance sending the run's refund is killed. Once nothing has held
+    the run for the stranded bound, an instance's waker asks the engine to go on with it: the
+    run completes, the order refunded once."""
+    settings = {"BG_JOB_MAX_RETRIES": "0", STRANDED_AFTER_ENV: "3"}
+    instances = [cluster.start_with(f"i-{i}", **settings) for i in (1, 2)]
+    create_order(cluster.services, "O-7900", "u-1", "20.00")
+    slow_down(cluster.services.payments, 3.0, ("POST",))  # the refund in flight for 3 s
+    client = instances[0].client()
+    thread = client.threads.create()["thread_id"]
+    client.runs.create(thread, GRAPH, input={"task": refund_task("O-7900")})
+    ports = {int(i.url.rsplit(":", 1)[1]): i for i in instances}
+    sender = ports[
+        sending_instance(cluster.database_url, thread, {p: i.process.pid for p, i in ports.items()})
+    ]
+    os.kill(sender.process.pid, signal.SIGKILL)
+    sender.process.wait()
+
+    given_up = "SELECT 1 FROM runs WHERE thread_id::text = %s AND status = 'error'"
+    wait_for(
+        lambda: cluster.sql(given_up, thread), said=lambda: records(cluster.database_url, [thread])
+    )
+    wait_for(
+        lambda: phases(cluster.database_url, [thread]) == ["COMPLETED"],
+        said=lambda: records(cluster.database_url, [thread]),
+    )
+    assert [r["status"] for r in list_refunds(cluster.services, "O-7900")] == ["succeeded"]
+    # The engine's records say so too: the run it gave up, then the one it was asked for.
+    statuses = cluster.sql(
+        "SELECT status FROM runs WHERE thread_id::text = %s ORDER BY created_at", thread
+    )
+    assert [s for (s,) in statuses] == ["error", "success"], records(cluster.database_url, [thread])
 
 
 def instances_of(serving: subprocess.Popen[bytes]) -> dict[int, int]:

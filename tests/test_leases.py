@@ -144,12 +144,41 @@ def test_a_parked_run_an_engine_hosts_is_woken_by_one_caller_and_never_by_a_work
     # continues its own (`server.waker`).
     assert [run.run_id for run in leases.due("a")] == [RUN, "in-process-1"]
     # Of two callers at once, one gets the served run, and it is not due again until the hold.
-    assert [run.run_id for run in leases.wake("a", hold_s=30)] == ["served-1"]
-    assert leases.wake("a", hold_s=30) == []
-    assert leases.wake("other-agent", hold_s=30) == []
+    assert [run.run_id for run in leases.wake("a", hold_s=30, stranded_after_s=60)] == ["served-1"]
+    assert leases.wake("a", hold_s=30, stranded_after_s=60) == []
+    assert leases.wake("other-agent", hold_s=30, stranded_after_s=60) == []
     held = leases.get("served-1")
     assert held is not None and held.next_attempt_at is not None
     assert held.next_attempt_at > leases.now() + timedelta(seconds=20)
+
+
+def test_a_served_run_nobody_advances_is_woken_once_quiet_and_never_while_held_or_waiting(
+    leases: LeaseStore,
+) -> None:
+    # The engine lost the run's attempt (its process died, or the engine gave the run up) and
+    # started no other: nothing holds the run, nobody is asked anything about it.
+    _, lost = leases.begin(
+        "lost", "w", 0.2, task="t", user_id="u-1", agent="a", engine=SERVER_ENGINE
+    )
+    _, held = leases.begin(
+        "held", "w", 30, task="t", user_id="u-1", agent="a", engine=SERVER_ENGINE
+    )
+    _, asks = leases.begin(
+        "asks", "w", 30, task="t", user_id="u-1", agent="a", engine=SERVER_ENGINE
+    )
+    _, mine = leases.begin("mine", "w", 0.2, task="t", user_id="u-1", agent="a", engine="")
+    assert lost is not None and held is not None and asks is not None and mine is not None
+    leases.record(asks, "WAITING_APPROVAL", release=True)
+    time.sleep(0.3)
+    # Quiet for less than the bound: not yet (the engine's own recovery comes first).
+    assert leases.wake("a", hold_s=30, stranded_after_s=60) == []
+    # Quiet for longer: the lost run alone, taken by one caller, not again before the hold.
+    assert [run.run_id for run in leases.wake("a", hold_s=30, stranded_after_s=0.1)] == ["lost"]
+    assert leases.wake("a", hold_s=30, stranded_after_s=0.1) == []
+    # Claimed again by the engine's attempt, it is held: never woken while so.
+    again = leases.claim("lost", "w2", ttl_s=30)
+    assert again.fence == lost.fence + 1
+    assert leases.wake("a", hold_s=0, stranded_after_s=0) == []
 
 
 def test_a_record_after_a_takeover_is_refused_and_changes_nothing(leases: LeaseStore) -> None:

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from langgraph.types import Command, Interrupt, StateSnapshot
 
+from loopwright.checkpoints.leases import SERVER_ENGINE, RunRecord
 from loopwright.core.roles import DEFAULT_ROLES, Roles
 from loopwright.core.state import Principal, initial_state
+from loopwright.runner import WAKE_VALUE
 from loopwright.server.bearer_tokens import TokenTableError, token_table
+from loopwright.server.edge import runs as edge_runs
+from loopwright.server.edge.bodies import RunCreate
 from loopwright.server.edge.decisions import decisions_in
+from loopwright.server.edge.http import Refused
+from loopwright.server.edge.threads import ThreadOwner
 from loopwright.server.graph import _cancel_and_settle, _settled, is_user_cancel
 from loopwright.server.inputs import (
     Continue,
@@ -29,6 +36,7 @@ from loopwright.server.inputs import (
     principal_of_user,
 )
 from loopwright.server.resources import ServerResources
+from loopwright.server.users import SERVICE_ROLE, SERVICE_USER_ID, User
 from tests.runtime_fixtures import PATIENCE_S
 
 TASK = "Check whether order O-42 can be refunded and refund it if so."
@@ -300,3 +308,62 @@ def test_a_run_the_server_cancelled_is_waited_for_however_often_the_engine_cance
         assert asked == ["run-1"]
 
     asyncio.run(cancelled())
+
+
+SERVICE = Principal(user_id=SERVICE_USER_ID, tenant="bank-a", roles=(SERVICE_ROLE,))
+
+
+def test_the_service_identity_sending_a_task_continues_a_run_and_starts_none() -> None:
+    # What `server.waker` sends a run its engine stopped advancing: no principal is taken
+    # from it, and on a thread with no run it is refused, not a new run.
+    assert isinstance(parse_request({"task": TASK}, SERVICE, roles=DEFAULT_ROLES), Continue)
+    with pytest.raises(RunRefused, match="no run to continue"):
+        payload_for(Continue(), snapshot({}), "t-1", None)
+
+
+def served_run(**fields: Any) -> RunRecord:
+    now = datetime.now(UTC)
+    record: dict[str, Any] = {
+        "run_id": "t-1",
+        "owner": None,
+        "fence": 1,
+        "lease_expires_at": now,
+        "lease_live": False,
+        "phase": "READY",
+        "task": TASK,
+        "user_id": "u-1",
+        "next_attempt_at": None,
+        "tenant": "bank-a",
+        "engine": SERVER_ENGINE,
+        "created_at": now,
+        "updated_at": now,
+    }
+    return RunRecord.model_validate(record | fields)
+
+
+WAKE = {"assistant_id": "loopwright", "command": {"resume": WAKE_VALUE}}
+GO_ON = {"assistant_id": "loopwright", "input": {"task": TASK}}
+
+
+@pytest.mark.parametrize(
+    ("run", "body"),
+    [
+        (served_run(lease_live=True, owner="w-1"), GO_ON),  # an attempt holds it
+        (served_run(phase="WAITING_APPROVAL"), GO_ON),  # a person decides
+        (served_run(phase="COMPLETED"), GO_ON),
+        (served_run(phase="RECONCILING"), GO_ON),  # parked: woken by its own rule
+        (served_run(), {"assistant_id": "loopwright", "input": {"task": "another task"}}),
+        (served_run(), WAKE),  # the engine resumes only an interrupted thread
+        (served_run(phase="READY", engine=""), GO_ON),  # an in-process run: a worker's
+        (served_run(tenant="bank-b"), GO_ON),  # another tenant's
+        (served_run(phase="RECONCILING"), {**WAKE, "input": {"task": TASK}}),
+    ],
+)
+def test_the_service_identity_wakes_nothing_but_a_stranded_or_parked_run(
+    run: RunRecord, body: dict[str, Any]
+) -> None:
+    service = User(SERVICE_USER_ID, (SERVICE_ROLE,), "bank-a")
+    owner = ThreadOwner(known=True, user_id="u-1", tenant=run.tenant, run=run)
+    with pytest.raises(Refused) as refused:
+        asyncio.run(edge_runs._wake(service, "t-1", owner, RunCreate.model_validate(body)))
+    assert refused.value.status == 403

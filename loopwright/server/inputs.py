@@ -34,6 +34,7 @@ from loopwright._agent import Agent
 from loopwright.core.roles import Roles
 from loopwright.core.state import Principal, RunState, initial_state
 from loopwright.core.text import MAX_TASK_CHARS, InvalidText, checked_text
+from loopwright.server.users import SERVICE_ROLE
 
 NEW_RUN_TAKES = 'a new run takes {"task": "<what to do>"}'
 
@@ -94,6 +95,11 @@ def parse_request(raw: Any, principal: Principal | None, *, roles: Roles) -> Run
     task = new_run_task(raw)
     if principal is None:
         raise RunRefused("a run needs an authenticated principal")
+    if SERVICE_ROLE in principal.roles:
+        # The served process's own identity sends a run's task only to continue a run its
+        # engine stopped advancing (`server.waker`; the edge lets it do nothing else): from
+        # the run's latest checkpoint, as its own principal. It starts nothing.
+        return Continue()
     return NewRun(task=task)
 
 

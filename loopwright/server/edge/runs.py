@@ -6,8 +6,10 @@ A run request is one of three, told apart by its fields and the caller, never by
 * a decision (`command.resume` holding approval decisions): an approver of the thread's tenant,
   never on their own run, whom the agent's own approver rule takes, answering a request the run
   waits on now (`edge.decisions`);
-* the service identity waking a run parked in a reconciliation (`server.waker`): that resume,
-  of a run the engine hosts, parked, in the tenant its token names; nothing else;
+* the service identity waking a run the engine hosts, in the tenant its token names
+  (`server.waker`): a run parked in a reconciliation, resumed to look again; or a run the
+  engine stopped advancing (no attempt holds it, nothing waits on a person), sent its own task,
+  which continues it; nothing else;
 * a start or a continue by the thread's own user: a task the agent takes for them (the same
   task again continues the run, as a start delivered twice does; another task on it is a 409),
   or a resume of their own run.
@@ -151,24 +153,44 @@ async def _start_or_continue(ask: Ask) -> Admitted:
 
 
 async def _wake(user: User, thread_id: str, owner: ThreadOwner, body: bodies.RunCreate) -> Admitted:
-    """The served process continuing a run parked in a reconciliation: nothing else."""
+    """The served process continuing a run its engine hosts: a run parked in a reconciliation,
+    or one the engine stopped advancing; nothing else."""
     run = owner.run
-    if (
-        body.command is None
-        or body.command.resume != WAKE_VALUE
-        or body.input is not None
-        or run is None
-        or run.tenant != user.tenant
-        or run.engine != SERVER_ENGINE
-        or run.phase != Phase.RECONCILING
-    ):
-        raise Refused(403, "the service identity only wakes runs parked in a reconciliation")
+    if run is None or run.tenant != user.tenant or run.engine != SERVER_ENGINE:
+        raise Refused(403, WAKES_ONLY)
+    parked = (
+        run.phase == Phase.RECONCILING
+        and body.input is None
+        and body.command is not None
+        and body.command.resume == WAKE_VALUE
+    )
+    # The engine resumes only a thread it left interrupted: a stranded run is sent its own
+    # task, which from this identity continues it and starts nothing (`server.inputs`).
+    stranded = (
+        run.phase not in STRANDED_NEVER
+        and not run.lease_live
+        and body.command is None
+        and body.input == {"task": run.task}
+    )
+    if not (parked or stranded):
+        raise Refused(403, WAKES_ONLY)
     # Not bounded by the user's runs in flight: a write whose outcome is not known yet must be
     # found out however many other runs its user keeps busy.
     run_user = User(run.user_id, (), run.tenant)
     await admit(run_user, thread_id, bounded=False)
     sent = {**body.normalised(), "metadata": stamp(run.user_id, run.tenant)}
     return Admitted(sent, stamp(run.user_id, run.tenant))
+
+
+WAKES_ONLY = (
+    "the service identity only wakes runs its engine hosts: one parked in a reconciliation, or"
+    " one the engine stopped advancing"
+)
+# A run in one of these is not continued by a wake-up: it has ended, waits for a person, or is
+# parked (woken by its own rule, above).
+STRANDED_NEVER = frozenset(
+    {Phase.COMPLETED, Phase.INCOMPLETE, Phase.WAITING_APPROVAL, Phase.RECONCILING}
+)
 
 
 async def task_refusal(user: User, task: str) -> str | None:
