@@ -16,7 +16,9 @@ On one fresh database and the reference services, the same work twice, in this p
 3. **floors**: what a plain Aegra instance (no auth, no loopwright) spends on as many runs of a
    graph that does nothing (`benchmarks.engine_floor`): one node, and a chain of as many
    supersteps as the worker's runs took (their checkpoints counted). The engine's cost less the
-   second floor is loopwright's own share of a served run, set against the worker's whole run.
+   second floor is loopwright's own share of a served run, set against the worker's whole run;
+4. where that share misses its goal, another engine pass of as many runs with the instance
+   under cProfile (`benchmarks.profiled`): the functions with the most own time.
 
 Every order must end with exactly one refund. The machine's load is printed alongside.
 """
@@ -39,6 +41,7 @@ from langgraph_sdk.client import LangGraphClient
 
 from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
+from benchmarks.step_time import top_functions
 from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
 from loopwright.checkpoints.factory import open_checkpointer
@@ -60,6 +63,7 @@ TOKEN = "bench-u1"
 TOKENS = json.dumps(hashed_table({TOKEN: {"user_id": "u-1", "roles": ["customer"]}}))
 AUTHORIZATION = {"Authorization": f"Bearer {TOKEN}"}
 FLOOR_GRAPH = "floor"
+REPO = Path(__file__).resolve().parent.parent
 CHAIN_GRAPH = "chain"
 
 
@@ -133,8 +137,13 @@ class EngineCost:
     submitted_s: float  # client seconds to create the runs
 
 
-def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> EngineCost:
-    """What one Aegra instance spends on the runs, and the client on creating them."""
+def engine_cost(
+    bench: Bench, orders: list[str], redis_url: str, profile: Path | None = None
+) -> EngineCost:
+    """What one Aegra instance spends on the runs, and the client on creating them; with
+    `profile`, the instance runs under cProfile (`benchmarks.profiled`), which writes there as
+    it stops (its CPU is the profiler's too: a profiled pass says where the time goes, not how
+    much)."""
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-aegra-") as tmp:
         workdir = Path(tmp)
         env = cluster.instance_env(
@@ -149,7 +158,16 @@ def engine_cost(bench: Bench, orders: list[str], redis_url: str) -> EngineCost:
                 PER_PRINCIPAL_ENV: str(len(orders)),
             },
         )
-        with cluster.start_instance(workdir, env, index=1, host="127.0.0.1", port=_port()) as one:
+        program: tuple[str, ...] = ("loopwright.server.aegra",)
+        if profile is not None:
+            program = ("benchmarks.profiled", str(profile), *program)
+            # The instance runs in its work directory: the benchmarks are found from here.
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
+            )
+        with cluster.start_instance(
+            workdir, env, index=1, host="127.0.0.1", port=_port(), program=program
+        ) as one:
             tasks = [TASK.format(order_id=order_id) for order_id in orders]
             # A served run's id is its thread's.
             cost = _measured(
@@ -256,8 +274,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         for order_id in (*worker_orders, *engine_orders):
             refunds = len(list_refunds(bench.endpoints, order_id))
             assert refunds == 1, f"{order_id}: {refunds} refunds"
+        own = (engine.cpu_s - chain.cpu_s) / worker.cpu_s
+        profiled = where_the_time_goes(bench, args.runs, args.redis) if own > CPU_GOAL else None
     _report(args.runs, worker, engine, floor, chain)
     print(f"  machine load (1 min): {load_before:.2f} before, {load_after:.2f} after")
+    if profiled is not None:
+        print("where the Aegra instance's time goes (another pass of as many runs, profiled):")
+        print(profiled)
+
+
+def where_the_time_goes(bench: Bench, runs: int, redis_url: str) -> str:
+    """The functions with the most own time in an Aegra instance serving `runs` more runs."""
+    orders = [f"O-{40_000 + i}" for i in range(runs)]
+    for order_id in orders:
+        create_order(bench.endpoints, order_id, "u-1", AMOUNT)
+    with tempfile.TemporaryDirectory(prefix="lw-served-cost-profile-") as tmp:
+        path = Path(tmp) / "instance.prof"
+        engine_cost(bench, orders, redis_url, profile=path)
+        return top_functions(str(path))
 
 
 def _report(

@@ -858,8 +858,9 @@ def _measure_backend(
 WAITING = ("SimpleQueue' objects>", "lock' objects>", "threading.py", "time.sleep>")
 
 
-def top_functions(profile: cProfile.Profile, limit: int = 15) -> str:
-    """The functions with the most own time over every thread, waits for other threads left out."""
+def top_functions(profile: cProfile.Profile | str, limit: int = 15) -> str:
+    """The functions with the most own time over every thread, waits for other threads left out
+    (`profile`: a profile, or the file a profiled process wrote)."""
     stats = pstats.Stats(profile)
     rows = [
         (tottime, calls, f"{func[0]}:{func[1]}({func[2]})")
