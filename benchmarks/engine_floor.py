@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
@@ -27,17 +27,24 @@ def step(state: Floor) -> Floor:
     return {"done": True}
 
 
-def chain_of(nodes: int) -> CompiledStateGraph[Floor, None, Floor, Floor]:
-    """`nodes` no-op nodes, one after the other: a superstep each, `__start__`'s besides."""
-    builder = StateGraph(Floor)
-    names = [f"step_{i}" for i in range(max(1, nodes))]
+def chained(state: type[Any], node: Any, nodes: int) -> StateGraph[Any]:
+    """`nodes` nodes running `node` over `state`, one after the other: a superstep each,
+    `__start__`'s besides (uncompiled: `benchmarks.superstep_floor` compiles its chains with a
+    saver)."""
+    builder = StateGraph(state)
+    names = [f"node_{i}" for i in range(max(1, nodes))]
     for name in names:
-        builder.add_node(name, step)
+        builder.add_node(name, node)
     builder.add_edge(START, names[0])
     for before, after in itertools.pairwise(names):
         builder.add_edge(before, after)
     builder.add_edge(names[-1], END)
-    return builder.compile()
+    return builder
+
+
+def chain_of(nodes: int) -> CompiledStateGraph[Floor, None, Floor, Floor]:
+    """`nodes` no-op nodes, one after the other."""
+    return chained(Floor, step, nodes).compile()
 
 
 graph = chain_of(1)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,10 +30,10 @@ from typing import Any, TypedDict
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.pregel._executor import BackgroundExecutor
 
+from benchmarks.engine_floor import chained
 from benchmarks.spread import Spread
 
 CHAIN_NODES = 40
@@ -54,15 +53,7 @@ def _step(state: _Count) -> _Count:
 
 def chain(checkpointer: BaseCheckpointSaver[Any] | None, nodes: int = CHAIN_NODES) -> Chain:
     """A graph of `nodes` no-op nodes, one after the other: a superstep each."""
-    builder = StateGraph(_Count)
-    names = [f"node_{i}" for i in range(nodes)]
-    for name in names:
-        builder.add_node(name, _step)
-    builder.add_edge(START, names[0])
-    for before, after in itertools.pairwise(names):
-        builder.add_edge(before, after)
-    builder.add_edge(names[-1], END)
-    return builder.compile(checkpointer=checkpointer)
+    return chained(_Count, _step, nodes).compile(checkpointer=checkpointer)
 
 
 class StoresNothing(InMemorySaver):
