@@ -42,7 +42,7 @@ from langgraph_sdk.client import LangGraphClient
 from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.step_time import top_functions
-from benchmarks.throughput import READY, _completed, _hold, _start_worker, _submit
+from benchmarks.throughput import READY, REPO, _completed, _hold, _start_worker, _submit
 from benchmarks.worker_time import process_cpu_s
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.core import tls
@@ -63,7 +63,6 @@ TOKEN = "bench-u1"
 TOKENS = json.dumps(hashed_table({TOKEN: {"user_id": "u-1", "roles": ["customer"]}}))
 AUTHORIZATION = {"Authorization": f"Bearer {TOKEN}"}
 FLOOR_GRAPH = "floor"
-REPO = Path(__file__).resolve().parent.parent
 CHAIN_GRAPH = "chain"
 
 

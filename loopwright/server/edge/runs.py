@@ -29,7 +29,7 @@ from loopwright._agent import TaskRefused
 from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.leases import SERVER_ENGINE
 from loopwright.core.roles import Roles
-from loopwright.core.state import Phase, Principal
+from loopwright.core.state import ENDED_PHASES, Phase, Principal
 from loopwright.runner import WAKE_VALUE
 from loopwright.server.admissions import Refusal
 from loopwright.server.edge import bodies
@@ -188,9 +188,7 @@ WAKES_ONLY = (
 )
 # A run in one of these is not continued by a wake-up: it has ended, waits for a person, or is
 # parked (woken by its own rule, above).
-STRANDED_NEVER = frozenset(
-    {Phase.COMPLETED, Phase.INCOMPLETE, Phase.WAITING_APPROVAL, Phase.RECONCILING}
-)
+STRANDED_NEVER = ENDED_PHASES | {Phase.WAITING_APPROVAL, Phase.RECONCILING}
 
 
 async def task_refusal(user: User, task: str) -> str | None:
