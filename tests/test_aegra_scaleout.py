@@ -548,7 +548,9 @@ def test_a_run_its_engine_gives_up_is_woken_and_ends_once(cluster: Cluster) -> N
     settings = {"BG_JOB_MAX_RETRIES": "0", STRANDED_AFTER_ENV: "3"}
     instances = [cluster.start_with(f"i-{i}", **settings) for i in (1, 2)]
     create_order(cluster.services, "O-7900", "u-1", "20.00")
-    slow_down(cluster.services.payments, 3.0, ("POST",))  # the refund in flight for 3 s
+    # The refund in flight for 3 s, its tool's timeout, until its sender is killed; then at
+    # once (a resend as slow would time out as well, as often as not, and the run escalate).
+    slow_down(cluster.services.payments, 3.0, ("POST",))
     client = instances[0].client()
     thread = client.threads.create()["thread_id"]
     client.runs.create(thread, GRAPH, input={"task": refund_task("O-7900")})
@@ -558,6 +560,7 @@ def test_a_run_its_engine_gives_up_is_woken_and_ends_once(cluster: Cluster) -> N
     ]
     os.kill(sender.process.pid, signal.SIGKILL)
     sender.process.wait()
+    slow_down(cluster.services.payments, 0.0, ("POST",))
 
     given_up = "SELECT 1 FROM runs WHERE thread_id::text = %s AND status = 'error'"
     wait_for(
@@ -643,19 +646,23 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
             waiting = customer.threads.create()["thread_id"]
             customer.runs.wait(waiting, GRAPH, input={"task": refund_task("O-8000")})
             [interrupt] = customer.threads.get_state(waiting)["interrupts"]
-            slow_down(services.endpoints.payments, 3.0, ("POST",))  # each refund sent for 3 s
+            # The refund in flight for 3 s (its tool's timeout) until its sender is killed.
+            slow_down(services.endpoints.payments, 3.0, ("POST",))
             writing = customer.threads.create()["thread_id"]
             customer.runs.create(writing, GRAPH, input={"task": refund_task("O-8001")})
             sender = sending_instance(url, writing, started)
 
             os.kill(started[sender], signal.SIGKILL)
+            slow_down(services.endpoints.payments, 0.0, ("POST",))
             other = urls[1 - [port, port + 1].index(sender)]
             approver = sdk_client(url=other, headers={"Authorization": "Bearer t-a1"})
             decision = decision_for(dict(interrupt), "approve", "a-1")
             approver.runs.wait(waiting, GRAPH, command={"resume": decision})
             wait_for(
                 lambda: phases(url, [waiting, writing]) == ["COMPLETED", "COMPLETED"],
-                said=lambda: records(url, [waiting, writing]),
+                said=lambda: (
+                    records(url, [waiting, writing]) + endings(customer, [waiting, writing])
+                ),
             )
             assert serving.poll() is None, output.read_text()
             for order_id in ("O-8000", "O-8001"):
@@ -666,10 +673,12 @@ def test_serve_starts_a_killed_instance_again_and_the_other_serves_on(
             wait_for(lambda: reachable_aegra(killed))
             back = sdk_client(url=killed, headers={"Authorization": "Bearer t-u1"})
             assert back.threads.create()["thread_id"]
-            said = output.read_text()
             index = [port, port + 1].index(sender) + 1
+            # The command says so once its own check of the instance has passed, which may be
+            # after this test's.
+            wait_for(lambda: f"instance {index} ({killed}) is back" in output.read_text())
+            said = output.read_text()
             assert f"instance {index} ({killed}) was killed (SIGKILL); starting it again" in said
-            assert f"instance {index} ({killed}) is back" in said
 
             running = list(instances_of(serving).values())
             serving.send_signal(signal.SIGTERM)
@@ -717,7 +726,23 @@ def records(database_url: str, threads: list[str]) -> str:
             " FROM lw_runs WHERE run_id = ANY(%s)",
             (threads,),
         ).fetchall()
-    return f"the engine's runs {engine}; loopwright's {ours}"
+        journal = conn.execute(
+            "SELECT a.run_id, a.tool, e.from_status, e.to_status, e.fence, e.at"
+            " FROM lw_actions a JOIN lw_action_events e USING (action_id)"
+            " WHERE a.run_id = ANY(%s) ORDER BY e.at",
+            (threads,),
+        ).fetchall()
+    return f"the engine's runs {engine}; loopwright's {ours}; the journal's {journal}"
+
+
+def endings(client: SyncLangGraphClient, threads: list[str]) -> str:
+    """How the runs on `threads` ended, by their state: what a test that waited in vain says."""
+    said = []
+    for thread in threads:
+        values = client.threads.get_state(thread)["values"]
+        assert isinstance(values, dict)
+        said.append(f"{thread}: {values.get('stop_reason')} {values.get('stop_detail')!r}")
+    return "; ".join(said)
 
 
 def phases(database_url: str, run_ids: list[str]) -> list[str | None]:

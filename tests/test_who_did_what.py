@@ -266,12 +266,14 @@ def test_an_aegra_instance_killed_mid_write_leaves_its_spans_named_by_instance(
                 assert served.poll() is None
                 started = instances_of(served)
                 create_order(services.endpoints, "O-8101", "u-1", "20.00")
-                slow_down(services.endpoints.payments, 3.0, ("POST",))  # each refund: 3 s
+                # The refund in flight for 3 s (its tool's timeout) until its sender is killed.
+                slow_down(services.endpoints.payments, 3.0, ("POST",))
                 customer = sdk_client(url=urls[0], headers={"Authorization": "Bearer t-u1"})
                 thread = customer.threads.create()["thread_id"]
                 customer.runs.create(thread, GRAPH, input={"task": refund_task("O-8101")})
                 sender = sending_instance(database_url, thread, started)
                 os.kill(started[sender], signal.SIGKILL)
+                slow_down(services.endpoints.payments, 0.0, ("POST",))
                 wait_for(lambda: phases(database_url, [thread]) == ["COMPLETED"])
                 assert len(list_refunds(services.endpoints, "O-8101")) == 1
         finally:
