@@ -35,22 +35,37 @@ _SELECT_RUNS = "SELECT " + _RUN_COLUMNS + " FROM lw_runs"
 # lw_runs.engine of a run a server's engine started and continues (an in-process run's is "").
 SERVER_ENGINE = "server"
 _SELECT_RUN = _SELECT_RUNS + " WHERE run_id = %s"
-_LEASE_COLUMNS = "run_id, owner, fence, lease_expires_at AS expires_at, now() AS granted_at"
+_LEASE_COLUMNS = (
+    "run_id, owner, fence, lease_expires_at AS expires_at, now() AS granted_at, failures,"
+    " last_error"
+)
 # A write under a lease changes the run's row only while it is still the lease's (owner and
 # fence), checked and changed in one statement: the UPDATE locks the row as the check's lock
 # would, and waits for a commit in flight that holds it shared, as a takeover does.
 _HELD = " WHERE run_id = %s AND owner = %s AND fence = %s"
-# A claim: the new owner, a new fence unless the owner renews its own live lease; guarded by
-# what follows it (whose the run may be taken from), then `_CLAIMED`.
-_CLAIM = (
+# A claim: the new owner, a new fence unless the owner renews its own live lease.
+_CLAIM_SET = (
     "UPDATE lw_runs SET owner = %s,"
     " fence = fence + CASE WHEN owner = %s AND lease_expires_at > now() THEN 0 ELSE 1"
     " END, lease_expires_at = {after_seconds}, updated_at = now(),"
     " agent_version = COALESCE(%s, agent_version)"
-    " WHERE run_id = %s AND pruned_at IS NULL"
 )
-_TAKEN_OVER = " AND owner <> %s AND lease_expires_at <= now()"
+# An attempt whose lease lapsed, or whose process was reaped, before it recorded where the run
+# stood did not go through (its process died, most often): counted in the run's failure streak
+# as the run is taken from it, so that a run that kills every process advancing it ends typed
+# (`attempt`) rather than being taken over for ever. SET reads the row as it was.
+_LAPSED = (
+    ", failures = failures + 1, last_error = 'the attempt of ' || owner || ' (fence '"
+    " || fence || ') ended before it recorded where the run stood: its process died or lost"
+    " the run'"
+)
+_CLAIM_WHERE = " WHERE run_id = %s AND pruned_at IS NULL"
 _CLAIMED = " RETURNING cancel_requested_at, " + _LEASE_COLUMNS
+# A run nobody holds, or the claimer does; another owner's expired lease, taken over.
+_CLAIM_FREE = _CLAIM_SET + _CLAIM_WHERE + " AND (owner IS NULL OR owner = %s)" + _CLAIMED
+_TAKE_OVER = (
+    _CLAIM_SET + _LAPSED + _CLAIM_WHERE + " AND owner <> %s AND lease_expires_at <= now()"
+) + _CLAIMED
 
 
 class Lease(BaseModel):
@@ -68,6 +83,10 @@ class Lease(BaseModel):
     # cancel check start from (`RunWatch`), so that its nodes need not read either again.
     granted_at: datetime
     cancel_requested: bool = False
+    # The run's failure streak as the lease was granted: attempts in a row that did not go
+    # through (`attempt` ends the run typed once it reaches the bound), and the last one's error.
+    failures: int = 0
+    last_error: str | None = None
 
 
 class RunRecord(BaseModel):
@@ -87,8 +106,9 @@ class RunRecord(BaseModel):
     tenant: str = "default"
     engine: str = ""
     cancel_requested_at: datetime | None = None
-    # Attempts in a row that ended in an error, and the last one: a run that keeps failing is
-    # retried later and later (`failure_backoff_s`), so it cannot keep every worker busy.
+    # Attempts in a row that did not go through (an error, or a process that died holding the
+    # run), and the last one's error: a run that keeps failing is retried later and later
+    # (`failure_backoff_s`), so it cannot keep every worker busy.
     failures: int = 0
     last_error: str | None = None
     # The agent the run belongs to ("" for runs from before agents were recorded).
@@ -327,13 +347,12 @@ class LeaseStore:
             # One guarded UPDATE: it locks the row, so it waits for a commit in flight that
             # checked the old fence (held shared), and on Postgres its guard is judged again on
             # the row as that commit or a prune left it. A run nobody holds (or we do) first;
-            # only if that finds none, a takeover of another owner's expired lease, counted.
+            # only if that finds none, a takeover of another owner's expired lease, counted (a
+            # takeover, and a failed attempt in the run's streak: `_LAPSED`).
             params = (owner, owner, ttl_s, agent_version, run_id, owner)
-            if rows := self.db.write(
-                _CLAIM + " AND (owner IS NULL OR owner = %s)" + _CLAIMED, params
-            ):
+            if rows := self.db.write(_CLAIM_FREE, params):
                 return _lease(rows[0], ttl_s, rows[0]["cancel_requested_at"] is not None)
-            if rows := self.db.write(_CLAIM + _TAKEN_OVER + _CLAIMED, params):
+            if rows := self.db.write(_TAKE_OVER, params):
                 LEASE_TAKEOVERS.inc()
                 return _lease(rows[0], ttl_s, rows[0]["cancel_requested_at"] is not None)
             run = self.get(run_id)
@@ -500,6 +519,7 @@ class LeaseStore:
             return False
         released = self.db.write(
             "UPDATE lw_runs SET owner = NULL, lease_expires_at = NULL, updated_at = now()"
+            + _LAPSED
             + _HELD
             + " RETURNING run_id",
             (run_id, run.owner, run.fence),

@@ -15,7 +15,9 @@ fences its writes or decides what a failed attempt means. So:
   database failed (`NOT_THE_RUNS_FAULT`, or what the caller names); any other error is the run's
   and is counted on it (lw_runs `failures`, with a backoff), and after `MAX_FAILURES` in a row
   the run ends typed, INCOMPLETE `needs_human` with the last error in its detail, whichever
-  process or engine made the attempts;
+  process or engine made the attempts; an attempt whose process died holding the run counts
+  too (its lease lapsed or was reaped before it recorded anything: `LeaseStore.claim`), so a
+  run that kills every process advancing it ends typed at a claim, not taken over for ever;
 * the lease is given up as the attempt ends, however it ends;
 * every attempt is one `run` span (the root of its node, model and tool spans) naming the
   process that made it;
@@ -203,7 +205,10 @@ class Turn:
     ) -> None:
         """Where the run stands as the attempt lets go of it (its failure streak over), and the
         lease given up with it. `version`: the agent version that wrote the run's last step,
-        where that is not this attempt's (it found nothing left to do)."""
+        where that is not this attempt's (it found nothing left to do). Once only: an attempt
+        that gave the run up (`give_up`) recorded it so as it did."""
+        if self.recorded:
+            return
         self.keeper.stop()
         self.leases.record(self.lease, phase, next_attempt_at, release=True, agent_version=version)
         self.recorded = True
@@ -241,6 +246,10 @@ def attempt(
         LeaseKeeper(leases, lease, on_renew=watch.renewed) as keeper,
     ):
         turn = Turn(leases, lease, watch, fenced, span, keeper, writer)
+        if lease.failures >= max_failures:
+            # The streak's last attempts died with their processes: this one ends the run
+            # rather than try again what killed them. The block then finds nothing to run.
+            give_up(turn, lease.failures, lease.last_error or "")
         try:
             yield turn
         except (*NOT_THE_RUNS_FAULT, *not_the_runs):
@@ -259,10 +268,10 @@ def attempt(
 
 
 def give_up(turn: Turn, attempts: int, error: str) -> None:
-    """End a run whose attempts keep failing: INCOMPLETE, needs_human, the last error in its
-    detail. Written as guard's step, whose edge then ends the graph; the journal keeps all the
+    """End a run whose attempts keep failing (in an error, or with their process):
+    INCOMPLETE, needs_human, the last error in its detail. Written as guard's step, whose edge then ends the graph; the journal keeps all the
     run did, and any write it could not confirm is reported as such."""
-    detail = f"{attempts} attempts in a row ended in an error; the last: {error}"
+    detail = f"{attempts} attempts in a row did not go through; the last: {error}"
     ended = stop(StopReason.NEEDS_HUMAN, detail)
     config = turn.config({"configurable": {"thread_id": turn.run_id}})
     turn.graph.update_state(config, ended, as_node="guard")

@@ -480,7 +480,7 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
             f", next attempt at {_time(record.next_attempt_at)}" if record.next_attempt_at else ""
         )
         say(
-            f"[bold red]failing[/]: {record.failures} attempts in a row ended in an error{retry}:"
+            f"[bold red]failing[/]: {record.failures} attempts in a row did not go through{retry}:"
             f" {inline(record.last_error or '')}"
         )
     say(

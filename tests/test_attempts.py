@@ -123,4 +123,5 @@ def test_a_takeover_of_one_run_refuses_its_late_writes_and_not_the_others(
     assert completed.phase == "COMPLETED"
     record = runner.leases.get("run-take-a")
     assert record is not None and (record.owner, record.fence) == ("another-process", 2)
-    assert record.failures == 0  # a lost lease is not the run's failure
+    # The lapse counts once, as the takeover found it; the refused attempt adds nothing.
+    assert record.failures == 1 and "(fence 1) ended before it recorded" in str(record.last_error)

@@ -78,7 +78,7 @@ def test_a_served_run_whose_attempts_keep_failing_ends_typed(engines: Engines) -
     ended = values_of(served.client("t-u1"), thread_id)
     assert (ended["phase"], ended["stop_reason"]) == ("INCOMPLETE", "needs_human")
     assert ended["stop_detail"] == (
-        f"{MAX_FAILURES} attempts in a row ended in an error; the last:"
+        f"{MAX_FAILURES} attempts in a row did not go through; the last:"
         f" RuntimeError: {buggy_agent.BUG}"
     )
     assert served.sql("SELECT phase FROM lw_runs WHERE run_id = %s", thread_id) == [("INCOMPLETE",)]

@@ -1,9 +1,11 @@
 """A run whose attempts fail with an error is retried with a growing backoff, and the worker goes
-on with the other runs: one poisoned run never takes the workers down."""
+on with the other runs: one poisoned run never takes the workers down. A run whose attempts keep
+failing, in an error or with their process, ends typed."""
 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -16,7 +18,10 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import BaseModel
 from rich.console import Console
 
-from loopwright.checkpoints.leases import failure_backoff_s
+from loopwright.attempt import MAX_FAILURES
+from loopwright.checkpoints.leases import RunRecord, failure_backoff_s, open_lease_store
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.state import ENDED_PHASES
 from loopwright.outcome import RunOutcome
 from loopwright.run_list import render_runs, run_lines
 from loopwright.runner import Runner, open_runner
@@ -27,8 +32,17 @@ from loopwright.worker import work
 from loopwright_refunds.agent import agent as refunds
 from loopwright_refunds.agent import connect
 from loopwright_refunds.scratch import with_application_name
+from loopwright_refunds.services.admin import create_order, list_refunds
 from loopwright_refunds.services.endpoints import ServiceEndpoints
-from tests.runtime_fixtures import PATIENCE_S, RunnerFactory, principal, start_cli, wait_for
+from tests.runtime_fixtures import (
+    PATIENCE_S,
+    RunnerFactory,
+    cli,
+    principal,
+    release_crashed,
+    start_cli,
+    wait_for,
+)
 
 POISONED = "Check the flaky ledger."
 HEALTHY = "Say hello."
@@ -120,7 +134,7 @@ def test_a_failing_run_is_noted_and_backed_off_while_the_worker_finishes_the_oth
     with open_test_runner(model=model, tools=tools) as runner:
         render_run(runner, poisoned, Console(file=shown, width=200, soft_wrap=True))
     [failing] = [line for line in shown.getvalue().splitlines() if line.startswith("failing:")]
-    assert failing.startswith(f"failing: {record.failures} attempts in a row ended in an error")
+    assert failing.startswith(f"failing: {record.failures} attempts in a row did not go through")
     assert failing.endswith(": RuntimeError: ledger client bug")
 
 
@@ -177,7 +191,7 @@ def test_a_run_that_keeps_failing_ends_typed_needs_human(
         again = runner.resume(run_id)  # a finished run just reports where it stands
     assert (outcome.phase, outcome.stop_reason) == ("INCOMPLETE", "needs_human")
     assert outcome.stop_detail == (
-        "2 attempts in a row ended in an error; the last: RuntimeError: ledger client bug"
+        "2 attempts in a row did not go through; the last: RuntimeError: ledger client bug"
     )
     assert record is not None and record.phase == "INCOMPLETE" and run_id not in due
     assert again.stop_reason == "needs_human"
@@ -218,3 +232,48 @@ def test_a_worker_outlives_its_database_connections(
     assert "database fault" in output and "reconnecting in 1s" in output, output
     assert output.count("polling every") >= 2, output  # connected again
     assert record is not None and record.failures == 0
+
+
+@pytest.mark.postgres
+def test_a_run_that_kills_every_process_advancing_it_ends_typed(
+    postgres_url: str, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """A run whose every attempt dies with its process (a crash armed as validate starts, as a
+    segfault or an OOM kill would end it) is not taken up for ever: each death counts in its
+    failure streak as the next process takes the run, and the attempt that finds the streak at
+    `MAX_FAILURES` ends the run INCOMPLETE `needs_human`, naming the last dead attempt, without
+    running a step. No refund was made; nothing is left to take up."""
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    crashing = {**env, CRASH_ENV: "node:validate:start"}
+    db = ["--db", postgres_url]
+    run_id = "run-killing"
+    create_order(services, "O-9200", "u-1", "20.00")
+    task = "Check whether order O-9200 can be refunded and refund it if so."
+    crashed = cli("run", task, "--user", "u-1", "--run-id", run_id, *db, env=crashing)
+    release_crashed(crashed, postgres_url, run_id)
+    for died in range(1, MAX_FAILURES):
+        record = lease_record(postgres_url, run_id)
+        assert record.failures == died and record.phase not in ENDED_PHASES, record
+        release_crashed(cli("resume", run_id, *db, env=crashing), postgres_url, run_id)
+
+    # Unarmed: had this attempt run a step, it would have sent the refund.
+    ended = cli("resume", run_id, *db, env=env, expect=4)
+    assert "needs_human" in ended.stdout, ended.stdout
+    record = lease_record(postgres_url, run_id)
+    assert (record.phase, record.owner) == ("INCOMPLETE", None)
+    shown = json.loads(cli("show", run_id, *db, "--json", env=env, expect=0).stdout)
+    assert (shown["stop_reason"], shown["exit_code"]) == ("needs_human", 4)
+    assert shown["stop_detail"].startswith(
+        f"{MAX_FAILURES} attempts in a row did not go through; the last: the attempt of "
+    ), shown["stop_detail"]
+    assert "ended before it recorded where the run stood" in shown["stop_detail"]
+    assert list_refunds(services, "O-9200") == []
+    with open_lease_store(postgres_url) as leases:
+        assert run_id not in [r.run_id for r in leases.unended()]
+
+
+def lease_record(database_url: str, run_id: str) -> RunRecord:
+    with open_lease_store(database_url) as leases:
+        record = leases.get(run_id)
+    assert record is not None
+    return record
