@@ -571,11 +571,13 @@ def test_a_run_its_engine_gives_up_is_woken_and_ends_once(cluster: Cluster) -> N
         said=lambda: records(cluster.database_url, [thread]),
     )
     assert [r["status"] for r in list_refunds(cluster.services, "O-7900")] == ["succeeded"]
-    # The engine's records say so too: the run it gave up, then the one it was asked for.
-    statuses = cluster.sql(
-        "SELECT status FROM runs WHERE thread_id::text = %s ORDER BY created_at", thread
+    # The engine's records say so too, once it has heard the run end: the run it gave up, then
+    # the one it was asked for.
+    statuses = "SELECT status FROM runs WHERE thread_id::text = %s ORDER BY created_at"
+    wait_for(
+        lambda: [s for (s,) in cluster.sql(statuses, thread)] == ["error", "success"],
+        said=lambda: records(cluster.database_url, [thread]),
     )
-    assert [s for (s,) in statuses] == ["error", "success"], records(cluster.database_url, [thread])
 
 
 def instances_of(serving: subprocess.Popen[bytes]) -> dict[int, int]:
