@@ -1,8 +1,11 @@
 """What a run costs served by the multi-instance engine (Aegra), next to `loopwright worker`.
 
-    python -m benchmarks.served_cost [--runs 40] [--db SERVER_URL] [--redis URL]
+    python -m benchmarks.served_cost [--runs 40] [--rounds 3] [--db SERVER_URL] [--redis URL]
 
-On one fresh database and the reference services, the same work twice, in this process:
+On one fresh database and the reference services, in this process, `--rounds` rounds of the
+same work, each on orders of its own (an instance's CPU for a batch of runs varies by half from
+one minute to the next on a small machine: each figure printed is the median of the rounds',
+loopwright's share is the median of the rounds' shares, and each round's share is printed too):
 
 1. **worker**: N runs of an eligible small refund (20.00: no approval), each on its own order,
    submitted with `Runner.submit` and held; one `loopwright worker` started and polling; the
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +59,7 @@ from loopwright_refunds.services.admin import create_order, list_refunds
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
 AMOUNT = "20.00"
 RUNS = 40
+ROUNDS = 3
 CPU_GOAL = (
     1.3  # the engine's CPU per run, less its floor of as many supersteps, against the worker's
 )
@@ -250,41 +255,70 @@ def _port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class Round:
+    """One round's figures: the worker, the instance, and the instance's two floors."""
+
+    worker: WorkerCost
+    engine: EngineCost
+    floor: EngineCost
+    chain: EngineCost
+
+    @property
+    def share(self) -> float:
+        """loopwright's share of a served run: the instance's CPU less the chain's floor, as a
+        fraction of the worker's whole run."""
+        return (self.engine.cpu_s - self.chain.cpu_s) / self.worker.cpu_s
+
+
+def measure_round(bench: Bench, runs: int, redis_url: str, index: int) -> Round:
+    """The worker's runs, the instance's, and both floors, on `runs` fresh orders each way."""
+    base = 20_000 + 2 * index * runs
+    worker_orders = [f"O-{base + i}" for i in range(runs)]
+    engine_orders = [f"O-{base + runs + i}" for i in range(runs)]
+    for order_id in (*worker_orders, *engine_orders):
+        create_order(bench.endpoints, order_id, "u-1", AMOUNT)
+    worker = worker_cpu_per_run(bench, worker_orders)
+    engine = engine_cost(bench, engine_orders, redis_url)
+    floor = engine_floor(bench, runs, redis_url)
+    # As many supersteps as a worker's run: its checkpoints less the input's, a node each.
+    chain = engine_floor(bench, runs, redis_url, nodes=worker.checkpoints - 2)
+    for order_id in (*worker_orders, *engine_orders):
+        refunds = len(list_refunds(bench.endpoints, order_id))
+        assert refunds == 1, f"{order_id}: {refunds} refunds"
+    return Round(worker, engine, floor, chain)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--db", default=None, help="a Postgres server URL (default: embedded)")
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args(argv)
     if (why := cluster.redis_unreachable(args.redis)) is not None:
         raise SystemExit(f"served_cost: {why}")
     with bench_environment(args.db) as bench:
-        worker_orders = [f"O-{20_000 + i}" for i in range(args.runs)]
-        engine_orders = [f"O-{30_000 + i}" for i in range(args.runs)]
-        for order_id in (*worker_orders, *engine_orders):
-            create_order(bench.endpoints, order_id, "u-1", AMOUNT)
         load_before = os.getloadavg()[0]
-        worker = worker_cpu_per_run(bench, worker_orders)
-        engine = engine_cost(bench, engine_orders, args.redis)
-        floor = engine_floor(bench, args.runs, args.redis)
-        # As many supersteps as a worker's run: its checkpoints less the input's, a node each.
-        chain = engine_floor(bench, args.runs, args.redis, nodes=worker.checkpoints - 2)
+        rounds = [measure_round(bench, args.runs, args.redis, i) for i in range(args.rounds)]
         load_after = os.getloadavg()[0]
-        for order_id in (*worker_orders, *engine_orders):
-            refunds = len(list_refunds(bench.endpoints, order_id))
-            assert refunds == 1, f"{order_id}: {refunds} refunds"
-        own = (engine.cpu_s - chain.cpu_s) / worker.cpu_s
-        profiled = where_the_time_goes(bench, args.runs, args.redis) if own > CPU_GOAL else None
-    _report(args.runs, worker, engine, floor, chain)
+        share = statistics.median(r.share for r in rounds)
+        profiled = (
+            where_the_time_goes(bench, args.runs, args.redis, args.rounds)
+            if share > CPU_GOAL
+            else None
+        )
+    _report(args.runs, rounds)
     print(f"  machine load (1 min): {load_before:.2f} before, {load_after:.2f} after")
     if profiled is not None:
         print("where the Aegra instance's time goes (another pass of as many runs, profiled):")
         print(profiled)
 
 
-def where_the_time_goes(bench: Bench, runs: int, redis_url: str) -> str:
-    """The functions with the most own time in an Aegra instance serving `runs` more runs."""
-    orders = [f"O-{40_000 + i}" for i in range(runs)]
+def where_the_time_goes(bench: Bench, runs: int, redis_url: str, after: int) -> str:
+    """The functions with the most own time in an Aegra instance serving `runs` more runs (on
+    orders after the `after` rounds')."""
+    orders = [f"O-{20_000 + 2 * after * runs + i}" for i in range(runs)]
     for order_id in orders:
         create_order(bench.endpoints, order_id, "u-1", AMOUNT)
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-profile-") as tmp:
@@ -293,13 +327,28 @@ def where_the_time_goes(bench: Bench, runs: int, redis_url: str) -> str:
         return top_functions(str(path))
 
 
-def _report(
-    runs: int, worker: WorkerCost, engine: EngineCost, floor: EngineCost, chain: EngineCost
-) -> None:
-    own = engine.cpu_s - chain.cpu_s
-    ratio = own / worker.cpu_s
+def _median_cost(costs: Sequence[EngineCost]) -> EngineCost:
+    return EngineCost(
+        statistics.median(c.cpu_s for c in costs),
+        statistics.median(c.loop_cpu_s for c in costs),
+        statistics.median(c.submitted_s for c in costs),
+    )
+
+
+def _report(runs: int, rounds: Sequence[Round]) -> None:
+    worker = WorkerCost(
+        statistics.median(r.worker.cpu_s for r in rounds), rounds[0].worker.checkpoints
+    )
+    engine = _median_cost([r.engine for r in rounds])
+    floor = _median_cost([r.floor for r in rounds])
+    chain = _median_cost([r.chain for r in rounds])
+    ratio = statistics.median(r.share for r in rounds)
+    own = statistics.median(r.engine.cpu_s - r.chain.cpu_s for r in rounds)
     submitted_s = engine.submitted_s
-    print(f"{runs} auto-approved refund runs each way, one refund per order")
+    each = ", ".join(f"{r.share:.2f}x" for r in rounds)
+    print(
+        f"{runs} auto-approved refund runs each way, one refund per order; medians of {len(rounds)} rounds"
+    )
     print(
         f"  loopwright worker   CPU {worker.cpu_s * 1000:6.1f} ms per run"
         f"  ({worker.checkpoints} checkpoints a run)"
@@ -324,7 +373,7 @@ def _report(
     )
     print(
         f"  loopwright's share  CPU {own * 1000:6.1f} ms per run  (the instance's less that"
-        f" floor: {ratio:.2f}x the worker's; goal <= {CPU_GOAL}x:"
+        f" floor: {ratio:.2f}x the worker's, each round's {each}; goal <= {CPU_GOAL}x:"
         f" {'met' if ratio <= CPU_GOAL else 'MISSED'})"
     )
     print(
