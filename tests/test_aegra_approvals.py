@@ -21,7 +21,7 @@ import pytest
 from loopwright.core import tls
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright_refunds.services.admin import create_order, list_refunds
-from tests.runtime_fixtures import PATIENCE_S, cli
+from tests.runtime_fixtures import PATIENCE_S, cli, wait_for
 from tests.test_aegra_scaleout import (
     Cluster,
     Instance,
@@ -157,7 +157,12 @@ def test_two_approvers_deciding_at_once_on_two_instances_are_told_200_and_409(
     values = wait_for_end(first.client("t-u1"), thread_id)["values"]
     refunds = len(list_refunds(cluster.services, order_id))
     one_decision_taken(answers, values, refunds, interrupt["value"]["approval_id"])
-    assert engine_records(cluster, thread_id)[0] == "idle"
+    # The run's state says it ended before the engine records so (it finalizes after the
+    # stream).
+    wait_for(
+        lambda: engine_records(cluster, thread_id)[0] == "idle",
+        said=lambda: str(engine_records(cluster, thread_id)),
+    )
 
 
 def test_an_instance_tells_an_outsider_nothing_but_that_it_is_up(cluster: Cluster) -> None:
