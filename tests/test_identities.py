@@ -24,7 +24,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loopwright.server.bearer_tokens import (
+    DEV_TOKENS,
     MAX_TOKEN_BYTES,
+    PUBLISHED_REFUSED_ENV,
+    PublishedTokenTaken,
     TokenTableError,
     hash_token,
     hashed_table,
@@ -37,7 +40,6 @@ from loopwright.server.identities import (
     configured,
 )
 from loopwright.server.jwks import KeySet
-from loopwright.server.launch import DEV_TOKENS
 from loopwright.server.service_identity import is_service, service_token
 from loopwright.server.users import SERVICE_ROLE, IdentityConfigError, User
 from tests.identity_provider import AUDIENCE, ISSUER, IdentityProvider, SigningKey
@@ -522,6 +524,36 @@ def checked_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def file_problems(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "loopwright.server.watched_file"]
+
+
+@pytest.mark.usefixtures("checked_every_request")
+def test_a_published_token_added_while_serving_off_loopback_lets_nobody_in(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve` checks the table as a server off loopback starts, and each server checks it
+    again at every edit: an entry for a published development token (hashed, as production
+    tables are) added while it serves keeps every token of the table out until it is removed.
+    On loopback (the setting unset) the same table is taken."""
+    caplog.set_level("ERROR", logger="loopwright.server.watched_file")
+    own = hashed_table({"tok-u1-0123456789": {"user_id": "u-1"}})
+    published = hashed_table({"dev-a1": {"user_id": "a-1", "roles": ["approver"]}})
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps(own))
+    env = {"LOOPWRIGHT_TOKENS_FILE": str(path)}
+    off_loopback = Identities({**env, PUBLISHED_REFUSED_ENV: "1"})
+    assert user_for(off_loopback, "tok-u1-0123456789").user_id == "u-1"
+
+    path.write_text(json.dumps({**own, **published}))
+    for token in ("dev-a1", "tok-u1-0123456789"):
+        assert refusal(off_loopback, token).status == 401
+    [said] = file_problems(caplog)
+    assert "takes the published development token dev-a1" in said, said
+    assert user_for(Identities(env), "dev-a1").user_id == "a-1"  # loopback
+
+    path.write_text(json.dumps(own))  # removed
+    assert user_for(off_loopback, "tok-u1-0123456789").user_id == "u-1"
+    with pytest.raises(PublishedTokenTaken):
+        Identities({"LOOPWRIGHT_TOKENS": json.dumps(published), PUBLISHED_REFUSED_ENV: "1"})
 
 
 @pytest.mark.usefixtures("checked_every_request")

@@ -24,7 +24,8 @@ from loopwright.core import tls
 from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.core.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.processes import ChildProcess
-from loopwright.server.launch import DEV_TOKENS, LOG_FILE, cannot_listen, server_env, start_server
+from loopwright.server.bearer_tokens import DEV_TOKENS
+from loopwright.server.launch import LOG_FILE, cannot_listen, server_env, start_server
 from loopwright_refunds.services.endpoints import ENV_VAR as SERVICES_ENV
 from loopwright_refunds.services.launcher import READY_FILE
 from tests.ports import reserved_port

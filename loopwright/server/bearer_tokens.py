@@ -18,6 +18,7 @@ Production identities are JWTs (`server.jwt_identity`); this table may sit besid
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -26,6 +27,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from loopwright.server.users import IdentityConfigError, User, user_of
@@ -35,6 +37,13 @@ TOKENS_ENV = "LOOPWRIGHT_TOKENS"
 TOKENS_FILE_ENV = "LOOPWRIGHT_TOKENS_FILE"
 PLAIN_TOKENS_ENV = "LOOPWRIGHT_DEV_TOKENS"
 HASH_PREFIX = "sha256:"
+# The development table loopwright ships: its tokens are published (in the package and the
+# docs), so they are nobody's on a server that others reach.
+DEV_TOKENS = Path(__file__).with_name("dev-tokens.json")
+# Set (to 1) by `loopwright serve` for servers listening where others reach them: a token table
+# that takes a published token is refused whole, at the server's start and at every change of
+# its file (fail closed: no token of it is taken until the entry is removed).
+PUBLISHED_REFUSED_ENV = "LOOPWRIGHT_REFUSE_PUBLISHED_TOKENS"
 MIN_TOKEN_CHARS = 16
 # The longest bearer token taken, JWTs included (an identity provider's, with a few claims, is
 # under 2 KB): a longer one is refused before anything is done with it.
@@ -46,6 +55,21 @@ TOKEN_GRAMMAR = f"letters, digits and -._~+/ (then = padding), at most {MAX_TOKE
 
 class TokenTableError(IdentityConfigError):
     """The token table cannot be used as it is; the message says which entry and why."""
+
+
+class PublishedTokenTaken(TokenTableError):
+    """A table read with published tokens refused takes one (`PUBLISHED_REFUSED_ENV`)."""
+
+
+@functools.cache
+def _published() -> dict[bytes, str]:
+    """The published tokens, by their digest."""
+    tokens = json.loads(DEV_TOKENS.read_text())
+    return {hashlib.sha256(token.encode()).digest(): token for token in tokens}
+
+
+def published_refused(environ: Mapping[str, str]) -> bool:
+    return environ.get(PUBLISHED_REFUSED_ENV, "").strip() == "1"
 
 
 def well_formed_token(token: str) -> bool:
@@ -131,10 +155,13 @@ def _digest(key: str, source: str, *, plain_allowed: bool) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def parse_token_table(raw: str, source: str, *, plain_allowed: bool) -> TokenTable:
+def parse_token_table(
+    raw: str, source: str, *, plain_allowed: bool, no_published: bool = False
+) -> TokenTable:
     """The table in `raw` (JSON; blank: empty). TokenTableError, one line, for a table that is
     not an object of token -> {"user_id", "roles", "tenant"} entries with each token once and
-    each user a real one, or that holds a plain token where none is allowed."""
+    each user a real one, or that holds a plain token where none is allowed; with
+    `no_published`, PublishedTokenTaken for one that takes a published token, plain or hashed."""
     try:
         table = json.loads(raw, object_pairs_hook=_no_duplicates) if raw.strip() else {}
     except json.JSONDecodeError as exc:
@@ -144,6 +171,11 @@ def parse_token_table(raw: str, source: str, *, plain_allowed: bool) -> TokenTab
     users: dict[bytes, User] = {}
     for key, entry in table.items():
         digest = _digest(key, source, plain_allowed=plain_allowed)
+        if no_published and (published := _published().get(digest)) is not None:
+            raise PublishedTokenTaken(
+                f"the token table takes the published development token {published}"
+                f" ({source}), which serves a loopback --host only"
+            )
         if digest in users:  # a plain token and its own hash
             raise TokenTableError(f"{source}: token {key[:4]}... appears twice (plain and hashed)")
         try:
@@ -157,13 +189,13 @@ def token_table(environ: Mapping[str, str] | None = None) -> TokenTable:
     """The token table the environment names (`LOOPWRIGHT_TOKENS`: the JSON itself, or
     `LOOPWRIGHT_TOKENS_FILE`: a path to it), read now; empty if none is."""
     env = os.environ if environ is None else environ
-    plain = plain_tokens_allowed(env)
+    plain, refused = plain_tokens_allowed(env), published_refused(env)
     if raw := env.get(TOKENS_ENV):
-        return parse_token_table(raw, TOKENS_ENV, plain_allowed=plain)
+        return parse_token_table(raw, TOKENS_ENV, plain_allowed=plain, no_published=refused)
     if path := env.get(TOKENS_FILE_ENV):
         try:
             text = read_text(path)
         except OSError as exc:
             raise TokenTableError(f"token table file {path}: {exc.strerror}") from None
-        return parse_token_table(text, path, plain_allowed=plain)
+        return parse_token_table(text, path, plain_allowed=plain, no_published=refused)
     return TokenTable()

@@ -38,6 +38,7 @@ from loopwright.server.bearer_tokens import (
     TokenTableError,
     parse_token_table,
     plain_tokens_allowed,
+    published_refused,
     token_table,
     well_formed_token,
 )
@@ -104,11 +105,13 @@ class Identities:
         self._table = TokenTable()
         path = environ.get(TOKENS_FILE_ENV)
         if path and not environ.get(TOKENS_ENV):
-            plain = plain_tokens_allowed(environ)
+            plain, refused = plain_tokens_allowed(environ), published_refused(environ)
             try:
                 self._table_file = WatchedFile(
                     path,
-                    lambda text: parse_token_table(text, path, plain_allowed=plain),
+                    lambda text: parse_token_table(
+                        text, path, plain_allowed=plain, no_published=refused
+                    ),
                     empty=TokenTable(),
                 )
             except OSError as exc:

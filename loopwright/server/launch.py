@@ -43,9 +43,12 @@ from loopwright.observability.tracing import TRACE_FILE_ENV
 from loopwright.processes import START_TIMEOUT_S, ChildProcess, spawn
 from loopwright.server.admissions import RUN_SLOTS
 from loopwright.server.bearer_tokens import (
+    DEV_TOKENS,
     PLAIN_TOKENS_ENV,
+    PUBLISHED_REFUSED_ENV,
     TOKENS_ENV,
     TOKENS_FILE_ENV,
+    PublishedTokenTaken,
     plain_tokens_allowed,
 )
 from loopwright.server.dev import GRACE_S
@@ -66,7 +69,6 @@ SERVER_CONFIG: dict[str, Any] = {
     "auth": {"path": "loopwright.server.auth:auth", "disable_studio_auth": True},
     "http": {"app": "loopwright.server.app:app"},
 }
-DEV_TOKENS = Path(__file__).with_name("dev-tokens.json")
 LOG_FILE = "server.log"
 OFFLINE_ENV = {
     "LANGGRAPH_CLI_NO_ANALYTICS": "1",
@@ -191,12 +193,18 @@ def identity_env(environ: Mapping[str, str], *, roles: Roles, listening: Listeni
         served.env[TOKENS_FILE_ENV] = str(DEV_TOKENS)
         served.env[PLAIN_TOKENS_ENV] = "1"  # its tokens are plain, and published
         served.notes += dev_token_notes(roles, listening)
+    if not listening.loopback:
+        refuse_plain_tokens(environ, listening)
+        # Each server refuses a table taking a published token, now and at every edit.
+        served.env[PUBLISHED_REFUSED_ENV] = "1"
     try:
-        identities = Identities({**environ, **served.env})  # what each server builds at its start
+        Identities({**environ, **served.env})  # what each server builds at its start
+    except PublishedTokenTaken as exc:
+        raise ServingRefused(
+            f"{exc}, not {listening.host}: remove its entry ({CONFIGURE_IDENTITIES})"
+        ) from None
     except IdentityConfigError as exc:
         raise ServingRefused(f"identities: {exc}") from None
-    if not listening.loopback:
-        refuse_published_tokens(environ, identities, listening)
     return served
 
 
@@ -228,22 +236,13 @@ def refuse_dev_tokens(listening: Listening) -> None:
         raise ServingRefused(f"no identities, and {published_off_loopback(listening)}")
 
 
-def refuse_published_tokens(
-    environ: Mapping[str, str], identities: Identities, listening: Listening
-) -> None:
-    """ServingRefused where identities configured for an address others reach would take a
-    development token anyway: plain tokens allowed, or a table that holds one of the published
-    ones (plain, or hashed as production tables are)."""
+def refuse_plain_tokens(environ: Mapping[str, str], listening: Listening) -> None:
+    """ServingRefused where identities configured for an address others reach would take plain
+    tokens, which are for development only."""
     if plain_tokens_allowed(environ):
         raise ServingRefused(
             f"{PLAIN_TOKENS_ENV}=1 takes plain tokens, for development only: they serve a"
             f" loopback --host only, not {listening.host}; {CONFIGURE_IDENTITIES}"
-        )
-    published = json.loads(DEV_TOKENS.read_text())
-    if taken := [token for token in published if identities.table.user_for(token) is not None]:
-        raise ServingRefused(
-            f"the token table takes the published development token {taken[0]}, which serves a"
-            f" loopback --host only, not {listening.host}: remove its entry ({CONFIGURE_IDENTITIES})"
         )
 
 
