@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loopwright.checkpoints.schema import UNENDED_RUNS, migrate
 from loopwright.checkpoints.sql import Database, Row, open_database
-from loopwright.core.state import Phase
+from loopwright.core.state import NEVER_STRANDED, Phase
 from loopwright.observability.metrics import FENCE_REFUSALS, LEASE_TAKEOVERS
 
 _LEASE_LIVE = "COALESCE(lease_expires_at > now(), FALSE) AS lease_live"  # on the database's clock
@@ -61,6 +61,7 @@ _LAPSED = (
 )
 _CLAIM_WHERE = " WHERE run_id = %s AND pruned_at IS NULL"
 _CLAIMED = " RETURNING cancel_requested_at, " + _LEASE_COLUMNS
+_NEVER_STRANDED = ", ".join(f"'{phase}'" for phase in sorted(NEVER_STRANDED))
 # A run nobody holds, or the claimer does; another owner's expired lease, taken over.
 _CLAIM_FREE = _CLAIM_SET + _CLAIM_WHERE + " AND (owner IS NULL OR owner = %s)" + _CLAIMED
 _TAKE_OVER = (
@@ -426,7 +427,7 @@ class LeaseStore:
             f" WHERE {UNENDED_RUNS} AND engine = %s AND agent = %s"
             " AND (owner IS NULL OR lease_expires_at <= now())"
             " AND ((phase = 'RECONCILING' AND next_attempt_at <= now())"
-            " OR (phase NOT IN ('RECONCILING', 'WAITING_APPROVAL')"
+            f" OR (phase NOT IN ({_NEVER_STRANDED})"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= now())"
             " AND updated_at <= {before_seconds}))"
             " RETURNING " + _RUN_COLUMNS,

@@ -269,8 +269,9 @@ def attempt(
 
 def give_up(turn: Turn, attempts: int, error: str) -> None:
     """End a run whose attempts keep failing (in an error, or with their process):
-    INCOMPLETE, needs_human, the last error in its detail. Written as guard's step, whose edge then ends the graph; the journal keeps all the
-    run did, and any write it could not confirm is reported as such."""
+    INCOMPLETE, needs_human, the last error in its detail. Written as guard's step, whose edge
+    then ends the graph; the journal keeps all the run did, and any write it could not confirm
+    is reported as such."""
     detail = f"{attempts} attempts in a row did not go through; the last: {error}"
     ended = stop(StopReason.NEEDS_HUMAN, detail)
     config = turn.config({"configurable": {"thread_id": turn.run_id}})

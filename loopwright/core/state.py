@@ -70,6 +70,10 @@ class Phase(StrEnum):
 
 # The phases a run ends in: nothing advances it, nobody is asked anything about it.
 ENDED_PHASES = frozenset({Phase.COMPLETED.value, Phase.INCOMPLETE.value})
+# The phases a served run its engine stopped advancing is never in: ended, waiting for a
+# person, or parked in a reconciliation (woken by a rule of its own). `server.waker` continues a
+# run in any other phase that nothing holds.
+NEVER_STRANDED = ENDED_PHASES | {Phase.WAITING_APPROVAL.value, Phase.RECONCILING.value}
 
 
 class StopReason(StrEnum):

@@ -15,8 +15,10 @@ So each served process looks every `POLL_S` for its agent's runs of either kind,
 one process only (`LeaseStore.wake`), and continues each through its own engine's API as the
 process's service identity (`server.service_identity`), which may do that and nothing else: a
 parked run resumed to look again, a stranded one sent its own task, which from that identity
-continues a run from its latest checkpoint and starts none. A wake-up that does not start (the engine refused it, the process died) is due again
-after `HOLD_S`; a run whose engine keeps losing it is woken again every `HOLD_S` at most.
+continues a run from its latest checkpoint and starts none. A wake-up that does not start (the
+engine refused it, the process died) is due again after `HOLD_S`. A run that kills every
+instance advancing it is not woken for ever: each dead attempt counts in its failure streak,
+and the run ends typed at the bound (`loopwright.attempt`).
 
 The process's own URL comes from `LOOPWRIGHT_SELF_URL`, which the entry points of both engines
 set (`server.dev`, `server.aegra`); a server started otherwise wakes nothing, and says so.

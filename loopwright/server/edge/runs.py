@@ -29,7 +29,7 @@ from loopwright._agent import TaskRefused
 from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.leases import SERVER_ENGINE
 from loopwright.core.roles import Roles
-from loopwright.core.state import ENDED_PHASES, Phase, Principal
+from loopwright.core.state import NEVER_STRANDED, Phase, Principal
 from loopwright.runner import WAKE_VALUE
 from loopwright.server.admissions import Refusal
 from loopwright.server.edge import bodies
@@ -167,7 +167,7 @@ async def _wake(user: User, thread_id: str, owner: ThreadOwner, body: bodies.Run
     # The engine resumes only a thread it left interrupted: a stranded run is sent its own
     # task, which from this identity continues it and starts nothing (`server.inputs`).
     stranded = (
-        run.phase not in STRANDED_NEVER
+        run.phase not in NEVER_STRANDED
         and not run.lease_live
         and body.command is None
         and body.input == {"task": run.task}
@@ -186,9 +186,6 @@ WAKES_ONLY = (
     "the service identity only wakes runs its engine hosts: one parked in a reconciliation, or"
     " one the engine stopped advancing"
 )
-# A run in one of these is not continued by a wake-up: it has ended, waits for a person, or is
-# parked (woken by its own rule, above).
-STRANDED_NEVER = ENDED_PHASES | {Phase.WAITING_APPROVAL, Phase.RECONCILING}
 
 
 async def task_refusal(user: User, task: str) -> str | None:
