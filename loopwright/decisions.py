@@ -67,15 +67,9 @@ class DecisionRefused(ValueError):
 
 
 class NoPendingApproval(DecisionRefused):
-    status = 409
+    """The decision names no request the run waits on; the message says what became of it."""
 
-    def __init__(self, run_id: str, named: str | None = None) -> None:
-        super().__init__(
-            f"run {run_id} waits for no approval"
-            if named is None
-            else f"{named} does not wait on this run ({run_id}): decided, expired or not asked"
-        )
-        self.run_id = run_id
+    status = 409
 
 
 class EditRefused(DecisionRefused):
@@ -155,12 +149,9 @@ def prepare(
 def _waiting(runner: Runner, run_id: str, asked: Asked) -> tuple[ApprovalRequest, str]:
     """The request the decision answers, as the run asks it now, and its interrupt."""
     waiting = runner.outcome(run_id).waiting_for_approval
-    if not waiting:
-        raise NoPendingApproval(run_id)
     found = [w for w in waiting if _names(asked, w)]
     if not found:
-        named = asked.approval_id or f"the approval of interrupt {asked.interrupt_id}"
-        raise NoPendingApproval(run_id, named)
+        raise NoPendingApproval(_not_waiting(runner, run_id, asked))
     value = found[0]
     request = ApprovalRequest.model_validate(value)
     if asked.interrupt_id not in (None, value["interrupt_id"]):
@@ -178,6 +169,22 @@ def _waiting(runner: Runner, run_id: str, asked: Asked) -> tuple[ApprovalRequest
     # Every editor of the action, from the run's records, whatever the request carried.
     editors = {*request.edited_by, *editors_of(runner.state(run_id), request.action_id)}
     return request.model_copy(update={"edited_by": tuple(sorted(editors))}), value["interrupt_id"]
+
+
+def _not_waiting(runner: Runner, run_id: str, asked: Asked) -> str:
+    """Why the run waits on no request the decision names: above all, a decision that came
+    second (the request was decided meanwhile) is told who decided it, as `check_taken` tells
+    one that lost the race later."""
+    if asked.approval_id is None and asked.interrupt_id is None:
+        return f"run {run_id} waits for no approval"
+    for record in runner.state(run_id).get("approvals") or []:
+        if asked.approval_id is not None and record["approval_id"] == asked.approval_id:
+            return (
+                f"{asked.approval_id} was decided already ({_decided(record)}): this decision"
+                " did not take effect"
+            )
+    named = asked.approval_id or f"the approval of interrupt {asked.interrupt_id}"
+    return f"{named} does not wait on this run ({run_id}): decided, expired or not asked"
 
 
 def _names(asked: Asked, waiting: Mapping[str, Any]) -> bool:
@@ -223,10 +230,13 @@ def check_taken(runner: Runner, run_id: str, answer: ApprovalDecision) -> None:
                 return
             raise DecisionNotTaken(
                 f"{answer.decision} of {answer.approval_id} by {answer.approver} did not "
-                f"take effect: it had been decided already ({record['decision']} by "
-                f"{record['approver']} at {record['decided_at']})"
+                f"take effect: it had been decided already ({_decided(record)})"
             )
     why = "; ".join(state.get("feedback") or []) or "the run did not take it"
     raise DecisionNotTaken(
         f"{answer.decision} of {answer.approval_id} by {answer.approver} did not take effect: {why}"
     )
+
+
+def _decided(record: Mapping[str, Any]) -> str:
+    return f"{record['decision']} by {record['approver']} at {record['decided_at']}"

@@ -355,6 +355,26 @@ def test_a_decision_applied_again_after_a_crash_changes_nothing(
     assert len(all_refunds(services)) == 1
 
 
+def test_a_decision_that_comes_second_is_told_who_decided_first(
+    open_test_runner: RunnerFactory, services: ServiceEndpoints
+) -> None:
+    """The request a second approver read was decided meanwhile: refused (409), naming the
+    decision the run took, and the run keeps it."""
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal())
+        [request] = waiting.waiting_for_approval
+        approval_id = request["approval_id"]
+        runner.decide(waiting.run_id, "approve", "a-1", approval_id=approval_id)
+        with pytest.raises(DecisionRefused) as refused:
+            runner.decide(waiting.run_id, "reject", "a-2", approval_id=approval_id)
+        [record] = runner.state(waiting.run_id)["approvals"]
+    assert refused.value.status == 409
+    assert f"{approval_id} was decided already (approve by a-1 at" in str(refused.value)
+    assert "did not take effect" in str(refused.value)
+    assert (record["decision"], record["approver"]) == ("approve", "a-1")
+    assert len(all_refunds(services)) == 1
+
+
 @pytest.mark.postgres
 def test_cli_reject_round_trip(
     postgres_url: str, services: ServiceEndpoints, tmp_path: Path

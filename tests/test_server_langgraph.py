@@ -986,7 +986,7 @@ def one_decision_taken(
     """Of two decisions at once, the run took the one told 200; the other was told 409."""
     assert sorted(status for status, _ in answers) == [200, 409], answers
     [loser] = [text for status, text in answers if status == 409]
-    told = ("being decided already", "no longer pending", "does not wait on this run")
+    told = ("decided already", "no longer pending", "does not wait on this run")
     assert any(words in loser for words in told), loser
     taken = [r for r in values["approvals"] if r["approval_id"] == approval_id]
     winner = ("approve", "reject")[[status for status, _ in answers].index(200)]
