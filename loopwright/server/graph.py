@@ -65,6 +65,7 @@ from loopwright.graph.build import RUN_DURABILITY, compile_graph
 from loopwright.nodes.context import RunContext
 from loopwright.observability.metrics import note_run_end
 from loopwright.runner import OtherAgentsRun, UnknownRun, writer_version
+from loopwright.server.chunks import DumpedHistory
 from loopwright.server.inputs import (
     Continue,
     NewRun,
@@ -275,6 +276,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
             before = turn.graph.get_state(run_config)
             payload = payload_for(request, before, run_id, principal, turn.watch.now())
             context = turn.context(served_context(res, run_id, request, principal))
+            ready = DumpedHistory(stream_mode)
             for chunk in turn.graph.stream(
                 payload,
                 run_config,
@@ -283,7 +285,7 @@ class ServedGraph(CompiledStateGraph[RunState, RunContext, RunState, RunState]):
                 stream_mode=stream_mode,
                 **stream_kwargs,
             ):
-                emit(chunk)
+                emit(ready(chunk))
                 if pause.is_set():
                     break  # a step boundary: what ran is committed
             after = turn.graph.get_state(run_config)
