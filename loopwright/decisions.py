@@ -20,7 +20,7 @@ the run would not take.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,10 +148,12 @@ def prepare(
 
 def _waiting(runner: Runner, run_id: str, asked: Asked) -> tuple[ApprovalRequest, str]:
     """The request the decision answers, as the run asks it now, and its interrupt."""
-    waiting = runner.outcome(run_id).waiting_for_approval
-    found = [w for w in waiting if _names(asked, w)]
+    outcome = runner.outcome(run_id)
+    found = [w for w in outcome.waiting_for_approval if _names(asked, w)]
     if not found:
-        raise NoPendingApproval(_not_waiting(runner, run_id, asked))
+        # A pruned run's decisions went with its checkpoints: none is recorded to name.
+        recorded = [] if outcome.pruned else runner.state(run_id).get("approvals") or []
+        raise NoPendingApproval(_not_waiting(run_id, asked, recorded))
     value = found[0]
     request = ApprovalRequest.model_validate(value)
     if asked.interrupt_id not in (None, value["interrupt_id"]):
@@ -171,13 +173,13 @@ def _waiting(runner: Runner, run_id: str, asked: Asked) -> tuple[ApprovalRequest
     return request.model_copy(update={"edited_by": tuple(sorted(editors))}), value["interrupt_id"]
 
 
-def _not_waiting(runner: Runner, run_id: str, asked: Asked) -> str:
+def _not_waiting(run_id: str, asked: Asked, recorded: Sequence[Mapping[str, Any]]) -> str:
     """Why the run waits on no request the decision names: above all, a decision that came
     second (the request was decided meanwhile) is told who decided it, as `check_taken` tells
     one that lost the race later."""
     if asked.approval_id is None and asked.interrupt_id is None:
         return f"run {run_id} waits for no approval"
-    for record in runner.state(run_id).get("approvals") or []:
+    for record in recorded:
         if asked.approval_id is not None and record["approval_id"] == asked.approval_id:
             return (
                 f"{asked.approval_id} was decided already ({_decided(record)}): this decision"

@@ -17,6 +17,7 @@ import pytest
 from loopwright.checkpoints.leases import RunPruned
 from loopwright.checkpoints.retention import checkpoint_bytes, retain
 from loopwright.checkpoints.sql import open_database
+from loopwright.decisions import DecisionRefused
 from loopwright.reports import EXIT_CODES
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import docs_pages
@@ -90,6 +91,10 @@ def test_retention_keeps_the_journal_and_a_summary_and_never_touches_a_waiting_r
         assert outcome.pruned.actions == {a.action_id: "SUCCEEDED" for a in outcome.actions}
         with pytest.raises(RunPruned):  # from an empty state it would start over
             runner.start(DEMO_TASK, principal(), run_id="run-done")
+        # Its decisions went with its checkpoints: one now is refused as for any other run.
+        with pytest.raises(DecisionRefused, match="does not wait on this run") as refused:
+            runner.decide("run-done", "approve", "a-2", approval_id="apr_0123456789abcdef")
+        assert refused.value.status == 409
         # The waiting run still waits for the same approval.
         assert runner.outcome("run-waiting").waiting_for_approval == waiting.waiting_for_approval
 
