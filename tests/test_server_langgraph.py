@@ -944,7 +944,12 @@ def decide_through(
     token = {"a-1": "t-a1", "a-2": "t-a2"}[approver]
     headers = {"Authorization": f"Bearer {token}"}
     if route == "inbox":
-        body = {"thread_id": thread_id, "interrupt_id": interrupt["id"], "decision": decision}
+        body = {
+            "thread_id": thread_id,
+            "interrupt_id": interrupt["id"],
+            "approval_id": interrupt["value"]["approval_id"],  # as the inbox's page sends it
+            "decision": decision,
+        }
         comment = {"comment": "not this one"} if decision == "reject" else {}
         answer = httpx.post(
             f"{url}/inbox/api/decisions",
@@ -1012,6 +1017,20 @@ def test_two_approvers_deciding_at_once_are_told_200_and_409(
     values = wait_for_end(served.client("t-u1"), thread_id)["values"]
     refunds = len(list_refunds(served.services, order_id))
     one_decision_taken(answers, values, refunds, interrupt["value"]["approval_id"])
+
+
+def test_a_decision_in_the_inbox_after_another_is_told_who_decided(served: Served) -> None:
+    """The inbox's page names the approval it showed: an approver who decides after another
+    did is told who decided it, and when (409), not only that nothing waits."""
+    create_order(served.services, "O-985", "u-1", "80.00")
+    task = "Check whether order O-985 can be refunded and refund it if so."
+    thread_id, state = start_run(served.client("t-u1"), task)
+    [interrupt] = state["interrupts"]
+    first = decide_through(served.url, "inbox", thread_id, interrupt, "approve", "a-1")
+    assert first[0] == 200, first
+    status, text = decide_through(served.url, "inbox", thread_id, interrupt, "reject", "a-2")
+    assert status == 409 and "was decided already (approve by a-1 at" in text, text
+    assert len(list_refunds(served.services, "O-985")) == 1
 
 
 def test_nothing_tells_an_outsider_what_runs_or_which_threads_exist(served: Served) -> None:

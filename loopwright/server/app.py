@@ -187,7 +187,7 @@ async def decide(request: Request) -> Response:
                 body.thread_id,
                 user.user_id,
                 body.decision,
-                asked=Asked(interrupt_id=body.interrupt_id),
+                asked=Asked(approval_id=body.approval_id, interrupt_id=body.interrupt_id),
                 comment=body.comment,
                 changes=body.changes,
             )

@@ -327,6 +327,8 @@ class DecisionRequest(Closed):
 
     thread_id: Id
     interrupt_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    # The approval the page showed: a decision that comes second is told who decided it.
+    approval_id: Id | None = None
     decision: Literal["approve", "reject", "edit"]
     comment: Annotated[str, StringConstraints(max_length=500)] = ""
     changes: Annotated[
