@@ -179,12 +179,12 @@ def _not_waiting(run_id: str, asked: Asked, recorded: Sequence[Mapping[str, Any]
     one that lost the race later."""
     if asked.approval_id is None and asked.interrupt_id is None:
         return f"run {run_id} waits for no approval"
-    for record in recorded:
-        if asked.approval_id is not None and record["approval_id"] == asked.approval_id:
-            return (
-                f"{asked.approval_id} was decided already ({_decided(record)}): this decision"
-                " did not take effect"
-            )
+    decided = [r for r in recorded if asked.approval_id and r["approval_id"] == asked.approval_id]
+    if decided:
+        return (
+            f"{asked.approval_id} was decided already ({_decided(decided[0])}): this decision"
+            " did not take effect"
+        )
     named = asked.approval_id or f"the approval of interrupt {asked.interrupt_id}"
     return f"{named} does not wait on this run ({run_id}): decided, expired or not asked"
 

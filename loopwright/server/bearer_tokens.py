@@ -25,7 +25,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ class PublishedTokenTaken(TokenTableError):
 def _published() -> dict[bytes, str]:
     """The published tokens, by their digest."""
     tokens = json.loads(DEV_TOKENS.read_text())
-    return {hashlib.sha256(token.encode()).digest(): token for token in tokens}
+    return {_digest(token, str(DEV_TOKENS), plain_allowed=True): token for token in tokens}
 
 
 def published_refused(environ: Mapping[str, str]) -> bool:
@@ -189,13 +189,19 @@ def token_table(environ: Mapping[str, str] | None = None) -> TokenTable:
     """The token table the environment names (`LOOPWRIGHT_TOKENS`: the JSON itself, or
     `LOOPWRIGHT_TOKENS_FILE`: a path to it), read now; empty if none is."""
     env = os.environ if environ is None else environ
-    plain, refused = plain_tokens_allowed(env), published_refused(env)
     if raw := env.get(TOKENS_ENV):
-        return parse_token_table(raw, TOKENS_ENV, plain_allowed=plain, no_published=refused)
+        return table_parser(env, TOKENS_ENV)(raw)
     if path := env.get(TOKENS_FILE_ENV):
         try:
             text = read_text(path)
         except OSError as exc:
             raise TokenTableError(f"token table file {path}: {exc.strerror}") from None
-        return parse_token_table(text, path, plain_allowed=plain, no_published=refused)
+        return table_parser(env, path)(text)
     return TokenTable()
+
+
+def table_parser(environ: Mapping[str, str], source: str) -> Callable[[str], TokenTable]:
+    """`parse_token_table` for a table from `source`, as the environment says to read one
+    (plain tokens allowed; published ones refused)."""
+    plain, refused = plain_tokens_allowed(environ), published_refused(environ)
+    return lambda raw: parse_token_table(raw, source, plain_allowed=plain, no_published=refused)

@@ -45,9 +45,8 @@ class DumpedHistory:
     def _dump(self, message: Any) -> Any:
         if not isinstance(message, BaseMessage):
             return message
+        # The message itself is kept beside its dump, so that its id is not reused meanwhile.
         kept = self._dumps.get(id(message))
-        if (
-            kept is None or kept[0] is not message
-        ):  # the message itself is kept: its id is not reused
+        if kept is None or kept[0] is not message:
             kept = self._dumps[id(message)] = (message, message.model_dump())
         return kept[1]

@@ -36,9 +36,7 @@ from loopwright.server.bearer_tokens import (
     TOKENS_FILE_ENV,
     TokenTable,
     TokenTableError,
-    parse_token_table,
-    plain_tokens_allowed,
-    published_refused,
+    table_parser,
     token_table,
     well_formed_token,
 )
@@ -105,14 +103,9 @@ class Identities:
         self._table = TokenTable()
         path = environ.get(TOKENS_FILE_ENV)
         if path and not environ.get(TOKENS_ENV):
-            plain, refused = plain_tokens_allowed(environ), published_refused(environ)
             try:
                 self._table_file = WatchedFile(
-                    path,
-                    lambda text: parse_token_table(
-                        text, path, plain_allowed=plain, no_published=refused
-                    ),
-                    empty=TokenTable(),
+                    path, table_parser(environ, path), empty=TokenTable()
                 )
             except OSError as exc:
                 raise TokenTableError(f"token table file {path}: {exc.strerror}") from None
