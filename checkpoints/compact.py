@@ -54,6 +54,7 @@ from loopwright.checkpoints.database import DatabaseKind
 from loopwright.checkpoints.delta_history import ChainHistory, merged_writes
 from loopwright.checkpoints.fenced import (
     OURS_FENCED,
+    OURS_FENCED_UNFLUSHED,
     WRITE_COLUMNS,
     Fence,
     FencedPostgresSaver,
@@ -269,6 +270,7 @@ class _Commit:
     kept: Sequence[Write]
     replaced: Sequence[Write]
     node: str
+    flush: bool  # whether the commit waits for the disk (`FencedSaver._flushes`)
 
     @property
     def crash_point(self) -> str:
@@ -379,10 +381,19 @@ class CompactSaver(FencedSaver):
         if self._pg is not None:
             register_column_arrays(self._pg)
             lock = self.db.spell(lock_fence_sql(run_id="%(thread)s::text"))
-            self._commits = _commit_statements({"run": lock, "ours": OURS_FENCED})
+            # By whether the commit waits for the disk (`FencedSaver._flushes`).
+            self._commits = {
+                flush: _commit_statements(
+                    {"run": lock, "ours": OURS_FENCED if flush else OURS_FENCED_UNFLUSHED}
+                )
+                for flush in (True, False)
+            }
 
-    def _fence_with(self, fence: Fence, watch: RunWatch | None) -> None:
-        self.legacy = self.legacy.fenced(fence, watch)
+    def _fence_with(
+        self, fence: Fence, watch: RunWatch | None, rederivable: frozenset[str]
+    ) -> None:
+        self.legacy = self.legacy.fenced(fence, watch, rederivable=rederivable)
+        self.rederivable = rederivable
 
     # The fence and the attempt's watch are the legacy saver's too: one writer, two layouts.
     @property
@@ -667,7 +678,8 @@ class CompactSaver(FencedSaver):
                 row, frame = self._encode(thread, ns, save, [*kept, *replaced])
                 kept, replaced = [], []
             write = self._commit_postgres if self._pg is not None else self._commit_sqlite
-            run = write(_Commit(thread, ns, row, at, kept, replaced, node))
+            flush = self._flushes(node, save)
+            run = write(_Commit(thread, ns, row, at, kept, replaced, node, flush))
             if fence is not None:
                 self._seen(fence.check_row(thread, run))
             if frame is not None:
@@ -721,33 +733,35 @@ class CompactSaver(FencedSaver):
         fenced = fence is not None
         kind = _Kind.ROW if row is not None else _Kind.ALONE
         point = commit.crash_point
+        statements = self._commits[commit.flush]
         with self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
             if point in armed():
                 # The statement in an explicit transaction, held open where a crash test's
                 # process dies: what a crash at any moment of the commit leaves.
                 kind = _Kind.ROW_AGAIN if row is not None else kind
                 with self._pg.transaction():
-                    cursor.execute(self._commits[(fenced, kind)], params)
+                    cursor.execute(statements[(fenced, kind)], params)
                     crash_point(point)
             else:
                 try:
-                    cursor.execute(self._commits[(fenced, kind)], params)
+                    cursor.execute(statements[(fenced, kind)], params)
                 except psycopg.errors.UniqueViolation:
                     if row is None:
                         raise
                     # The row's key is taken: the checkpoint is saved again (autocommit: the
                     # failed statement changed nothing).
-                    cursor.execute(self._commits[(fenced, _Kind.ROW_AGAIN)], params)
+                    cursor.execute(statements[(fenced, _Kind.ROW_AGAIN)], params)
             record = cursor.fetchone()
         return FenceRow.of(record) if record else None
 
     def _commit_sqlite(self, commit: _Commit) -> FenceRow | None:
-        """One BEGIN IMMEDIATE transaction: the fence check and the rows, one fsync."""
+        """One BEGIN IMMEDIATE transaction: the fence check and the rows, one fsync (none for a
+        commit that need not be flushed)."""
         conn = self.db.conn
         assert isinstance(conn, sqlite3.Connection)
         run: FenceRow | None = None
         thread, ns, row = commit.thread, commit.ns, commit.row
-        with self.db.transaction():
+        with self.db.transaction(flush=commit.flush):
             fence = self.fence
             if fence is not None:
                 run = fence.check(self.db, thread)

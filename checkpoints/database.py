@@ -243,8 +243,9 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
     """A connection shareable across threads (callers serialise use with a lock).
 
     WAL lets readers proceed while a writer commits; the busy timeout makes a second writer
-    wait for the first instead of failing at once. synchronous stays at its default (FULL),
-    so a committed journal write survives a power cut.
+    wait for the first instead of failing at once. synchronous is FULL, set rather than assumed
+    (a build of SQLite may default WAL databases to NORMAL), so a committed journal write
+    survives a power cut; a commit that need not be flushed says so (`Database.transaction`).
     """
     url = f"{SQLITE_PREFIX}{path}"
     where = Path(path)
@@ -257,6 +258,7 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
         conn = sqlite3.connect(path, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         _use_wal(conn)
+        conn.execute("PRAGMA synchronous=FULL")
     except sqlite3.Error as e:
         raise DatabaseUnavailable(url, _one_line(e, url)) from None
     return conn

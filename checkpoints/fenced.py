@@ -97,7 +97,7 @@ from loopwright.checkpoints.leases import (
     lock_fence,
     lock_fence_sql,
 )
-from loopwright.checkpoints.sql import Database
+from loopwright.checkpoints.sql import UNFLUSHED_COMMIT, Database
 from loopwright.core.crashpoints import armed, crash_point
 from loopwright.observability.metrics import FENCE_REFUSALS, NODE_COMMIT_SECONDS
 
@@ -275,6 +275,7 @@ class FencedSaver(BaseCheckpointSaver[str]):
     def _init_fencing(self, fence: Fence | None) -> None:
         self.fence = fence
         self.watch = None
+        self.rederivable: frozenset[str] = frozenset()
         self._held: dict[WriteKey, dict[str, TaskWrites]] = {}
         self._saved_after: dict[tuple[str, str], str] = {}  # (thread, ns) -> last put's parent
         # Channels of the writes saved alone, by the checkpoint they belong to.
@@ -282,17 +283,36 @@ class FencedSaver(BaseCheckpointSaver[str]):
         self._held_lock = threading.Lock()
         self._arrived = threading.Condition(self._held_lock)  # a task's writes were held
 
-    def fenced(self, fence: Fence, watch: RunWatch | None = None) -> Self:
+    def fenced(
+        self,
+        fence: Fence,
+        watch: RunWatch | None = None,
+        *,
+        rederivable: frozenset[str] = frozenset(),
+    ) -> Self:
         """This saver, for one attempt: writing on the same connection, checking every commit
         against `fence` and telling `watch` what each fence check read. The writes a superstep
-        holds are kept by thread, so attempts at different runs share them safely."""
+        holds are kept by thread, so attempts at different runs share them safely.
+
+        `rederivable`: the nodes whose commits need not reach the disk before the run goes on
+        (`Database.transaction`'s `flush`), because running the node again from the commit
+        before makes them again and repeats nothing outside the run. Every other commit (an
+        unnamed node's, writes saved alone) is flushed."""
         view = copy.copy(self)
-        view._fence_with(fence, watch)
+        view._fence_with(fence, watch, rederivable)
         return view
 
-    def _fence_with(self, fence: Fence, watch: RunWatch | None) -> None:
+    def _fence_with(
+        self, fence: Fence, watch: RunWatch | None, rederivable: frozenset[str]
+    ) -> None:
         self.fence = fence
         self.watch = watch
+        self.rederivable = rederivable
+
+    def _flushes(self, node: str, save: Save | None) -> bool:
+        """Whether a commit of `node`'s waits for the disk: all but a rederivable node's
+        checkpoint (writes saved alone are an interrupt's, an error's, a resume value)."""
+        return save is None or node not in self.rederivable
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         return next_version(current)
@@ -450,6 +470,9 @@ SELECT * FROM run
 OURS_FENCED = (
     "SELECT 1 FROM run WHERE fence = %(fence)s::bigint AND owner = %(owner)s::text AND lease_live"
 )
+# The same, for a commit that need not wait for the disk (`FencedSaver.fenced`'s `rederivable`):
+# the setting is made in the statement's transaction, once the rows are known to be ours.
+OURS_FENCED_UNFLUSHED = f"{OURS_FENCED} AND {UNFLUSHED_COMMIT} IS NOT NULL"
 _COMMIT_UNFENCED = _COMMIT_SQL.format(run="SELECT NULL WHERE FALSE", ours="SELECT 1")
 # A thread's checkpoints and their writes in LangGraph's layout (`supersteps`), each write in
 # the sequence the stock saver hands them over (`writes_sort_key`).
@@ -491,7 +514,12 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         self._strings: dict[tuple[str, str], dict[str, str]] = {}
         register_column_arrays(conn)
         lock = Database(conn).spell(lock_fence_sql(run_id="%(thread)s::text"))
-        self._commit_fenced = _COMMIT_SQL.format(run=lock, ours=OURS_FENCED)
+        self._commit_fenced = {
+            flush: _COMMIT_SQL.format(
+                run=lock, ours=OURS_FENCED if flush else OURS_FENCED_UNFLUSHED
+            )
+            for flush in (True, False)
+        }
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
         fence = self.fence
@@ -500,8 +528,13 @@ class FencedPostgresSaver(FencedSaver, PostgresSaver):
         params, strings = self._rows(thread, tasks, save)
         if fence is not None:
             params |= {"fence": fence.fence, "owner": fence.owner}
-        statement = self._commit_fenced if fence is not None else _COMMIT_UNFENCED
-        point = f"checkpoint:commit:before_commit:{tasks[0].node if tasks else ''}"
+        node = tasks[0].node if tasks else ""
+        statement = (
+            self._commit_fenced[self._flushes(node, save)]
+            if fence is not None
+            else _COMMIT_UNFENCED
+        )
+        point = f"checkpoint:commit:before_commit:{node}"
         with self.lock, self._pg.cursor(binary=True, row_factory=dict_row) as cursor:
             if point in armed():
                 # The same statement in an explicit transaction, held open at the point (where
@@ -667,7 +700,7 @@ class FencedSqliteSaver(FencedSaver, SqliteSaver):
 
     def _commit(self, thread: str, tasks: Sequence[TaskWrites], save: Save | None) -> None:
         node = tasks[0].node if tasks else ""
-        with self._fence_db.transaction():
+        with self._fence_db.transaction(flush=self._flushes(node, save)):
             if self.fence is not None:
                 self._seen(self.fence.check(self._fence_db, thread))
             self._committer = threading.get_ident()

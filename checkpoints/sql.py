@@ -19,6 +19,13 @@ checks can stay in SQL on both backends.
 
 Writes go through `transaction()` or `write()` only: one committed transaction per call, because
 the executor relies on, e.g., DISPATCHED being durable before it sends a request.
+
+A transaction's commit waits until it is on disk, unless it is one the caller could make again:
+`transaction(flush=False)` returns once the commit is in the log, which the database writes out
+in order. Such a commit survives the process's crash; a crash of the machine (or of the Postgres
+server) may take it back, and with it only commits after it that were not flushed either: the
+next flushed commit, on any connection, puts the log up to itself on disk. What such a crash
+leaves is what a crash just before the commit would have left.
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ from loopwright.checkpoints.database import (
 from loopwright.core.state import canonical_json
 
 Row = dict[str, Any]
+
+# The setting, local to its transaction, that lets a Postgres commit return before it reaches the
+# disk (`Database.transaction`); an expression, so a single-statement commit can carry it too.
+UNFLUSHED_COMMIT = "set_config('synchronous_commit', 'off', true)"
+# SQLite's counterpart, for the connection: in WAL mode NORMAL commits without syncing the log;
+# FULL (every connection's setting otherwise, `connect_sqlite`) syncs it at each commit.
+_SQLITE_SYNCHRONOUS = "PRAGMA synchronous={}"
 
 _FRAGMENTS: dict[DatabaseKind, dict[str, str]] = {
     DatabaseKind.POSTGRES: {
@@ -123,24 +137,43 @@ class Database:
         return _spelled(self.kind, sql)
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One committed transaction; rolled back if the block raises."""
+    def transaction(self, *, flush: bool = True) -> Iterator[None]:
+        """One committed transaction; rolled back if the block raises. Unless `flush`, its commit
+        does not wait for the disk (see the module's docstring)."""
         with self._lock:
             if isinstance(self.conn, sqlite3.Connection):
-                # IMMEDIATE takes the write lock up front: a read-then-write (compare-and-set)
-                # cannot interleave with another writer, and waits on busy_timeout instead.
-                self.conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield
-                except BaseException:
-                    self.conn.rollback()
-                    raise
-                # commit() is a no-op if the block already committed (langgraph's SqliteSaver
-                # commits its own statements when they run inside a fenced transaction).
-                self.conn.commit()
+                with self._sqlite_synchronous(flush):
+                    # IMMEDIATE takes the write lock up front: a read-then-write
+                    # (compare-and-set) cannot interleave with another writer, and waits on
+                    # busy_timeout instead.
+                    self.conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield
+                    except BaseException:
+                        self.conn.rollback()
+                        raise
+                    # commit() is a no-op if the block already committed (langgraph's
+                    # SqliteSaver commits its own statements when they run inside a fenced
+                    # transaction).
+                    self.conn.commit()
             else:
                 with self.conn.transaction():
+                    if not flush:
+                        self.conn.execute(f"SELECT {UNFLUSHED_COMMIT}")
                     yield
+
+    @contextmanager
+    def _sqlite_synchronous(self, flush: bool) -> Iterator[None]:
+        """The connection's syncing as `flush` says for one transaction, FULL again after it
+        (the setting cannot change inside a transaction)."""
+        if flush:
+            yield
+            return
+        self.conn.execute(_SQLITE_SYNCHRONOUS.format("NORMAL"))
+        try:
+            yield
+        finally:
+            self.conn.execute(_SQLITE_SYNCHRONOUS.format("FULL"))
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run one statement; its rows as dicts (empty for statements that return none)."""

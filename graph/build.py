@@ -58,6 +58,15 @@ from loopwright.nodes.validate import validate
 from loopwright.nodes.verify import verify
 
 RUN_DURABILITY: Literal["sync"] = "sync"
+# The nodes whose commit the run need not wait on the disk for (`FencedSaver.fenced`): run again
+# from the commit before, each makes it again and repeats nothing outside the run. compile_context
+# derives the context from the state; validate's journal entries and execute's (a write's plan,
+# its dispatch before it is sent, its outcome) are flushed commits of their own, and a re-run
+# finds them there; what is read again is only read. A later flushed commit (the model's
+# decision, an interrupt, a journal entry, the run's end) puts them on disk with it, so a crash
+# of the machine takes back at most these, as a crash before them would have. The model's
+# decision is never among them: a run must not ask the model again for an answer it had.
+REDERIVABLE_NODES = frozenset({"compile_context", "validate", "execute"})
 NODES = NODE_NAMES  # the loop's nodes
 # With handoff configured, ownership passes through these to a specialist running the same loop.
 SPECIALIST_NODE = "specialist"  # the subgraph node that runs the specialist's loop

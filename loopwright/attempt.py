@@ -58,6 +58,7 @@ from loopwright.checkpoints.leases import (
 from loopwright.core.state import Phase, StopReason
 from loopwright.core.text import storable
 from loopwright.core.views import stop
+from loopwright.graph.build import REDERIVABLE_NODES
 from loopwright.nodes.context import RunContext
 from loopwright.observability.metrics import note_run_end
 from loopwright.observability.tracing import instance_name, process_instance, run_span
@@ -235,7 +236,9 @@ def attempt(
     lease = lease or claim(leases, run_id, how)
     watch = RunWatch(lease)
     writer = Writer(how.owner, lease.fence, kind, instance_name(), how.version)
-    fenced = graph.copy(update={"checkpointer": saver.fenced(Fence.of(lease), watch)})
+    fenced = graph.copy(
+        update={"checkpointer": saver.fenced(Fence.of(lease), watch, rederivable=REDERIVABLE_NODES)}
+    )
     attributes: dict[str, AttributeValue] = {
         "loopwright.advance": kind,
         "loopwright.owner": how.owner,

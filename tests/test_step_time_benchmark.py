@@ -14,13 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
 
 from benchmarks import dbos_flow, step_time
 from benchmarks.db_work import DbWork, wal_position
@@ -196,3 +197,20 @@ def test_the_timed_runs_write_through_the_attempts_fenced_saver(sqlite_url: str)
         assert [name for name, _ in timer.calls] == ["put", "put"]
         assert timer.puts == 2
         assert type(saver).put is FencedSaver.put  # unwrapped after the block
+
+
+def test_the_timed_saver_is_told_which_node_wrote_as_an_untimed_one_is(sqlite_url: str) -> None:
+    # LangGraph hands a write's task path, which names its node (and so whether its commit waits
+    # for the disk), only to a put_writes whose signature takes it: timing must not hide it.
+    with open_checkpointer(sqlite_url) as saver, step_time.timed_commits(saver) as timer:
+        builder = StateGraph(Counted)
+        builder.add_node("count", lambda state: {"n": state["n"] + 1})
+        builder.add_edge(START, "count")
+        config: RunnableConfig = {"configurable": {"thread_id": "named"}}
+        builder.compile(checkpointer=saver).invoke({"n": 0}, config, durability="sync")
+    paths = [args[3] for name, args in timer.calls if name == "put_writes"]
+    assert {path.rpartition(", ")[2] for path in paths} == {"__start__", "count"}
+
+
+class Counted(TypedDict):
+    n: int
