@@ -22,10 +22,10 @@ the executor relies on, e.g., DISPATCHED being durable before it sends a request
 
 A transaction's commit waits until it is on disk, unless it is one the caller could make again:
 `transaction(flush=False)` returns once the commit is in the log, which the database writes
-sequentially. Such a commit survives the process's crash; a crash of the machine (or of the Postgres
-server) may take it back, and with it only commits after it that were not flushed either: the
-next flushed commit, on any connection, puts the log up to itself on disk. What such a crash
-leaves is what a crash just before the commit would have left.
+sequentially. Such a commit survives the process's crash; a crash of the machine (or of the
+Postgres server) may take it back, and with it only commits after it that were not flushed
+either: the next flushed commit, on any connection, puts the log up to itself on disk. What such
+a crash leaves is what a crash just before the commit would have left.
 """
 
 from __future__ import annotations
