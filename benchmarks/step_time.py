@@ -439,7 +439,8 @@ PHASE_WORK = {
     "checks (the bare agent has no run and no lease: nothing fences its writes)",
     LoopwrightPhase.STEPS: "besides the tool steps: LangGraph's read of the thread's latest "
     "checkpoint, its input checkpoint and start superstep (the bare agent's too), and the commit "
-    "statement prepared (a round trip of its own, once a connection)",
+    "statements prepared, one that waits for the disk and one that does not (a round trip "
+    "each, once a connection)",
     LoopwrightPhase.LAST: "the context compiled once more and the model's answer, each a node "
     "commit (the bare agent commits its answer too)",
     LoopwrightPhase.VERIFICATION: "the verifier reads the journal (what the run did) and commits "
