@@ -46,14 +46,17 @@ from langgraph_sdk.client import LangGraphClient
 from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.step_time import top_functions
-from benchmarks.throughput import READY, REPO, _completed, _hold, _start_worker, _submit
+from benchmarks.throughput import READY, REPO, _completed, _hold, _start_worker
 from benchmarks.worker_time import process_cpu_s
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.core import tls
+from loopwright.runner import open_runner
 from loopwright.server import cluster
 from loopwright.server.admissions import PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import GRAPH_ID
+from loopwright_refunds.agent import agent as refunds
+from loopwright_refunds.agent import connect
 from loopwright_refunds.services.admin import create_order, list_refunds
 
 TASK = "Check whether order {order_id} can be refunded and refund it if so."
@@ -93,12 +96,30 @@ def checkpoints_per_run(database_url: str, run_ids: list[str]) -> int:
 class WorkerCost:
     cpu_s: float  # one worker's CPU seconds per run
     checkpoints: int  # a run's checkpoints (the median)
+    # The submitting process's CPU seconds per run: what the instance's API does for a run
+    # it creates, on the worker's path a client's (`submitted`).
+    submit_cpu_s: float
+
+
+def submitted(bench: Bench, orders: list[str]) -> tuple[list[str], float]:
+    """The worker's runs submitted as `loopwright submit` submits one (the user's principal,
+    the task's boundary checked with the orders service, the run registered), and the
+    submitting thread's CPU seconds per run for it."""
+    with (
+        connect(bench.endpoints) as deps,
+        open_runner(bench.database_url, refunds, deps=deps) as runner,
+    ):
+        tasks = [TASK.format(order_id=order_id) for order_id in orders]
+        started = time.thread_time()
+        run_ids = [runner.submit(task, runner.principal_for("u-1", task)) for task in tasks]
+        used = time.thread_time() - started
+    return run_ids, used / len(run_ids)
 
 
 def worker_cpu_per_run(bench: Bench, orders: list[str]) -> WorkerCost:
     """CPU seconds of one `loopwright worker` per run, from the release to the last end, and
-    how many checkpoints a run wrote."""
-    run_ids = _submit(bench, orders)
+    how many checkpoints a run wrote; and what submitting the runs cost."""
+    run_ids, submit_cpu_s = submitted(bench, orders)
     _hold(bench.database_url, run_ids, held=True)
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-") as tmp:
         log = Path(tmp) / "worker.log"
@@ -116,7 +137,9 @@ def worker_cpu_per_run(bench: Bench, orders: list[str]) -> WorkerCost:
         finally:
             process.terminate()
             process.wait(timeout=30)
-    return WorkerCost(used / len(run_ids), checkpoints_per_run(bench.database_url, run_ids))
+    return WorkerCost(
+        used / len(run_ids), checkpoints_per_run(bench.database_url, run_ids), submit_cpu_s
+    )
 
 
 async def _create_runs(
@@ -337,7 +360,12 @@ def _median_cost(costs: Sequence[EngineCost]) -> EngineCost:
 
 def _report(runs: int, rounds: Sequence[Round]) -> None:
     worker = WorkerCost(
-        statistics.median(r.worker.cpu_s for r in rounds), rounds[0].worker.checkpoints
+        statistics.median(r.worker.cpu_s for r in rounds),
+        rounds[0].worker.checkpoints,
+        statistics.median(r.worker.submit_cpu_s for r in rounds),
+    )
+    whole = statistics.median(
+        (r.engine.cpu_s - r.chain.cpu_s) / (r.worker.cpu_s + r.worker.submit_cpu_s) for r in rounds
     )
     engine = _median_cost([r.engine for r in rounds])
     floor = _median_cost([r.floor for r in rounds])
@@ -375,6 +403,13 @@ def _report(runs: int, rounds: Sequence[Round]) -> None:
         f"  loopwright's share  CPU {own * 1000:6.1f} ms per run  (the instance's less that"
         f" floor: {ratio:.2f}x the worker's, each round's {each}; goal <= {CPU_GOAL}x:"
         f" {'met' if ratio <= CPU_GOAL else 'MISSED'})"
+    )
+    print(
+        f"  the worker's runs submitted    {worker.submit_cpu_s * 1000:6.1f} ms per run  (as"
+        " `loopwright submit` does: the principal, the task's boundary checked with the orders"
+        " service, the run registered; the work the instance's API does for a run it creates,"
+        f" here in the submitting client): loopwright's share is {whole:.2f}x the worker's run"
+        " and its submission together"
     )
     print(
         f"  {runs} runs created through the API: {submitted_s:.2f} s of client time"
