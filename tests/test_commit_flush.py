@@ -33,6 +33,7 @@ from loopwright.checkpoints.compact import CompactSaver, Layout
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.fenced import Fence, FencedSaver
 from loopwright.checkpoints.leases import open_lease_store
+from loopwright.checkpoints.sql import open_database
 from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.core.crashpoints import EXIT_CODE as CRASH_EXIT
 from loopwright.graph.build import REDERIVABLE_NODES
@@ -133,6 +134,23 @@ def test_a_rederivable_node_s_commits_are_the_only_ones_that_skip_the_fsync_on_p
     derived_lazily = postgres_fsyncs(own_postgres, layout, frozenset({"derive"}))
     assert every - derived_lazily == ROUNDS  # derive's commits, and no other
     assert derived_lazily >= ROUNDS  # decide's commits still wait for the disk
+
+
+@pytest.mark.postgres
+def test_a_transaction_that_need_not_be_flushed_skips_the_fsync_on_postgres(
+    own_postgres: str,
+) -> None:
+    """What the savers' one-statement commits do, a `Database.transaction` does too."""
+    with fresh_database(own_postgres, "lw_flush") as url, open_database(url) as db:
+        assert isinstance(db.conn, psycopg.Connection)
+        db.execute("CREATE TABLE notes (note text)")
+        fsyncs = []
+        for flush in (True, False, True):
+            before = backend_fsyncs(db.conn)
+            with db.transaction(flush=flush):
+                db.execute("INSERT INTO notes VALUES (%s)", (f"flush={flush}",))
+            fsyncs.append(backend_fsyncs(db.conn) - before)
+    assert fsyncs == [1, 0, 1]
 
 
 class Synchronous:
