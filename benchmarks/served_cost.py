@@ -8,9 +8,10 @@ one minute to the next on a small machine: each figure printed is the median of 
 loopwright's share is the median of the rounds' shares, and each round's share is printed too):
 
 1. **worker**: N runs of an eligible small refund (20.00: no approval), each on its own order,
-   submitted with `Runner.submit` and held; one `loopwright worker` started and polling; the
-   runs released at once; the worker's CPU (user + system, /proc) from the release until every
-   run is COMPLETED, per run;
+   submitted as `loopwright submit` submits them (what that costs the client is printed) and
+   held; one `loopwright worker` started and polling; the runs released at once; the worker's
+   CPU (user + system, /proc) from the release until every run is COMPLETED, per run. A worker
+   advances one run at a time;
 2. **engine**: one Aegra instance as `loopwright serve --engine aegra` starts one
    (`server.cluster`); N more such runs created through its API (a thread, then a run, each)
    by a client sending them all at once, the client's wall time for that; the instance's CPU
@@ -20,7 +21,12 @@ loopwright's share is the median of the rounds' shares, and each round's share i
    graph that does nothing (`benchmarks.engine_floor`): one node, and a chain of as many
    supersteps as the worker's runs took (their checkpoints counted). The engine's cost less the
    second floor is loopwright's own share of a served run, set against the worker's whole run;
-4. where that share misses its goal, another engine pass of as many runs with the instance
+4. **one at a time**: the engine and the chain's floor again, Aegra running one run at a time
+   (`ONE_AT_A_TIME`) as the worker does, where by default it runs up to 30 at once: a served
+   run's graph runs in a thread of its own (`server.graph`), and with the scripted model's
+   zero latency 30 runs' threads take turns at the interpreter, which one run at a time does
+   not (the floor's runs are coroutines on the event loop); loopwright's share again;
+5. where the share at Aegra's default misses its goal, another engine pass of as many runs with the instance
    under cProfile (`benchmarks.profiled`): the functions with the most own time.
 
 Every order must end with exactly one refund. The machine's load is printed alongside.
@@ -72,6 +78,9 @@ TOKENS = json.dumps(hashed_table({TOKEN: {"user_id": "u-1", "roles": ["customer"
 AUTHORIZATION = {"Authorization": f"Bearer {TOKEN}"}
 FLOOR_GRAPH = "floor"
 CHAIN_GRAPH = "chain"
+# Aegra's settings for one run at a time, as one `loopwright worker` advances its runs (Aegra's
+# default is up to 30 at once: 3 queue loops of 10 jobs each).
+ONE_AT_A_TIME = {"WORKER_COUNT": "1", "N_JOBS_PER_WORKER": "1"}
 
 
 def _wait_completed(url: str, run_ids: list[str], timeout: float = 600) -> None:
@@ -165,12 +174,17 @@ class EngineCost:
 
 
 def engine_cost(
-    bench: Bench, orders: list[str], redis_url: str, profile: Path | None = None
+    bench: Bench,
+    orders: list[str],
+    redis_url: str,
+    profile: Path | None = None,
+    *,
+    one_at_a_time: bool = False,
 ) -> EngineCost:
     """What one Aegra instance spends on the runs, and the client on creating them; with
     `profile`, the instance runs under cProfile (`benchmarks.profiled`), which writes there as
     it stops (its CPU is the profiler's too: a profiled pass says where the time goes, not how
-    much)."""
+    much); `one_at_a_time`, the instance runs one run at a time (`ONE_AT_A_TIME`)."""
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-aegra-") as tmp:
         workdir = Path(tmp)
         env = cluster.instance_env(
@@ -183,6 +197,7 @@ def engine_cost(
                 **bench.endpoints.to_env(),
                 "LOOPWRIGHT_TOKENS": TOKENS,
                 PER_PRINCIPAL_ENV: str(len(orders)),
+                **(ONE_AT_A_TIME if one_at_a_time else {}),
             },
         )
         program: tuple[str, ...] = ("loopwright.server.aegra",)
@@ -206,9 +221,11 @@ def engine_cost(
     return cost
 
 
-def engine_floor(bench: Bench, runs: int, redis_url: str, *, nodes: int = 1) -> EngineCost:
+def engine_floor(
+    bench: Bench, runs: int, redis_url: str, *, nodes: int = 1, one_at_a_time: bool = False
+) -> EngineCost:
     """What a plain Aegra instance spends on a run of `benchmarks.engine_floor`'s graphs: one
-    node, or a chain of `nodes`."""
+    node, or a chain of `nodes`; `one_at_a_time`, one run at a time."""
     graph_id, name = (FLOOR_GRAPH, "graph") if nodes == 1 else (CHAIN_GRAPH, "chain")
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-floor-") as tmp:
         workdir = Path(tmp)
@@ -220,7 +237,10 @@ def engine_floor(bench: Bench, runs: int, redis_url: str, *, nodes: int = 1) -> 
             database_url=bench.database_url,
             redis_url=redis_url,
             config=config,
-            extra={engine_floor_graph.NODES_ENV: str(nodes)},
+            extra={
+                engine_floor_graph.NODES_ENV: str(nodes),
+                **(ONE_AT_A_TIME if one_at_a_time else {}),
+            },
         )
         plain = ("uvicorn", "aegra_api.main:app")
         with cluster.start_instance(
@@ -280,12 +300,15 @@ def _port() -> int:
 
 @dataclass(frozen=True)
 class Round:
-    """One round's figures: the worker, the instance, and the instance's two floors."""
+    """One round's figures: the worker, the instance, and the instance's two floors, at Aegra's
+    default concurrency; and the instance and the chain's floor one run at a time."""
 
     worker: WorkerCost
     engine: EngineCost
     floor: EngineCost
     chain: EngineCost
+    serial_engine: EngineCost
+    serial_chain: EngineCost
 
     @property
     def share(self) -> float:
@@ -293,23 +316,32 @@ class Round:
         fraction of the worker's whole run."""
         return (self.engine.cpu_s - self.chain.cpu_s) / self.worker.cpu_s
 
+    @property
+    def serial_share(self) -> float:
+        """The same, the instance running one run at a time as the worker does."""
+        return (self.serial_engine.cpu_s - self.serial_chain.cpu_s) / self.worker.cpu_s
+
 
 def measure_round(bench: Bench, runs: int, redis_url: str, index: int) -> Round:
     """The worker's runs, the instance's, and both floors, on `runs` fresh orders each way."""
-    base = 20_000 + 2 * index * runs
+    base = 20_000 + 3 * index * runs
     worker_orders = [f"O-{base + i}" for i in range(runs)]
     engine_orders = [f"O-{base + runs + i}" for i in range(runs)]
-    for order_id in (*worker_orders, *engine_orders):
+    serial_orders = [f"O-{base + 2 * runs + i}" for i in range(runs)]
+    for order_id in (*worker_orders, *engine_orders, *serial_orders):
         create_order(bench.endpoints, order_id, "u-1", AMOUNT)
     worker = worker_cpu_per_run(bench, worker_orders)
     engine = engine_cost(bench, engine_orders, redis_url)
     floor = engine_floor(bench, runs, redis_url)
     # As many supersteps as a worker's run: its checkpoints less the input's, a node each.
-    chain = engine_floor(bench, runs, redis_url, nodes=worker.checkpoints - 2)
-    for order_id in (*worker_orders, *engine_orders):
+    nodes = worker.checkpoints - 2
+    chain = engine_floor(bench, runs, redis_url, nodes=nodes)
+    serial_engine = engine_cost(bench, serial_orders, redis_url, one_at_a_time=True)
+    serial_chain = engine_floor(bench, runs, redis_url, nodes=nodes, one_at_a_time=True)
+    for order_id in (*worker_orders, *engine_orders, *serial_orders):
         refunds = len(list_refunds(bench.endpoints, order_id))
         assert refunds == 1, f"{order_id}: {refunds} refunds"
-    return Round(worker, engine, floor, chain)
+    return Round(worker, engine, floor, chain, serial_engine, serial_chain)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -341,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def where_the_time_goes(bench: Bench, runs: int, redis_url: str, after: int) -> str:
     """The functions with the most own time in an Aegra instance serving `runs` more runs (on
     orders after the `after` rounds')."""
-    orders = [f"O-{20_000 + 2 * after * runs + i}" for i in range(runs)]
+    orders = [f"O-{20_000 + 3 * after * runs + i}" for i in range(runs)]
     for order_id in orders:
         create_order(bench.endpoints, order_id, "u-1", AMOUNT)
     with tempfile.TemporaryDirectory(prefix="lw-served-cost-profile-") as tmp:
@@ -403,6 +435,18 @@ def _report(runs: int, rounds: Sequence[Round]) -> None:
         f"  loopwright's share  CPU {own * 1000:6.1f} ms per run  (the instance's less that"
         f" floor: {ratio:.2f}x the worker's, each round's {each}; goal <= {CPU_GOAL}x:"
         f" {'met' if ratio <= CPU_GOAL else 'MISSED'})"
+    )
+    serial = _median_cost([r.serial_engine for r in rounds])
+    serial_chain = _median_cost([r.serial_chain for r in rounds])
+    serial_ratio = statistics.median(r.serial_share for r in rounds)
+    serial_own = statistics.median(r.serial_engine.cpu_s - r.serial_chain.cpu_s for r in rounds)
+    serial_each = ", ".join(f"{r.serial_share:.2f}x" for r in rounds)
+    print(
+        "  one run at a time, as the worker runs them (Aegra's default above: up to 30 at once):"
+        f" instance {serial.cpu_s * 1000:.1f} ms per run, the chain's floor"
+        f" {serial_chain.cpu_s * 1000:.1f} ms; loopwright's share {serial_own * 1000:.1f} ms ="
+        f" {serial_ratio:.2f}x the worker's, each round's {serial_each}; goal <= {CPU_GOAL}x:"
+        f" {'met' if serial_ratio <= CPU_GOAL else 'MISSED'}"
     )
     print(
         f"  the worker's runs submitted    {worker.submit_cpu_s * 1000:6.1f} ms per run  (as"

@@ -46,3 +46,14 @@ def test_the_served_cost_benchmark_prints_both_sides(
         out,
     )
     assert submitted is not None and float(submitted[1]) > 0, out
+    # And again with the instance running one run at a time, as the worker does: its share is
+    # its own instance's less its own chain's floor.
+    serial = re.search(
+        r"one run at a time, as the worker runs them .*: instance ([\d.]+) ms per run, the"
+        r" chain's floor ([\d.]+) ms; loopwright's share (-?[\d.]+) ms = (-?[\d.]+)x the worker's,"
+        r" each round's (-?[\d.]+)x, (-?[\d.]+)x",
+        out,
+    )
+    assert serial is not None, out
+    assert abs(float(serial[3]) - (float(serial[1]) - float(serial[2]))) < 0.15, out
+    assert abs(float(serial[4]) - (float(serial[5]) + float(serial[6])) / 2) < 0.011, out
