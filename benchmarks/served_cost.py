@@ -446,7 +446,8 @@ def _report(runs: int, rounds: Sequence[Round]) -> None:
         f" instance {serial.cpu_s * 1000:.1f} ms per run, the chain's floor"
         f" {serial_chain.cpu_s * 1000:.1f} ms; loopwright's share {serial_own * 1000:.1f} ms ="
         f" {serial_ratio:.2f}x the worker's, each round's {serial_each}; goal <= {CPU_GOAL}x:"
-        f" {'met' if serial_ratio <= CPU_GOAL else 'MISSED'}"
+        f" {'met' if serial_ratio <= CPU_GOAL else 'MISSED'}; its {runs} runs created in"
+        f" {serial.submitted_s:.2f} s"
     )
     print(
         f"  the worker's runs submitted    {worker.submit_cpu_s * 1000:6.1f} ms per run  (as"
