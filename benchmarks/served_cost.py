@@ -52,20 +52,24 @@ from langgraph_sdk.client import LangGraphClient
 from benchmarks import engine_floor as engine_floor_graph
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.step_time import top_functions
-from benchmarks.throughput import READY, REPO, _completed, _hold, _start_worker
+from benchmarks.throughput import (
+    READY,
+    REPO,
+    TASK,
+    _completed,
+    _hold,
+    _start_worker,
+    submitted,
+)
 from benchmarks.worker_time import process_cpu_s
 from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.core import tls
-from loopwright.runner import open_runner
 from loopwright.server import cluster
 from loopwright.server.admissions import PER_PRINCIPAL_ENV
 from loopwright.server.bearer_tokens import hashed_table
 from loopwright.server.launch import GRAPH_ID
-from loopwright_refunds.agent import agent as refunds
-from loopwright_refunds.agent import connect
 from loopwright_refunds.services.admin import create_order, list_refunds
 
-TASK = "Check whether order {order_id} can be refunded and refund it if so."
 AMOUNT = "20.00"
 RUNS = 40
 ROUNDS = 3
@@ -106,23 +110,8 @@ class WorkerCost:
     cpu_s: float  # one worker's CPU seconds per run
     checkpoints: int  # a run's checkpoints (the median)
     # The submitting process's CPU seconds per run: what the instance's API does for a run
-    # it creates, on the worker's path a client's (`submitted`).
+    # it creates, on the worker's path a client's (`throughput.submitted`).
     submit_cpu_s: float
-
-
-def submitted(bench: Bench, orders: list[str]) -> tuple[list[str], float]:
-    """The worker's runs submitted as `loopwright submit` submits one (the user's principal,
-    the task's boundary checked with the orders service, the run registered), and the
-    submitting thread's CPU seconds per run for it."""
-    with (
-        connect(bench.endpoints) as deps,
-        open_runner(bench.database_url, refunds, deps=deps) as runner,
-    ):
-        tasks = [TASK.format(order_id=order_id) for order_id in orders]
-        started = time.thread_time()
-        run_ids = [runner.submit(task, runner.principal_for("u-1", task)) for task in tasks]
-        used = time.thread_time() - started
-    return run_ids, used / len(run_ids)
 
 
 def worker_cpu_per_run(bench: Bench, orders: list[str]) -> WorkerCost:

@@ -55,10 +55,9 @@ import psycopg
 from benchmarks.perf_setup import Bench, bench_environment
 from benchmarks.worker_time import Sampler, Window
 from loopwright.checkpoints.frames import stored_at
-from loopwright.core.state import Principal
 from loopwright.runner import open_runner
 from loopwright_refunds.agent import agent as refunds
-from loopwright_refunds.agent import connect, task_scope
+from loopwright_refunds.agent import connect
 from loopwright_refunds.scratch import with_application_name
 from loopwright_refunds.services.admin import create_order, list_refunds
 
@@ -257,17 +256,19 @@ def _commits_between(url: str, run_ids: list[str], start: float, end: float) -> 
     return sum(start <= stored_at(body).timestamp() <= end for (body,) in bodies)
 
 
-def _submit(bench: Bench, orders: list[str]) -> list[str]:
+def submitted(bench: Bench, orders: list[str]) -> tuple[list[str], float]:
+    """A run of the task on each order submitted as `loopwright submit` submits one (the
+    user's principal, the task's boundary checked with the orders service, the run
+    registered), and the submitting thread's CPU seconds per run for it."""
     with (
         connect(bench.endpoints) as deps,
         open_runner(bench.database_url, refunds, deps=deps) as runner,
     ):
-        submitted = []
-        for order_id in orders:
-            task = TASK.format(order_id=order_id)
-            principal = Principal(user_id="u-1", scope=task_scope(task))
-            submitted.append(runner.submit(task, principal))
-    return submitted
+        tasks = [TASK.format(order_id=order_id) for order_id in orders]
+        started = time.thread_time()
+        run_ids = [runner.submit(task, runner.principal_for("u-1", task)) for task in tasks]
+        used = time.thread_time() - started
+    return run_ids, used / len(run_ids)
 
 
 def measure_workers(bench: Bench, workers: int, runs: int, first_order: int) -> Throughput:
@@ -275,7 +276,7 @@ def measure_workers(bench: Bench, workers: int, runs: int, first_order: int) -> 
     for order_id in orders:
         create_order(bench.endpoints, order_id, "u-1", AMOUNT)
     url = bench.database_url
-    run_ids = _submit(bench, orders)
+    run_ids, _ = submitted(bench, orders)
     _hold(url, run_ids, held=True)
     with tempfile.TemporaryDirectory(prefix="lw-throughput-") as tmp:
         logs = [Path(tmp) / f"worker-{n}.log" for n in range(workers)]
