@@ -4,8 +4,8 @@ ended long ago, and keeps how they ended.
 It is the one path that deletes checkpoints of a run with journaled actions (the server's
 delete and rollback routes are refused, and so are the checkpointer's deletions). For each run
 it prunes, in one transaction: the run's final summary is written to `lw_run_summaries` (phase,
-stop reason and detail, the verification, the final answer, each action's final status, steps
-and usage), the run's row is marked pruned, then every checkpoint, pending write and blob of
+stop reason and detail, the verification, the final answer, each action's final status, steps,
+usage, and who wrote its checkpoints, each writer from where it took the run), the run's row is marked pruned, then every checkpoint, pending write and blob of
 the run's thread is deleted. The journal (`lw_actions`, `lw_action_events`) and the run's
 `lw_runs` row stay, so `loopwright show` and `loopwright runs` still say how it ended; a pruned
 run cannot be claimed again (`leases.RunPruned`): nothing can start it over from an empty
@@ -21,6 +21,7 @@ reason it was kept.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +32,7 @@ from loopwright.checkpoints.factory import open_checkpointer
 from loopwright.checkpoints.leases import lock_run
 from loopwright.checkpoints.schema import migrate
 from loopwright.checkpoints.sql import Database, open_database
+from loopwright.checkpoints.writers import Writer, handed_over
 from loopwright.core.state import ENDED_PHASES, ActionStatus
 
 SETTLED = frozenset(
@@ -77,6 +79,9 @@ class Summary:
     pruned_at: datetime | str | None = None
     checkpoints: int = 0
     bytes: int = 0
+    # Who wrote the run's checkpoints, each from where it took the run (`handed_over`); None for
+    # a run pruned before summaries kept them.
+    writers: tuple[Writer, ...] | None = None
 
 
 @dataclass
@@ -122,6 +127,7 @@ def summary_of(db: Database, run_id: str) -> Summary | None:
     row = db.one("SELECT * FROM lw_run_summaries WHERE run_id = %s", (run_id,))
     if row is None:
         return None
+    kept = db.from_json(row["writers"])
     return Summary(
         run_id=row["run_id"],
         phase=row["phase"],
@@ -136,6 +142,7 @@ def summary_of(db: Database, run_id: str) -> Summary | None:
         pruned_at=row["pruned_at"],
         checkpoints=int(row["checkpoints"]),
         bytes=int(row["bytes"]),
+        writers=None if kept is None else tuple(Writer(**writer) for writer in kept),
     )
 
 
@@ -191,7 +198,18 @@ def _judge(db: Database, saver: Any, candidate: Candidate, row: dict[str, Any]) 
         ended_at=candidate.ended_at,
         checkpoints=candidate.checkpoints,
         bytes=candidate.bytes,
+        writers=tuple(_writers(saver, candidate.run_id)),
     )
+
+
+def _writers(saver: Any, run_id: str) -> list[Writer]:
+    """Who wrote the run's checkpoints (every namespace's, oldest first: LangGraph's checkpoint
+    ids sort by time), each from where it took the run."""
+    saved = sorted(
+        saver.list({"configurable": {"thread_id": run_id}}),
+        key=lambda found: str(found.config["configurable"]["checkpoint_id"]),
+    )
+    return handed_over(found.metadata for found in saved)
 
 
 def _prune(db: Database, summary: Summary) -> bool:
@@ -203,8 +221,8 @@ def _prune(db: Database, summary: Summary) -> bool:
             return False
         db.execute(
             "INSERT INTO lw_run_summaries (run_id, phase, stop_reason, stop_detail, verification,"
-            " answer, actions, steps, usage, checkpoints, bytes, ended_at, pruned_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now())",
+            " answer, actions, steps, usage, checkpoints, bytes, ended_at, writers, pruned_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now())",
             (
                 summary.run_id,
                 summary.phase,
@@ -218,6 +236,11 @@ def _prune(db: Database, summary: Summary) -> bool:
                 summary.checkpoints,
                 summary.bytes,
                 summary.ended_at,
+                db.to_json(
+                    None
+                    if summary.writers is None
+                    else [dataclasses.asdict(writer) for writer in summary.writers]
+                ),
             ),
         )
         db.execute("UPDATE lw_runs SET pruned_at = now() WHERE run_id = %s", (summary.run_id,))

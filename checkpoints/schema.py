@@ -238,6 +238,13 @@ def _v11_admissions(db: Database) -> None:
     )
 
 
+def _v12_pruned_writers(db: Database) -> None:
+    """Who wrote a pruned run's checkpoints, kept in its summary (`checkpoints.writers`): `show`
+    still says where the run changed hands once its checkpoints are gone. NULL for a run pruned
+    before: its writers went with its checkpoints."""
+    db.execute("ALTER TABLE lw_run_summaries ADD COLUMN writers {json}")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v1_runs_and_journal,
     _v2_failure_streak_and_json,
@@ -250,6 +257,7 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _v9_run_tenant_and_engine,
     _v10_decision_claims,
     _v11_admissions,
+    _v12_pruned_writers,
 )
 LATEST = len(MIGRATIONS)
 

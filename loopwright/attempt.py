@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -55,6 +55,7 @@ from loopwright.checkpoints.leases import (
     RunWatch,
     StaleWriter,
 )
+from loopwright.checkpoints.writers import RESUME, Writer
 from loopwright.core.state import Phase, StopReason
 from loopwright.core.text import storable
 from loopwright.core.views import stop
@@ -82,60 +83,6 @@ def worker_name() -> str:
 def process_owner(pid: int) -> str:
     """What the owner names of every lease process `pid` of this host holds begin with."""
     return f"{process_instance(pid)}:"
-
-
-# Checkpoint metadata naming who wrote a step (`Writer`).
-WRITER_METADATA_KEY = "lw_writer"
-FENCE_METADATA_KEY = "lw_fence"
-ADVANCE_METADATA_KEY = "lw_advance"
-INSTANCE_METADATA_KEY = "lw_instance"
-# The agent version whose process wrote a step: which version decided each step of a run that
-# changed hands during an upgrade.
-VERSION_METADATA_KEY = "lw_version"
-
-
-@dataclass(frozen=True)
-class Writer:
-    """Who committed a checkpoint, as its metadata says: the attempt's `owner` (host:pid:nonce)
-    and `fence`, what it was given (`advance`: start, answer or resume), the name of the
-    process's instance in its deployment (`instance`, e.g. aegra-2) and the agent `version`."""
-
-    owner: str
-    fence: int | None = None
-    advance: str | None = None
-    instance: str | None = None
-    version: str | None = None
-
-    def metadata(self) -> dict[str, Any]:
-        """The checkpoint metadata that names this writer."""
-        stamp = {
-            WRITER_METADATA_KEY: self.owner,
-            FENCE_METADATA_KEY: self.fence,
-            ADVANCE_METADATA_KEY: self.advance,
-            INSTANCE_METADATA_KEY: self.instance,
-            VERSION_METADATA_KEY: self.version,
-        }
-        return {key: value for key, value in stamp.items() if value is not None}
-
-    @classmethod
-    def of(cls, metadata: Mapping[str, Any] | None) -> Writer | None:
-        """The writer a checkpoint's metadata names (None: written before writers were named)."""
-        metadata = metadata or {}
-        owner = metadata.get(WRITER_METADATA_KEY)
-        if not owner:
-            return None
-        fence = metadata.get(FENCE_METADATA_KEY)
-        return cls(
-            str(owner),
-            fence if isinstance(fence, int) else None,
-            _text(metadata.get(ADVANCE_METADATA_KEY)),
-            _text(metadata.get(INSTANCE_METADATA_KEY)),
-            _text(metadata.get(VERSION_METADATA_KEY)),
-        )
-
-
-def _text(value: Any) -> str | None:
-    return str(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -225,7 +172,7 @@ def attempt(
     saver: FencedSaver,
     how: Claim,
     lease: Lease | None = None,
-    kind: str = "resume",
+    kind: str = RESUME,
     max_failures: int = MAX_FAILURES,
     not_the_runs: tuple[type[Exception], ...] = (),
 ) -> Iterator[Turn]:

@@ -3,7 +3,7 @@
 | schema | printed by | what it holds |
 | --- | --- | --- |
 | `loopwright.run/1` | run, resume, cancel, demo, approvals approve/reject/edit | where one run stands: its ending (below), phase, stop reason, verification, what waits, every action |
-| `loopwright.run-history/1` | show | `loopwright.run/1`, each action's status history, and who wrote the steps (`writers`) |
+| `loopwright.run-history/1` | show | `loopwright.run/1`, each action's status history, and who wrote the steps (`writers`; of a run the retention job pruned, each writer with no step number, or null where it was pruned before summaries kept them) |
 | `loopwright.runs/1` | runs | the runs listed (every one with an unconfirmed write, then the newest up to --limit): agent and version, phase, stop reason, unconfirmed writes, failures; `more`: how many the limit left out |
 | `loopwright.approvals/1` | approvals list | the approvals waiting |
 | `loopwright.retention/1` | retention | the runs pruned (or, with --dry-run, that would be), those kept and why, checkpoint bytes before and after |
@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Any
 from loopwright.core.state import Action
 from loopwright.observability.redaction import redact
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
-from loopwright.timeline import Redactor, handover
+from loopwright.timeline import Redactor, handover, kept_writers
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from loopwright.attempt import Writer
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
+    from loopwright.checkpoints.writers import Writer
     from loopwright.run_list import RunList
     from loopwright.runner import Runner, Step
     from loopwright.tools.registry import ToolRegistry
@@ -150,6 +150,15 @@ def run_history_document(runner: Runner, outcome: RunOutcome) -> dict[str, Any]:
             "bytes": pruned.bytes,
             "answer": pruned.answer,
         }
+        # Its steps are gone: each writer from where it took the run, with no step number.
+        document["writers"] = (
+            None
+            if pruned.writers is None
+            else [
+                {"step": None, "how": how.value, **dataclasses.asdict(writer)}
+                for how, writer, _ in kept_writers(pruned.writers)
+            ]
+        )
     else:
         state = runner.state(outcome.run_id)
         document["task"] = state["task"]
@@ -170,7 +179,8 @@ def _writers(steps: list[Step]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     before: Writer | None = None
     for number, step in enumerate(steps, start=1):
-        if step.writer is not None and (how := handover(before, step)) is not None:
+        how = handover(before, step.writer, answered=step.answered)
+        if step.writer is not None and how is not None:
             found.append({"step": number, "how": how.value, **dataclasses.asdict(step.writer)})
         before = step.writer or before
     return found

@@ -35,10 +35,8 @@ from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 from loopwright._agent import Agent
 from loopwright.attempt import (
     MAX_FAILURES,
-    VERSION_METADATA_KEY,
     Claim,
     Turn,
-    Writer,
     attempt,
     claim,
     worker_name,
@@ -61,6 +59,7 @@ from loopwright.checkpoints.leases import (
 )
 from loopwright.checkpoints.retention import summary_of
 from loopwright.checkpoints.sql import Database
+from loopwright.checkpoints.writers import ANSWER, RESUME, START, VERSION_METADATA_KEY, Writer
 from loopwright.core.budget import Budget
 from loopwright.core.state import (
     DEFAULT_TENANT,
@@ -128,8 +127,8 @@ class Ended:
 def advance_kind(payload: Any) -> str:
     """What a process advancing a run was given: a new run, an answer, or nothing (a resume)."""
     if isinstance(payload, Command):
-        return "answer"
-    return "start" if payload is not None else "resume"
+        return ANSWER
+    return START if payload is not None else RESUME
 
 
 def finished(snapshot: StateSnapshot) -> bool:
@@ -689,7 +688,7 @@ class Runner:
         one pass where the saver can (`supersteps`: the history would rebuild every
         checkpoint's values, and has a subgraph's in a history of its own); and, with
         `writers`, who wrote it, as the checkpoint its commit saved names them
-        (`attempt.Writer`: a second read of the thread's checkpoints)."""
+        (`checkpoints.writers.Writer`: a second read of the thread's checkpoints)."""
         supersteps = self.saver.supersteps(run_id)
         if supersteps is not None:
             written = self._writers(run_id) if writers else {}

@@ -15,7 +15,7 @@ answer, a summary, an outcome).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from rich.console import Console
 
 from loopwright.checkpoints.journal import ActionEvent
+from loopwright.checkpoints.writers import ANSWER
 from loopwright.core.budget import Budget, Usage
 from loopwright.core.protocol import parse_tool_content
 from loopwright.core.state import (
@@ -43,8 +44,8 @@ from loopwright.tools.program import ProgramRun
 from loopwright.tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
-    from loopwright.attempt import Writer
-    from loopwright.runner import Runner, Step
+    from loopwright.checkpoints.writers import Writer
+    from loopwright.runner import Runner
 
 # Shorter sensitive values are not blanked in free text: they would blank ordinary words.
 MIN_SECRET_CHARS = 4
@@ -489,7 +490,7 @@ def render_run(runner: Runner, run_id: str, console: Console) -> None:
     say("\n[bold]steps[/]")
     before: Writer | None = None
     for step in steps:
-        if (header := writer_line(before, step)) is not None:
+        if (header := writer_line(before, step.writer, answered=step.answered)) is not None:
             say(header)
         before = step.writer or before
         printer(step.node, step.update)
@@ -510,7 +511,7 @@ def who(writer: Writer) -> str:
 
 
 class Handover(StrEnum):
-    """How a step's writer came to write it, against the writer of the step before."""
+    """How a writer came to write the run, against the writer before it."""
 
     FIRST = "first"  # the run's first writer
     ANSWERED = "answered"  # went on with the answer the run waited for (approval, parked retry)
@@ -518,26 +519,29 @@ class Handover(StrEnum):
     AGAIN = "again"  # the same owner, under a new fence: it claimed the run again
 
 
-def handover(before: Writer | None, step: Step) -> Handover | None:
-    """How `step`'s writer took the run, None where it wrote the step before too (or is not
-    named): a writer that went on where the last one stopped mid-way took it over (a crash, a
-    lost lease, an instance handing its runs back); one whose first step is a node that had
-    waited went on with the answer it waited for."""
-    writer = step.writer
+def handover(before: Writer | None, writer: Writer | None, *, answered: bool) -> Handover | None:
+    """How `writer` took the run from `before`, None where it is `before` (or is not named): a
+    writer that went on where the last one stopped mid-way took it over (a crash, a lost lease,
+    an instance handing its runs back); one that was `answered` (its first step is a node that
+    had waited) went on with the answer the run waited for."""
     if writer is None or (before and (writer.owner, writer.fence) == (before.owner, before.fence)):
         return None
     if before is None:
         return Handover.FIRST
-    if step.answered:
+    if answered:
         return Handover.ANSWERED
     return Handover.AGAIN if writer.owner == before.owner else Handover.TAKEN_OVER
 
 
-def writer_line(before: Writer | None, step: Step) -> str | None:
+def writer_line(before: Writer | None, writer: Writer | None, *, answered: bool) -> str | None:
     """The line that heads the steps of a writer (see `handover`), None within them."""
-    how, writer = handover(before, step), step.writer
+    how = handover(before, writer, answered=answered)
     if how is None or writer is None:
         return None
+    return _writer_line(how, writer, before)
+
+
+def _writer_line(how: Handover, writer: Writer, before: Writer | None) -> str:
     if how is Handover.FIRST:
         return f"[dim]──[/] by {who(writer)}"
     if how is Handover.ANSWERED:
@@ -545,6 +549,20 @@ def writer_line(before: Writer | None, step: Step) -> str | None:
     assert before is not None
     again = "taken up again" if how is Handover.AGAIN else "[bold yellow]taken over[/]"
     return f"[dim]──[/] {again} by {who(writer)}, from {who(before)}"
+
+
+def kept_writers(writers: Sequence[Writer]) -> list[tuple[Handover, Writer, Writer | None]]:
+    """How each writer a pruned run's summary kept took the run, and from whom: the summary
+    keeps each writer once, from where it took the run (`checkpoints.writers.handed_over`), and
+    a writer given an answer went on with it."""
+    found: list[tuple[Handover, Writer, Writer | None]] = []
+    before: Writer | None = None
+    for writer in writers:
+        how = handover(before, writer, answered=writer.advance == ANSWER)
+        if how is not None:
+            found.append((how, writer, before))
+        before = writer
+    return found
 
 
 def _interrupt_line(request: dict[str, Any]) -> list[str]:
@@ -591,6 +609,11 @@ def render_pruned_run(runner: Runner, outcome: RunOutcome, console: Console) -> 
     for line in ending_lines(outcome, redactor):
         say(line)
     say(f"budget used: {_budget_line(Usage.model_validate(summary.usage), runner.budget)}")
+    say("\n[bold]written by[/]")
+    if summary.writers is None:
+        say("[dim]not kept: the run was pruned before summaries kept its writers[/]")
+    for how, writer, before in kept_writers(summary.writers or ()):
+        say(_writer_line(how, writer, before))
     if outcome.actions:
         say("\n[bold]actions[/]")
     for action in outcome.actions:

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from loopwright.checkpoints.leases import RunPruned
 from loopwright.checkpoints.retention import checkpoint_bytes, retain
 from loopwright.checkpoints.sql import open_database
+from loopwright.checkpoints.writers import ANSWER, RESUME, START, Writer, handed_over
 from loopwright.decisions import DecisionRefused
-from loopwright.reports import EXIT_CODES
+from loopwright.reports import EXIT_CODES, run_history_document
+from loopwright.timeline import Handover, kept_writers, render_pruned_run
 from loopwright_refunds.services.endpoints import ServiceEndpoints
 from tests import docs_pages
 from tests.runtime_fixtures import DEMO_TASK, RunnerFactory, approve, cli, principal
@@ -134,3 +137,58 @@ def test_retention_refuses_bad_input_in_one_line(sqlite_url: str, tmp_path: Path
         assert result.returncode == EXIT_CODES["usage"], (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "none.db").exists()  # nothing is created where there is no database
+
+
+def test_a_pruned_run_still_says_who_wrote_it(
+    database_url: str, open_test_runner: RunnerFactory
+) -> None:
+    """Retention keeps who wrote the run's checkpoints, each writer from where it took the run:
+    `show` of the pruned run names the same writers, taking the run the same ways, as it did
+    before the run's steps went (only the step numbers go). A run pruned before summaries kept
+    writers says they were not kept."""
+    with open_test_runner() as runner:
+        waiting = runner.start(DEMO_TASK, principal(), run_id="run-two-writers")
+    with open_test_runner() as runner:  # the approval is another attempt: another writer
+        assert approve(runner, waiting).stop_reason == "completed"
+        live = run_history_document(runner, runner.outcome("run-two-writers"))["writers"]
+    assert [w["how"] for w in live] == ["first", "answered"]
+    assert live[0]["owner"] != live[1]["owner"]
+
+    assert [run.run_id for run in retain(database_url, 0).pruned] == ["run-two-writers"]
+    with open_test_runner() as runner:
+        outcome = runner.outcome("run-two-writers")
+        kept = run_history_document(runner, outcome)["writers"]
+        assert kept == [{**writer, "step": None} for writer in live]
+        shown = Console(record=True, width=400)
+        render_pruned_run(runner, outcome, shown)
+        text = shown.export_text()
+        assert f"── by {live[0]['owner']} (fence {live[0]['fence']})" in text
+        assert f"── by {live[1]['owner']} (fence {live[1]['fence']}), with the answer" in text
+
+        runner.leases.db.execute("UPDATE lw_run_summaries SET writers = NULL")  # pruned before
+        outcome = runner.outcome("run-two-writers")
+        assert run_history_document(runner, outcome)["writers"] is None
+        shown = Console(record=True, width=400)
+        render_pruned_run(runner, outcome, shown)
+        assert "not kept: the run was pruned before summaries kept its writers" in (
+            shown.export_text()
+        )
+
+
+def test_the_writers_kept_are_each_writer_from_where_it_took_the_run() -> None:
+    """Checkpoints by the writer of the one before add no writer, nor do those written before
+    writers were named; each writer kept takes the run as `show` heads a writer's steps."""
+    first = Writer("h:1:a", 1, START, "aegra-1")
+    other = Writer("h:2:b", 2, RESUME)
+    again = Writer("h:2:b", 3, RESUME)
+    answered = Writer("h:3:c", 4, ANSWER)
+    stamps = [None, first.metadata(), first.metadata(), {"step": 2}, other.metadata()]
+    stamps += [again.metadata(), again.metadata(), answered.metadata()]
+    writers = handed_over(stamps)
+    assert writers == [first, other, again, answered]
+    assert kept_writers(writers) == [
+        (Handover.FIRST, first, None),
+        (Handover.TAKEN_OVER, other, first),
+        (Handover.AGAIN, again, other),
+        (Handover.ANSWERED, answered, again),
+    ]

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
-from loopwright.attempt import Writer
+from loopwright.checkpoints.writers import Writer
 from loopwright.cli import ending
 from loopwright.core.crashpoints import ENV_VAR as CRASH_ENV
 from loopwright.observability.jsonl import JsonLinesExporter, read_spans
@@ -537,12 +537,12 @@ def test_show_heads_each_writer_s_steps_by_how_it_took_the_run() -> None:
         (first, Step("guard", {}, None), None, None),  # written before writers were named
     ]
     for before, step, how, line in cases:
-        assert handover(before, step) is how
-        said = writer_line(before, step)
+        assert handover(before, step.writer, answered=step.answered) is how
+        said = writer_line(before, step.writer, answered=step.answered)
         assert (said is None) == (how is None)
         if line is not None:
             assert said is not None and Console().render_str(said).plain == line
-    taken = writer_line(first, Step("validate", {}, other))
+    taken = writer_line(first, other, answered=False)
     assert taken is not None
     assert Console().render_str(taken).plain == (
         "── taken over by h:2:b (fence 2), from aegra-1 (h:1:a, fence 1)"

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 from loopwright.checkpoints.leases import open_lease_store
+from loopwright.checkpoints.writers import VERSION_METADATA_KEY
 from loopwright.run_list import run_lines
-from loopwright.runner import VERSION_METADATA_KEY, Runner, open_runner
+from loopwright.runner import Runner, open_runner
 from loopwright_refunds.agent import agent as version_1
 from loopwright_refunds.agent import connect
 from loopwright_refunds.services.admin import list_refunds

@@ -59,6 +59,7 @@ from loopwright.checkpoints.database import pooled
 from loopwright.checkpoints.decision_claims import DecisionClaims
 from loopwright.checkpoints.factory import fenced_saver
 from loopwright.checkpoints.leases import SERVER_ENGINE, Lease
+from loopwright.checkpoints.writers import ANSWER, RESUME, START
 from loopwright.core.state import Phase, Principal, RunState
 from loopwright.core.text import InvalidText
 from loopwright.graph.build import RUN_DURABILITY, compile_graph
@@ -307,7 +308,7 @@ def _ended(res: ServerResources, thread_id: str, request: RunRequest) -> None:
 
 
 # What a served attempt was given, as `runner.advance_kind` names it.
-_KINDS: dict[type[Any], str] = {NewRun: "start", Resume: "answer", Continue: "resume"}
+_KINDS: dict[type[Any], str] = {NewRun: START, Resume: ANSWER, Continue: RESUME}
 
 
 def served_context(
