@@ -548,3 +548,22 @@ def test_show_heads_each_writer_s_steps_by_how_it_took_the_run() -> None:
         "── taken over by h:2:b (fence 2), from aegra-1 (h:1:a, fence 1)"
     )
     assert Writer.of(first.metadata()) == first and Writer.of({"step": 3}) is None
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_scripted_model_s_spans_name_it_as_their_provider(
+    open_test_runner: RunnerFactory, trace_to: Callable[..., Path]
+) -> None:
+    """A trace of a scripted run says its model is the scripted one, by a provider name people
+    read ("scripted"), not one LangChain makes of the class's name."""
+    trace = trace_to()
+    with open_test_runner() as runner:
+        outcome = approve(runner, runner.start(DEMO_TASK, principal()))
+    flush_traces()
+    chats = [
+        s
+        for s in read_spans(trace)
+        if s["trace_id"] == f"{run_trace_id(outcome.run_id):032x}"
+        and s["name"].startswith("chat scripted")
+    ]
+    assert {s["attributes"]["gen_ai.provider.name"] for s in chats} == {"scripted"}

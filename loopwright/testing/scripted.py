@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -135,6 +136,13 @@ class ScriptedChatModel(BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "scripted"
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        """The provider traces name the model by (`gen_ai.provider.name`): "scripted", not the
+        name LangChain would make of the class's ("scriptedchatmodel")."""
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "scripted"
+        return params
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
