@@ -7,6 +7,7 @@ server's auth hooks do (Aegra calls them with other shapes, `langgraph dev` may 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -367,3 +368,14 @@ def test_the_service_identity_wakes_nothing_but_a_stranded_or_parked_run(
     with pytest.raises(Refused) as refused:
         asyncio.run(edge_runs._wake(service, "t-1", owner, RunCreate.model_validate(body)))
     assert refused.value.status == 403
+
+
+def test_a_refusal_only_the_run_could_make_tells_the_client_why() -> None:
+    """The LangGraph server hands a failed run's error to its client by the error's type: some
+    types' messages as they are, others' as "An internal error occurred". A run the graph
+    refuses (its thread carries another agent's run, say, which the auth hook could not know
+    before the run) says why."""
+    from langgraph_api.serde import json_dumpb
+
+    why = "run t-1 is another agent's run"
+    assert json.loads(json_dumpb(RunRefused(why))) == {"error": "RunRefused", "message": why}

@@ -39,8 +39,12 @@ from loopwright.server.users import SERVICE_ROLE
 NEW_RUN_TAKES = 'a new run takes {"task": "<what to do>"}'
 
 
-class RunRefused(PermissionError):
-    """The input is not something this client may ask of this run; nothing was written."""
+class RunRefused(ValueError):
+    """The input is not something this client may ask of this run; nothing was written.
+
+    A ValueError: the LangGraph server tells a run's client a ValueError's message, where it
+    says only "An internal error occurred" of a PermissionError's, so a refusal only the run
+    could make (the auth hook, which refuses before a run, did not see it) still says why."""
 
 
 @dataclass(frozen=True)
