@@ -3,7 +3,8 @@
 The servers' own identity named as a person; two tokens given to `tokens hash`; the published
 development tokens (or any plain ones) on an address others reach, however they come; and settings a server would take and could not
 use (a model spec, the agent's own service settings) on either engine, whether started by
-`loopwright serve` or as the engine's process itself.
+`loopwright serve` or as the engine's process itself; a database named with --db that is not
+there, which a reading command would otherwise have read as an empty one.
 """
 
 from __future__ import annotations
@@ -61,6 +62,31 @@ def test_the_servers_own_user_id_is_no_persons(args: tuple[str, ...], tmp_path: 
     refused = cli(*args, env={"LOOPWRIGHT_HOME": str(home), "DATABASE_URL": ""})
     assert f"{SERVICE_USER_ID}: that is the servers' own identity" in one_line(refused)
     assert not home.exists() and "lw_" not in refused.stdout  # no database, no token
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("runs",),
+        ("show", "run-1"),
+        ("approvals", "list"),
+        ("approvals", "approve", "apr_1", "--as", "a-1"),
+        ("retention", "--older-than", "1"),
+    ],
+    ids=lambda args: " ".join(args[:2]),
+)
+def test_a_database_named_that_is_not_there_is_a_mistake_not_an_empty_one(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    """A mistyped --db path is said to be no database (and none is made there); with no --db,
+    a home where no run has been yet holds no runs."""
+    env = {"LOOPWRIGHT_HOME": str(tmp_path / "home"), "DATABASE_URL": ""}
+    typo = tmp_path / "loopwrigth.db"
+    refused = one_line(cli(*args, "--db", f"sqlite:///{typo}", env=env))
+    assert refused.endswith(f"no loopwright database at sqlite:///{typo}"), refused
+    assert not typo.exists()
+    if args == ("runs",):
+        assert cli("runs", "--json", env=env, expect=0).stdout.count('"run_id"') == 0
 
 
 def test_tokens_hash_takes_one_token_and_refuses_two() -> None:

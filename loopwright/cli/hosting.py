@@ -141,13 +141,30 @@ def say_lease_wait(held: LeaseHeld) -> None:
     )
 
 
+def existing_database(db: str | None) -> str:
+    """The URL of the database a command must find there (UsageError where there is none)."""
+    url = resolve_database_url(db, create=False)
+    if not database_exists(url):
+        raise UsageError(f"no loopwright database at {redact(url)}")
+    return url
+
+
+def database_to_read(db: str | None) -> str | None:
+    """The URL of the database a command reads, None where there is none yet (the embedded
+    file before a first run: reading creates nothing). One named with --db that is not there
+    is a mistake (a mistyped path), not an empty database."""
+    if db is not None:
+        return existing_database(db)
+    url = resolve_database_url(None, create=False)
+    return url if database_exists(url) else None
+
+
 @contextmanager
 def records(agent: Agent[Any], db: str | None) -> Iterator[Runner | None]:
     """A runner that only reads: the agent's dependencies are not opened, no service starts;
-    None where there is no database yet (the embedded file before a first run): reading
-    creates nothing."""
-    url = resolve_database_url(db, create=False)
-    if not database_exists(url):
+    None where there is no database yet (`database_to_read`)."""
+    url = database_to_read(db)
+    if url is None:
         yield None
         return
     with open_runner(url, agent, deps=None) as runner:

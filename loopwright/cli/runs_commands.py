@@ -311,13 +311,11 @@ def retention(
     action's final status, the final answer): `show` and `runs` still say how it ended. Never
     touches a run that is running, waiting for a person or parked, or whose writes are not
     settled."""
-    from loopwright.checkpoints.database import database_exists, redact, resolve_database_url
     from loopwright.checkpoints.retention import retain
+    from loopwright.cli.hosting import existing_database
     from loopwright.reports import retention_document
 
-    url = resolve_database_url(db, create=False)
-    if not database_exists(url):
-        raise UsageError(f"no loopwright database at {redact(url)}")
+    url = existing_database(db)
     report = retain(url, older_than, dry_run=dry_run)
     if as_json:
         print_json(retention_document(report))
