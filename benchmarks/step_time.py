@@ -4,6 +4,7 @@ one process, over many short runs interleaved, so that load on a shared machine 
 
     python -m benchmarks.step_time [--steps 10 100] [--rounds 15] [--max-rounds 60]
                                    [--backend postgres sqlite] [--db SERVER_URL]
+                                   [--saves-in-place]
 
 Both run the reading task (one model decision and one ~1 KB read per tool step, after the same
 check that the order is the user's: two GETs) with the zero-latency scripted model, durability
@@ -50,6 +51,7 @@ journals a write before sending it and fences every commit with the run's lease.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import enum
 import functools
@@ -90,7 +92,7 @@ from benchmarks.perf_setup import (
     thread_bytes,
 )
 from benchmarks.spread import Spread, Verdict
-from benchmarks.superstep_floor import Floor, measure_floor
+from benchmarks.superstep_floor import SAVES, Floor, measure_floor, saves_in_place
 from loopwright.checkpoints.compact import CompactSaver
 from loopwright.checkpoints.database import connect_sqlite, sqlite_path
 from loopwright.checkpoints.factory import open_checkpointer
@@ -1069,9 +1071,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--backend", nargs="+", choices=["postgres", "sqlite"], default=["postgres", "sqlite"]
     )
     parser.add_argument("--db", help="Postgres server URL (a fresh database is made and dropped)")
+    parser.add_argument(
+        "--saves-in-place",
+        action="store_true",
+        help="what LangGraph's hand-off of each superstep's saves to its thread pool costs: "
+        "run them on the loop's thread instead, for both agents (a measurement, never how the "
+        "runtime runs LangGraph)",
+    )
     args = parser.parse_args(argv)
-    with bench_environment(args.db) as bench:
+    in_place = saves_in_place() if args.saves_in_place else contextlib.nullcontext()
+    with bench_environment(args.db) as bench, in_place:
         figures = measure(bench, args.steps, args.rounds, args.backend, args.max_rounds)
+    if args.saves_in_place:
+        print(f"LangGraph's saves ran on the loop's thread ({', '.join(sorted(SAVES))}):")
     print("\n".join(report(figures)))
 
 

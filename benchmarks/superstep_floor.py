@@ -70,16 +70,24 @@ class StoresNothing(InMemorySaver):
         return None
 
 
+# What LangGraph hands its thread pool to save a superstep: each task's writes and the
+# checkpoint (after the one before it).
+SAVES = frozenset({"put_writes", "_checkpointer_put_after_previous"})
+
+
 @contextmanager
 def saves_in_place() -> Iterator[None]:
-    """While the block runs, what LangGraph hands its thread pool (a superstep's writes and its
-    checkpoint) runs on the loop's thread instead, a future already done: the chain's supersteps
-    without the hand-offs and the wait. A measurement, never how the runtime runs LangGraph."""
+    """While the block runs, what LangGraph hands its thread pool to save a superstep (its
+    writes and its checkpoint) runs on the calling thread instead, a future already done: the
+    supersteps without the hand-offs and the wait. Anything else (a task run beside another)
+    goes to the pool as LangGraph ships. A measurement, never how the runtime runs LangGraph."""
     handed = BackgroundExecutor.submit
 
     def in_place(
-        _executor: BackgroundExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
+        executor: BackgroundExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
+        if getattr(fn, "__name__", None) not in SAVES:
+            return handed(executor, fn, *args, **kwargs)
         for flag in ("__name__", "__cancel_on_exit__", "__reraise_on_exit__", "__next_tick__"):
             kwargs.pop(flag, None)
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()

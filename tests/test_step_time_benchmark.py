@@ -97,6 +97,38 @@ def test_the_hand_offs_are_timed_with_the_saves_run_in_place_and_only_then() -> 
     assert threads and threading.get_ident() not in threads
 
 
+def test_only_the_saves_run_in_place_tasks_beside_another_still_go_to_the_pool() -> None:
+    """Two tasks of one superstep: LangGraph hands them to its pool, as it ships, and the
+    measurement takes only the saves off it (a runtime run whose every hand-off ran in place
+    waited for itself)."""
+    ran: list[int] = []
+    saved: list[int] = []
+
+    def a(state: _Two) -> dict[str, int]:
+        ran.append(threading.get_ident())
+        return {"a": state["a"] + 1}
+
+    def b(state: _Two) -> dict[str, int]:
+        ran.append(threading.get_ident())
+        return {"b": state["b"] + 1}
+
+    class Noting(StoresNothing):
+        def put(self, config: RunnableConfig, checkpoint: Any, *rest: Any) -> RunnableConfig:
+            saved.append(threading.get_ident())
+            return super().put(config, checkpoint, *rest)
+
+    builder = StateGraph(_Two)
+    builder.add_node("a", a)
+    builder.add_node("b", b)
+    builder.add_edge(START, "a")
+    builder.add_edge(START, "b")
+    graph = builder.compile(checkpointer=Noting())
+    with saves_in_place():
+        graph.invoke({"a": 0, "b": 0}, {"configurable": {"thread_id": "two"}}, durability="sync")
+    assert len(ran) == 2 and threading.get_ident() not in ran
+    assert set(saved) == {threading.get_ident()}
+
+
 def test_database_work_is_a_difference_and_a_median_field_by_field_wal_included() -> None:
     short, long = DbWork(40, 40, 30, 9_000, 20_000), DbWork(140, 140, 130, 60_000, 90_000)
     assert long - short == DbWork(100, 100, 100, 51_000, 70_000)
@@ -210,6 +242,11 @@ def test_the_timed_saver_is_told_which_node_wrote_as_an_untimed_one_is(sqlite_ur
         builder.compile(checkpointer=saver).invoke({"n": 0}, config, durability="sync")
     paths = [args[3] for name, args in timer.calls if name == "put_writes"]
     assert {path.rpartition(", ")[2] for path in paths} == {"__start__", "count"}
+
+
+class _Two(TypedDict):
+    a: int
+    b: int
 
 
 class Counted(TypedDict):
