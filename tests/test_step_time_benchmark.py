@@ -22,6 +22,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
+from langgraph.pregel._executor import BackgroundExecutor
 
 from benchmarks import dbos_flow, step_time
 from benchmarks.db_work import DbWork, wal_position
@@ -178,6 +179,22 @@ def test_the_benchmark_times_dbos_transact_beside_loopwright_on_both_backends(
     assert dbos is not None, out
     assert float(dbos[1]) >= dbos_flow.STEPS_PER_TOOL_STEP, out
     assert "DBOS Transact's run besides its tool steps:" in out
+
+
+@pytest.mark.postgres
+def test_with_the_saves_in_place_both_agents_run_and_langgraph_ships_as_it_was_after(
+    postgres_server_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--saves-in-place measures the runs with LangGraph's saves on the loop's thread: every
+    run completes (a runtime run whose every hand-off ran in place waited for itself), the
+    floor's hand-offs are then nothing, and LangGraph's pool is its own again afterwards."""
+    shipped = BackgroundExecutor.submit
+    small = ["--steps", "2", "--rounds", "2", "--max-rounds", "2", "--backend", "sqlite"]
+    step_time.main([*small, "--db", postgres_server_url, "--saves-in-place"])
+    out = capsys.readouterr().out
+    assert out.startswith("LangGraph's saves ran on the loop's thread"), out
+    assert "waiting for them 0.00 ms" in out and "sqlite, 2 steps: tool step loopwright" in out
+    assert BackgroundExecutor.submit is shipped
 
 
 def test_without_dbos_the_benchmark_says_it_is_not_installed(
