@@ -8,7 +8,7 @@ one minute to the next on a small machine: each figure printed is the median of 
 loopwright's share is the median of the rounds' shares, and each round's share is printed too):
 
 1. **worker**: N runs of an eligible small refund (20.00: no approval), each on its own order,
-   submitted as `loopwright submit` submits them (what that costs the client is printed) and
+   submitted as `Runner.submit` submits them (what that costs the client is printed) and
    held; one `loopwright worker` started and polling; the runs released at once; the worker's
    CPU (user + system, /proc) from the release until every run is COMPLETED, per run. A worker
    advances one run at a time;
@@ -440,7 +440,7 @@ def _report(runs: int, rounds: Sequence[Round]) -> None:
     )
     print(
         f"  the worker's runs submitted    {worker.submit_cpu_s * 1000:6.1f} ms per run  (as"
-        " `loopwright submit` does: the principal, the task's boundary checked with the orders"
+        " `Runner.submit` does: the principal, the task's boundary checked with the orders"
         " service, the run registered; the work the instance's API does for a run it creates,"
         f" here in the submitting client): loopwright's share is {whole:.2f}x the worker's run"
         " and its submission together"

@@ -257,7 +257,7 @@ def _commits_between(url: str, run_ids: list[str], start: float, end: float) -> 
 
 
 def submitted(bench: Bench, orders: list[str]) -> tuple[list[str], float]:
-    """A run of the task on each order submitted as `loopwright submit` submits one (the
+    """A run of the task on each order submitted as `Runner.submit` submits one (the
     user's principal, the task's boundary checked with the orders service, the run
     registered), and the submitting thread's CPU seconds per run for it."""
     with (

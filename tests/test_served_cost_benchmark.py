@@ -39,7 +39,7 @@ def test_the_served_cost_benchmark_prints_both_sides(
     assert each is not None and ratio is not None, out
     assert abs(float(ratio[1]) - (float(each[1]) + float(each[2])) / 2) < 0.011, out
     assert re.search(r"3 runs created through the API: [\d.]+ s of client time", out), out
-    # The worker's runs are submitted as `loopwright submit` does, and what that costs is said.
+    # The worker's runs are submitted as `Runner.submit` does, and what that costs is said.
     submitted = re.search(
         r"the worker's runs submitted\s+([\d.]+) ms per run.*share is (-?[\d.]+)x the worker's run"
         r" and its submission together",
