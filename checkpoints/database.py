@@ -69,12 +69,17 @@ DATABASE_FAULTS: tuple[type[Exception], ...] = (
 
 
 def resolve_database_url(explicit: str | None = None, *, create: bool = True) -> str:
-    """The URL to use: `explicit`, else DATABASE_URL, else the embedded SQLite file.
+    """The URL to use: `explicit` (never empty), else DATABASE_URL, else the embedded SQLite file.
 
     The default lives in `loopwright_home()`, created on first use so that the file can be
     opened right away (unless not `create`: a command that only reads creates nothing). The
     result is validated, so a bad URL fails at startup rather than at the first write.
     """
+    if explicit is not None and not explicit.strip():
+        # `--db "$DATABASE_URL"` with the variable unset: the default would be another database.
+        raise DatabaseUrlError(
+            "the database URL is empty: expected sqlite:///<path> or postgresql://..."
+        )
     url = explicit or os.environ.get("DATABASE_URL") or _default_sqlite_url(create)
     database_kind(url)
     return url

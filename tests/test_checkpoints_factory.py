@@ -65,6 +65,8 @@ def test_database_kind_from_the_scheme(url: str, kind: DatabaseKind) -> None:
     "url",
     [
         "mysql://u:hunter2@host/db",
+        "",  # --db "$DATABASE_URL" with the variable unset: not the default database
+        " ",
         "sqlite://",
         "sqlite:///",
         "/a/path.sqlite3",
