@@ -5,11 +5,11 @@ It is the one path that deletes checkpoints of a run with journaled actions (the
 delete and rollback routes are refused, and so are the checkpointer's deletions). For each run
 it prunes, in one transaction: the run's final summary is written to `lw_run_summaries` (phase,
 stop reason and detail, the verification, the final answer, each action's final status, steps,
-usage, and who wrote its checkpoints, each writer from where it took the run), the run's row is marked pruned, then every checkpoint, pending write and blob of
-the run's thread is deleted. The journal (`lw_actions`, `lw_action_events`) and the run's
-`lw_runs` row stay, so `loopwright show` and `loopwright runs` still say how it ended; a pruned
-run cannot be claimed again (`leases.RunPruned`): nothing can start it over from an empty
-state.
+usage, and who wrote its checkpoints, each writer from where it took the run), the run's row is
+marked pruned, then every checkpoint, pending write and blob of the run's thread is deleted.
+The journal (`lw_actions`, `lw_action_events`) and the run's `lw_runs` row stay, so `loopwright
+show` and `loopwright runs` still say how it ended; a pruned run cannot be claimed again
+(`leases.RunPruned`): nothing can start it over from an empty state.
 
 A run is pruned only if it has finished: its latest checkpoint has a stop reason and its phase
 is COMPLETED or INCOMPLETE, nothing waits in it (an approval, a parked reconciliation), every
