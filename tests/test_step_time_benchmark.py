@@ -183,11 +183,13 @@ def test_the_benchmark_times_dbos_transact_beside_loopwright_on_both_backends(
 
 @pytest.mark.postgres
 def test_with_the_saves_in_place_both_agents_run_and_langgraph_ships_as_it_was_after(
-    postgres_server_url: str, capsys: pytest.CaptureFixture[str]
+    postgres_server_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--saves-in-place measures the runs with LangGraph's saves on the loop's thread: every
     run completes (a runtime run whose every hand-off ran in place waited for itself), the
     floor's hand-offs are then nothing, and LangGraph's pool is its own again afterwards."""
+    # Without DBOS: its one instance a process keeps the log stream of the test that made it.
+    monkeypatch.setitem(sys.modules, "dbos", None)
     shipped = BackgroundExecutor.submit
     small = ["--steps", "2", "--rounds", "2", "--max-rounds", "2", "--backend", "sqlite"]
     step_time.main([*small, "--db", postgres_server_url, "--saves-in-place"])
