@@ -186,8 +186,8 @@ def test_with_the_saves_in_place_both_agents_run_and_langgraph_ships_as_it_was_a
     postgres_server_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--saves-in-place measures the runs with LangGraph's saves on the loop's thread: every
-    run completes (a runtime run whose every hand-off ran in place waited for itself), the
-    floor's hand-offs are then nothing, and LangGraph's pool is its own again afterwards."""
+    run completes (a runtime run whose every hand-off ran in place waited for itself), and
+    LangGraph's pool is its own again afterwards."""
     # Without DBOS: its one instance a process keeps the log stream of the test that made it.
     monkeypatch.setitem(sys.modules, "dbos", None)
     shipped = BackgroundExecutor.submit
@@ -195,7 +195,7 @@ def test_with_the_saves_in_place_both_agents_run_and_langgraph_ships_as_it_was_a
     step_time.main([*small, "--db", postgres_server_url, "--saves-in-place"])
     out = capsys.readouterr().out
     assert out.startswith("LangGraph's saves ran on the loop's thread"), out
-    assert "waiting for them 0.00 ms" in out and "sqlite, 2 steps: tool step loopwright" in out
+    assert "sqlite, 2 steps: tool step loopwright" in out  # each of its runs completed
     assert BackgroundExecutor.submit is shipped
 
 
