@@ -44,6 +44,11 @@ class Writer:
         }
         return {key: value for key, value in stamp.items() if value is not None}
 
+    def same_attempt(self, other: Writer) -> bool:
+        """Whether `other` names the same attempt: the same owner under the same fence (a new
+        claim of the run, even by the same owner, is another attempt)."""
+        return (self.owner, self.fence) == (other.owner, other.fence)
+
     @classmethod
     def of(cls, metadata: Mapping[str, Any] | None) -> Writer | None:
         """The writer a checkpoint's metadata names (None: written before writers were named)."""
@@ -72,8 +77,6 @@ def handed_over(metadata: Iterable[Mapping[str, Any] | None]) -> list[Writer]:
     found: list[Writer] = []
     for stamp in metadata:
         writer = Writer.of(stamp)
-        if writer is not None and (
-            not found or (writer.owner, writer.fence) != (found[-1].owner, found[-1].fence)
-        ):
+        if writer is not None and not (found and writer.same_attempt(found[-1])):
             found.append(writer)
     return found

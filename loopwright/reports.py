@@ -38,14 +38,13 @@ from typing import TYPE_CHECKING, Any
 from loopwright.core.state import Action
 from loopwright.observability.redaction import redact
 from loopwright.outcome import Ending, EndingKind, RunOutcome, ending_of
-from loopwright.timeline import Redactor, handover, kept_writers
+from loopwright.timeline import Redactor, handovers, kept_writers
 
 if TYPE_CHECKING:
     from datetime import datetime
 
     from loopwright.checkpoints.journal import ActionEvent
     from loopwright.checkpoints.retention import RetentionReport
-    from loopwright.checkpoints.writers import Writer
     from loopwright.run_list import RunList
     from loopwright.runner import Runner, Step
     from loopwright.tools.registry import ToolRegistry
@@ -176,14 +175,11 @@ def _writers(steps: list[Step]) -> list[dict[str, Any]]:
     """Who wrote the steps, as `show` heads them: each writer from its first step on (`step`,
     1 for the first), how it took the run (`timeline.Handover`), and what its checkpoints
     name it by."""
-    found: list[dict[str, Any]] = []
-    before: Writer | None = None
-    for number, step in enumerate(steps, start=1):
-        how = handover(before, step.writer, answered=step.answered)
-        if step.writer is not None and how is not None:
-            found.append({"step": number, "how": how.value, **dataclasses.asdict(step.writer)})
-        before = step.writer or before
-    return found
+    written = ((step.writer, step.answered) for step in steps)
+    return [
+        {"step": index + 1, "how": how.value, **dataclasses.asdict(writer)}
+        for index, how, writer, _ in handovers(written)
+    ]
 
 
 def runs_document(listed: RunList, tools: ToolRegistry) -> dict[str, Any]:

@@ -15,7 +15,7 @@ answer, a summary, an outcome).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -524,7 +524,7 @@ def handover(before: Writer | None, writer: Writer | None, *, answered: bool) ->
     writer that went on where the last one stopped mid-way took it over (a crash, a lost lease,
     an instance handing its runs back); one that was `answered` (its first step is a node that
     had waited) went on with the answer the run waited for."""
-    if writer is None or (before and (writer.owner, writer.fence) == (before.owner, before.fence)):
+    if writer is None or (before is not None and writer.same_attempt(before)):
         return None
     if before is None:
         return Handover.FIRST
@@ -551,18 +551,26 @@ def _writer_line(how: Handover, writer: Writer, before: Writer | None) -> str:
     return f"[dim]──[/] {again} by {who(writer)}, from {who(before)}"
 
 
+def handovers(
+    written: Iterable[tuple[Writer | None, bool]],
+) -> Iterator[tuple[int, Handover, Writer, Writer | None]]:
+    """Where the run changed hands along `written` (each step's writer, or each writer kept,
+    and whether it was answered): the index, how the writer took the run, the writer, and the
+    writer before it."""
+    before: Writer | None = None
+    for index, (writer, answered) in enumerate(written):
+        how = handover(before, writer, answered=answered)
+        if how is not None and writer is not None:
+            yield index, how, writer, before
+        before = writer or before
+
+
 def kept_writers(writers: Sequence[Writer]) -> list[tuple[Handover, Writer, Writer | None]]:
     """How each writer a pruned run's summary kept took the run, and from whom: the summary
     keeps each writer once, from where it took the run (`checkpoints.writers.handed_over`), and
     a writer given an answer went on with it."""
-    found: list[tuple[Handover, Writer, Writer | None]] = []
-    before: Writer | None = None
-    for writer in writers:
-        how = handover(before, writer, answered=writer.advance == ANSWER)
-        if how is not None:
-            found.append((how, writer, before))
-        before = writer
-    return found
+    answered = ((writer, writer.advance == ANSWER) for writer in writers)
+    return [(how, writer, before) for _, how, writer, before in handovers(answered)]
 
 
 def _interrupt_line(request: dict[str, Any]) -> list[str]:
